@@ -1,0 +1,35 @@
+"""Atomic output files: write to a temporary sibling, then rename over the target."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from hlo_analyzer.errors import UsageError
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes, *, force: bool = False) -> Path:
+    """Write ``data`` to ``path`` so that readers never see a partial file.
+
+    Refuses to replace an existing file unless ``force`` is true, so a dump is never silently lost.
+    """
+    target = Path(path)
+    if target.exists() and not force:
+        raise UsageError(f"{target}: already exists; pass --force to overwrite it")
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: output directory does not exist")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{directory}: output directory is not writable")
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            handle.write(data)
+        os.replace(tmp_name, target)
+    except BaseException:
+        if os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+        raise
+    return target
