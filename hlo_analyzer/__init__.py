@@ -1,16 +1,31 @@
 """hlo_analyzer: load partitioned MLIR dumps and measure them with visitors.
 
-    from hlo_analyzer import load_module, IRVisitor
+    from hlo_analyzer import load_module, IRVisitor, analyze
 
     class CountDots(IRVisitor):
         def __init__(self):
+            super().__init__()
             self.count = 0
-        def visit_dot_general(self, op):
+
+        def visit_dot_general(self, op):  # stablehlo.dot_general and mhlo.dot_general
             self.count += 1
-            self.generic_visit(op)
+
+    visitor = CountDots()
+    visitor.visit(load_module("dumps/example_mlp_megatron_2x2.stablehlo.mlir"))
+    report = analyze("dumps/example_mlp_megatron_2x2.stablehlo.mlir")
+    print(report.gemm_flops, report.comm_bytes_per_device)
+
+See ``hlo_analyzer.visitor`` for the visitor manual.
 """
 
+from hlo_analyzer.comm import CommVisitor, RingLink
 from hlo_analyzer.errors import InputFileError, UnsupportedIRError, UsageError
+from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
+from hlo_analyzer.report import Report, analyze
+from hlo_analyzer.visitor import IRVisitor
 
-__all__ = ["load_module", "UsageError", "InputFileError", "UnsupportedIRError"]
+__all__ = [
+    "load_module", "IRVisitor", "FlopsVisitor", "CommVisitor", "RingLink", "analyze", "Report",
+    "UsageError", "InputFileError", "UnsupportedIRError",
+]

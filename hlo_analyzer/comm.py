@@ -1,0 +1,203 @@
+"""CommVisitor: collective communication per device, with ring formulas.
+
+For each collective, ``M`` is the size in bytes of the tensor the formula is stated on and ``n``
+the group size read from ``replica_groups`` (dense form). Per-device volume, ring algorithms:
+
+=====================  ==================  =====================================================
+op                     M                   bytes each device sends
+=====================  ==================  =====================================================
+all_reduce             operand             ``2 * M * (n-1) / n`` (reduce-scatter + all-gather)
+all_gather             result (gathered)   ``M * (n-1) / n``
+reduce_scatter         operand (full)      ``M * (n-1) / n``
+all_to_all             operand             ``M * (n-1) / n``; Bruck: ``M * log2(n) / 2``
+collective_permute     operand             ``M`` (each sender sends its buffer once)
+collective_broadcast   operand             ``M``
+=====================  ==================  =====================================================
+
+The brief writes Bruck's all-to-all as ``M' * n * log2(n) / 2`` with ``M'`` the block sent to each
+peer; with ``M = n * M'`` the device's whole buffer that is ``M * log2(n) / 2``.
+
+Latency needs a link model: pass ``collective_time(kind, group_size, comm_bytes) -> seconds``
+(the hardware package's system model), or a ``RingLink`` for the plain ring estimate
+``volume / bandwidth + steps * hop_latency``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from hlo_analyzer.errors import UnsupportedIRError
+from hlo_analyzer.rows import COMM, OpRow
+from hlo_analyzer.tensors import element_type_name, format_location, shape_of, tensor_bytes
+from hlo_analyzer.visitor import IRVisitor
+
+COLLECTIVE_OPS = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+    "collective_broadcast",
+)
+
+CollectiveTime = Callable[[str, int, int], float]
+
+
+def per_device_bytes(kind: str, comm_bytes: int, group_size: int, bruck: bool = False) -> float:
+    """Bytes one device sends for a collective of ``kind`` on ``comm_bytes`` over ``group_size``."""
+    n = group_size
+    if n <= 1 and kind != "collective_permute":
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * comm_bytes * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter"):
+        return comm_bytes * (n - 1) / n
+    if kind == "all_to_all":
+        return comm_bytes * math.log2(n) / 2.0 if bruck else comm_bytes * (n - 1) / n
+    if kind in ("collective_permute", "collective_broadcast"):
+        return float(comm_bytes)
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def ring_steps(kind: str, group_size: int, bruck: bool = False) -> int:
+    """Sequential message steps of the ring (or Bruck) algorithm: each costs one hop latency."""
+    n = group_size
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    if kind == "all_to_all" and bruck:
+        return math.ceil(math.log2(n)) if n > 1 else 0
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return n - 1
+    return 1
+
+
+@dataclass(frozen=True)
+class RingLink:
+    """The simplest link model: every step crosses one link of this bandwidth and latency."""
+
+    bandwidth_bytes_per_s: float
+    hop_latency_s: float
+    bruck: bool = False
+
+    def __call__(self, kind: str, group_size: int, comm_bytes: int) -> float:
+        volume = per_device_bytes(kind, comm_bytes, group_size, self.bruck)
+        return volume / self.bandwidth_bytes_per_s + ring_steps(kind, group_size, self.bruck) * \
+            self.hop_latency_s
+
+
+class CommVisitor(IRVisitor):
+    """Measures every collective; see the module docstring for the formulas."""
+
+    skip_scalar_bodies = True
+
+    def __init__(self, collective_time: CollectiveTime | None = None, bruck: bool = False,
+                 num_devices: int | None = None) -> None:
+        super().__init__()
+        self.collective_time = collective_time
+        self.bruck = bruck
+        self.num_devices = num_devices
+        self.rows: list[OpRow] = []
+
+    @property
+    def bytes_per_device(self) -> float:
+        return sum(row.comm_bytes_per_device for row in self.rows)
+
+    def visit_module(self, module: ir.Module) -> None:
+        if self.num_devices is None:
+            self.num_devices = _module_num_partitions(module)
+        super().visit_module(module)
+
+    def visit_all_reduce(self, op: Any) -> None:
+        operands = op.operation.operands
+        self._record(op, "all_reduce", sum(tensor_bytes(v, op) for v in operands))
+
+    def visit_all_gather(self, op: Any) -> None:
+        results = op.operation.results
+        self._record(op, "all_gather", sum(tensor_bytes(v, op) for v in results))
+
+    def visit_reduce_scatter(self, op: Any) -> None:
+        self._record(op, "reduce_scatter", tensor_bytes(op.operation.operands[0], op))
+
+    def visit_all_to_all(self, op: Any) -> None:
+        operands = op.operation.operands
+        self._record(op, "all_to_all", sum(tensor_bytes(v, op) for v in operands))
+
+    def visit_collective_permute(self, op: Any) -> None:
+        pairs = _dense_groups(op, "source_target_pairs")
+        self._record(op, "collective_permute", tensor_bytes(op.operation.operands[0], op),
+                     groups=(2, len(pairs)))
+
+    def visit_collective_broadcast(self, op: Any) -> None:
+        self._record(op, "collective_broadcast", tensor_bytes(op.operation.operands[0], op))
+
+    def _record(self, op: Any, kind: str, comm_bytes: int,
+                groups: tuple[int, int] | None = None) -> None:
+        group_size, num_groups = groups or self._group_size(op)
+        volume = per_device_bytes(kind, comm_bytes, group_size, self.bruck)
+        latency = (self.collective_time(kind, group_size, comm_bytes)
+                   if self.collective_time is not None else None)
+        operation = op.operation
+        results = operation.results
+        self.rows.append(
+            OpRow(
+                position=self.position,
+                op=operation.name,
+                location=format_location(operation.location),
+                category=COMM,
+                operand_shapes=tuple(shape_of(v, op) for v in operation.operands),
+                result_shapes=tuple(shape_of(v, op) for v in results),
+                dtype=element_type_name(results[0]) if len(results) else "",
+                comm_kind=kind,
+                comm_bytes=comm_bytes,
+                comm_bytes_per_device=volume,
+                group_size=group_size,
+                num_groups=num_groups,
+                comm_latency_s=latency,
+            )
+        )
+
+    def _group_size(self, op: Any) -> tuple[int, int]:
+        groups = _dense_groups(op, "replica_groups")
+        if groups.size == 0:
+            # An empty group list means "all devices in one group".
+            if self.num_devices is None:
+                raise UnsupportedIRError(
+                    f"{_describe(op)}: empty replica_groups and no mhlo.num_partitions on the "
+                    "module, so the group size is unknown"
+                )
+            return self.num_devices, 1
+        sizes = {int(np.count_nonzero(row >= 0)) for row in groups}  # -1 pads uneven groups
+        if len(sizes) != 1:
+            raise UnsupportedIRError(
+                f"{_describe(op)}: replica groups of different sizes {sorted(sizes)}"
+            )
+        return sizes.pop(), len(groups)
+
+
+def _dense_groups(op: Any, attribute_name: str) -> np.ndarray:
+    attributes = op.operation.attributes
+    if attribute_name not in attributes:
+        raise UnsupportedIRError(f"{_describe(op)}: has no {attribute_name} attribute")
+    attribute = attributes[attribute_name]
+    if not isinstance(attribute, ir.DenseIntElementsAttr):
+        raise UnsupportedIRError(
+            f"{_describe(op)}: {attribute_name} in the form {str(attribute)[:60]} is not "
+            "supported; expected a dense list of device ids, e.g. dense<[[0, 1], [2, 3]]>"
+        )
+    groups = np.array(attribute)
+    return groups.reshape(groups.shape[0], -1) if groups.ndim >= 1 and groups.size else groups
+
+
+def _module_num_partitions(module: ir.Module) -> int | None:
+    attributes = module.operation.attributes
+    for name in ("mhlo.num_partitions", "stablehlo.num_partitions"):
+        if name in attributes:
+            return ir.IntegerAttr(attributes[name]).value
+    return None
+
+
+def _describe(op: Any) -> str:
+    location = format_location(op.operation.location)
+    return f"{op.operation.name} at {location}" if location else op.operation.name

@@ -1,0 +1,34 @@
+"""The per-op row that every measuring visitor produces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Shape = tuple[int, ...]
+
+GEMM = "gemm"
+VECTOR = "vector"
+COMM = "comm"
+OTHER = "other"
+CATEGORIES = (GEMM, VECTOR, COMM, OTHER)
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One measured op. ``position`` is its index in the walk, so rows from several visitors
+    of the same module merge back into program order."""
+
+    position: int
+    op: str
+    location: str
+    category: str
+    operand_shapes: tuple[Shape, ...]
+    result_shapes: tuple[Shape, ...]
+    dtype: str
+    flops: int = 0
+    comm_kind: str = ""
+    comm_bytes: int = 0  # M: bytes of the tensor the collective's formula is stated on
+    comm_bytes_per_device: float = 0.0
+    group_size: int = 0
+    num_groups: int = 0
+    comm_latency_s: float | None = None

@@ -1,0 +1,90 @@
+"""Plain-text rendering of a Report: aligned columns, numbers with units."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hlo_analyzer.report import Report
+
+
+def si(value: float | None, unit: str) -> str:
+    """``1.5e12, "FLOP"`` -> ``1.50 TFLOP``; decimal prefixes, as bandwidths and FLOP rates use."""
+    if value is None:
+        return "-"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.3g} {unit}"
+    return f"{int(value)} {unit}"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3f} {unit}"
+    return f"{value / 1e-9:.1f} ns"
+
+
+def render_columns(header: list[str], rows: list[list[str]], right_align: set[int]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+
+    def line(cells: list[Any]) -> str:
+        parts = [str(c).rjust(w) if i in right_align else str(c).ljust(w)
+                 for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(parts).rstrip()
+
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def render_report_table(report: Report, by: str = "op") -> str:
+    lines = [f"Analysis of {report.source}", ""]
+    if by == "category":
+        header = ["category", "ops", "FLOPs", "comm bytes/device"]
+        rows = [[c["category"], str(c["ops"]), si(c["flops"], "FLOP"),
+                 si(c["comm_bytes_per_device"], "B")] for c in report.by_category()]
+        lines += render_columns(header, rows, {1, 2, 3})
+    else:
+        header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
+                  "location"]
+        rows = []
+        for index, row in enumerate(report.rows):
+            shapes = ",".join("x".join(map(str, s)) or "()" for s in row.operand_shapes)
+            shapes += "->" + ",".join("x".join(map(str, s)) or "()" for s in row.result_shapes)
+            rows.append([
+                str(index), row.op, row.category, shapes, row.dtype,
+                si(row.flops, "FLOP") if row.flops else "",
+                si(row.comm_bytes_per_device, "B") if row.category == "comm" else "",
+                str(row.group_size) if row.group_size else "",
+                row.location[:48],
+            ])
+        lines += render_columns(header, rows, {0, 5, 6, 7})
+    totals = report.totals()
+    lines += [
+        "",
+        "Totals per device:",
+        f"  GEMM FLOPs            {totals['gemm_flops']:>20,}  ({si(totals['gemm_flops'], 'FLOP')})",
+        f"  vector FLOPs          {totals['vector_flops']:>20,}  "
+        f"({si(totals['vector_flops'], 'FLOP')})",
+        f"  comm bytes sent       {totals['comm_bytes_per_device']:>20,.0f}  "
+        f"({si(totals['comm_bytes_per_device'], 'B')}) in {totals['comm_ops']} collectives",
+    ]
+    if totals["comm_latency_s"] is not None:
+        lines.append(f"  comm latency          {seconds(totals['comm_latency_s']):>20}")
+    for kind, entry in report.comm_by_kind().items():
+        lines.append(f"    {kind:<20}{int(entry['count']):>6} ops  {si(entry['bytes_per_device'], 'B')}")
+    if "mesh" in totals:
+        mesh = totals["mesh"]
+        lines.append(
+            f"Whole mesh ({mesh['devices']} devices): {si(mesh['gemm_flops'], 'FLOP')} GEMM, "
+            f"{si(mesh['vector_flops'], 'FLOP')} vector, {si(mesh['comm_bytes'], 'B')} sent"
+        )
+    if report.unhandled:
+        listed = ", ".join(f"{name} x{count}" for name, count in report.unhandled.items())
+        lines.append(f"Unhandled ops (not measured): {listed}")
+    else:
+        lines.append("Unhandled ops: none")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,77 @@
+"""Reading static shapes, element sizes and locations off MLIR values and ops."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jaxlib.mlir import ir
+
+from hlo_analyzer.errors import UnsupportedIRError
+
+#: Bytes per element by MLIR element type spelling. Booleans (i1) are stored as one byte.
+ELEMENT_BYTES = {
+    "f64": 8, "f32": 4, "tf32": 4, "bf16": 2, "f16": 2,
+    "f8E4M3FN": 1, "f8E5M2": 1, "f8E4M3FNUZ": 1, "f8E5M2FNUZ": 1, "f8E4M3B11FNUZ": 1,
+    "i64": 8, "ui64": 8, "i32": 4, "ui32": 4, "i16": 2, "ui16": 2, "i8": 1, "ui8": 1, "i1": 1,
+    "i4": 1, "ui4": 1, "complex<f32>": 8, "complex<f64>": 16,
+}
+
+
+def shape_of(value: ir.Value, op: Any = None) -> tuple[int, ...]:
+    """Static shape of a tensor value; scalars and tokens are ``()``.
+
+    Raises UnsupportedIRError for a dynamic dimension: FLOPs and bytes of such a program depend on
+    run-time sizes, and guessing them would give a wrong number that looks right.
+    """
+    value_type = value.type
+    if not isinstance(value_type, ir.RankedTensorType):
+        if isinstance(value_type, ir.ShapedType):  # unranked tensor
+            raise UnsupportedIRError(f"{_where(op)}: unranked tensor {value_type}; static shapes only")
+        return ()
+    if not value_type.has_static_shape:
+        raise UnsupportedIRError(
+            f"{_where(op)}: dynamic shape {value_type}; the analyzer needs static shapes"
+        )
+    return tuple(value_type.shape)
+
+
+def element_type_name(value: ir.Value) -> str:
+    value_type = value.type
+    if isinstance(value_type, ir.ShapedType):
+        return str(value_type.element_type)
+    return str(value_type)
+
+
+def element_bytes(value: ir.Value, op: Any = None) -> int:
+    name = element_type_name(value)
+    try:
+        return ELEMENT_BYTES[name]
+    except KeyError:
+        raise UnsupportedIRError(f"{_where(op)}: unknown element type {name}") from None
+
+
+def num_elements(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def tensor_bytes(value: ir.Value, op: Any = None) -> int:
+    return num_elements(shape_of(value, op)) * element_bytes(value, op)
+
+
+def format_location(location: ir.Location) -> str:
+    """``loc("dot.3")`` -> ``dot.3``; ``loc("f.py":12:3)`` -> ``f.py:12:3``; unknown -> ``""``."""
+    text = str(location)
+    if text.startswith("loc(") and text.endswith(")"):
+        text = text[4:-1]
+    if text == "unknown":
+        return ""
+    return text.replace('"', "")
+
+
+def _where(op: Any) -> str:
+    if op is None:
+        return "value"
+    operation = op.operation
+    location = format_location(operation.location)
+    return f"{operation.name} at {location}" if location else operation.name
