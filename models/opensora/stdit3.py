@@ -1,0 +1,528 @@
+"""OpenSora v1.2 STDiT3, re-implemented for tracing with torch-xla.
+
+Everything is written with plain tensor ops so that a lazy trace sees every operation:
+
+* attention is `softmax(q @ k^T * scale [+ mask]) @ v`, no fused kernels;
+* LayerNorm and RMSNorm are written out with `torch.rsqrt` (nn.LayerNorm lowers to
+  batch-norm-training, which hides the norm from the block segmenter and makes GSPMD insert an
+  all-gather when the batch axis is sharded);
+* no buffers: position embeddings, RoPE frequencies and the cross-attention mask are computed from
+  `torch.arange` on the fly, so a model built on `meta` and materialised elsewhere has no stale state;
+* shapes depend only on input shapes (no `.item()`, no branching on tensor values).
+
+Forward pass, batch B, hidden h, TOKEN caption tokens per sample::
+
+    embed:     z (B, C_in, T_lat, H_lat, W_lat) -> Conv3d patches + 2-D sin/cos position -> x (B, N, h)
+               t, fps -> sinusoidal -> MLPs -> t_emb (B, h) -> t_block -> t_mlp (B, 6h)
+               y (B, 1, TOKEN, C_cap) -> caption MLP -> (1, B*TOKEN, h)
+    blocks:    for i in 0..depth-1: spatial_blocks[i], then temporal_blocks[i]
+    finalize:  LayerNorm + modulate(t_emb) + Linear -> unpatchify -> (B, C_out, T_lat, H_lat, W_lat)
+
+Sharding hook: `STDiT3Block`, `Attention`, `MultiHeadCrossAttention` and `Mlp` each carry an
+`annotate` attribute, a callable `(point, tensor) -> tensor` that is the identity by default and is
+called at the points of `ANNOTATION_POINTS` (their layouts are listed there). A parallel strategy
+replaces it with one that calls `xs.mark_sharding`. `Attention.attention_fn` and
+`MultiHeadCrossAttention.attention_fn` hold the attention kernel `(q, k, v, mask, scale) -> out` on
+(batch, heads, L, head_dim) tensors; a strategy may swap in a ring form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.opensora.config import STDiT3Config
+from models.opensora.errors import StageRangeError
+
+__all__ = [
+    "ANNOTATION_POINTS", "CROSS_ATTENTION_MASK_VALUE", "AnnotateFn", "AttentionFn", "Attention",
+    "CaptionEmbedder", "LayerNorm", "Mlp", "MultiHeadCrossAttention", "PatchEmbed3D", "RMSNorm",
+    "RotaryEmbedding", "SizeEmbedder", "STDiT3", "STDiT3Block", "StageState", "T2IFinalLayer",
+    "TimestepEmbedder", "block_diagonal_mask", "no_annotation", "plain_attention",
+]
+
+AnnotateFn = Callable[[str, Tensor], Tensor]
+AttentionFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", float], Tensor]
+
+ANNOTATION_POINTS: dict[str, str] = {
+    # STDiT3Block (B = batch, N = T*S tokens per sample, h = hidden)
+    "x": "STDiT3Block: (B, N, h) at the block input and after each of its three residual adds",
+    # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.
+    "attn_in": "Attention: (B', L, h) input, tokens already grouped for this block's attention",
+    "q": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
+    "k": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
+    "v": "Attention: (B', heads, L, head_dim) right before the attention kernel",
+    "attn_out": "Attention: (B', L, h) kernel output with heads merged, before proj",
+    "proj_out": "Attention: (B', L, h) after proj",
+    # MultiHeadCrossAttention: all samples flattened into one sequence
+    "cross_q": "MultiHeadCrossAttention: (1, heads, B*N, head_dim)",
+    "cross_k": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
+    "cross_v": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
+    "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before proj",
+    # Mlp
+    "mlp_hidden": "Mlp: (B, N, mlp_ratio*h) after fc1 and GELU",
+}
+
+# Additive mask value for caption tokens of other samples. Finite (not -inf) so that a ring or
+# blockwise kernel that sees a block with no valid key does not produce NaN; large enough that
+# exp() underflows to exactly 0 in float32.
+CROSS_ATTENTION_MASK_VALUE = -1.0e9
+
+
+def no_annotation(point: str, tensor: Tensor) -> Tensor:
+    """The default sharding hook: leaves the tensor as it is."""
+    return tensor
+
+
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """softmax(q k^T * scale + mask) v on (batch, heads, L, head_dim) tensors.
+
+    Scores and softmax run in float32 as OpenSora does (its non-flash path upcasts the scores),
+    then the probabilities return to v's dtype for the value product.
+    """
+    scores = (q * scale) @ k.transpose(-2, -1)
+    scores = scores.float()
+    if mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    return probs @ v
+
+
+def block_diagonal_mask(batch: int, queries_per_sample: int, keys_per_sample: int,
+                        device: torch.device | None = None) -> Tensor:
+    """Additive float32 mask (1, 1, batch*queries, batch*keys): 0 where query and key belong to
+    the same sample, CROSS_ATTENTION_MASK_VALUE elsewhere. Built from iota comparisons so the graph
+    holds no large constant and no data-dependent shape."""
+    query_sample = torch.arange(batch * queries_per_sample, device=device) // queries_per_sample
+    key_sample = torch.arange(batch * keys_per_sample, device=device) // keys_per_sample
+    same = query_sample[:, None] == key_sample[None, :]
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    masked = torch.full((), CROSS_ATTENTION_MASK_VALUE, dtype=torch.float32, device=device)
+    return torch.where(same, zero, masked)[None, None]
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """adaLN modulation of OpenSora (t2i_modulate): x * (1 + scale) + shift."""
+    return x * (1 + scale) + shift
+
+
+# --------------------------------------------------------------------------------------------
+# Norms and positional encodings
+# --------------------------------------------------------------------------------------------
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm without affine parameters, written out as mean / variance / rsqrt in float32."""
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        centered = x32 - x32.mean(dim=-1, keepdim=True)
+        variance = (centered * centered).mean(dim=-1, keepdim=True)
+        return (centered * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale (LLaMA style): x * rsqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding over the sequence axis (-2), adjacent channel pairs rotated
+    together, base 10000. Frequencies are recomputed per call (no buffer, no parameter)."""
+
+    def __init__(self, dim: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.theta = theta
+
+    def forward(self, x: Tensor) -> Tensor:
+        length = x.shape[-2]
+        inv_freq = 1.0 / (self.theta ** (
+            torch.arange(0, self.dim, 2, device=x.device, dtype=torch.float32) / self.dim))
+        angles = torch.arange(length, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+        # (L, dim/2) -> (L, dim): each angle serves the two channels of its pair.
+        angles = angles[:, :, None].expand(length, self.dim // 2, 2).reshape(length, self.dim)
+        pairs = x.float().unflatten(-1, (self.dim // 2, 2))
+        rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+        return (x.float() * angles.cos() + rotated * angles.sin()).to(x.dtype)
+
+
+def sincos_position_2d(h_patches: int, w_patches: int, dim: int, scale: float, base_size: int,
+                       device: torch.device) -> Tensor:
+    """(h_patches*w_patches, dim) float32 sin/cos embedding of the patch grid, row-major.
+
+    Half the channels encode the row, half the column; grid coordinates are stretched to a
+    `base_size` grid and divided by `scale`, which keeps the embedding comparable across
+    resolutions (OpenSora's PositionEmbedding2D behaves the same way).
+    """
+    quarter = dim // 4
+    inv_freq = 1.0 / (10000.0 ** (
+        torch.arange(0, quarter, device=device, dtype=torch.float32) / quarter))
+    rows = torch.arange(h_patches, device=device, dtype=torch.float32) * (base_size / h_patches / scale)
+    cols = torch.arange(w_patches, device=device, dtype=torch.float32) * (base_size / w_patches / scale)
+    row_of_token = rows[:, None].expand(h_patches, w_patches).reshape(-1)
+    col_of_token = cols[None, :].expand(h_patches, w_patches).reshape(-1)
+
+    def encode(coord: Tensor) -> Tensor:
+        angles = coord[:, None] * inv_freq[None, :]
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+    return torch.cat((encode(row_of_token), encode(col_of_token)), dim=-1)
+
+
+def sinusoidal_embedding(values: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """(n,) -> (n, dim) float32 [cos | sin] embedding of scalars (diffusion timesteps, fps)."""
+    half = dim // 2
+    freqs = torch.exp(
+        -math.log(max_period) * torch.arange(half, device=values.device, dtype=torch.float32) / half)
+    args = values.float()[:, None] * freqs[None, :]
+    return torch.cat((torch.cos(args), torch.sin(args)), dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Embeddings
+# --------------------------------------------------------------------------------------------
+
+
+class PatchEmbed3D(nn.Module):
+    """Conv3d with kernel = stride = patch size; pads T, H, W up to a multiple of the patch."""
+
+    def __init__(self, patch_size: tuple[int, int, int], in_channels: int, hidden: int) -> None:
+        super().__init__()
+        self.patch_size = tuple(patch_size)
+        self.proj = nn.Conv3d(in_channels, hidden, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, z: Tensor) -> Tensor:
+        """(B, C, T, H, W) -> (B, N, hidden) with tokens in (t, h, w) row-major order."""
+        pt, ph, pw = self.patch_size
+        _, _, frames, height, width = z.shape
+        pad = (0, -width % pw, 0, -height % ph, 0, -frames % pt)
+        if any(pad):  # static: depends on shapes only
+            z = F.pad(z, pad)
+        x = self.proj(z)
+        return x.flatten(2).transpose(1, 2)
+
+
+class TimestepEmbedder(nn.Module):
+    """Sinusoidal embedding of a scalar per sample -> Linear -> SiLU -> Linear."""
+
+    def __init__(self, hidden: int, frequency_embedding_size: int = 256) -> None:
+        super().__init__()
+        self.frequency_embedding_size = frequency_embedding_size
+        self.mlp = nn.Sequential(nn.Linear(frequency_embedding_size, hidden, bias=True), nn.SiLU(),
+                                 nn.Linear(hidden, hidden, bias=True))
+
+    def forward(self, t: Tensor) -> Tensor:
+        freq = sinusoidal_embedding(t, self.frequency_embedding_size)
+        return self.mlp(freq.to(self.mlp[0].weight.dtype))
+
+
+class SizeEmbedder(TimestepEmbedder):
+    """TimestepEmbedder for a scalar shared by the batch (fps): (k,) values repeated to `batch`."""
+
+    def forward(self, s: Tensor, batch: int) -> Tensor:  # type: ignore[override]
+        s = s.reshape(-1)
+        if batch % s.shape[0]:
+            raise ValueError(f"fps has {s.shape[0]} values, which do not divide batch {batch}")
+        s = s.reshape(-1, 1).repeat(batch // s.shape[0], 1).reshape(-1)
+        return super().forward(s)
+
+
+class CaptionMlp(nn.Module):
+    """Two-layer GELU(tanh) MLP of the caption embedder (no sharding hook)."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=True)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, out_features, bias=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class CaptionEmbedder(nn.Module):
+    """Projects T5 caption features (B, 1, TOKEN, C_cap) to (B, 1, TOKEN, hidden)."""
+
+    def __init__(self, caption_channels: int, hidden: int) -> None:
+        super().__init__()
+        self.y_proj = CaptionMlp(caption_channels, hidden, hidden)
+
+    def forward(self, y: Tensor) -> Tensor:
+        return self.y_proj(y)
+
+
+# --------------------------------------------------------------------------------------------
+# Block parts
+# --------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with optional RMSNorm on q, k and optional RoPE (temporal)."""
+
+    def __init__(self, hidden: int, num_heads: int, qk_norm: bool, eps: float, rope: bool) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=True)
+        self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
+        self.rope = RotaryEmbedding(self.head_dim) if rope else None
+        self.proj = nn.Linear(hidden, hidden, bias=True)
+        self.annotate: AnnotateFn = no_annotation
+        self.attention_fn: AttentionFn = plain_attention
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B', L, h) -> (B', L, h)."""
+        x = self.annotate("attn_in", x)
+        batch, length, hidden = x.shape
+        qkv = self.qkv(x).reshape(batch, length, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B', heads, L, hd)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)
+        q, k, v = self.annotate("q", q), self.annotate("k", k), self.annotate("v", v)
+        out = self.attention_fn(q, k, v, None, self.scale)
+        out = out.transpose(1, 2).reshape(batch, length, hidden)
+        out = self.annotate("attn_out", out)
+        return self.annotate("proj_out", self.proj(out))
+
+
+class MultiHeadCrossAttention(nn.Module):
+    """Cross-attention of video tokens to caption tokens, all samples flattened into one sequence
+    with a block-diagonal mask (each sample sees only its own caption), as OpenSora does."""
+
+    def __init__(self, hidden: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.q_linear = nn.Linear(hidden, hidden, bias=True)
+        self.kv_linear = nn.Linear(hidden, 2 * hidden, bias=True)
+        self.proj = nn.Linear(hidden, hidden, bias=True)
+        self.annotate: AnnotateFn = no_annotation
+        self.attention_fn: AttentionFn = plain_attention
+
+    def forward(self, x: Tensor, cond: Tensor) -> Tensor:
+        """x (B, N, h), cond (1, B*TOKEN, h) -> (B, N, h)."""
+        batch, tokens, hidden = x.shape
+        keys = cond.shape[1]
+        q = self.q_linear(x).reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        kv = self.kv_linear(cond).reshape(1, keys, 2, self.num_heads, self.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (1, heads, B*TOKEN, hd)
+        q = self.annotate("cross_q", q)
+        k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
+        mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
+        out = self.attention_fn(q, k, v, mask, self.scale)
+        out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
+        out = self.annotate("cross_out", out)
+        return self.proj(out.reshape(batch, tokens, hidden))
+
+
+class Mlp(nn.Module):
+    """fc1 (h -> ratio*h), GELU(tanh), fc2 (ratio*h -> h)."""
+
+    def __init__(self, hidden: int, mlp_hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, mlp_hidden, bias=True)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(mlp_hidden, hidden, bias=True)
+        self.annotate: AnnotateFn = no_annotation
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self.annotate("mlp_hidden", self.act(self.fc1(x)))
+        return self.fc2(hidden)
+
+
+class STDiT3Block(nn.Module):
+    """One spatial or temporal block: gated self-attention, cross-attention, gated MLP.
+
+    Spatial blocks attend over the S tokens of each frame (batch B*T); temporal blocks attend over
+    the T frames at each spatial position (batch B*S) and apply RoPE to q and k.
+    """
+
+    def __init__(self, config: STDiT3Config, temporal: bool) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.temporal = temporal
+        self.norm1 = LayerNorm(config.norm_eps)
+        self.attn = Attention(h, config.num_heads, config.qk_norm, config.norm_eps, rope=temporal)
+        self.cross_attn = MultiHeadCrossAttention(h, config.num_heads)
+        self.norm2 = LayerNorm(config.norm_eps)
+        self.mlp = Mlp(h, config.mlp_hidden)
+        self.scale_shift_table = nn.Parameter(torch.randn(6, h) / h ** 0.5)
+        self.annotate: AnnotateFn = no_annotation
+
+    def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, T: int, S: int) -> Tensor:
+        """x (B, N=T*S, h), y (1, B*TOKEN, h), t_mlp (B, 6h) -> (B, N, h)."""
+        batch, tokens, hidden = x.shape
+        x = self.annotate("x", x)
+        modulation = self.scale_shift_table[None] + t_mlp.reshape(batch, 6, hidden)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.chunk(6, dim=1)
+
+        h_attn = modulate(self.norm1(x), shift_msa, scale_msa)
+        if self.temporal:  # (B, T, S, h) -> (B*S, T, h)
+            h_attn = h_attn.reshape(batch, T, S, hidden).transpose(1, 2).reshape(batch * S, T, hidden)
+            h_attn = self.attn(h_attn)
+            h_attn = h_attn.reshape(batch, S, T, hidden).transpose(1, 2).reshape(batch, tokens, hidden)
+        else:  # (B, T, S, h) -> (B*T, S, h)
+            h_attn = self.attn(h_attn.reshape(batch * T, S, hidden)).reshape(batch, tokens, hidden)
+        x = self.annotate("x", x + gate_msa * h_attn)
+
+        x = self.annotate("x", x + self.cross_attn(x, y))
+
+        h_mlp = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return self.annotate("x", x + gate_mlp * h_mlp)
+
+
+class T2IFinalLayer(nn.Module):
+    """LayerNorm, modulation by the timestep embedding, Linear h -> prod(patch) * C_out."""
+
+    def __init__(self, hidden: int, out_features: int, eps: float) -> None:
+        super().__init__()
+        self.norm_final = LayerNorm(eps)
+        self.linear = nn.Linear(hidden, out_features, bias=True)
+        self.scale_shift_table = nn.Parameter(torch.randn(2, hidden) / hidden ** 0.5)
+
+    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        shift, scale = (self.scale_shift_table[None] + t[:, None]).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StageState:
+    """What flows between pipeline stages. Plain tensors and ints, so a tracer can build one from
+    recorded shapes without running the earlier stages."""
+
+    x: Tensor  # (B, N, h) video tokens
+    y: Tensor  # (1, B*TOKEN, h) embedded caption, all samples flattened
+    t: Tensor  # (B, h) timestep + fps embedding (the final layer's modulation input)
+    t_mlp: Tensor  # (B, 6h) shift/scale/gate of every block
+    T: int  # temporal tokens
+    S: int  # spatial tokens per frame
+    H_lat: int  # latent height before padding (the output is cropped back to it)
+    W_lat: int  # latent width before padding
+    T_lat: int | None = None  # latent frames before padding; None: T * patch_t (no padding)
+
+    @property
+    def N(self) -> int:
+        return self.T * self.S
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensor fields by name (x, y, t, t_mlp)."""
+        return {"x": self.x, "y": self.y, "t": self.t, "t_mlp": self.t_mlp}
+
+
+class STDiT3(nn.Module):
+    """OpenSora v1.2 STDiT3 backbone. Children in stage order: the 5 embeddings (`x_embedder`,
+    `t_embedder`, `fps_embedder`, `y_embedder`, `t_block`), `spatial_blocks` / `temporal_blocks`
+    (pair i = block i), `final_layer`."""
+
+    def __init__(self, config: STDiT3Config) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.x_embedder = PatchEmbed3D(config.patch_size, config.in_channels, h)
+        self.t_embedder = TimestepEmbedder(h, config.frequency_embedding_size)
+        self.fps_embedder = SizeEmbedder(h, config.frequency_embedding_size)
+        self.y_embedder = CaptionEmbedder(config.caption_channels, h)
+        self.t_block = nn.Sequential(nn.SiLU(), nn.Linear(h, 6 * h, bias=True))
+        self.spatial_blocks = nn.ModuleList(
+            STDiT3Block(config, temporal=False) for _ in range(config.depth))
+        self.temporal_blocks = nn.ModuleList(
+            STDiT3Block(config, temporal=True) for _ in range(config.depth))
+        self.final_layer = T2IFinalLayer(h, config.final_out_features, config.norm_eps)
+
+    # Stage structure -----------------------------------------------------------------------
+
+    def embedding_modules(self) -> list[nn.Module]:
+        """The 5 embedding modules that stage 0 holds, in forward order."""
+        return [self.x_embedder, self.t_embedder, self.fps_embedder, self.y_embedder, self.t_block]
+
+    def block_pairs(self) -> list[tuple[STDiT3Block, STDiT3Block]]:
+        """(spatial, temporal) block of each of the `depth` pairs."""
+        return list(zip(self.spatial_blocks, self.temporal_blocks))
+
+    # Forward pieces ------------------------------------------------------------------------
+
+    def embed(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor) -> StageState:
+        """z (B, C_in, T_lat, H_lat, W_lat), y (B, 1, TOKEN, C_cap), t (B,), fps (1,)."""
+        dtype = self.x_embedder.proj.weight.dtype
+        batch, _, t_lat, h_lat, w_lat = z.shape
+        pt, ph, pw = self.config.patch_size
+        T, h_patches, w_patches = -(-t_lat // pt), -(-h_lat // ph), -(-w_lat // pw)
+        S = h_patches * w_patches
+        hidden = self.config.hidden_size
+
+        x = self.x_embedder(z.to(dtype))  # (B, T*S, h)
+        # Resolution-aware scale of the position embedding: pixel side relative to the side
+        # the model was trained at. Static Python floats: they come from shapes only.
+        pixel_side = math.sqrt(h_lat * w_lat) * self.config.vae_downsample
+        pos = sincos_position_2d(h_patches, w_patches, hidden,
+                                 scale=pixel_side / self.config.input_sq_size,
+                                 base_size=round(S ** 0.5), device=x.device)
+        x = (x.reshape(batch, T, S, hidden) + pos.to(dtype)).reshape(batch, T * S, hidden)
+
+        t_emb = self.t_embedder(t) + self.fps_embedder(fps, batch)
+        t_mlp = self.t_block(t_emb)
+        y_emb = self.y_embedder(y.to(dtype)).reshape(1, -1, hidden)
+        return StageState(x=x, y=y_emb, t=t_emb, t_mlp=t_mlp, T=T, S=S, H_lat=h_lat, W_lat=w_lat,
+                          T_lat=t_lat)
+
+    def run_blocks(self, state: StageState, first: int, last: int) -> StageState:
+        """Run block pairs first..last (inclusive) on `state`."""
+        depth = self.config.depth
+        if not (0 <= first <= last < depth):
+            raise StageRangeError(
+                f"block range {first}..{last}: expected 0 <= first <= last <= {depth - 1}")
+        x = state.x
+        for index in range(first, last + 1):
+            x = self.spatial_blocks[index](x, state.y, state.t_mlp, state.T, state.S)
+            x = self.temporal_blocks[index](x, state.y, state.t_mlp, state.T, state.S)
+        return dataclasses.replace(state, x=x)
+
+    def finalize(self, state: StageState) -> Tensor:
+        """Final layer and unpatchify: -> (B, C_out, T_lat, H_lat, W_lat)."""
+        pt, ph, pw = self.config.patch_size
+        t_lat = state.T * pt if state.T_lat is None else state.T_lat
+        h_patches, w_patches = -(-state.H_lat // ph), -(-state.W_lat // pw)
+        if h_patches * w_patches != state.S:
+            raise ValueError(f"state has S={state.S} but latent {state.H_lat}x{state.W_lat} "
+                             f"gives {h_patches}x{w_patches} patches")
+        x = self.final_layer(state.x, state.t)
+        batch = x.shape[0]
+        c_out = self.config.out_channels
+        x = x.reshape(batch, state.T, h_patches, w_patches, pt, ph, pw, c_out)
+        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(
+            batch, c_out, state.T * pt, h_patches * ph, w_patches * pw)
+        return x[:, :, :t_lat, :state.H_lat, :state.W_lat]
+
+    def forward(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor) -> Tensor:
+        state = self.embed(z, y, t, fps)
+        state = self.run_blocks(state, 0, self.config.depth - 1)
+        return self.finalize(state)
