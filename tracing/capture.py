@@ -1,0 +1,161 @@
+"""Getting the per-device program after SPMD partitioning out of torch-xla, without executing it.
+
+torch-xla reads its device count (``CPU_NUM_DEVICES``) and XLA's dump flags (``XLA_FLAGS``) once,
+when its runtime starts.  So the order matters and is fixed here:
+
+1. :func:`prepare_process` sets the environment (before ``torch_xla`` is imported or used);
+2. the caller builds, shards and runs the model lazily on the XLA device;
+3. :func:`capture_partitioned_hlo` compiles the pending graph *without executing it*
+   (``_xla_warm_up_cache``) and returns XLA's ``after_spmd-partitioning`` HLO text: the
+   per-device program with local shapes and the collectives GSPMD inserted, before any
+   backend fusion;
+4. :func:`release` removes the temporary dump directory.
+
+A process can capture several graphs (e.g. a stage and then a check): the dump directory is
+emptied before each compilation so that exactly one partitioned module is found afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+#: XLA dumps every pass of every module unless told otherwise; these keep only the one we need.
+#: ``SyncTensorsGraph`` is the name torch-xla gives the module it compiles for ``mark_step``-like
+#: syncs (and for ``_xla_warm_up_cache``).
+_DUMP_PASS_FILTER = "spmd-partitioning"
+_DUMP_MODULE_FILTER = "SyncTensorsGraph"
+_PARTITIONED_GLOB = "*after_spmd-partitioning*.txt"
+
+
+class CaptureError(RuntimeError):
+    """The partitioned program could not be obtained (an internal failure, not a user error)."""
+
+
+@dataclass(frozen=True)
+class CaptureSession:
+    """What :func:`prepare_process` arranged: where XLA dumps, and how many devices exist."""
+
+    dump_dir: Path
+    num_devices: int
+    op_metadata: bool
+
+
+def prepare_process(num_devices: int, *, op_metadata: bool = True,
+                    dump_root: str | os.PathLike | None = None) -> CaptureSession:
+    """Set the environment so that torch-xla starts with ``num_devices`` virtual CPU devices,
+    SPMD on, and XLA dumping the partitioned module.  Must run before torch-xla's runtime starts.
+
+    ``op_metadata`` sets ``XLA_HLO_DEBUG=1`` so each HLO op carries its torch op type and name;
+    they become MLIR locations in the dump (about 1.5x the text size; worth it for reports).
+    """
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    if _runtime_started():
+        raise CaptureError(
+            "torch_xla's runtime has already started in this process; "
+            "prepare_process() must run first (trace in a fresh process)")
+    dump_dir = Path(tempfile.mkdtemp(prefix="hlo_trace_xla_dump_", dir=dump_root))
+    os.environ["PJRT_DEVICE"] = "CPU"
+    os.environ["CPU_NUM_DEVICES"] = str(num_devices)
+    if op_metadata:
+        os.environ["XLA_HLO_DEBUG"] = "1"
+    # Keep whatever flags the user set, but our dump flags must win.
+    inherited = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                 if not flag.startswith(("--xla_dump_to", "--xla_dump_hlo_as_text",
+                                         "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re"))]
+    os.environ["XLA_FLAGS"] = " ".join(inherited + [
+        f"--xla_dump_to={dump_dir}",
+        "--xla_dump_hlo_as_text",
+        f"--xla_dump_hlo_pass_re={_DUMP_PASS_FILTER}",
+        f"--xla_dump_hlo_module_re={_DUMP_MODULE_FILTER}",
+    ])
+    log.debug("XLA environment: %d CPU devices, dumping to %s", num_devices, dump_dir)
+    return CaptureSession(dump_dir=dump_dir, num_devices=num_devices, op_metadata=op_metadata)
+
+
+def _runtime_started() -> bool:
+    """True when torch-xla's computation client exists (its env settings are then frozen)."""
+    if "torch_xla" not in sys.modules:
+        return False
+    import torch_xla
+
+    probe = getattr(torch_xla._XLAC, "_xla_runtime_is_initialized", None)
+    return bool(probe()) if probe is not None else False
+
+
+def enable_spmd() -> None:
+    """Switch torch-xla to SPMD mode (one virtual device; shardings decide the real layout)."""
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+
+
+def device_count() -> int:
+    import torch_xla.runtime as xr
+
+    return xr.global_runtime_device_count()
+
+
+def capture_partitioned_hlo(session: CaptureSession, outputs: Sequence["torch.Tensor"]) -> str:  # noqa: F821
+    """Compile the lazy graph that produces ``outputs`` (no execution) and return the
+    after-SPMD-partitioning HLO text of that graph."""
+    import torch_xla
+
+    _empty_directory(session.dump_dir)
+    torch_xla._XLAC._xla_warm_up_cache(list(outputs), [])
+    matches = sorted(session.dump_dir.glob(_PARTITIONED_GLOB))
+    if not matches:
+        raise CaptureError(
+            f"XLA wrote no '{_PARTITIONED_GLOB}' into {session.dump_dir}: was the environment "
+            "prepared before torch_xla started, and is SPMD enabled?")
+    if len(matches) > 1:
+        # One graph per warm-up; several would mean torch-xla split the computation.
+        raise CaptureError(f"expected one partitioned module, found {len(matches)}: "
+                           + ", ".join(path.name for path in matches))
+    text = matches[0].read_text()
+    log.debug("partitioned HLO: %s (%d bytes)", matches[0].name, len(text))
+    _empty_directory(session.dump_dir)
+    return text
+
+
+def release(session: CaptureSession) -> None:
+    """Delete the dump directory (XLA also leaves per-kernel CPU files there)."""
+    shutil.rmtree(session.dump_dir, ignore_errors=True)
+
+
+def _empty_directory(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of the tools that shaped the dump, for the sidecar."""
+    import jaxlib
+    import torch
+    import torch_xla
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_xla": torch_xla.__version__,
+        "jaxlib": jaxlib.__version__,
+    }
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
