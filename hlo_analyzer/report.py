@@ -59,7 +59,7 @@ class Report:
             "gemm_flops": self.gemm_flops,
             "vector_flops": self.vector_flops,
             "total_flops": self.gemm_flops + self.vector_flops,
-            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "comm_bytes_per_device": _exact(self.comm_bytes_per_device),
             "comm_ops": sum(1 for row in self.rows if row.category == COMM),
             "comm_latency_s": self.comm_latency_s,
         }
@@ -69,7 +69,7 @@ class Report:
                 "devices": self.num_devices,
                 "gemm_flops": self.gemm_flops * self.num_devices,
                 "vector_flops": self.vector_flops * self.num_devices,
-                "comm_bytes": self.comm_bytes_per_device * self.num_devices,
+                "comm_bytes": _exact(self.comm_bytes_per_device * self.num_devices),
             }
         return totals
 
@@ -81,7 +81,7 @@ class Report:
                 "category": category,
                 "ops": len(rows),
                 "flops": sum(row.flops for row in rows),
-                "comm_bytes_per_device": sum(row.comm_bytes_per_device for row in rows),
+                "comm_bytes_per_device": _exact(sum(row.comm_bytes_per_device for row in rows)),
             })
         return summary
 
@@ -93,6 +93,8 @@ class Report:
             entry = kinds.setdefault(row.comm_kind, {"count": 0, "bytes_per_device": 0.0})
             entry["count"] += 1
             entry["bytes_per_device"] += row.comm_bytes_per_device
+        for entry in kinds.values():
+            entry["bytes_per_device"] = _exact(entry["bytes_per_device"])
         return dict(sorted(kinds.items()))
 
     # -- output ---------------------------------------------------------------------------------
@@ -162,8 +164,14 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
     )
 
 
+def _exact(value: float) -> float | int:
+    """Byte counts are whole numbers unless a ring formula leaves a fraction: print them so."""
+    return int(value) if float(value).is_integer() else value
+
+
 def _row_dict(row: OpRow) -> dict[str, Any]:
     record = asdict(row)
+    record["comm_bytes_per_device"] = _exact(row.comm_bytes_per_device)
     record["operand_shapes"] = [list(shape) for shape in row.operand_shapes]
     record["result_shapes"] = [list(shape) for shape in row.result_shapes]
     return record

@@ -150,7 +150,8 @@ class IRVisitor:
             return
         self._call_stack.append(callee)
         try:
-            self.generic_visit(function)
+            for region in function.operation.regions:
+                self.visit(region)
         finally:
             self._call_stack.pop()
 

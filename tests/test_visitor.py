@@ -1,0 +1,82 @@
+"""IRVisitor dispatch, walking order and the known-op check of the shipped visitors."""
+
+import inspect
+
+from jaxlib.mlir import ir
+
+from analyzer_samples import CALLS, GEMM_AND_VECTOR
+from hlo_analyzer import CommVisitor, FlopsVisitor, IRVisitor, load_module
+from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
+from hlo_analyzer.visitor import known_op_names, short_op_name
+
+
+class DotCounter(IRVisitor):
+    """The README's few-line visitor: counts dot_general ops of either dialect."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def visit_dot_general(self, op):
+        self.count += 1
+
+
+class OrderRecorder(IRVisitor):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def visit(self, node):
+        if not isinstance(node, (ir.Module, ir.Region, ir.Block)):
+            self.names.append(node.operation.name)
+        return super().visit(node)
+
+
+def test_a_new_visitor_in_a_few_lines_runs_on_both_dialects():
+    stablehlo_module = load_module(GEMM_AND_VECTOR)
+    mhlo_module = stablehlo_to_mhlo(load_module(GEMM_AND_VECTOR))
+    for module in (stablehlo_module, mhlo_module):
+        visitor = DotCounter()
+        visitor.visit(module)
+        assert visitor.count == 1
+
+
+def test_generic_visit_walks_regions_blocks_and_ops_in_program_order():
+    recorder = OrderRecorder()
+    recorder.visit(load_module(CALLS))
+    # main first (the public entry), each call enters @mlp's body; @never_called is unreachable
+    assert recorder.names == [
+        "func.func",
+        "func.call", "stablehlo.dot", "func.return",
+        "func.call", "stablehlo.dot", "func.return",
+        "stablehlo.negate", "func.return",
+    ]
+
+
+def test_reducer_bodies_are_walked_unless_a_visitor_opts_out():
+    recorder = OrderRecorder()
+    recorder.visit(load_module(GEMM_AND_VECTOR))
+    assert "stablehlo.reduce" in recorder.names
+    assert recorder.names.count("stablehlo.add") == 2  # the add op and the reducer's scalar add
+
+
+def test_short_op_names():
+    assert short_op_name("stablehlo.dot_general") == "dot_general"
+    assert short_op_name("mhlo.dot_general") == "dot_general"
+    assert short_op_name("func.call") == "call"
+    assert short_op_name("mhlo.cross-replica-sum") == "cross_replica_sum"
+
+
+def test_every_shipped_visit_method_names_a_known_op():
+    known = known_op_names() | {"module", "region", "block"}
+    assert {"dot_general", "all_to_all", "rsqrt", "call"} <= known
+    for visitor_class in (IRVisitor, FlopsVisitor, CommVisitor):
+        methods = [name for name, _ in inspect.getmembers(visitor_class) if name.startswith("visit_")]
+        unknown = [m for m in methods if m.removeprefix("visit_") not in known]
+        assert unknown == [], f"{visitor_class.__name__} has visit methods for no op: {unknown}"
+
+
+def test_module_round_trips_through_text():
+    module = load_module(GEMM_AND_VECTOR)
+    again = load_module(module_to_text(module))
+    assert module_to_text(again) == module_to_text(module)
