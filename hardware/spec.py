@@ -1,0 +1,343 @@
+"""Hardware descriptions: TOML data files -> frozen dataclasses with units in the field names.
+
+Two kinds of file live in ``hardware/data/`` (and may be given by path):
+
+* ``kind = "chip"``: one accelerator, modelled as a grid of *tiles* (TX8: 16 tiles on a 4x4 NoC;
+  a GPU: its streaming multiprocessors) that share one DRAM. -> :class:`ChipSpec`
+* ``kind = "system"``: several identical chips joined by a chip-to-chip network of a named
+  topology. -> :class:`SystemSpec`
+
+TOML keys are unit-free (``dram_bandwidth``) and their values carry the unit (``"100 GB/s"``,
+see :mod:`hardware.units` for the decimal/binary convention); the dataclass fields carry the
+unit in their names (``dram_bandwidth_bytes_per_s``) and hold base units. Every problem with a
+file (unreadable, missing field, unknown field, unknown unit, negative or zero bandwidth, ...)
+raises :class:`hlo_analyzer.errors.InputFileError` with one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hlo_analyzer.errors import InputFileError
+from hardware.units import Dimension, parse_quantity
+
+__all__ = [
+    "ChipSpec",
+    "SystemSpec",
+    "HardwareSpec",
+    "NOC_TOPOLOGIES",
+    "SYSTEM_TOPOLOGIES",
+    "bundled_hardware_names",
+    "load_hardware",
+    "load_chip",
+    "load_system",
+    "as_system",
+]
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+#: ``mesh``: tiles joined to their 4 neighbours; operands read from DRAM once per sharing group
+#: are forwarded tile to tile (multicast), each tile receiving its A and B streams on separate
+#: links. ``crossbar``: every tile reads its operands through its own port of a shared cache
+#: (a GPU SM and its L2 slice port); no forwarding, so A and B share that one port.
+NOC_TOPOLOGIES = ("mesh", "crossbar")
+#: Chip-to-chip topologies understood by :func:`hardware.collectives.hop_distance`.
+SYSTEM_TOPOLOGIES = ("mesh2d", "torus2d", "ring", "switch")
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """One chip: ``tile_count`` tiles on a ``tile_grid_rows x tile_grid_cols`` NoC, one shared DRAM.
+
+    Peak chip throughput is ``tile_count * gemm_flops_per_s_per_tile``. ``sram_buffering_stages``
+    is how many copies of each streamed operand block a tile keeps so that loads overlap compute
+    (2 = double buffering). ``gemm_granule_elements`` is the edge the GEMM engine pads every block
+    dimension to (a 72-wide block costs as much as an 80-wide one when the granule is 16).
+    """
+
+    name: str
+    description: str
+    source: str
+    tile_count: int
+    tile_grid_rows: int
+    tile_grid_cols: int
+    sram_bytes_per_tile: float
+    sram_buffering_stages: int
+    noc_topology: str
+    noc_bandwidth_bytes_per_s_per_link: float
+    hop_latency_s: float
+    dram_bandwidth_bytes_per_s: float
+    dram_latency_s: float
+    dram_capacity_bytes: float | None
+    gemm_flops_per_s_per_tile: float
+    vector_flops_per_s_per_tile: float
+    gemm_granule_elements: int
+
+    @property
+    def gemm_flops_per_s(self) -> float:
+        """Peak GEMM throughput of the whole chip."""
+        return self.gemm_flops_per_s_per_tile * self.tile_count
+
+    @property
+    def vector_flops_per_s(self) -> float:
+        """Peak vector (element-wise) throughput of the whole chip."""
+        return self.vector_flops_per_s_per_tile * self.tile_count
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """``chip_count`` identical chips on a chip-to-chip network.
+
+    ``topology`` is one of :data:`SYSTEM_TOPOLOGIES`; ``topology_rows x topology_cols`` places
+    device ``i`` of a logical mesh (row-major ids, as in XLA replica groups) on the physical grid
+    for ``mesh2d``/``torus2d`` (1 x chip_count for ``ring`` and ``switch``).
+    ``link_bandwidth_bytes_per_s`` is per link and direction; ``hop_latency_s`` is the latency a
+    message pays per link it crosses (SerDes, link layer, router).
+    """
+
+    name: str
+    description: str
+    source: str
+    chip: ChipSpec
+    chip_count: int
+    topology: str
+    topology_rows: int
+    topology_cols: int
+    link_bandwidth_bytes_per_s: float
+    hop_latency_s: float
+
+
+HardwareSpec = ChipSpec | SystemSpec
+
+
+# --------------------------------------------------------------------------------------------
+# Field tables: TOML key -> (dataclass field, reader, required)
+# --------------------------------------------------------------------------------------------
+
+Reader = Callable[[Any], Any]
+
+
+def _quantity(dimension: Dimension, *, allow_zero: bool = False) -> Reader:
+    def read(value: Any) -> float:
+        number = parse_quantity(value, dimension)
+        if number < 0:
+            raise ValueError(f"must not be negative, got {value!r}")
+        if number == 0 and not allow_zero:
+            raise ValueError(f"must be positive, got {value!r}")
+        return number
+
+    return read
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _grid(value: Any) -> tuple[int, int]:
+    text = _text(value)
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"expected '<rows>x<cols>' such as '4x4', got {value!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _one_of(choices: tuple[str, ...]) -> Reader:
+    def read(value: Any) -> str:
+        text = _text(value)
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return text
+
+    return read
+
+
+def _at_least_two(value: Any) -> int:
+    number = _positive_int(value)
+    if number < 2:
+        raise ValueError(f"must be at least 2 (loads overlap compute only with 2 or more buffers), got {value!r}")
+    return number
+
+
+_CHIP_FIELDS: dict[str, tuple[str, Reader, bool]] = {
+    "name": ("name", _text, True),
+    "description": ("description", _text, False),
+    "source": ("source", _text, False),
+    "tile_count": ("tile_count", _positive_int, True),
+    "tile_grid": ("tile_grid", _grid, True),
+    "sram_per_tile": ("sram_bytes_per_tile", _quantity(Dimension.BYTES), True),
+    "sram_buffering_stages": ("sram_buffering_stages", _at_least_two, True),
+    "noc_topology": ("noc_topology", _one_of(NOC_TOPOLOGIES), True),
+    "noc_link_bandwidth": ("noc_bandwidth_bytes_per_s_per_link", _quantity(Dimension.BANDWIDTH), True),
+    "hop_latency": ("hop_latency_s", _quantity(Dimension.TIME, allow_zero=True), True),
+    "dram_bandwidth": ("dram_bandwidth_bytes_per_s", _quantity(Dimension.BANDWIDTH), True),
+    "dram_latency": ("dram_latency_s", _quantity(Dimension.TIME, allow_zero=True), True),
+    "dram_capacity": ("dram_capacity_bytes", _quantity(Dimension.BYTES), False),
+    "gemm_throughput_per_tile": ("gemm_flops_per_s_per_tile", _quantity(Dimension.THROUGHPUT), True),
+    "vector_throughput_per_tile": ("vector_flops_per_s_per_tile", _quantity(Dimension.THROUGHPUT), True),
+    "gemm_granule": ("gemm_granule_elements", _positive_int, True),
+}
+
+_SYSTEM_FIELDS: dict[str, tuple[str, Reader, bool]] = {
+    "name": ("name", _text, True),
+    "description": ("description", _text, False),
+    "source": ("source", _text, False),
+    "chip": ("chip", _text, True),
+    "chip_count": ("chip_count", _positive_int, True),
+    "topology": ("topology", _one_of(SYSTEM_TOPOLOGIES), True),
+    "topology_grid": ("topology_grid", _grid, False),
+    "link_bandwidth": ("link_bandwidth_bytes_per_s", _quantity(Dimension.BANDWIDTH), True),
+    "hop_latency": ("hop_latency_s", _quantity(Dimension.TIME, allow_zero=True), True),
+}
+
+
+def _read_fields(path: Path, table: dict[str, Any], fields: dict[str, tuple[str, Reader, bool]]) -> dict[str, Any]:
+    unknown = sorted(set(table) - set(fields) - {"kind"})
+    if unknown:
+        raise InputFileError(f"{path}: field '{unknown[0]}': unknown field (known: {', '.join(fields)})")
+    values: dict[str, Any] = {}
+    for key, (attribute, reader, required) in fields.items():
+        if key not in table:
+            if required:
+                raise InputFileError(f"{path}: field '{key}': missing")
+            values[attribute] = None
+            continue
+        try:
+            values[attribute] = reader(table[key])
+        except ValueError as error:
+            raise InputFileError(f"{path}: field '{key}': {error}") from None
+    return values
+
+
+def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
+    values = _read_fields(path, table, _CHIP_FIELDS)
+    rows, cols = values.pop("tile_grid")
+    if rows * cols != values["tile_count"]:
+        raise InputFileError(
+            f"{path}: field 'tile_grid': {rows}x{cols} holds {rows * cols} tiles but tile_count is {values['tile_count']}"
+        )
+    values["description"] = values["description"] or ""
+    values["source"] = values["source"] or ""
+    return ChipSpec(tile_grid_rows=rows, tile_grid_cols=cols, **values)
+
+
+def _system_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]) -> SystemSpec:
+    values = _read_fields(path, table, _SYSTEM_FIELDS)
+    chip_ref = values.pop("chip")
+    chip_path = _resolve(chip_ref, relative_to=path.parent)
+    if chip_path is None:
+        raise InputFileError(f"{path}: field 'chip': no bundled chip or file named {chip_ref!r}")
+    chip = _load(chip_path, seen + (path,))
+    if not isinstance(chip, ChipSpec):
+        raise InputFileError(f"{path}: field 'chip': {chip_ref!r} describes a system, not a chip")
+    grid = values.pop("topology_grid")
+    topology = values["topology"]
+    if topology in ("mesh2d", "torus2d"):
+        if grid is None:
+            raise InputFileError(f"{path}: field 'topology_grid': missing (needed by topology '{topology}')")
+        rows, cols = grid
+        if rows * cols != values["chip_count"]:
+            raise InputFileError(
+                f"{path}: field 'topology_grid': {rows}x{cols} holds {rows * cols} chips but chip_count is {values['chip_count']}"
+            )
+    else:
+        rows, cols = 1, values["chip_count"]
+    values["description"] = values["description"] or ""
+    values["source"] = values["source"] or ""
+    return SystemSpec(chip=chip, topology_rows=rows, topology_cols=cols, **values)
+
+
+def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path | None:
+    """A bundled name (``tx8``) or a path (absolute, or relative to the cwd / the referring file)."""
+    text = str(name_or_path)
+    bundled = DATA_DIR / f"{text}.toml"
+    if "/" not in text and not text.endswith(".toml") and bundled.is_file():
+        return bundled
+    candidates = [Path(text)]
+    if relative_to is not None and not Path(text).is_absolute():
+        candidates.insert(0, relative_to / text)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def _load(path: Path, seen: tuple[Path, ...] = ()) -> HardwareSpec:
+    if path in seen:
+        raise InputFileError(f"{path}: field 'chip': refers back to itself")
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InputFileError(f"{path}: cannot read: {error.strerror or error}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise InputFileError(f"{path}: not valid TOML: {error}") from None
+    kind = table.get("kind")
+    if kind == "chip":
+        spec: HardwareSpec = _chip_from_table(path, table)
+    elif kind == "system":
+        spec = _system_from_table(path, table, seen)
+    elif kind is None:
+        raise InputFileError(f"{path}: field 'kind': missing (expected 'chip' or 'system')")
+    else:
+        raise InputFileError(f"{path}: field 'kind': expected 'chip' or 'system', got {kind!r}")
+    logger.debug("loaded %s %s from %s", kind, spec.name, path)
+    return spec
+
+
+def bundled_hardware_names() -> list[str]:
+    """Names accepted by :func:`load_hardware` without a path (the files in ``hardware/data``)."""
+    return sorted(p.stem for p in DATA_DIR.glob("*.toml"))
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareSpec:
+    """Load a bundled description by name (``tx8``, ``tx8-16``, ``h100-sxm`` ...) or a TOML path."""
+    path = _resolve(name_or_path)
+    if path is None:
+        raise InputFileError(
+            f"{name_or_path}: no such hardware file or bundled name (bundled: {', '.join(bundled_hardware_names())})"
+        )
+    return _load(path)
+
+
+def load_chip(name_or_path: str | Path) -> ChipSpec:
+    """Like :func:`load_hardware` but always a chip: a system file gives its chip."""
+    spec = load_hardware(name_or_path)
+    return spec.chip if isinstance(spec, SystemSpec) else spec
+
+
+def load_system(name_or_path: str | Path) -> SystemSpec:
+    """Like :func:`load_hardware` but always a system: a chip file gives a one-chip system."""
+    return as_system(load_hardware(name_or_path))
+
+
+def as_system(spec: HardwareSpec) -> SystemSpec:
+    """A system as is; a chip as a system of one chip (collectives on it take no time)."""
+    if isinstance(spec, SystemSpec):
+        return spec
+    return SystemSpec(
+        name=spec.name,
+        description=f"a single {spec.name} (no chip-to-chip network)",
+        source=spec.source,
+        chip=spec,
+        chip_count=1,
+        topology="switch",
+        topology_rows=1,
+        topology_cols=1,
+        link_bandwidth_bytes_per_s=float("inf"),
+        hop_latency_s=0.0,
+    )
