@@ -6,7 +6,7 @@
 #loc19 = loc("/work/main/scripts/make_example_dump.py":95:0)
 #loc21 = loc(fused[#loc4, #loc5])
 #loc33 = loc(fused[#loc11, #loc19])
-module @SyncTensorsGraph.42 attributes {mhlo.cross_program_prefetches = [], mhlo.input_output_alias = [], mhlo.is_dynamic = false, mhlo.use_auto_spmd_partitioning = false} {
+module @SyncTensorsGraph.42 attributes {mhlo.cross_program_prefetches = [], mhlo.input_output_alias = [], mhlo.is_dynamic = false, mhlo.num_partitions = 4 : i32, mhlo.use_auto_spmd_partitioning = false} {
   func.func private @add.clone(%arg0: tensor<f32> loc("x.1"), %arg1: tensor<f32> loc("y.1")) -> tensor<f32> {
     %0 = stablehlo.add %arg0, %arg1 : tensor<f32> loc(#loc3)
     return %0 : tensor<f32> loc(#loc)

@@ -97,6 +97,17 @@ def hlo_text_to_stablehlo_bytecode(hlo_text: str, origin: str = "<input>") -> by
     return _jax.mlir.hlo_to_stablehlo(hlo_module.as_serialized_hlo_module_proto())
 
 
+def hlo_header_num_partitions(hlo_text: str) -> int | None:
+    """``num_partitions=N`` from the ``HloModule`` header line (XLA's module config, which the
+    HLO -> StableHLO converter does not carry over)."""
+    header = hlo_text.lstrip().split("\n", 1)[0]
+    for field in header.split(", "):
+        key, _, value = field.strip().partition("=")
+        if key == "num_partitions" and value.isdigit():
+            return int(value)
+    return None
+
+
 def parse_module(data: bytes | str, origin: str = "<input>",
                  context: ir.Context | None = None) -> ir.Module:
     """Parse any supported dump into an MLIR module (HLO text is converted to StableHLO first)."""
@@ -105,13 +116,20 @@ def parse_module(data: bytes | str, origin: str = "<input>",
         raise InputFileError(f"{origin}: file is empty")
     kind = detect_kind(raw, origin)
     context = context or default_context()
+    num_partitions = None
     if kind is DumpKind.HLO_TEXT:
-        raw = hlo_text_to_stablehlo_bytecode(raw.decode("utf-8"), origin)
+        hlo_text = raw.decode("utf-8")
+        num_partitions = hlo_header_num_partitions(hlo_text)
+        raw = hlo_text_to_stablehlo_bytecode(hlo_text, origin)
     with context:
         try:
             module = ir.Module.parse(raw if kind is not DumpKind.MLIR_TEXT else raw.decode())
         except ir.MLIRError as exc:
             raise InputFileError(f"{origin}: MLIR does not parse: {_first_diagnostic(exc)}") from None
+        if num_partitions is not None:
+            # The converter drops the device count; collectives with empty groups need it.
+            module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(32), num_partitions)
     log.debug("parsed %s as %s", origin, kind.value)
     return module
 

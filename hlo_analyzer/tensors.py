@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from jaxlib.mlir import ir
@@ -60,13 +61,21 @@ def tensor_bytes(value: ir.Value, op: Any = None) -> int:
 
 
 def format_location(location: ir.Location) -> str:
-    """``loc("dot.3")`` -> ``dot.3``; ``loc("f.py":12:3)`` -> ``f.py:12:3``; unknown -> ``""``."""
+    """A short readable location: ``aten__mm @ model.py:40`` for torch-xla's fused name + file
+    locations, ``dot.3`` for a name, ``model.py:12:3`` for a file position, ``""`` if unknown."""
+    if isinstance(location, ir.FusedLoc):
+        parts = [format_location(child) for child in location.locations]
+        names = [p for p in parts if p and ":" not in p]
+        files = [p for p in parts if ":" in p]
+        return " @ ".join(filter(None, ("/".join(names), files[0] if files else "")))
+    if isinstance(location, ir.NameLoc):
+        return location.name_str
+    if isinstance(location, ir.FileLineColLoc):
+        return f"{os.path.basename(location.filename)}:{location.start_line}"
+    if isinstance(location, ir.CallSiteLoc):
+        return format_location(location.callee)
     text = str(location)
-    if text.startswith("loc(") and text.endswith(")"):
-        text = text[4:-1]
-    if text == "unknown":
-        return ""
-    return text.replace('"', "")
+    return "" if text == "loc(unknown)" else text.removeprefix("loc(").removesuffix(")")
 
 
 def _where(op: Any) -> str:
