@@ -1,0 +1,384 @@
+"""Analytic per-strategy cost of one OpenSora STDiT3 block pair on n devices (inference forward).
+
+These are the formulas of the reference notes, written so that a traced and analyzed dump can be
+printed next to them. Sources:
+
+* note 000, "Comparison of Parallelism Methods in ViT" (`reference/000_...`): the per-layer
+  activation-memory formulas (TP, Megatron-SP, DS-Ulysses, Ring) and the per-attention
+  communication of DS-Ulysses (8*alpha*b*s*h/n bytes) and Ring (K/V passed around the ring);
+* note 004, "OpenSora Inference Summary" (`reference/004_...`): the STDiT3 GEMM count, Megatron's
+  six all-reduces per block pair, the 2-D tensor-parallel all-gather / reduce-scatter volumes and
+  the Ring-Attention volume for the spatial, temporal and cross attentions.
+
+Symbols (as in the notes): B batch (2 with classifier-free guidance), T temporal and S spatial
+tokens, N = T*S tokens per sample, h hidden size, a heads, TOKEN caption tokens per sample, n
+devices, q bytes per element (2 for bf16), alpha = (n-1)/n. A "block" is one STDiT3 pair: a spatial
+and a temporal block, each with a self-attention, a cross-attention and an MLP. Volumes are bytes
+sent per device, with the ring algorithms the analyzer also uses (all-reduce 2*M*(n-1)/n,
+all-gather / reduce-scatter M*(n-1)/n of the full tensor M, all-to-all M_local*(n-1)/n).
+
+This module must not import torch: `hlo_analyzer` works without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hlo_analyzer.errors import UsageError
+
+__all__ = [
+    "STRATEGIES", "ACTIVATION_STRATEGIES", "BlockDims", "DeviceCountError", "UnknownStrategyError",
+    "block_gemm_flops", "flops_per_device", "communication_per_device", "comm_megatron",
+    "comm_two_dimension", "comm_ds_ulysses", "comm_ring_attention", "comm_usp", "comm_dp",
+    "layout_switch_per_device", "activation_per_device", "layer_activation_bytes",
+    "default_mesh",
+]
+
+# Strategy names as the tracer (`trace-stage --strategy`) spells them.
+STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "usp", "dp")
+# Strategies the activation-memory formulas of note 000 cover.
+ACTIVATION_STRATEGIES = ("none", "megatron", "megatron_sp", "ds_ulysses", "ring_attention")
+
+
+class UnknownStrategyError(UsageError):
+    """A strategy name that the theory module has no formula for."""
+
+
+class DeviceCountError(UsageError):
+    """A device count or mesh that the strategy cannot split the model over."""
+
+
+@dataclass(frozen=True)
+class BlockDims:
+    """Sizes of one STDiT3 block pair. Defaults: OpenSora v1.2, B=2, bf16."""
+
+    T: int
+    S: int
+    batch: int = 2
+    hidden: int = 1152
+    heads: int = 16
+    token: int = 300
+    mlp_ratio: int = 4
+    bytes_per_element: int = 2
+
+    @property
+    def N(self) -> int:
+        return self.T * self.S
+
+
+def _require_devices(n: int) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise DeviceCountError(f"device count {n!r}: expected a positive integer")
+
+
+def _require_heads_divisible(dims: BlockDims, n: int, strategy: str) -> None:
+    if dims.heads % n:
+        raise DeviceCountError(
+            f"{strategy} splits the {dims.heads} attention heads over {n} devices: expected a "
+            f"device count that divides {dims.heads}")
+
+
+def _alpha(n: int) -> float:
+    return (n - 1) / n
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs
+# --------------------------------------------------------------------------------------------
+
+
+def block_gemm_flops(dims: BlockDims) -> int:
+    """GEMM FLOPs of one block pair (whole batch, no parallelism).
+
+    Derivation (note 004, "Overall Computation", with the cross-attention written as OpenSora's
+    flattened, block-diagonally masked attention): per spatial or temporal block, with r = B*N rows,
+    qkv 6rh^2, proj 2rh^2, cross q 2rh^2, cross proj 2rh^2, fc1 and fc2 2*ratio*rh^2 each
+    (= 28rh^2 at ratio 4); cross kv 4*B*TOKEN*h^2 on the caption rows; self-attention score and
+    value 2*r*L*h each with L = S (spatial) or T (temporal); cross score and value
+    2*(B*N)*(B*TOKEN)*h each. Summed over the pair::
+
+        (2*(12 + 4*ratio))*B*N*h^2 + 8*B*TOKEN*h^2 + 4*B*N*h*(S+T) + 8*(B*N)*(B*TOKEN)*h
+
+    Note 004 writes the cross score/value term per sample, 4*B*N*TOKEN*h (one TOKEN in its
+    S+T+TOKEN bracket), and gets 8.86 T for 204_640_360; the flattened form computes B times
+    that term, 9.32 T.
+    """
+    B, N, h, tok = dims.batch, dims.N, dims.hidden, dims.token
+    dense = 2 * (12 + 4 * dims.mlp_ratio) * B * N * h * h
+    return dense + 8 * B * tok * h * h + 4 * B * N * h * (dims.S + dims.T) + 8 * (B * N) * (B * tok) * h
+
+
+def flops_per_device(strategy: str, dims: BlockDims, n: int,
+                     mesh: tuple[int, int] | None = None) -> float:
+    """GEMM FLOPs of one block pair per device: every strategy here divides all GEMMs evenly.
+
+    Megatron and 2-D TP split the weight matrices (and so every GEMM) n ways; DS-Ulysses, Ring
+    and USP split the sequence (projections) and the heads or the K/V blocks (attention); DP splits
+    the batch (note 004's computation tables: every GEMM row ends in /N). Element-wise work is not
+    included: note 004 stresses that under Megatron it is *not* split (norms, modulate, gate and
+    residual run on the full (B, N, h) tensor on every device).
+    """
+    _check_strategy_and_mesh(strategy, dims, n, mesh)
+    return block_gemm_flops(dims) / n
+
+
+# --------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------
+
+
+def comm_megatron(dims: BlockDims, n: int) -> float:
+    """Megatron 1-D tensor parallelism: bytes per device per block pair.
+
+    Column-split qkv / q / kv / fc1, row-split proj / fc2: each row-split output is a partial sum
+    that one all-reduce completes. One after the self-attention, the cross-attention and the MLP
+    of each of the two blocks: 6 all-reduces of the (B, N, h) activation, M = q*B*N*h bytes, ring
+    all-reduce 2*M*(n-1)/n each (note 004 "Overall Communication / Megatron")::
+
+        6 * 2 * q*B*N*h * (n-1)/n   (= 24*B*T*S*h*(n-1)/n bytes in bf16)
+    """
+    _require_devices(n)
+    _require_heads_divisible(dims, n, "megatron")
+    M = dims.bytes_per_element * dims.batch * dims.N * dims.hidden
+    return 6 * 2 * M * _alpha(n)
+
+
+def comm_two_dimension(dims: BlockDims, nx: int, ny: int) -> float:
+    """2-D tensor parallelism on an (nx, ny) mesh, n = nx*ny: bytes per device per block pair.
+
+    Note 004 ("Two Dimension"): the input (B, N, M) is split b_x (batch on X) and m_y (features on
+    Y); the first weight (M x H) is split m_x h_y and the second (H x M) h_y m_x. Per pair of
+    linears M -> H -> M::
+
+        all-gather input along Y:      q*B*N*M/n * (ny-1)
+        all-gather weight 1 along X:   q*M*H/n  * (nx-1)
+        all-gather weight 2 along X:   q*M*H/n  * (nx-1)
+        reduce-scatter output along Y: q*B*N*M/n * (ny-1)
+        total: 2*q*(B*N*M*(ny-1) + M*H*(nx-1)) / n
+
+    Each of the two blocks has three such pairs, taken from the note as (M, H) = (h, h) for the
+    self-attention and the cross-attention (QKV-O) and (h, ratio*h) for the MLP.
+    """
+    _require_devices(nx)
+    _require_devices(ny)
+    if dims.batch % nx:
+        raise DeviceCountError(
+            f"two_dimension splits the batch {dims.batch} over mesh X={nx}: expected X dividing it")
+    _require_heads_divisible(dims, ny, "two_dimension (mesh Y)")
+    n, q, B, N, h = nx * ny, dims.bytes_per_element, dims.batch, dims.N, dims.hidden
+
+    def linear_pair(m: int, hid: int) -> float:
+        return 2 * q * (B * N * m * (ny - 1) + m * hid * (nx - 1)) / n
+
+    per_block = linear_pair(h, h) + linear_pair(h, h) + linear_pair(h, dims.mlp_ratio * h)
+    return 2 * per_block
+
+
+def comm_ds_ulysses(dims: BlockDims, n: int) -> float:
+    """DeepSpeed-Ulysses: bytes per device per block pair.
+
+    Note 000 ("Deepspeed-Ulysses"): the sequence is split; before attention, q, k, v go from
+    sequence- to head-split with all-to-alls (6*alpha*b*s*h/n bytes), after it the output goes
+    back (2*alpha*b*s*h/n): 8*alpha*b*s*h/n bytes, i.e. q*alpha/n bytes per element of each
+    global (b, s, h) tensor moved. Per block pair (note 004 lists the Ulysses cross-attention with
+    the caption also sequence-split)::
+
+        self-attention  x2: q, k, v, out of B*N*h      -> 4*B*N*h
+        cross-attention x2: q, out of B*N*h; k, v of B*TOKEN*h -> 2*B*N*h + 2*B*TOKEN*h
+        total: (12*B*N*h + 4*B*TOKEN*h) * q*(n-1)/n^2
+
+    The spatial <-> temporal change of the split sequence axis is extra; see
+    `layout_switch_per_device`.
+    """
+    _require_devices(n)
+    _require_heads_divisible(dims, n, "ds_ulysses")
+    B, N, h, tok = dims.batch, dims.N, dims.hidden, dims.token
+    elements = 12 * B * N * h + 4 * B * tok * h
+    return elements * dims.bytes_per_element * (n - 1) / (n * n)
+
+
+def comm_ring_attention(dims: BlockDims, n: int) -> float:
+    """Ring attention: bytes per device per block pair.
+
+    Note 004 ("Ring-Attention"): q, k, v are split along the sequence; each device passes its
+    K and V blocks around the ring (n-1 steps, collective-permute), so it sends (n-1)/n of the
+    global K and V. Self-attention: 2*B*N*h*(n-1)/n elements; cross-attention: 2*B*TOKEN*h*(n-1)/n.
+    Two of each per block pair::
+
+        2*B*(N + TOKEN)*h * (n-1)/n * q * 2
+
+    The note adds that an all-to-all between the spatial and temporal blocks is needed to move the
+    split axis (see `layout_switch_per_device`); it is not in this total.
+    """
+    _require_devices(n)
+    B, N, h, tok = dims.batch, dims.N, dims.hidden, dims.token
+    return 2 * B * (N + tok) * h * _alpha(n) * dims.bytes_per_element * 2
+
+
+def comm_usp(dims: BlockDims, ulysses: int, ring: int) -> float:
+    """Unified sequence parallelism (Ulysses x Ring), n = ulysses*ring: bytes per device per pair.
+
+    Note 000 ("Unified Sequence Parallel"): the devices form a 2-D mesh, Ulysses all-to-alls run
+    within groups of `ulysses` devices and ring K/V passing within groups of `ring`. Each device
+    holds 1/n of a tensor, so an all-to-all inside a group of u sends (u-1)/u of it,
+    q*E*(u-1)/(u*n) bytes for a global tensor of E elements; after it, K and V blocks of 1/n of
+    the global tensors travel around the ring, (r-1) times each: q*E*(r-1)/n. Per block pair::
+
+        all-to-all: (12*B*N*h + 4*B*TOKEN*h) * q*(u-1)/(u*n)     (as DS-Ulysses)
+        ring:       (4*B*N*h + 4*B*TOKEN*h)  * q*(r-1)/n          (K and V, as Ring)
+
+    ulysses = n gives `comm_ds_ulysses`, ring = n gives `comm_ring_attention`.
+    """
+    _require_devices(ulysses)
+    _require_devices(ring)
+    _require_heads_divisible(dims, ulysses, "usp (Ulysses group)")
+    n, q = ulysses * ring, dims.bytes_per_element
+    B, N, h, tok = dims.batch, dims.N, dims.hidden, dims.token
+    all_to_all = (12 * B * N * h + 4 * B * tok * h) * q * (ulysses - 1) / (ulysses * n)
+    ring_pass = (4 * B * N * h + 4 * B * tok * h) * q * (ring - 1) / n
+    return all_to_all + ring_pass
+
+
+def comm_dp(dims: BlockDims, n: int) -> float:
+    """Data parallelism, inference: 0 bytes. Every device holds all weights and B/n samples; only
+    training would all-reduce gradients (note 000's table: 12*O(h^2) per layer, backward only).
+    Needs n to divide the batch (B = 2 under classifier-free guidance)."""
+    _require_devices(n)
+    if dims.batch % n:
+        raise DeviceCountError(
+            f"dp splits the batch {dims.batch} over {n} devices: expected a device count dividing it")
+    return 0.0
+
+
+def layout_switch_per_device(dims: BlockDims, n: int) -> float:
+    """All-to-all that moves a sequence split between the spatial layout (S split) and the
+    temporal layout (T split), twice per block pair (into the temporal block, back to the next
+    spatial block): 2 * q*B*N*h*(n-1)/n^2 bytes. Note 004 mentions it for Ring-Attention."""
+    _require_devices(n)
+    return 2 * dims.bytes_per_element * dims.batch * dims.N * dims.hidden * (n - 1) / (n * n)
+
+
+def default_mesh(strategy: str, n: int) -> tuple[int, int] | None:
+    """The brief's mesh for 2-D strategies: (2, n/2). two_dimension: batch on X (B = 2 cannot be
+    split further), hidden on Y. usp: ring on X, Ulysses on Y. 1-D strategies: None."""
+    if strategy not in ("two_dimension", "usp"):
+        return None
+    if n % 2:
+        raise DeviceCountError(f"{strategy} on {n} devices: expected an even count for a 2 x n/2 mesh")
+    return (2, n // 2)
+
+
+def _check_strategy_and_mesh(strategy: str, dims: BlockDims, n: int,
+                             mesh: tuple[int, int] | None) -> tuple[int, int] | None:
+    if strategy not in STRATEGIES:
+        raise UnknownStrategyError(
+            f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    _require_devices(n)
+    mesh = default_mesh(strategy, n) if mesh is None else tuple(mesh)
+    if mesh is not None and mesh[0] * mesh[1] != n:
+        raise DeviceCountError(f"mesh {mesh[0]}x{mesh[1]} has {mesh[0] * mesh[1]} devices, not {n}")
+    # The split conditions of each strategy, so that FLOPs and communication reject the same cases.
+    if strategy in ("megatron", "ds_ulysses"):
+        _require_heads_divisible(dims, n, strategy)
+    elif strategy == "two_dimension":
+        if dims.batch % mesh[0]:
+            raise DeviceCountError(f"two_dimension splits the batch {dims.batch} over mesh "
+                                   f"X={mesh[0]}: expected X dividing it")
+        _require_heads_divisible(dims, mesh[1], "two_dimension (mesh Y)")
+    elif strategy == "usp":
+        _require_heads_divisible(dims, mesh[1], "usp (Ulysses group)")
+    elif strategy == "dp" and dims.batch % n:
+        raise DeviceCountError(
+            f"dp splits the batch {dims.batch} over {n} devices: expected a device count dividing it")
+    return mesh
+
+
+def communication_per_device(strategy: str, dims: BlockDims, n: int,
+                             mesh: tuple[int, int] | None = None) -> float:
+    """Bytes sent per device for one block pair under `strategy` on n devices.
+
+    `mesh` (X, Y) is used by two_dimension (X batch, Y hidden) and usp (X ring, Y Ulysses);
+    it defaults to `default_mesh`.
+    """
+    mesh = _check_strategy_and_mesh(strategy, dims, n, mesh)
+    if strategy == "megatron":
+        return comm_megatron(dims, n)
+    if strategy == "two_dimension":
+        return comm_two_dimension(dims, mesh[0], mesh[1])
+    if strategy == "ds_ulysses":
+        return comm_ds_ulysses(dims, n)
+    if strategy == "ring_attention":
+        return comm_ring_attention(dims, n)
+    if strategy == "usp":
+        return comm_usp(dims, ulysses=mesh[1], ring=mesh[0])
+    return comm_dp(dims, n)
+
+
+# --------------------------------------------------------------------------------------------
+# Activation memory
+# --------------------------------------------------------------------------------------------
+
+
+def layer_activation_bytes(strategy: str, b: int, s: int, h: int, a: int, n: int) -> float:
+    """Activation bytes per device of one standard transformer layer (attention + MLP), 16-bit
+    values and 1-byte dropout masks, as note 000 ("Activation Memory") counts them.
+
+    Unsplit: attention 11bsh + 5bs^2a (QKV input 2bsh, Q and K 4bsh, softmax input 2bs^2a, its
+    dropout mask bs^2a, dropout output 2bs^2a and V 2bsh, O input 2bsh, O dropout mask bsh), MLP
+    18bsh, two LayerNorm inputs 4bsh: bsh*(34 + 5as/h).
+
+    * `none`: bsh*(34 + 5as/h)
+    * `megatron` (TP): the two LayerNorm inputs, the QKV and fc1 inputs and the two dropout masks
+      (10bsh) stay whole: bsh*(10 + 24/n + 5as/(hn))
+    * `megatron_sp`: the sequence split covers those too: bsh/n*(34 + 5as/h)
+    * `ds_ulysses`, `ring_attention`: per the note, the linear-layer activations split n ways but
+      the attention score terms do not: bsh*(34/n + 5as/h). (The note's statement; with heads
+      split, a Ulysses device would in fact hold only a/n heads of scores.)
+    """
+    if strategy not in ACTIVATION_STRATEGIES:
+        raise UnknownStrategyError(
+            f"unknown strategy {strategy!r} for activation memory: expected one of "
+            f"{', '.join(ACTIVATION_STRATEGIES)}")
+    _require_devices(n)
+    bsh, score_ratio = b * s * h, a * s / h
+    if strategy == "none":
+        return bsh * (34 + 5 * score_ratio)
+    if strategy == "megatron":
+        return bsh * (10 + 24 / n + 5 * score_ratio / n)
+    if strategy == "megatron_sp":
+        return bsh / n * (34 + 5 * score_ratio)
+    return bsh * (34 / n + 5 * score_ratio)
+
+
+def _cross_attention_activation_bytes(strategy: str, dims: BlockDims, n: int) -> float:
+    """One cross-attention, counted the way note 000 counts self-attention, with queries from the
+    B*N video tokens and keys from the B*TOKEN caption tokens of the flattened sequence:
+    q-linear input 2BNh, kv-linear input 2B*TOKEN*h, Q 2BNh, K 2B*TOKEN*h, V 2B*TOKEN*h,
+    O input 2BNh, O dropout mask BNh, score terms 5*a*(B*N)*(B*TOKEN). The split rules of
+    `layer_activation_bytes` apply: TP keeps the two linear inputs and the mask whole."""
+    B, N, h, tok, a = dims.batch, dims.N, dims.hidden, dims.token, dims.heads
+    video, caption = B * N * h, B * tok * h
+    scores = 5 * a * (B * N) * (B * tok)
+    linear = 7 * video + 6 * caption
+    if strategy == "none":
+        return linear + scores
+    if strategy == "megatron":
+        whole = 3 * video + 2 * caption
+        return whole + (linear - whole + scores) / n
+    if strategy == "megatron_sp":
+        return (linear + scores) / n
+    return linear / n + scores
+
+
+def activation_per_device(strategy: str, dims: BlockDims, n: int) -> float:
+    """Activation bytes per device of one block pair: the spatial block as a transformer layer
+    with b = B*T, s = S, the temporal block with b = B*S, s = T (note 000's formula for each),
+    plus two cross-attentions (`_cross_attention_activation_bytes`). Strategies:
+    `none`, `megatron`, `megatron_sp`, `ds_ulysses`, `ring_attention`."""
+    if strategy in ("megatron", "megatron_sp", "ds_ulysses"):  # these split the heads
+        _require_devices(n)
+        _require_heads_divisible(dims, n, strategy)
+    B, T, S, h, a = dims.batch, dims.T, dims.S, dims.hidden, dims.heads
+    spatial = layer_activation_bytes(strategy, B * T, S, h, a, n)
+    temporal = layer_activation_bytes(strategy, B * S, T, h, a, n)
+    return spatial + temporal + 2 * _cross_attention_activation_bytes(strategy, dims, n)

@@ -1,0 +1,109 @@
+"""Print the analytic cost table of OpenSora STDiT3 for the reference video shapes.
+
+For each shape: the token geometry (T, S, N), the full-model GEMM TFLOPs of one forward pass
+(embeddings + all block pairs + final layer, from `models.opensora.flops`), the GEMM TFLOPs of one
+block pair, and the communication volume per device of one block pair under each parallel
+strategy on `--devices` devices (from `hlo_analyzer.theory`). Output is a markdown table.
+
+Run:  python3 scripts/theory_table.py [--devices 16] [--config full] [--shape 204_640_360 ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import click  # noqa: E402
+
+from hlo_analyzer.errors import UsageError  # noqa: E402
+from hlo_analyzer.theory import (  # noqa: E402
+    STRATEGIES, BlockDims, DeviceCountError, communication_per_device, default_mesh,
+    layout_switch_per_device,
+)
+from models.opensora.config import get_config  # noqa: E402  (torch-free parts only)
+from models.opensora.flops import gemm_flops  # noqa: E402
+from models.opensora.inputs import REFERENCE_SHAPES, geometry  # noqa: E402
+
+UNITS = {"GB": 1e9, "MB": 1e6, "GiB": 2**30, "MiB": 2**20}
+
+
+def strategy_header(strategy: str, devices: int) -> str:
+    mesh = default_mesh(strategy, devices) if devices % 2 == 0 else None
+    return f"{strategy} ({mesh[0]}x{mesh[1]})" if mesh else strategy
+
+
+def build_table(config_name: str, shapes: list[str], devices: int, batch: int,
+                bytes_per_element: int, unit: str, scope: str) -> str:
+    """The markdown table as one string (each row a shape)."""
+    config = get_config(config_name)
+    scale = UNITS[unit]
+    pairs = config.depth if scope == "backbone" else 1
+    headers = ["shape", "T", "S", "N", "model GEMM TFLOPs", "block GEMM TFLOPs"]
+    headers += [f"{strategy_header(s, devices)} [{unit}]" for s in STRATEGIES]
+    headers.append(f"S<->T all-to-all [{unit}]")
+    rows = []
+    for shape in shapes:
+        geo = geometry(config, shape)
+        counts = gemm_flops(config, shape, batch=batch)
+        dims = BlockDims(T=geo.T, S=geo.S, batch=batch, hidden=config.hidden_size,
+                         heads=config.num_heads, token=config.model_max_length,
+                         mlp_ratio=int(config.mlp_ratio), bytes_per_element=bytes_per_element)
+        row = [shape, str(geo.T), str(geo.S), str(geo.N),
+               f"{counts['forward']['total'] / 1e12:.2f}",
+               f"{counts['per_block']['total'] / 1e12:.3f}"]
+        for strategy in STRATEGIES:
+            try:
+                volume = communication_per_device(strategy, dims, devices)
+                row.append(f"{volume * pairs / scale:.3f}")
+            except DeviceCountError:
+                row.append("n/a")  # e.g. dp cannot split B=2 over 16 devices
+        row.append(f"{layout_switch_per_device(dims, devices) * pairs / scale:.3f}")
+        rows.append(row)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--devices", "-n", default=16, show_default=True, type=int,
+              help="Devices the block is split over. two_dimension and usp use a 2 x n/2 mesh "
+                   "(two_dimension: batch on X, hidden on Y; usp: ring on X, Ulysses on Y).")
+@click.option("--config", "config_name", default="full", show_default=True,
+              help="Model config: full, tiny, or a TOML file with STDiT3Config fields.")
+@click.option("--shape", "shapes", multiple=True, metavar="F_W_H",
+              help="Video shape FRAMES_WIDTH_HEIGHT; repeat for several. "
+                   f"Default: the four reference shapes {', '.join(REFERENCE_SHAPES)}.")
+@click.option("--batch", "-b", default=2, show_default=True, type=int,
+              help="Batch B (2 = classifier-free guidance).")
+@click.option("--bytes-per-element", default=2, show_default=True, type=int,
+              help="Bytes per activation element (2 for bf16).")
+@click.option("--unit", type=click.Choice(sorted(UNITS)), default="GB", show_default=True,
+              help="Unit of the communication columns (GB = 1e9 bytes).")
+@click.option("--scope", type=click.Choice(["block", "backbone"]), default="block",
+              show_default=True,
+              help="Communication of one block pair, or of all `depth` pairs of the backbone.")
+def main(devices: int, config_name: str, shapes: tuple[str, ...], batch: int,
+         bytes_per_element: int, unit: str, scope: str) -> None:
+    """Analytic GEMM TFLOPs and per-strategy communication of OpenSora STDiT3.
+
+    Columns: T, S, N (tokens); the GEMM TFLOPs of one whole forward pass and of one block pair
+    (spatial + temporal block); then the bytes each device sends per block pair (or per backbone
+    with --scope backbone) under megatron, two_dimension, ds_ulysses, ring_attention, usp and dp
+    (n/a where the strategy cannot use that many devices), and the extra all-to-all that moves a
+    sequence split between the spatial and temporal layouts (for sequence-parallel strategies).
+    Formulas and their derivations: hlo_analyzer/theory.py and docs/model.md.
+    """
+    try:
+        click.echo(build_table(config_name, list(shapes) or list(REFERENCE_SHAPES), devices,
+                               batch, bytes_per_element, unit, scope))
+    except UsageError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
