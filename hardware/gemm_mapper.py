@@ -1,0 +1,388 @@
+"""``gemm_auto_opt_mapper``: tiling search for one GEMM ``(M, K) x (K, N)`` on a tiled chip.
+
+Search space
+    * placement ``pm x pn x pk``: M, N and K are cut into ``pm``, ``pn``, ``pk`` slices and each
+      tile owns one (M slice, N slice, K slice); ``pm*pn*pk <= tile_count``, factors drawn from
+      the powers of two and the divisors of ``tile_count``; a dimension is never cut finer than
+      the GEMM granule.
+    * per-tile blocks ``tm, tk, tn``: powers of two from the granule up, and the slice itself;
+    * loop order ``mnk`` / ``nmk`` (output stationary, K innermost).
+
+Cost of one candidate (every tile is charged the largest slice, ``mt = ceil(M/pm)`` etc.)
+    * compute: ``2 * pad(mt) * pad(kt) * pad(nt) / gemm_flops_per_s_per_tile``, where ``pad``
+      rounds every block edge up to ``gemm_granule_elements``; a fused epilogue (GELU, SiLU) runs
+      on the vector unit, overlapped with the GEMM engine (it works on block i while the engine
+      computes block i+1), so compute is the larger of the two.
+    * DRAM: A is read ``nb`` times (once per N block) unless K fits one block and the loop order
+      keeps the A block resident (``mnk``); symmetrically for B; C is written once, in
+      ``bytes_per_element``. Tiles that share an A slice (the ``pn`` tiles of a row) get it from
+      one DRAM read forwarded over the NoC; likewise B down the ``pm`` tiles; so the chip reads
+      ``pm*pk`` A slices and ``pk*pn`` B slices.
+    * NoC (``mesh``): forwarded A and B streams use different links (row vs column), so the NoC
+      time is the larger stream plus the split-K reduction of fp32 partial sums
+      (``mt*nt*ACCUMULATOR_BYTES``) along the ``pk`` chain; a forwarded block crosses up to
+      ``max(pm, pn, pk) - 1`` hops. (``crossbar``, GPUs: each tile pulls A and B through its one
+      cache port; no forwarding, one hop.)
+    * SRAM: ``stages * (tm*tk + tk*tn) * bytes + tm*tn*(ACCUMULATOR_BYTES + bytes)`` (multi-
+      buffered operand blocks, an fp32 accumulator and an output staging block) must fit.
+    * latency: the chain model of :mod:`hardware.mapping` over ``mb*nb*kb`` steps.
+
+Search (branch and bound, exact)
+    The exhaustive loop (:func:`gemm_exhaustive_search`) visits every candidate. The mapper
+    instead orders placements by a lower bound (unpadded compute; compulsory DRAM traffic: each of
+    A, B, C moved once; NoC likewise) and stops at the first whose bound exceeds the best latency
+    found; inside a placement it bounds each ``(tm, tn)`` pair (padding of M and N, the cheaper of
+    the two A-or-B-resident traffic patterns, at least ``mb*nb`` steps of transfer latency) and
+    only expands ``tk`` and the loop order under pairs that can still win. Every bound is
+    <= the exact cost of every candidate below it, so the optimum is the exhaustive one; ties are
+    broken by the tiling's natural order, so neither search depends on candidate order.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from hardware.mapping import GemmTiling, Mapping, pipeline_chains
+from hardware.ops import Op, OpType, gemm_dims
+from hardware.spec import ChipSpec
+from hardware.vector_mapper import MappingError
+
+__all__ = [
+    "ACCUMULATOR_BYTES",
+    "LOOP_ORDERS",
+    "GemmPreset",
+    "gemm_auto_opt_mapper",
+    "gemm_exhaustive_search",
+    "gemm_candidate_cost",
+]
+
+#: Partial sums are accumulated in fp32 (4 bytes), as bf16 GEMM engines do.
+ACCUMULATOR_BYTES = 4
+LOOP_ORDERS = ("mnk", "nmk")
+#: A bound prunes only when it exceeds the best latency by this relative margin, so rounding in
+#: the last bit can never prune a candidate that the exhaustive loop would pick.
+_PRUNE_MARGIN = 1e-9
+
+
+@dataclass(frozen=True)
+class GemmPreset:
+    """Forces part of the tiling (None = searched). The reference toolchain forced ``tm, tn = 256, 32``."""
+
+    tm: int | None = None
+    tk: int | None = None
+    tn: int | None = None
+    pm: int | None = None
+    pn: int | None = None
+    pk: int | None = None
+    loop_order: str | None = None
+
+
+@dataclass(frozen=True)
+class _Problem:
+    name: str
+    m: int
+    k: int
+    n: int
+    bytes_per_element: int
+    flops: int
+    epilogue_ops_per_element: float
+
+
+def _round_up(value: int, granule: int) -> int:
+    return -(-value // granule) * granule
+
+
+def _padded_extent(extent: int, block: int, granule: int) -> int:
+    """Sum of the block edges of ``extent`` cut in ``block``s, each rounded up to the granule."""
+    full, rest = divmod(extent, block)
+    return full * _round_up(block, granule) + (_round_up(rest, granule) if rest else 0)
+
+
+def _factors(tile_count: int) -> list[int]:
+    powers = {1 << i for i in range(tile_count.bit_length()) if (1 << i) <= tile_count}
+    divisors = {d for d in range(1, tile_count + 1) if tile_count % d == 0}
+    return sorted(powers | divisors)
+
+
+def _placements(chip: ChipSpec, problem: _Problem, preset: GemmPreset) -> list[tuple[int, int, int]]:
+    granule = chip.gemm_granule_elements
+    limits = [max(1, math.ceil(d / granule)) for d in (problem.m, problem.n, problem.k)]
+    factors = _factors(chip.tile_count)
+    result = []
+    for pm in factors:
+        for pn in factors:
+            for pk in factors:
+                if pm * pn * pk > chip.tile_count:
+                    continue
+                if pm > limits[0] or pn > limits[1] or pk > limits[2]:
+                    continue
+                if any(want is not None and want != got for want, got in ((preset.pm, pm), (preset.pn, pn), (preset.pk, pk))):
+                    continue
+                result.append((pm, pn, pk))
+    return result
+
+
+def _block_candidates(extent: int, granule: int, forced: int | None) -> list[int]:
+    if forced is not None:
+        return [min(forced, extent)]
+    sizes = {extent}
+    size = granule
+    while size < extent:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
+def _sram_bytes(tm: int, tk: int, tn: int, q: int, stages: int) -> int:
+    return stages * (tm * tk + tk * tn) * q + tm * tn * (ACCUMULATOR_BYTES + q)
+
+
+def _reuse(order: str, mb: int, nb: int, kb: int) -> tuple[int, int]:
+    """How many times each tile reads its A slice and its B slice."""
+    if order == "mnk":
+        return (1 if kb == 1 else nb), mb
+    return nb, (1 if kb == 1 else mb)
+
+
+def _noc_bytes(chip: ChipSpec, pm: int, pn: int, pk: int, a_tile: float, b_tile: float, reduce_tile: float) -> float:
+    if chip.noc_topology == "mesh":
+        a_forward = a_tile if pn > 1 else 0.0
+        b_forward = b_tile if pm > 1 else 0.0
+        return max(a_forward, b_forward) + reduce_tile
+    return a_tile + b_tile + reduce_tile
+
+
+def _hops(chip: ChipSpec, pm: int, pn: int, pk: int) -> int:
+    if chip.noc_topology == "mesh":
+        return max(pm, pn, pk) - 1
+    return 1 if pm * pn * pk > 1 else 0
+
+
+def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
+    pm, pn, pk, tm, tk, tn = tiling.pm, tiling.pn, tiling.pk, tiling.tm, tiling.tk, tiling.tn
+    q = problem.bytes_per_element
+    granule = chip.gemm_granule_elements
+    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    mb, kb, nb = math.ceil(mt / tm), math.ceil(kt / tk), math.ceil(nt / tn)
+    steps = mb * nb * kb
+
+    padded_flops = 2 * _padded_extent(mt, tm, granule) * _padded_extent(kt, tk, granule) * _padded_extent(nt, tn, granule)
+    gemm_s = padded_flops / chip.gemm_flops_per_s_per_tile
+    epilogue_s = problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile
+    compute_s = max(gemm_s, epilogue_s)
+
+    a_reads, b_reads = _reuse(tiling.loop_order, mb, nb, kb)
+    a_tile, b_tile, c_tile = mt * kt * q * a_reads, kt * nt * q * b_reads, mt * nt * q
+    dram_bytes = pm * pk * a_tile + pk * pn * b_tile + pm * pn * c_tile
+    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
+    noc_s = _noc_bytes(chip, pm, pn, pk, a_tile, b_tile, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
+
+    chains = pipeline_chains(
+        steps=steps,
+        compute_s=compute_s,
+        dram_s=dram_bytes / chip.dram_bandwidth_bytes_per_s,
+        noc_s=noc_s,
+        first_load_bytes=(pm * pk * tm * tk + pk * pn * tk * tn) * q,
+        last_store_bytes=pm * pn * tm * tn * q,
+        transfer_latency_s=chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s,
+        dram_latency_s=chip.dram_latency_s,
+        dram_bandwidth_bytes_per_s=chip.dram_bandwidth_bytes_per_s,
+        buffering_stages=chip.sram_buffering_stages,
+    )
+    latency_s = chains.latency_s
+    return Mapping(
+        op_name=problem.name,
+        op_type=OpType.GEMM.value,
+        mapper="gemm_auto_opt_mapper",
+        latency_s=latency_s,
+        compute_s=compute_s,
+        dram_s=dram_bytes / chip.dram_bandwidth_bytes_per_s,
+        noc_s=noc_s,
+        utilization=min(1.0, problem.flops / latency_s / chip.gemm_flops_per_s),
+        flops=problem.flops,
+        dram_bytes=dram_bytes,
+        tiling=tiling,
+        bound=chains.bound,
+    )
+
+
+def _problem(op: Op, epilogue: Op | None) -> _Problem:
+    if op.op_type is not OpType.GEMM:
+        raise ValueError(f"op {op.name}: gemm_auto_opt_mapper takes GEMM ops, got {op.op_type.value}")
+    m, k, n = gemm_dims(op)
+    epilogue_ops = 0.0
+    name = op.name
+    if epilogue is not None:
+        if epilogue.op_type is not OpType.VECTOR or epilogue.output_elements != m * n:
+            raise ValueError(f"op {epilogue.name}: a fused epilogue must be a Vector op over the {m}x{n} output of {op.name}")
+        epilogue_ops = epilogue.flops / (m * n)
+        name = f"{op.name}+{epilogue.name}"
+    return _Problem(name, m, k, n, op.bytes_per_element, op.flops, epilogue_ops)
+
+
+def _candidates_of_placement(
+    problem: _Problem, chip: ChipSpec, placement: tuple[int, int, int], preset: GemmPreset
+) -> tuple[list[int], list[int], list[int], list[str]]:
+    pm, pn, pk = placement
+    granule = chip.gemm_granule_elements
+    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    orders = [preset.loop_order] if preset.loop_order else list(LOOP_ORDERS)
+    return (
+        _block_candidates(mt, granule, preset.tm),
+        _block_candidates(kt, granule, preset.tk),
+        _block_candidates(nt, granule, preset.tn),
+        orders,
+    )
+
+
+def _fits(chip: ChipSpec, problem: _Problem, tm: int, tk: int, tn: int) -> bool:
+    return _sram_bytes(tm, tk, tn, problem.bytes_per_element, chip.sram_buffering_stages) <= chip.sram_bytes_per_tile
+
+
+def _better(candidate: Mapping, best: Mapping | None) -> bool:
+    return best is None or (candidate.latency_s, candidate.tiling) < (best.latency_s, best.tiling)
+
+
+def _no_fit(problem: _Problem, chip: ChipSpec) -> MappingError:
+    return MappingError(f"op {problem.name}: no tiling fits {chip.name}'s SRAM of {chip.sram_bytes_per_tile:.0f} bytes per tile")
+
+
+def _shuffled(items: list, rng: random.Random | None) -> list:
+    if rng is not None:
+        items = list(items)
+        rng.shuffle(items)
+    return items
+
+
+def _all_candidates(problem: _Problem, chip: ChipSpec, preset: GemmPreset, rng: random.Random | None) -> Iterator[GemmTiling]:
+    for placement in _shuffled(_placements(chip, problem, preset), rng):
+        tms, tks, tns, orders = (_shuffled(c, rng) for c in _candidates_of_placement(problem, chip, placement, preset))
+        for tm in tms:
+            for tn in tns:
+                for tk in tks:
+                    if not _fits(chip, problem, tm, tk, tn):
+                        continue
+                    for order in orders:
+                        yield GemmTiling(*placement, tm, tk, tn, order)
+
+
+def gemm_exhaustive_search(
+    op: Op, chip: ChipSpec, *, preset: GemmPreset | None = None, epilogue: Op | None = None, shuffle_seed: int | None = None
+) -> Mapping:
+    """The plain loop over every candidate: the reference that :func:`gemm_auto_opt_mapper` must match."""
+    problem = _problem(op, epilogue)
+    rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+    best: Mapping | None = None
+    visited = 0
+    for tiling in _all_candidates(problem, chip, preset or GemmPreset(), rng):
+        visited += 1
+        mapping = _cost(problem, chip, tiling)
+        if _better(mapping, best):
+            best = mapping
+    if best is None:
+        raise _no_fit(problem, chip)
+    return replace(best, candidates_visited=visited)
+
+
+def gemm_candidate_cost(op: Op, chip: ChipSpec, tiling: GemmTiling, *, epilogue: Op | None = None) -> Mapping:
+    """Cost of one fully specified tiling (no search); raises MappingError if it does not fit SRAM."""
+    problem = _problem(op, epilogue)
+    if not _fits(chip, problem, tiling.tm, tiling.tk, tiling.tn):
+        raise MappingError(f"op {problem.name}: tiling {tiling} does not fit {chip.name}'s SRAM")
+    return _cost(problem, chip, tiling)
+
+
+def _placement_bound(problem: _Problem, chip: ChipSpec, placement: tuple[int, int, int]) -> float:
+    pm, pn, pk = placement
+    q = problem.bytes_per_element
+    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    compute_s = max(
+        2 * mt * kt * nt / chip.gemm_flops_per_s_per_tile,
+        problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
+    )
+    dram_s = (pm * pk * mt * kt + pk * pn * kt * nt + pm * pn * mt * nt) * q / chip.dram_bandwidth_bytes_per_s
+    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
+    noc_s = _noc_bytes(chip, pm, pn, pk, mt * kt * q, kt * nt * q, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
+    return 2 * chip.dram_latency_s + max(compute_s, dram_s, noc_s)
+
+
+def _pair_bound(problem: _Problem, chip: ChipSpec, placement: tuple[int, int, int], tm: int, tn: int) -> float:
+    """Lower bound over every ``tk`` and loop order under the block pair ``(tm, tn)``."""
+    pm, pn, pk = placement
+    q = problem.bytes_per_element
+    granule = chip.gemm_granule_elements
+    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    mb, nb = math.ceil(mt / tm), math.ceil(nt / tn)
+    compute_s = max(
+        2 * _padded_extent(mt, tm, granule) * kt * _padded_extent(nt, tn, granule) / chip.gemm_flops_per_s_per_tile,
+        problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
+    )
+    a_once, b_once = mt * kt * q, kt * nt * q
+    # Cheapest traffic any tk / order can reach: A resident (mnk, kb = 1) or B resident (nmk, kb = 1).
+    dram_bytes = min(pm * pk * a_once + pk * pn * b_once * mb, pm * pk * a_once * nb + pk * pn * b_once)
+    dram_bytes += pm * pn * mt * nt * q
+    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
+    noc_bytes = min(
+        _noc_bytes(chip, pm, pn, pk, a_once, b_once * mb, reduce_tile),
+        _noc_bytes(chip, pm, pn, pk, a_once * nb, b_once, reduce_tile),
+    )
+    transfer_latency_s = chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s
+    latency_chain_s = mb * nb * transfer_latency_s / (chip.sram_buffering_stages - 1) + chip.dram_latency_s
+    resource_s = max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_bytes / chip.noc_bandwidth_bytes_per_s_per_link)
+    return max(2 * chip.dram_latency_s + resource_s, latency_chain_s)
+
+
+def gemm_auto_opt_mapper(
+    op: Op,
+    chip: ChipSpec,
+    *,
+    preset: GemmPreset | None = None,
+    epilogue: Op | None = None,
+    shuffle_seed: int | None = None,
+) -> Mapping:
+    """Best tiling of GEMM ``op`` on ``chip`` by branch and bound (same optimum as the exhaustive loop).
+
+    ``preset`` forces some tiling parameters (e.g. ``GemmPreset(tm=256, tn=32)``); ``epilogue`` is
+    a Vector op over the GEMM output (GELU, SiLU) fused into it; ``shuffle_seed`` permutes the
+    candidate lists before the search (for tests: the result must not change).
+    ``candidates_visited`` on the result counts the fully costed candidates.
+    """
+    preset = preset or GemmPreset()
+    problem = _problem(op, epilogue)
+    rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+    placements = _shuffled(_placements(chip, problem, preset), rng)
+    bounded = sorted(((_placement_bound(problem, chip, p), p) for p in placements))
+    best: Mapping | None = None
+    visited = 0
+
+    def beaten(bound: float) -> bool:
+        return best is not None and bound > best.latency_s * (1 + _PRUNE_MARGIN)
+
+    for placement_bound, placement in bounded:
+        if beaten(placement_bound):
+            break
+        tms, tks, tns, orders = (_shuffled(c, rng) for c in _candidates_of_placement(problem, chip, placement, preset))
+        tks_descending = sorted(tks, reverse=True)
+        pairs = sorted(
+            (_pair_bound(problem, chip, placement, tm, tn), tm, tn)
+            for tm in tms
+            for tn in tns
+            if _fits(chip, problem, tm, min(tks), tn)
+        )
+        for pair_bound, tm, tn in pairs:
+            if beaten(pair_bound):
+                break
+            for tk in tks_descending:
+                if not _fits(chip, problem, tm, tk, tn):
+                    continue
+                for order in orders:
+                    visited += 1
+                    mapping = _cost(problem, chip, GemmTiling(*placement, tm, tk, tn, order))
+                    if _better(mapping, best):
+                        best = mapping
+    if best is None:
+        raise _no_fit(problem, chip)
+    return replace(best, candidates_visited=visited)

@@ -1,0 +1,155 @@
+"""Mapping results and the pipelined-execution cost model shared by all mappers.
+
+Execution model (one chip). A mapper cuts an op into ``steps`` equal blocks per tile. Each tile
+loads block i+1 while it computes block i (``sram_buffering_stages - 1`` loads may be in flight).
+The latency is the longest of four *chains*, each a resource that must do all its work in
+sequence plus the parts that cannot overlap it:
+
+* compute chain  = fill + compute_s + drain
+  (the first load must arrive before any compute; the last store follows the last compute)
+* DRAM chain     = transfer_latency + dram_s + compute_step + dram_latency
+  (every byte crosses the chip's one DRAM interface; the last block still has to compute
+  between its load and its store)
+* NoC chain      = transfer_latency + noc_s + compute_step + drain
+* latency chain  = steps * transfer_latency / (stages - 1) + compute_step + drain
+  (with S-1 loads in flight a step cannot be shorter than 1/(S-1) of a load's latency)
+
+with ``fill = transfer_latency + first_load_bytes / dram_bandwidth`` and
+``drain = dram_latency + last_store_bytes / dram_bandwidth``; ``transfer_latency`` is the DRAM
+latency plus the NoC hops a forwarded block crosses. The chain that is longest names the
+``bound`` of the mapping. The model is deliberately a bound model (no cycle simulation): every
+term has a closed form, so a test can derive the latency by hand and a search can bound it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+__all__ = ["GemmTiling", "VectorTiling", "FlashAttentionTiling", "Tiling", "Mapping", "ChainTimes", "pipeline_chains"]
+
+
+@dataclass(frozen=True, order=True)
+class GemmTiling:
+    """Placement ``pm x pn x pk`` tiles (M, N, K split across tiles) and per-tile blocks ``tm, tk, tn``.
+
+    ``loop_order`` ``"mnk"``: for each M block, for each N block, accumulate over K (an A block
+    stays in SRAM across the N loop when K fits one block); ``"nmk"``: the same with M and N swapped.
+    """
+
+    pm: int
+    pn: int
+    pk: int
+    tm: int
+    tk: int
+    tn: int
+    loop_order: str
+
+    @property
+    def tiles(self) -> int:
+        return self.pm * self.pn * self.pk
+
+
+@dataclass(frozen=True, order=True)
+class VectorTiling:
+    """``tiles`` tiles each take ``rows_per_tile`` rows, processed ``chunk_rows`` at a time."""
+
+    tiles: int
+    rows_per_tile: int
+    chunk_rows: int
+
+
+@dataclass(frozen=True, order=True)
+class FlashAttentionTiling:
+    """Blocks of ``tx`` query rows and ``ty`` key/value rows over ``heads_per_block`` fused heads.
+
+    ``q_split`` tiles share one (batch, head group) by splitting its query rows (the K/V blocks are
+    read once from DRAM and forwarded over the NoC to those tiles).
+    """
+
+    tx: int
+    ty: int
+    heads_per_block: int
+    q_split: int
+    tiles: int
+
+
+Tiling = Union[GemmTiling, VectorTiling, FlashAttentionTiling]
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Result of mapping one op onto one chip.
+
+    ``utilization`` is achieved FLOP/s over the chip's peak for the op's own unit (GEMM peak for
+    GEMM and FlashAttention ops, counting their matrix FLOPs; vector peak for Vector ops).
+    ``compute_s``, ``dram_s`` and ``noc_s`` are the busy times of each resource (they overlap);
+    ``latency_s`` is the critical chain (see the module docstring); ``bound`` names it.
+    """
+
+    op_name: str
+    op_type: str
+    mapper: str
+    latency_s: float
+    compute_s: float
+    dram_s: float
+    noc_s: float
+    utilization: float
+    flops: int
+    dram_bytes: float
+    tiling: Tiling
+    bound: str
+    candidates_visited: int = 0
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.flops / self.latency_s if self.latency_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ChainTimes:
+    compute_chain_s: float
+    dram_chain_s: float
+    noc_chain_s: float
+    latency_chain_s: float
+
+    @property
+    def latency_s(self) -> float:
+        return max(self.compute_chain_s, self.dram_chain_s, self.noc_chain_s, self.latency_chain_s)
+
+    @property
+    def bound(self) -> str:
+        chains = {
+            "compute": self.compute_chain_s,
+            "dram": self.dram_chain_s,
+            "noc": self.noc_chain_s,
+            "latency": self.latency_chain_s,
+        }
+        return max(chains, key=lambda name: chains[name])
+
+
+def pipeline_chains(
+    *,
+    steps: int,
+    compute_s: float,
+    dram_s: float,
+    noc_s: float,
+    first_load_bytes: float,
+    last_store_bytes: float,
+    transfer_latency_s: float,
+    dram_latency_s: float,
+    dram_bandwidth_bytes_per_s: float,
+    buffering_stages: int,
+) -> ChainTimes:
+    """The four chains of the module docstring for ``steps`` equal pipelined steps."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    compute_step_s = compute_s / steps
+    fill_s = transfer_latency_s + first_load_bytes / dram_bandwidth_bytes_per_s
+    drain_s = dram_latency_s + last_store_bytes / dram_bandwidth_bytes_per_s
+    return ChainTimes(
+        compute_chain_s=fill_s + compute_s + drain_s,
+        dram_chain_s=transfer_latency_s + dram_s + compute_step_s + dram_latency_s,
+        noc_chain_s=transfer_latency_s + noc_s + compute_step_s + drain_s,
+        latency_chain_s=steps * transfer_latency_s / (buffering_stages - 1) + compute_step_s + drain_s,
+    )
