@@ -34,7 +34,7 @@ from jaxlib.mlir import ir
 
 from hlo_analyzer.errors import UnsupportedIRError
 from hlo_analyzer.rows import COMM, OpRow
-from hlo_analyzer.tensors import element_type_name, format_location, shape_of, tensor_bytes
+from hlo_analyzer.tensors import TypeTable, format_location
 from hlo_analyzer.visitor import IRVisitor
 
 COLLECTIVE_OPS = (
@@ -99,6 +99,7 @@ class CommVisitor(IRVisitor):
         self.bruck = bruck
         self.num_devices = num_devices
         self.rows: list[OpRow] = []
+        self.types = TypeTable()
 
     @property
     def bytes_per_device(self) -> float:
@@ -111,26 +112,26 @@ class CommVisitor(IRVisitor):
 
     def visit_all_reduce(self, op: Any) -> None:
         operands = op.operation.operands
-        self._record(op, "all_reduce", sum(tensor_bytes(v, op) for v in operands))
+        self._record(op, "all_reduce", sum(self.types.nbytes(v, op) for v in operands))
 
     def visit_all_gather(self, op: Any) -> None:
         results = op.operation.results
-        self._record(op, "all_gather", sum(tensor_bytes(v, op) for v in results))
+        self._record(op, "all_gather", sum(self.types.nbytes(v, op) for v in results))
 
     def visit_reduce_scatter(self, op: Any) -> None:
-        self._record(op, "reduce_scatter", tensor_bytes(op.operation.operands[0], op))
+        self._record(op, "reduce_scatter", self.types.nbytes(op.operation.operands[0], op))
 
     def visit_all_to_all(self, op: Any) -> None:
         operands = op.operation.operands
-        self._record(op, "all_to_all", sum(tensor_bytes(v, op) for v in operands))
+        self._record(op, "all_to_all", sum(self.types.nbytes(v, op) for v in operands))
 
     def visit_collective_permute(self, op: Any) -> None:
         pairs = _dense_groups(op, "source_target_pairs")
-        self._record(op, "collective_permute", tensor_bytes(op.operation.operands[0], op),
+        self._record(op, "collective_permute", self.types.nbytes(op.operation.operands[0], op),
                      groups=(2, len(pairs)))
 
     def visit_collective_broadcast(self, op: Any) -> None:
-        self._record(op, "collective_broadcast", tensor_bytes(op.operation.operands[0], op))
+        self._record(op, "collective_broadcast", self.types.nbytes(op.operation.operands[0], op))
 
     def _record(self, op: Any, kind: str, comm_bytes: int,
                 groups: tuple[int, int] | None = None) -> None:
@@ -140,15 +141,16 @@ class CommVisitor(IRVisitor):
                    if self.collective_time is not None else None)
         operation = op.operation
         results = operation.results
+        types = self.types
         self.rows.append(
             OpRow(
                 position=self.position,
                 op=operation.name,
-                location=format_location(operation.location),
+                location=types.location(op),
                 category=COMM,
-                operand_shapes=tuple(shape_of(v, op) for v in operation.operands),
-                result_shapes=tuple(shape_of(v, op) for v in results),
-                dtype=element_type_name(results[0]) if len(results) else "",
+                operand_shapes=types.shapes(operation.operands, op),
+                result_shapes=types.shapes(results, op),
+                dtype=types.dtype(results[0]) if len(results) else "",
                 comm_kind=kind,
                 comm_bytes=comm_bytes,
                 comm_bytes_per_device=volume,

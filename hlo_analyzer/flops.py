@@ -31,7 +31,7 @@ from jaxlib.mlir.dialects import mhlo, stablehlo
 
 from hlo_analyzer.comm import COLLECTIVE_OPS
 from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow
-from hlo_analyzer.tensors import element_type_name, format_location, num_elements, shape_of
+from hlo_analyzer.tensors import TypeTable, num_elements
 from hlo_analyzer.visitor import IRVisitor
 
 BRIEF_VECTOR_OPS = ("add", "subtract", "multiply", "divide", "rsqrt", "negate", "exponential")
@@ -66,6 +66,7 @@ class FlopsVisitor(IRVisitor):
         self.rows: list[OpRow] = []
         self.unhandled: Counter[str] = Counter()
         self.op_counts: Counter[str] = Counter()
+        self.types = TypeTable()
 
     @property
     def gemm_flops(self) -> int:
@@ -83,31 +84,31 @@ class FlopsVisitor(IRVisitor):
     # -- GEMM -----------------------------------------------------------------------------------
     def visit_dot(self, op: Any) -> None:
         operation = op.operation
-        lhs = shape_of(operation.operands[0], op)
-        result = shape_of(operation.results[0], op)
+        lhs = self.types.shape(operation.operands[0], op)
+        result = self.types.shape(operation.results[0], op)
         contract = lhs[-1] if lhs else 1
         self._record(op, GEMM, 2 * contract * num_elements(result))
 
     def visit_dot_general(self, op: Any) -> None:
         operation = op.operation
         dims = _dialect(operation).DotDimensionNumbers(operation.attributes["dot_dimension_numbers"])
-        lhs = shape_of(operation.operands[0], op)
-        result = shape_of(operation.results[0], op)
+        lhs = self.types.shape(operation.operands[0], op)
+        result = self.types.shape(operation.results[0], op)
         contract = math.prod(lhs[d] for d in dims.lhs_contracting_dimensions)
         self._record(op, GEMM, 2 * contract * num_elements(result))
 
     def visit_convolution(self, op: Any) -> None:
         operation = op.operation
         dims = _dialect(operation).ConvDimensionNumbers(operation.attributes["dimension_numbers"])
-        kernel = shape_of(operation.operands[1], op)
-        result = shape_of(operation.results[0], op)
+        kernel = self.types.shape(operation.operands[1], op)
+        result = self.types.shape(operation.results[0], op)
         window = math.prod(kernel[d] for d in dims.kernel_spatial_dimensions)
         in_features_per_group = kernel[dims.kernel_input_feature_dimension]
         self._record(op, GEMM, 2 * num_elements(result) * window * in_features_per_group)
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
-        result = shape_of(op.operation.results[0], op)
+        result = self.types.shape(op.operation.results[0], op)
         self._record(op, VECTOR, num_elements(result))
 
     def visit_reduce(self, op: Any) -> None:
@@ -115,8 +116,8 @@ class FlopsVisitor(IRVisitor):
         inputs = len(operation.operands) // 2  # operands are (inputs..., init values...)
         flops = 0
         for index in range(inputs):
-            in_elements = num_elements(shape_of(operation.operands[index], op))
-            out_elements = num_elements(shape_of(operation.results[index], op))
+            in_elements = num_elements(self.types.shape(operation.operands[index], op))
+            out_elements = num_elements(self.types.shape(operation.results[index], op))
             flops += in_elements - out_elements
         self._record(op, VECTOR, flops)
 
@@ -124,14 +125,14 @@ class FlopsVisitor(IRVisitor):
         operation = op.operation
         window = math.prod(_int_array(operation.attributes["window_dimensions"]))
         inputs = len(operation.operands) // 2
-        flops = sum(num_elements(shape_of(operation.results[i], op)) * window for i in range(inputs))
+        flops = sum(num_elements(self.types.shape(operation.results[i], op)) * window for i in range(inputs))
         self._record(op, VECTOR, flops)
 
     def visit_scatter(self, op: Any) -> None:
         operation = op.operation
         inputs = (len(operation.operands) - 1) // 2  # (inputs..., indices, updates...)
         updates = operation.operands[inputs + 1:]
-        self._record(op, VECTOR, sum(num_elements(shape_of(u, op)) for u in updates))
+        self._record(op, VECTOR, sum(num_elements(self.types.shape(u, op)) for u in updates))
 
     # -- no FLOPs -------------------------------------------------------------------------------
     def _visit_data_movement(self, op: Any) -> None:
@@ -152,15 +153,16 @@ class FlopsVisitor(IRVisitor):
         operation = op.operation
         self.op_counts[operation.name] += 1
         results = operation.results
+        types = self.types
         self.rows.append(
             OpRow(
                 position=self.position,
                 op=operation.name,
-                location=format_location(operation.location),
+                location=types.location(op),
                 category=category,
-                operand_shapes=tuple(shape_of(v, op) for v in operation.operands),
-                result_shapes=tuple(shape_of(v, op) for v in results),
-                dtype=element_type_name(results[0]) if len(results) else "",
+                operand_shapes=types.shapes(operation.operands, op),
+                result_shapes=types.shapes(results, op),
+                dtype=types.dtype(results[0]) if len(results) else "",
                 flops=int(flops),
             )
         )

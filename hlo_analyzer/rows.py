@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 Shape = tuple[int, ...]
 
@@ -13,10 +13,10 @@ OTHER = "other"
 CATEGORIES = (GEMM, VECTOR, COMM, OTHER)
 
 
-@dataclass(frozen=True)
-class OpRow:
+class OpRow(NamedTuple):
     """One measured op. ``position`` is its index in the walk, so rows from several visitors
-    of the same module merge back into program order."""
+    of the same module merge back into program order. (A NamedTuple: immutable, and built
+    several times faster than a frozen dataclass, which matters at 100k rows.)"""
 
     position: int
     op: str

@@ -60,6 +60,58 @@ def tensor_bytes(value: ir.Value, op: Any = None) -> int:
     return num_elements(shape_of(value, op)) * element_bytes(value, op)
 
 
+class TypeTable:
+    """Shape, element type and size per MLIR type, each worked out once.
+
+    MLIR uniques types in their context, so a transformer dump has a few hundred distinct types
+    for 100k values; reading shape and dtype through the bindings costs ~4 us, a lookup 0.2 us.
+    Locations are likewise uniqued and formatted once.
+    """
+
+    def __init__(self) -> None:
+        self._types: dict[ir.Type, tuple[tuple[int, ...], str]] = {}
+        self._locations: dict[ir.Attribute, str] = {}
+
+    def shape(self, value: ir.Value, op: Any = None) -> tuple[int, ...]:
+        return self._info(value, op)[0]
+
+    def shapes(self, values: Any, op: Any = None) -> tuple[tuple[int, ...], ...]:
+        """Shapes of all ``values`` (an op's operands or results): the hot path of every row."""
+        known = self._types
+        shapes = []
+        for value in values:
+            info = known.get(value.type)
+            if info is None:
+                info = self._info(value, op)
+            shapes.append(info[0])
+        return tuple(shapes)
+
+    def dtype(self, value: ir.Value) -> str:
+        return self._info(value, None)[1]
+
+    def nbytes(self, value: ir.Value, op: Any = None) -> int:
+        shape, dtype = self._info(value, op)
+        try:
+            return num_elements(shape) * ELEMENT_BYTES[dtype]
+        except KeyError:
+            raise UnsupportedIRError(f"{_where(op)}: unknown element type {dtype}") from None
+
+    def location(self, op: Any) -> str:
+        location = op.operation.location
+        key = location.attr
+        text = self._locations.get(key)
+        if text is None:
+            text = self._locations[key] = format_location(location)
+        return text
+
+    def _info(self, value: ir.Value, op: Any) -> tuple[tuple[int, ...], str]:
+        value_type = value.type
+        info = self._types.get(value_type)
+        if info is None:
+            info = self._types[value_type] = (shape_of(value, op), element_type_name(value))
+        return info
+
+
 def format_location(location: ir.Location) -> str:
     """A short readable location: ``aten__mm @ model.py:40`` for torch-xla's fused name + file
     locations, ``dot.3`` for a name, ``model.py:12:3`` for a file position, ``""`` if unknown."""

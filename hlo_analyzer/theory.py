@@ -27,11 +27,24 @@ from dataclasses import dataclass
 from hlo_analyzer.errors import UsageError
 
 __all__ = [
-    "STRATEGIES", "ACTIVATION_STRATEGIES", "BlockDims", "DeviceCountError", "UnknownStrategyError",
-    "block_gemm_flops", "flops_per_device", "communication_per_device", "comm_megatron",
-    "comm_two_dimension", "comm_ds_ulysses", "comm_ring_attention", "comm_usp", "comm_dp",
-    "layout_switch_per_device", "activation_per_device", "layer_activation_bytes",
+    "ACTIVATION_STRATEGIES",
+    "STRATEGIES",
+    "BlockDims",
+    "DeviceCountError",
+    "UnknownStrategyError",
+    "activation_per_device",
+    "block_gemm_flops",
+    "comm_dp",
+    "comm_ds_ulysses",
+    "comm_megatron",
+    "comm_ring_attention",
+    "comm_two_dimension",
+    "comm_usp",
+    "communication_per_device",
     "default_mesh",
+    "flops_per_device",
+    "layer_activation_bytes",
+    "layout_switch_per_device",
 ]
 
 # Strategy names as the tracer (`trace-stage --strategy`) spells them.

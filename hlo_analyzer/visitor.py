@@ -102,6 +102,9 @@ class IRVisitor:
             return self.visit_region(node)
         if isinstance(node, ir.Block):
             return self.visit_block(node)
+        return self._visit_operation(node)
+
+    def _visit_operation(self, node: Any) -> Any:
         self.position += 1
         name = node.operation.name
         method = self._method_cache.get(name)
@@ -115,13 +118,18 @@ class IRVisitor:
             for block in node.blocks:
                 self.visit(block)
         elif isinstance(node, ir.Block):
+            # The hot loop: skip visit()'s type tests, unless a subclass overrides visit().
+            fast = type(self).visit is IRVisitor.visit
+            visit_operation = self._visit_operation if fast else self.visit
             for op in node.operations:
-                self.visit(op)
+                visit_operation(op)
         else:
-            operation = node.operation
-            if self.skip_scalar_bodies and short_op_name(operation.name) in SCALAR_BODY_OPS:
+            regions = node.operation.regions
+            if not len(regions):  # most ops: nothing below them
                 return
-            for region in operation.regions:
+            if self.skip_scalar_bodies and short_op_name(node.operation.name) in SCALAR_BODY_OPS:
+                return
+            for region in regions:
                 self.visit(region)
 
     def visit_region(self, region: ir.Region) -> None:

@@ -1,0 +1,145 @@
+"""How fast is ``analyze-hlo --format json`` on a 100k-op module, against parse + walk alone?
+
+Builds a synthetic StableHLO module shaped like a transformer dump (dot_general, element-wise
+math, rsqrt norms, reductions, reshapes/transposes, all-reduces), then times in one process:
+
+* baseline: ``ir.Module.parse`` + a recursive walk reading every op's name (the bindings' floor);
+* the analysis: the ``analyze-hlo --format json -o FILE`` command, end to end in-process.
+
+Prints seconds, ops/s, the ratio to the baseline and peak RSS. Target: ratio <= 3, < 5 s.
+
+    python3 benchmarks/analyze_speed.py [--ops 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hlo_analyzer.cli import analyze_command, run_click  # noqa: E402
+from hlo_analyzer.mlir import default_context  # noqa: E402
+
+# One "layer": 20 ops. %x is the running activation (8x64x128 bf16).
+LAYER = """    %{p}a = stablehlo.dot_general %{x}, %w, contracting_dims = [2] x [0] : (tensor<8x64x128xbf16>, tensor<128x128xbf16>) -> tensor<8x64x128xbf16>
+    %{p}b = stablehlo.multiply %{p}a, %{p}a : tensor<8x64x128xbf16>
+    %{p}c = stablehlo.reduce(%{p}b init: %zero) applies stablehlo.add across dimensions = [2] : (tensor<8x64x128xbf16>, tensor<bf16>) -> tensor<8x64xbf16>
+    %{p}d = stablehlo.broadcast_in_dim %{p}c, dims = [0, 1] : (tensor<8x64xbf16>) -> tensor<8x64x128xbf16>
+    %{p}e = stablehlo.add %{p}d, %eps : tensor<8x64x128xbf16>
+    %{p}f = stablehlo.rsqrt %{p}e : tensor<8x64x128xbf16>
+    %{p}g = stablehlo.multiply %{p}a, %{p}f : tensor<8x64x128xbf16>
+    %{p}h = stablehlo.reshape %{p}g : (tensor<8x64x128xbf16>) -> tensor<8x64x4x32xbf16>
+    %{p}i = stablehlo.transpose %{p}h, dims = [0, 2, 1, 3] : (tensor<8x64x4x32xbf16>) -> tensor<8x4x64x32xbf16>
+    %{p}j = stablehlo.dot_general %{p}i, %{p}i, batching_dims = [0, 1] x [0, 1], contracting_dims = [3] x [3] : (tensor<8x4x64x32xbf16>, tensor<8x4x64x32xbf16>) -> tensor<8x4x64x64xbf16>
+    %{p}k = stablehlo.exponential %{p}j : tensor<8x4x64x64xbf16>
+    %{p}l = stablehlo.dot_general %{p}k, %{p}i, batching_dims = [0, 1] x [0, 1], contracting_dims = [3] x [2] : (tensor<8x4x64x64xbf16>, tensor<8x4x64x32xbf16>) -> tensor<8x4x64x32xbf16>
+    %{p}m = stablehlo.transpose %{p}l, dims = [0, 2, 1, 3] : (tensor<8x4x64x32xbf16>) -> tensor<8x64x4x32xbf16>
+    %{p}n = stablehlo.reshape %{p}m : (tensor<8x64x4x32xbf16>) -> tensor<8x64x128xbf16>
+    %{p}o = stablehlo.convert %{p}n : tensor<8x64x128xbf16>
+    %{p}q = stablehlo.subtract %{p}o, %{x} : tensor<8x64x128xbf16>
+    %{p}r = stablehlo.negate %{p}q : tensor<8x64x128xbf16>
+    %{p}s = stablehlo.divide %{p}r, %eps : tensor<8x64x128xbf16>
+    %{p}t = "stablehlo.all_reduce"(%{p}s) ({{
+      ^bb0(%l: tensor<bf16>, %r: tensor<bf16>):
+        %sum = stablehlo.add %l, %r : tensor<bf16>
+        stablehlo.return %sum : tensor<bf16>
+    }}) {{replica_groups = dense<[[0, 1, 2, 3, 4, 5, 6, 7]]> : tensor<1x8xi64>}} : (tensor<8x64x128xbf16>) -> tensor<8x64x128xbf16>
+"""
+OPS_PER_LAYER = 22  # 19 ops + all_reduce with its two body ops
+
+
+def with_locations(layer: str) -> str:
+    """Give each op a torch-xla-like fused location (aten op name @ source line), shared by all
+    layers as in a real dump, where every block's ops come from the same model source lines."""
+    lines = []
+    for number, line in enumerate(layer.splitlines()):
+        if line.rstrip().endswith(("xbf16>", "}}")) and " = " in line and "^bb0" not in line:
+            line = f"{line} loc(#loc{number % 12})"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+LOCATION_ALIASES = "\n".join(
+    f'#loc{i} = loc(fused["aten__op{i}", "model.py":{100 + i}:0])' for i in range(12))
+
+
+def synthetic_module(target_ops: int) -> str:
+    layers = max(1, target_ops // OPS_PER_LAYER)
+    lines = [
+        "module attributes {mhlo.num_partitions = 8 : i32} {",
+        "  func.func @main(%x0: tensor<8x64x128xbf16>, %w: tensor<128x128xbf16>) -> tensor<8x64x128xbf16> {",
+        "    %zero = stablehlo.constant dense<0.0> : tensor<bf16>",
+        "    %eps = stablehlo.constant dense<1.0e-06> : tensor<8x64x128xbf16>",
+    ]
+    current = "x0"
+    for index in range(layers):
+        prefix = f"L{index}"
+        lines.append(with_locations(LAYER.format(p=prefix, x=current)).rstrip("\n"))
+        current = f"{prefix}t"
+    lines += [f"    return %{current} : tensor<8x64x128xbf16>", "  }", "}", LOCATION_ALIASES]
+    return "\n".join(lines) + "\n"
+
+
+def parse_and_walk(text: str) -> int:
+    from jaxlib.mlir import ir
+
+    with default_context():
+        module = ir.Module.parse(text)
+    count = 0
+
+    def walk(block) -> None:
+        nonlocal count
+        for op in block.operations:
+            count += 1
+            _ = op.operation.name
+            for region in op.operation.regions:
+                for inner in region.blocks:
+                    walk(inner)
+
+    walk(module.body)
+    return count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", type=int, default=100_000, help="approximate op count")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
+    args = parser.parse_args()
+
+    text = synthetic_module(args.ops)
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "synthetic.mlir"
+        dump.write_text(text)
+        default_context()  # context creation is a one-off cost outside both timings
+
+        baseline_times, ops = [], 0
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            ops = parse_and_walk(text)
+            baseline_times.append(time.perf_counter() - start)
+
+        analysis_times = []
+        for run in range(args.repeat):
+            output = Path(tmp) / f"report{run}.json"
+            start = time.perf_counter()
+            code = run_click(analyze_command, [str(dump), "--format", "json", "-o", str(output)])
+            analysis_times.append(time.perf_counter() - start)
+            if code != 0:
+                raise SystemExit(f"analyze-hlo failed with exit code {code}")
+
+    baseline, analysis = min(baseline_times), min(analysis_times)
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"module: {ops:,} ops, {len(text) / 1e6:.1f} MB of StableHLO text")
+    print(f"baseline parse+walk (bindings):  {baseline:.2f} s  ({ops / baseline:,.0f} ops/s)")
+    print(f"analyze-hlo --format json:       {analysis:.2f} s  ({ops / analysis:,.0f} ops/s)")
+    print(f"ratio to baseline:               {analysis / baseline:.2f}x  (target <= 3x, < 5 s)")
+    print(f"peak RSS:                        {peak_rss_mib:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
