@@ -17,16 +17,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import click  # noqa: E402
+import click
 
-from hlo_analyzer.errors import UsageError  # noqa: E402
-from hlo_analyzer.theory import (  # noqa: E402
-    STRATEGIES, BlockDims, DeviceCountError, communication_per_device, default_mesh,
+from hlo_analyzer.errors import UsageError
+from hlo_analyzer.theory import (
+    STRATEGIES,
+    BlockDims,
+    DeviceCountError,
+    communication_per_device,
+    default_mesh,
     layout_switch_per_device,
 )
-from models.opensora.config import get_config  # noqa: E402  (torch-free parts only)
-from models.opensora.flops import gemm_flops  # noqa: E402
-from models.opensora.inputs import REFERENCE_SHAPES, geometry  # noqa: E402
+from models.opensora.config import get_config
+from models.opensora.flops import gemm_flops
+from models.opensora.inputs import REFERENCE_SHAPES, geometry
 
 UNITS = {"GB": 1e9, "MB": 1e6, "GiB": 2**30, "MiB": 2**20}
 

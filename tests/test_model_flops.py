@@ -82,10 +82,10 @@ def test_tiny_embedding_and_final_counts_by_hand():
 
 torch = pytest.importorskip("torch")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode
 
-from models.opensora.inputs import make_inputs  # noqa: E402
-from models.opensora.stdit3 import STDiT3  # noqa: E402
+from models.opensora.inputs import make_inputs
+from models.opensora.stdit3 import STDiT3
 
 
 @pytest.fixture(scope="module")

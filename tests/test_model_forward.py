@@ -6,11 +6,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from models.opensora.config import get_config  # noqa: E402
-from models.opensora.errors import StageRangeError  # noqa: E402
-from models.opensora.inputs import make_inputs  # noqa: E402
-from models.opensora.stdit3 import (  # noqa: E402
-    ANNOTATION_POINTS, LayerNorm, RMSNorm, RotaryEmbedding, STDiT3, StageState, no_annotation, plain_attention,
+from models.opensora.config import get_config
+from models.opensora.errors import StageRangeError
+from models.opensora.inputs import make_inputs
+from models.opensora.stdit3 import (
+    ANNOTATION_POINTS,
+    LayerNorm,
+    RMSNorm,
+    RotaryEmbedding,
+    StageState,
+    STDiT3,
+    no_annotation,
+    plain_attention,
 )
 
 TINY = get_config("tiny")

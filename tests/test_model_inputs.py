@@ -69,7 +69,7 @@ def test_inconsistent_config():
 
 torch = pytest.importorskip("torch")
 
-from models.opensora.inputs import make_inputs  # noqa: E402
+from models.opensora.inputs import make_inputs
 
 
 def test_make_inputs_shapes_and_determinism():

@@ -6,5 +6,12 @@
 from models.opensora.config import CONFIGS, STDiT3Config, get_config
 from models.opensora.inputs import Geometry, VideoShape, geometry, parse_shape
 
-__all__ = ["CONFIGS", "STDiT3Config", "get_config", "Geometry", "VideoShape", "geometry",
-           "parse_shape"]
+__all__ = [
+           "CONFIGS",
+           "Geometry",
+           "STDiT3Config",
+           "VideoShape",
+           "geometry",
+           "get_config",
+           "parse_shape",
+]

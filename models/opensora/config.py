@@ -22,7 +22,7 @@ from pathlib import Path
 
 from models.opensora.errors import ConfigError
 
-__all__ = ["STDiT3Config", "CONFIGS", "get_config"]
+__all__ = ["CONFIGS", "STDiT3Config", "get_config"]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from models.opensora.config import STDiT3Config
 from models.opensora.inputs import VideoShape, geometry
 
-__all__ = ["parameter_breakdown", "parameter_count", "gemm_flops", "block_pair_gemm_flops"]
+__all__ = ["block_pair_gemm_flops", "gemm_flops", "parameter_breakdown", "parameter_count"]
 
 
 def _linear_params(fan_in: int, fan_out: int) -> int:

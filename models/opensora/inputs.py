@@ -19,8 +19,15 @@ from models.opensora.errors import ShapeError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VideoShape", "Geometry", "parse_shape", "geometry", "make_inputs", "REFERENCE_SHAPES",
-           "latent_frames"]
+__all__ = [
+    "REFERENCE_SHAPES",
+    "Geometry",
+    "VideoShape",
+    "geometry",
+    "latent_frames",
+    "make_inputs",
+    "parse_shape",
+]
 
 # The four shapes the reference notes measure (frames_width_height).
 REFERENCE_SHAPES = ("204_640_360", "408_640_360", "51_1280_720", "102_1280_720")
@@ -102,8 +109,8 @@ def geometry(config: STDiT3Config, shape: str | VideoShape) -> Geometry:
 
 
 def make_inputs(config: STDiT3Config, shape: str | VideoShape, batch: int = 2,
-                dtype: "torch.dtype | None" = None, device: "torch.device | str | None" = None,
-                seed: int = 0) -> dict[str, "torch.Tensor"]:
+                dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                seed: int = 0) -> dict[str, torch.Tensor]:
     """Random inputs of one denoising step: z, y (caption features), t (timesteps), fps.
 
     `batch` is 2 by default: classifier-free guidance runs the conditional and the unconditional

@@ -41,10 +41,27 @@ from models.opensora.config import STDiT3Config
 from models.opensora.errors import StageRangeError
 
 __all__ = [
-    "ANNOTATION_POINTS", "CROSS_ATTENTION_MASK_VALUE", "AnnotateFn", "AttentionFn", "Attention",
-    "CaptionEmbedder", "LayerNorm", "Mlp", "MultiHeadCrossAttention", "PatchEmbed3D", "RMSNorm",
-    "RotaryEmbedding", "SizeEmbedder", "STDiT3", "STDiT3Block", "StageState", "T2IFinalLayer",
-    "TimestepEmbedder", "block_diagonal_mask", "no_annotation", "plain_attention",
+    "ANNOTATION_POINTS",
+    "CROSS_ATTENTION_MASK_VALUE",
+    "AnnotateFn",
+    "Attention",
+    "AttentionFn",
+    "CaptionEmbedder",
+    "LayerNorm",
+    "Mlp",
+    "MultiHeadCrossAttention",
+    "PatchEmbed3D",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "STDiT3",
+    "STDiT3Block",
+    "SizeEmbedder",
+    "StageState",
+    "T2IFinalLayer",
+    "TimestepEmbedder",
+    "block_diagonal_mask",
+    "no_annotation",
+    "plain_attention",
 ]
 
 AnnotateFn = Callable[[str, Tensor], Tensor]
