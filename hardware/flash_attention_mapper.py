@@ -152,12 +152,14 @@ def flashatten_mapper(
     *,
     tx_ty: tuple[int, int] | None = None,
     fuse_heads: bool = True,
+    q_split: int | None = None,
     shuffle_seed: int | None = None,
 ) -> Mapping:
     """Best flash-attention tiling of ``op`` on ``chip``.
 
     ``tx_ty`` forces the query and key/value block rows (the reference preset was ``(256, 256)``);
-    ``fuse_heads`` lets a block hold several heads; ``shuffle_seed`` permutes the candidate order
+    ``fuse_heads`` lets a block hold several heads; ``q_split`` forces how many tiles share one
+    head group's queries (else searched); ``shuffle_seed`` permutes the candidate order
     (tests: the result must not change).
     """
     if op.op_type is not OpType.FLASH_ATTENTION:
@@ -174,20 +176,22 @@ def flashatten_mapper(
 
     head_options = [d for d in range(1, heads + 1) if heads % d == 0] if fuse_heads else [1]
     split_options = [s for s in _factors(chip.tile_count) if s <= max(1, math.ceil(s_q / granule))]
+    if q_split is not None:
+        split_options = [q_split]
     best: Mapping | None = None
     visited = 0
     for hf in shuffled(head_options):
-        for q_split in shuffled(split_options):
-            work = batch * (heads // hf) * q_split
+        for split in shuffled(split_options):
+            work = batch * (heads // hf) * split
             tiles = min(chip.tile_count, work)
-            rows = math.ceil(s_q / q_split)
+            rows = math.ceil(s_q / split)
             forced_tx, forced_ty = tx_ty if tx_ty is not None else (None, None)
             for tx in shuffled(_block_candidates(rows, granule, forced_tx)):
                 for ty in shuffled(_block_candidates(s_kv, granule, forced_ty)):
                     if _sram_bytes(tx, ty, head_dim, hf, op.bytes_per_element, chip.sram_buffering_stages) > chip.sram_bytes_per_tile:
                         continue
                     visited += 1
-                    mapping = _cost(op, chip, FlashAttentionTiling(tx, ty, hf, q_split, tiles))
+                    mapping = _cost(op, chip, FlashAttentionTiling(tx, ty, hf, split, tiles))
                     if best is None or (mapping.latency_s, mapping.tiling) < (best.latency_s, best.tiling):
                         best = mapping
     if best is None:
