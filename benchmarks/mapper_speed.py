@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hardware.gemm_mapper import gemm_auto_opt_mapper, gemm_exhaustive_search  # noqa: E402
-from hardware.ops import Op, OpType  # noqa: E402
-from hardware.spec import load_chip  # noqa: E402
+from hardware.gemm_mapper import gemm_auto_opt_mapper, gemm_exhaustive_search
+from hardware.ops import Op, OpType
+from hardware.spec import load_chip
 
 M, K, N = 2 * 55200, 1152, 4608
 

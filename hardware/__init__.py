@@ -5,13 +5,28 @@ Never imports torch or jax: only the standard library, numpy and ``hlo_analyzer.
     from hardware import load_hardware, block_shapes_for, build_stdit_block_ops, map_block, inference_totals
 """
 
-from hardware.block import BlockMapping, InferenceTotals, comm_latency_s, inference_totals, map_block, map_op
+from hardware.block import (
+    BlockMapping,
+    InferenceTotals,
+    comm_latency_s,
+    inference_totals,
+    map_block,
+    map_op,
+)
 from hardware.collectives import collective_time_s, per_device_bytes
 from hardware.flash_attention_mapper import flashatten_mapper
 from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper, gemm_exhaustive_search
 from hardware.mapping import FlashAttentionTiling, GemmTiling, Mapping, VectorTiling
 from hardware.ops import Op, OpType
-from hardware.spec import ChipSpec, SystemSpec, as_system, bundled_hardware_names, load_chip, load_hardware, load_system
+from hardware.spec import (
+    ChipSpec,
+    SystemSpec,
+    as_system,
+    bundled_hardware_names,
+    load_chip,
+    load_hardware,
+    load_system,
+)
 from hardware.stdit import BLOCK_SHAPE_KEYS, BlockShapes, block_shapes_for, build_stdit_block_ops
 from hardware.vector_mapper import MappingError, vector_mapper
 

@@ -14,18 +14,18 @@ over the dump's collectives, which includes hop latencies) or
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
 
+from hardware.collectives import collective_time_s
 from hardware.flash_attention_mapper import flashatten_mapper
 from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper
 from hardware.mapping import Mapping
 from hardware.ops import Op, OpType
 from hardware.spec import ChipSpec, SystemSpec
-from hardware.collectives import collective_time_s
 from hardware.vector_mapper import vector_mapper
 
-__all__ = ["BlockMapping", "InferenceTotals", "map_op", "map_block", "inference_totals", "comm_latency_s", "DEFAULT_SAMPLING_STEPS"]
+__all__ = ["DEFAULT_SAMPLING_STEPS", "BlockMapping", "InferenceTotals", "comm_latency_s", "inference_totals", "map_block", "map_op"]
 
 #: OpenSora v1.2 samples with 30 rectified-flow steps by default.
 DEFAULT_SAMPLING_STEPS = 30

@@ -23,17 +23,17 @@ ignores link sharing between concurrent groups and does not overlap communicatio
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from hardware.spec import SystemSpec
 
 __all__ = [
     "COLLECTIVE_KINDS",
-    "per_device_bytes",
-    "ring_steps",
-    "hop_distance",
-    "ring_hops_per_step",
     "collective_time_s",
+    "hop_distance",
+    "per_device_bytes",
+    "ring_hops_per_step",
+    "ring_steps",
 ]
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")

@@ -41,7 +41,7 @@ from hardware.ops import Op, OpType, attention_dims
 from hardware.spec import ChipSpec
 from hardware.vector_mapper import MappingError
 
-__all__ = ["flashatten_mapper", "RESCALE_OPS_PER_OUTPUT_ELEMENT", "STATISTICS_PER_ROW"]
+__all__ = ["RESCALE_OPS_PER_OUTPUT_ELEMENT", "STATISTICS_PER_ROW", "flashatten_mapper"]
 
 #: Online softmax: after each K/V block beyond the first, every output element is rescaled by
 #: ``exp(m_old - m_new)`` (one multiply; the exponential is per row and negligible).

@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 from hardware.mapping import GemmTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, gemm_dims
@@ -55,8 +55,8 @@ __all__ = [
     "LOOP_ORDERS",
     "GemmPreset",
     "gemm_auto_opt_mapper",
-    "gemm_exhaustive_search",
     "gemm_candidate_cost",
+    "gemm_exhaustive_search",
 ]
 
 #: Partial sums are accumulated in fp32 (4 bytes), as bf16 GEMM engines do.
@@ -354,7 +354,7 @@ def gemm_auto_opt_mapper(
     problem = _problem(op, epilogue)
     rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
     placements = _shuffled(_placements(chip, problem, preset), rng)
-    bounded = sorted(((_placement_bound(problem, chip, p), p) for p in placements))
+    bounded = sorted((_placement_bound(problem, chip, p), p) for p in placements)
     best: Mapping | None = None
     visited = 0
 

@@ -24,9 +24,8 @@ term has a closed form, so a test can derive the latency by hand and a search ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
-__all__ = ["GemmTiling", "VectorTiling", "FlashAttentionTiling", "Tiling", "Mapping", "ChainTimes", "pipeline_chains"]
+__all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "Mapping", "Tiling", "VectorTiling", "pipeline_chains"]
 
 
 @dataclass(frozen=True, order=True)
@@ -74,7 +73,7 @@ class FlashAttentionTiling:
     tiles: int
 
 
-Tiling = Union[GemmTiling, VectorTiling, FlashAttentionTiling]
+Tiling = GemmTiling | VectorTiling | FlashAttentionTiling
 
 
 @dataclass(frozen=True)

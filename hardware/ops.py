@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["OpType", "Op", "Shape", "gemm_dims", "attention_dims"]
+__all__ = ["Op", "OpType", "Shape", "attention_dims", "gemm_dims"]
 
 Shape = tuple[int, ...]
 

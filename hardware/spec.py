@@ -18,24 +18,25 @@ from __future__ import annotations
 
 import logging
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from hlo_analyzer.errors import InputFileError
 from hardware.units import Dimension, parse_quantity
+from hlo_analyzer.errors import InputFileError
 
 __all__ = [
-    "ChipSpec",
-    "SystemSpec",
-    "HardwareSpec",
     "NOC_TOPOLOGIES",
     "SYSTEM_TOPOLOGIES",
-    "bundled_hardware_names",
-    "load_hardware",
-    "load_chip",
-    "load_system",
+    "ChipSpec",
+    "HardwareSpec",
+    "SystemSpec",
     "as_system",
+    "bundled_hardware_names",
+    "load_chip",
+    "load_hardware",
+    "load_system",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def _quantity(dimension: Dimension, *, allow_zero: bool = False) -> Reader:
 
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
+        raise ValueError(f"expected an integer, got {value!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
     if value <= 0:
         raise ValueError(f"must be a positive integer, got {value!r}")
     return value
@@ -145,7 +146,7 @@ def _positive_int(value: Any) -> int:
 
 def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {value!r}")
+        raise ValueError(f"expected a string, got {value!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
     return value
 
 

@@ -46,26 +46,27 @@ they are consistent; see the ``*_OPS_PER_*`` constants.
 
 from __future__ import annotations
 
+from collections.abc import Mapping as MappingType
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping as MappingType, Protocol
+from typing import Any, Protocol
 
 from hardware.ops import Op, OpType
 
 __all__ = [
     "BLOCK_SHAPE_KEYS",
-    "BlockShapes",
-    "block_shapes_for",
-    "build_stdit_block_ops",
-    "STRATEGIES",
+    "GATE_RESIDUAL_OPS_PER_ELEMENT",
+    "GELU_TANH_OPS_PER_ELEMENT",
     "LAYERNORM_OPS_PER_ELEMENT",
+    "MASK_ADD_OPS_PER_SCORE",
     "MODULATE_OPS_PER_ELEMENT",
+    "RESIDUAL_ADD_OPS_PER_ELEMENT",
     "RMSNORM_OPS_PER_ELEMENT",
     "ROPE_OPS_PER_ELEMENT",
     "SOFTMAX_OPS_PER_SCORE",
-    "MASK_ADD_OPS_PER_SCORE",
-    "GATE_RESIDUAL_OPS_PER_ELEMENT",
-    "RESIDUAL_ADD_OPS_PER_ELEMENT",
-    "GELU_TANH_OPS_PER_ELEMENT",
+    "STRATEGIES",
+    "BlockShapes",
+    "block_shapes_for",
+    "build_stdit_block_ops",
 ]
 
 #: LayerNorm without affine: subtract mean, square, accumulate, multiply by rsqrt (004: "RMSNorm 4BSh").
@@ -88,10 +89,7 @@ RESIDUAL_ADD_OPS_PER_ELEMENT = 1
 #: multiply (x0.5x): 8. Reference 004 lists a smaller count that does not scale with the 4h width.
 GELU_TANH_OPS_PER_ELEMENT = 8
 
-BLOCK_SHAPE_KEYS = (
-    "B_spt S_Q_spt S_KV_spt D_QKV H_QKV N_A H_A D_O_spt H_O_spt B_tmp S_Q_tmp S_KV_tmp D_O_tmp H_O_tmp "
-    "B_cro S_Q_cro S_KV_cro D_O_cro H_O_cro D_FU H_FU D_FD H_FD L Q"
-).split()
+BLOCK_SHAPE_KEYS = ["B_spt", "S_Q_spt", "S_KV_spt", "D_QKV", "H_QKV", "N_A", "H_A", "D_O_spt", "H_O_spt", "B_tmp", "S_Q_tmp", "S_KV_tmp", "D_O_tmp", "H_O_tmp", "B_cro", "S_Q_cro", "S_KV_cro", "D_O_cro", "H_O_cro", "D_FU", "H_FU", "D_FD", "H_FD", "L", "Q"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,7 @@ class BlockShapes:
             raise ValueError(f"block shape H_QKV={self.H_QKV} is not a fused q, k, v width (multiple of 3)")
 
     @classmethod
-    def from_dict(cls, values: MappingType[str, Any]) -> "BlockShapes":
+    def from_dict(cls, values: MappingType[str, Any]) -> BlockShapes:
         """From a mapping with exactly the brief's keys (extra or missing keys are an error)."""
         missing = [k for k in BLOCK_SHAPE_KEYS if k not in values]
         extra = sorted(set(values) - set(BLOCK_SHAPE_KEYS))
@@ -205,7 +203,7 @@ def block_shapes_for(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     h, heads, token = config.hidden_size, config.num_heads, config.model_max_length
-    mlp = int(round(h * config.mlp_ratio))
+    mlp = round(h * config.mlp_ratio)
     head_dim = _exact(h, heads, "head dim")
     devices = mesh[0] * mesh[1]
     batch_split, hidden_split = 1, 1

@@ -57,7 +57,7 @@ def _throughput_scale(unit: str) -> float | None:
     return None
 
 
-def parse_quantity(text: str | int | float, dimension: Dimension) -> float:
+def parse_quantity(text: str | float, dimension: Dimension) -> float:
     """Parse ``"128 GB/s"``, ``"3 MiB"``, ``"0.01 us"``, ``"8 TFLOPS"`` into base units.
 
     A bare number is rejected: every quantity in a hardware file must say its unit, so that
@@ -65,7 +65,7 @@ def parse_quantity(text: str | int | float, dimension: Dimension) -> float:
     (range checks such as "bandwidth must be positive" belong to the caller, who knows the field).
     """
     if isinstance(text, bool) or not isinstance(text, str):
-        raise ValueError(f"expected a string with a unit (e.g. '{_example(dimension)}'), got {text!r}")
+        raise ValueError(f"expected a string with a unit (e.g. '{_example(dimension)}'), got {text!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
     match = _QUANTITY.match(text)
     if match is None:
         raise ValueError(f"cannot read {text!r} as '<number> <unit>' (e.g. '{_example(dimension)}')")

@@ -23,7 +23,7 @@ from hardware.mapping import Mapping, VectorTiling, pipeline_chains
 from hardware.ops import Op, OpType
 from hardware.spec import ChipSpec
 
-__all__ = ["vector_mapper", "MappingError"]
+__all__ = ["MappingError", "vector_mapper"]
 
 
 class MappingError(ValueError):

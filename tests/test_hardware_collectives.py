@@ -9,7 +9,13 @@ import dataclasses
 
 import pytest
 
-from hardware.collectives import collective_time_s, hop_distance, per_device_bytes, ring_hops_per_step, ring_steps
+from hardware.collectives import (
+    collective_time_s,
+    hop_distance,
+    per_device_bytes,
+    ring_hops_per_step,
+    ring_steps,
+)
 from hardware.spec import load_system
 
 SYSTEM = load_system("tx8-16")

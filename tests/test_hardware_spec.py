@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from hardware.spec import ChipSpec, SystemSpec, as_system, bundled_hardware_names, load_chip, load_hardware, load_system
+from hardware.spec import (
+    ChipSpec,
+    SystemSpec,
+    as_system,
+    bundled_hardware_names,
+    load_chip,
+    load_hardware,
+    load_system,
+)
 from hardware.units import Dimension, parse_quantity
 from hlo_analyzer.errors import InputFileError
 
