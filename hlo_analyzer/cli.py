@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -36,6 +37,12 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         return 130
+    except Exception as exc:  # a bug, not bad input: say what, keep the traceback for debugging
+        if os.environ.get("HLO_TRACE_DEBUG"):
+            raise
+        click.echo(f"Error: internal error ({type(exc).__name__}: {exc}); "
+                   "set HLO_TRACE_DEBUG=1 for the traceback", err=True)
+        return 1
     return result if isinstance(result, int) else 0
 
 
@@ -43,9 +50,11 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "csv"]),
               default="table", show_default=True, help="Output format.")
-@click.option("--by", type=click.Choice(["op", "category"]), default="op", show_default=True,
-              help="Rows of the table/CSV: one per measured op, or one per category "
-                   "(gemm, vector, comm, other). JSON always carries both.")
+@click.option("--by", type=click.Choice(["op", "category", "block"]), default="op",
+              show_default=True,
+              help="Rows of the table/CSV: one per measured op, one per category (gemm, vector, "
+                   "comm, other), or one per labelled GEMM of each STDiT3 block (needs --hw). "
+                   "JSON always carries all of them.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write the report to this file (atomically) instead of standard output.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
@@ -57,10 +66,19 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
                                    "collective (1 GB = 1e9 bytes).")
 @click.option("--hop-latency", type=click.FloatRange(min=0), default=1.0, show_default=True,
               metavar="US", help="Per-step latency in microseconds, with --link-bandwidth.")
+@click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
+              help="Segment the dump into STDiT3 blocks and map one block onto this hardware "
+                   "(a bundled name: tx8, tx8-16, h100-sxm, h200-sxm, a100-sxm; or a TOML file). "
+                   "Collectives are timed on its chip-to-chip network.")
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Sampling steps for the inference latency (with --hw).")
+@click.option("--blocks", type=click.IntRange(min=1), default=None,
+              help="Blocks (spatial+temporal pairs) to total over, e.g. 28 for the whole model; "
+                   "default: the pairs found in the dump (with --hw).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float,
-                    verbose: bool) -> int:
+                    hardware: str | None, steps: int, blocks: int | None, verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
     Prints one row per measured op (GEMM, vector and collective ops, with shapes, FLOPs and
@@ -70,6 +88,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
 
     Example: analyze-hlo dumps/example_mlp_megatron_2x2.stablehlo.mlir --format json
     """
+    from hlo_analyzer.mlir import load_module
     from hlo_analyzer.report import analyze
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -78,8 +97,17 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     if link_bandwidth is not None:
         link = RingLink(bandwidth_bytes_per_s=link_bandwidth * 1e9,
                         hop_latency_s=hop_latency * 1e-6, bruck=bruck)
-    log.info("analyzing %s", dump)
-    report = analyze(dump, collective_time=link, bruck=bruck)
+    if by == "block" and hardware is None:
+        raise click.UsageError("--by block needs --hw (the block segmentation comes with it)")
+    log.info("loading %s", dump)
+    module = load_module(dump)
+    log.info("counting FLOPs and collectives")
+    report = analyze(module, collective_time=link, bruck=bruck, name=dump)
+    if hardware is not None:
+        from hlo_analyzer.hw_mapping import add_hardware_sections
+
+        log.info("segmenting blocks and mapping them on %s", hardware)
+        add_hardware_sections(report, module, hardware, steps=steps, blocks=blocks)
     if output_format == "json":
         text = report.to_json()
     elif output_format == "csv":

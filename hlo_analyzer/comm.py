@@ -48,7 +48,7 @@ CollectiveTime = Callable[[str, int, int], float]
 def per_device_bytes(kind: str, comm_bytes: int, group_size: int, bruck: bool = False) -> float:
     """Bytes one device sends for a collective of ``kind`` on ``comm_bytes`` over ``group_size``."""
     n = group_size
-    if n <= 1 and kind != "collective_permute":
+    if n <= 1:
         return 0.0
     if kind == "all_reduce":
         return 2.0 * comm_bytes * (n - 1) / n
@@ -126,16 +126,19 @@ class CommVisitor(IRVisitor):
         self._record(op, "all_to_all", sum(self.types.nbytes(v, op) for v in operands))
 
     def visit_collective_permute(self, op: Any) -> None:
-        pairs = _dense_groups(op, "source_target_pairs")
+        # A pair whose source is its target moves nothing (GSPMD emits them for edge shards).
+        pairs = [tuple(int(d) for d in pair) for pair in _dense_groups(op, "source_target_pairs")
+                 if pair[0] != pair[1]]
+        groups = (2, len(pairs), pairs[0]) if pairs else (1, 0, ())
         self._record(op, "collective_permute", self.types.nbytes(op.operation.operands[0], op),
-                     groups=(2, len(pairs)))
+                     groups=groups)
 
     def visit_collective_broadcast(self, op: Any) -> None:
         self._record(op, "collective_broadcast", self.types.nbytes(op.operation.operands[0], op))
 
     def _record(self, op: Any, kind: str, comm_bytes: int,
-                groups: tuple[int, int] | None = None) -> None:
-        group_size, num_groups = groups or self._group_size(op)
+                groups: tuple[int, int, tuple[int, ...]] | None = None) -> None:
+        group_size, num_groups, first_group = groups or self._group_size(op)
         volume = per_device_bytes(kind, comm_bytes, group_size, self.bruck)
         latency = (self.collective_time(kind, group_size, comm_bytes)
                    if self.collective_time is not None else None)
@@ -156,11 +159,12 @@ class CommVisitor(IRVisitor):
                 comm_bytes_per_device=volume,
                 group_size=group_size,
                 num_groups=num_groups,
+                replica_group=first_group,
                 comm_latency_s=latency,
             )
         )
 
-    def _group_size(self, op: Any) -> tuple[int, int]:
+    def _group_size(self, op: Any) -> tuple[int, int, tuple[int, ...]]:
         groups = _dense_groups(op, "replica_groups")
         if groups.size == 0:
             # An empty group list means "all devices in one group".
@@ -169,13 +173,14 @@ class CommVisitor(IRVisitor):
                     f"{_describe(op)}: empty replica_groups and no mhlo.num_partitions on the "
                     "module, so the group size is unknown"
                 )
-            return self.num_devices, 1
+            return self.num_devices, 1, tuple(range(self.num_devices))
         sizes = {int(np.count_nonzero(row >= 0)) for row in groups}  # -1 pads uneven groups
         if len(sizes) != 1:
             raise UnsupportedIRError(
                 f"{_describe(op)}: replica groups of different sizes {sorted(sizes)}"
             )
-        return sizes.pop(), len(groups)
+        first_group = tuple(int(d) for d in groups[0] if d >= 0)
+        return sizes.pop(), len(groups), first_group
 
 
 def _dense_groups(op: Any, attribute_name: str) -> np.ndarray:

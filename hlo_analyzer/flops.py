@@ -13,6 +13,7 @@ Counting rules (per device, since a partitioned dump is one device's program):
 * Vector, one FLOP per output element: the brief's add, subtract, multiply, divide, rsqrt,
   negate, exponential, and also (listed in ``VECTOR_ELEMENTWISE_OPS``) maximum, minimum, sqrt,
   tanh, logistic, log, power, abs, compare, select, clamp and the other element-wise math ops.
+  ``batch_norm_training``: 7 per element, ``batch_norm_inference``: 4 (see their methods).
   ``reduce``: one FLOP per combined element, ``prod(input) - prod(output)`` per input; ``scatter``:
   one per update element; ``reduce_window``: one per window element of each output.
 * Other (no FLOPs, but handled so that they are not reported as unknown): data movement, constants,
@@ -42,6 +43,9 @@ VECTOR_ELEMENTWISE_OPS = BRIEF_VECTOR_OPS + (
     "tan", "erf", "erf_inv", "floor", "ceil", "round_nearest_even", "round_nearest_afz",
     "compare", "select", "clamp", "and", "or", "xor", "not", "is_finite", "square",
 )
+
+BATCH_NORM_TRAINING_FLOPS_PER_ELEMENT = 7
+BATCH_NORM_INFERENCE_FLOPS_PER_ELEMENT = 4
 
 DATA_MOVEMENT_OPS = (
     "constant", "iota", "broadcast", "broadcast_in_dim", "reshape", "transpose", "convert",
@@ -127,6 +131,17 @@ class FlopsVisitor(IRVisitor):
         inputs = len(operation.operands) // 2
         flops = sum(num_elements(self.types.shape(operation.results[i], op)) * window for i in range(inputs))
         self._record(op, VECTOR, flops)
+
+    def visit_batch_norm_training(self, op: Any) -> None:
+        """Per element: mean (1), variance (subtract, square-accumulate: 2), normalise
+        (subtract, multiply by rsqrt: 2), scale and offset (2) = 7."""
+        self._record(op, VECTOR, BATCH_NORM_TRAINING_FLOPS_PER_ELEMENT * num_elements(
+            self.types.shape(op.operation.operands[0], op)))
+
+    def visit_batch_norm_inference(self, op: Any) -> None:
+        """Per element: subtract mean, multiply by rsqrt(var), scale, offset = 4."""
+        self._record(op, VECTOR, BATCH_NORM_INFERENCE_FLOPS_PER_ELEMENT * num_elements(
+            self.types.shape(op.operation.operands[0], op)))
 
     def visit_scatter(self, op: Any) -> None:
         operation = op.operation

@@ -13,7 +13,7 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
-from hlo_analyzer.errors import UnsupportedIRError
+from hlo_analyzer.errors import UnsupportedIRError, UsageError
 from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
@@ -98,6 +98,25 @@ class Report:
         return dict(sorted(kinds.items()))
 
     # -- output ---------------------------------------------------------------------------------
+    def block_rows(self) -> list[dict[str, Any]]:
+        """One row per labelled GEMM of each STDiT3 block (needs the ``blocks`` section)."""
+        if "blocks" not in self.extra:
+            raise UsageError(f"{self.source}: --by block needs the STDiT3 block segmentation; "
+                             "pass --hw NAME")
+        by_position = {row.position: row for row in self.rows}
+        records = []
+        for block in self.extra["blocks"]["labels"]:
+            for label, positions in block["ops"].items():
+                for position in positions:
+                    row = by_position[position]
+                    records.append({
+                        "block": block["index"], "kind": block["kind"], "label": label,
+                        "op": row.op, "operand_shapes": row.operand_shapes,
+                        "result_shapes": row.result_shapes, "flops": row.flops,
+                        "location": row.location,
+                    })
+        return records
+
     def to_dict(self) -> dict[str, Any]:
         document = {
             "source": self.source,
@@ -126,6 +145,11 @@ class Report:
         buffer = io.StringIO()
         if by == "category":
             records = self.by_category()
+        elif by == "block":
+            records = self.block_rows()
+            for record in records:
+                record["operand_shapes"] = _shapes_text(record["operand_shapes"])
+                record["result_shapes"] = _shapes_text(record["result_shapes"])
         else:
             records = [_row_dict(row) for row in self.rows]
             for record in records:  # shapes as "4x8;8x16" in one CSV cell
@@ -144,14 +168,16 @@ class Report:
 
 
 def analyze(source: ir.Module | str | os.PathLike | bytes, *,
-            collective_time: CollectiveTime | None = None, bruck: bool = False) -> Report:
+            collective_time: CollectiveTime | None = None, bruck: bool = False,
+            name: str | None = None) -> Report:
     """Measure a module (or load one from a path/content first) with the FLOPs and comm visitors.
 
     ``collective_time(kind, group_size, comm_bytes) -> seconds`` turns collectives into latency
     (e.g. ``RingLink`` or a hardware system model); without it latencies are ``None``.
     """
     module = source if isinstance(source, ir.Module) else load_module(source)
-    name = str(source) if isinstance(source, (str, os.PathLike)) else "<module>"
+    if name is None:
+        name = str(source) if isinstance(source, (str, os.PathLike)) else "<module>"
     num_devices = _module_num_partitions(module)
 
     flops = FlopsVisitor()

@@ -31,4 +31,5 @@ class OpRow(NamedTuple):
     comm_bytes_per_device: float = 0.0
     group_size: int = 0
     num_groups: int = 0
+    replica_group: tuple[int, ...] = ()  # the first group's device ids (for hop counts)
     comm_latency_s: float | None = None

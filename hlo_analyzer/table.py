@@ -42,7 +42,12 @@ def render_columns(header: list[str], rows: list[list[str]], right_align: set[in
 
 def render_report_table(report: Report, by: str = "op") -> str:
     lines = [f"Analysis of {report.source}", ""]
-    if by == "category":
+    if by == "block":
+        header = ["block", "kind", "label", "op", "shapes", "FLOPs", "location"]
+        rows = [[str(r["block"]), r["kind"], r["label"], r["op"], _shapes(r), si(r["flops"], "FLOP"),
+                 r["location"][:48]] for r in report.block_rows()]
+        lines += render_columns(header, rows, {0, 5})
+    elif by == "category":
         header = ["category", "ops", "FLOPs", "comm bytes/device"]
         rows = [[c["category"], str(c["ops"]), si(c["flops"], "FLOP"),
                  si(c["comm_bytes_per_device"], "B")] for c in report.by_category()]
@@ -52,10 +57,8 @@ def render_report_table(report: Report, by: str = "op") -> str:
                   "location"]
         rows = []
         for index, row in enumerate(report.rows):
-            shapes = ",".join("x".join(map(str, s)) or "()" for s in row.operand_shapes)
-            shapes += "->" + ",".join("x".join(map(str, s)) or "()" for s in row.result_shapes)
             rows.append([
-                str(index), row.op, row.category, shapes, row.dtype,
+                str(index), row.op, row.category, _shapes(row._asdict()), row.dtype,
                 si(row.flops, "FLOP") if row.flops else "",
                 si(row.comm_bytes_per_device, "B") if row.category == "comm" else "",
                 str(row.group_size) if row.group_size else "",
@@ -82,9 +85,49 @@ def render_report_table(report: Report, by: str = "op") -> str:
             f"Whole mesh ({mesh['devices']} devices): {si(mesh['gemm_flops'], 'FLOP')} GEMM, "
             f"{si(mesh['vector_flops'], 'FLOP')} vector, {si(mesh['comm_bytes'], 'B')} sent"
         )
+    if "blocks" in report.extra:
+        lines += _blocks_lines(report.extra["blocks"])
+    if "mapping" in report.extra:
+        lines += _mapping_lines(report.extra["mapping"])
     if report.unhandled:
         listed = ", ".join(f"{name} x{count}" for name, count in report.unhandled.items())
         lines.append(f"Unhandled ops (not measured): {listed}")
     else:
         lines.append("Unhandled ops: none")
     return "\n".join(lines) + "\n"
+
+
+def _shapes(record: dict[str, Any]) -> str:
+    operands = ",".join("x".join(map(str, s)) or "()" for s in record["operand_shapes"])
+    results = ",".join("x".join(map(str, s)) or "()" for s in record["result_shapes"])
+    return f"{operands}->{results}"
+
+
+def _blocks_lines(blocks: dict[str, Any]) -> list[str]:
+    config = blocks["config"]
+    lines = ["", f"STDiT3 blocks found: {blocks['count']} (spatial + temporal pairs); "
+                 "per-block shape dictionary (per device):"]
+    items = [f"{key}={value}" for key, value in config.items()]
+    lines += ["  " + "  ".join(items[i:i + 8]) for i in range(0, len(items), 8)]
+    if not blocks["consistent"]:
+        lines.append("  note: the pairs differ; the dictionary is the first pair's")
+    return lines
+
+
+def _mapping_lines(mapping: dict[str, Any]) -> list[str]:
+    lines = ["", f"One block on {mapping['chip']} ({mapping['hardware']}, {mapping['chips']} chips):"]
+    header = ["op", "type", "latency", "utilization", "bound"]
+    rows = [[m["name"], m["type"], seconds(m["latency_s"]), f"{m['utilization']:.1%}", m["bound"]]
+            for m in mapping["ops"]]
+    lines += ["  " + line for line in render_columns(header, rows, {2, 3})]
+    shares = ", ".join(f"{kind} {share:.1%}" for kind, share in mapping["time_share_by_type"].items())
+    totals = mapping["totals"]
+    lines += [
+        f"  time share: {shares}",
+        f"  block latency          {seconds(totals['block_latency_s'])}",
+        f"  compute ({mapping['blocks']} blocks x {mapping['steps']} steps)  "
+        f"{seconds(totals['compute_latency_s'])}",
+        f"  communication ({mapping['steps']} steps)  {seconds(totals['comm_latency_s'])}",
+        f"  inference latency      {seconds(totals['inference_latency_s'])}",
+    ]
+    return lines

@@ -1,0 +1,210 @@
+"""Cut an STDiT3 stage's op stream into blocks and recover the per-block shape dictionary.
+
+How (all by data dependencies in the module's dataflow graph, never by line order):
+
+1. An **attention** is found at its value product: a GEMM whose lhs reaches back, through
+   non-GEMM ops that include an ``exponential`` (the softmax), to score GEMMs. The scores' lhs
+   leads back to the q projection, their rhs and the values' rhs to the k/v projection. One
+   projection for q, k and v is a **self-attention** (fused qkv, and the q/k RMSNorm ``rsqrt``
+   markers lie on that path); two different ones are a **cross-attention** (q, kv). Ring
+   attention has several score/value GEMMs per attention: they share the projections.
+2. The attention's **output projection** is the GEMM its values flow into.
+3. Self-attentions in dependency order are the blocks (spatial, temporal, spatial, ...). Each
+   block's **cross-attention** is the first one whose q projection reads the block's
+   self-attention output; its **MLP** (fc1, fc2) is the first GEMM pair after the
+   cross-attention's output projection. The residual stream connects every block to all later
+   ones, so "first" means least in a topological order, which dependencies make unambiguous.
+
+Labels per block: qkv, scores, values, proj, cross_q, cross_kv, cross_scores, cross_values,
+cross_proj, fc1, fc2. The dictionary keys are those of ``hardware.stdit.BlockShapes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+from jaxlib.mlir import ir
+
+from hlo_analyzer.dataflow import GEMM_OPS, build_dataflow, walk_until
+from hlo_analyzer.errors import UsageError
+from hlo_analyzer.tensors import ELEMENT_BYTES
+
+LABELS = ("qkv", "scores", "values", "proj", "cross_q", "cross_kv", "cross_scores",
+          "cross_values", "cross_proj", "fc1", "fc2")
+
+
+class NotSTDiTError(UsageError):
+    """The dump does not have the structure of an STDiT3 stage."""
+
+
+@dataclass
+class Attention:
+    q_proj: int
+    kv_proj: int
+    scores: list[int]
+    values: list[int]
+    q_norms: list[int] = field(default_factory=list)  # rsqrt nodes on the q path
+    out_proj: int | None = None
+
+    @property
+    def is_self(self) -> bool:
+        return self.q_proj == self.kv_proj
+
+
+@dataclass
+class Block:
+    kind: str  # "spatial" or "temporal"
+    self_attention: Attention
+    cross_attention: Attention
+    fc1: int
+    fc2: int
+
+    def labels(self) -> dict[str, list[int]]:
+        attn, cross = self.self_attention, self.cross_attention
+        return {
+            "qkv": [attn.q_proj], "scores": attn.scores, "values": attn.values,
+            "proj": [attn.out_proj], "cross_q": [cross.q_proj], "cross_kv": [cross.kv_proj],
+            "cross_scores": cross.scores, "cross_values": cross.values,
+            "cross_proj": [cross.out_proj], "fc1": [self.fc1], "fc2": [self.fc2],
+        }
+
+
+@dataclass
+class Segmentation:
+    blocks: list[Block]
+    config: dict[str, int]  # the per-block shape dictionary (brief's keys)
+    per_pair_configs: list[dict[str, int]]
+
+    @property
+    def pairs(self) -> int:
+        return len(self.blocks) // 2
+
+
+def segment_blocks(module: ir.Module, source: str = "<module>") -> Segmentation:
+    """Find the STDiT3 blocks of a stage dump; raises NotSTDiTError (one line) if it has none."""
+    graph = build_dataflow(module)
+    attentions = _find_attentions(graph)
+    self_attentions = sorted((a for a in attentions if a.is_self), key=lambda a: a.q_proj)
+    cross_attentions = sorted((a for a in attentions if not a.is_self), key=lambda a: a.q_proj)
+    if not self_attentions:
+        raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: no self-attention "
+                            "(softmax between two GEMMs sharing one q/k/v projection) found")
+    if len(self_attentions) % 2:
+        raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: "
+                            f"{len(self_attentions)} self-attentions, expected spatial/temporal pairs")
+    attention_gemms = {a.q_proj for a in attentions} | {a.kv_proj for a in attentions} | {
+        g for a in attentions for g in a.scores + a.values}
+
+    blocks = []
+    for index, attention in enumerate(self_attentions):
+        attention.out_proj = _first(graph, _gemms_after(graph, attention.values))
+        cross = _first_where(cross_attentions,
+                             lambda c: c.q_proj in _gemms_after(graph, [attention.out_proj]))
+        if cross is None:
+            raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: block {index} "
+                                "has no cross-attention after its self-attention")
+        cross.out_proj = _first(graph, _gemms_after(graph, cross.values))
+        after_cross = _gemms_after(graph, [cross.out_proj]) - attention_gemms
+        fc1 = _first(graph, after_cross)
+        fc2 = _first(graph, _gemms_after(graph, [fc1]))
+        kind = "spatial" if index % 2 == 0 else "temporal"
+        blocks.append(Block(kind, attention, cross, fc1, fc2))
+
+    per_pair = [_pair_config(graph, blocks[i], blocks[i + 1], len(blocks) // 2)
+                for i in range(0, len(blocks), 2)]
+    return Segmentation(blocks, per_pair[0], per_pair)
+
+
+# -- finding the pieces ---------------------------------------------------------------------------
+def _is_gemm(graph: nx.DiGraph, node: int) -> bool:
+    return graph.nodes[node]["name"] in GEMM_OPS
+
+
+def _gemms_before(graph: nx.DiGraph, node: int, operand: int) -> tuple[set[int], set[int]]:
+    producer = graph.nodes[node]["operands"][operand]
+    return walk_until(graph, [producer], backward=True, stop=lambda n: _is_gemm(graph, n))
+
+
+def _gemms_after(graph: nx.DiGraph, nodes: list[int]) -> set[int]:
+    starts = [s for node in nodes for s in graph.successors(node)]
+    return walk_until(graph, starts, backward=False, stop=lambda n: _is_gemm(graph, n))[0]
+
+
+def _find_attentions(graph: nx.DiGraph) -> list[Attention]:
+    by_projections: dict[tuple[int, int], Attention] = {}
+    for node in sorted(graph.nodes):
+        if not _is_gemm(graph, node):
+            continue
+        scores, passed = _gemms_before(graph, node, 0)
+        if not scores or not any(graph.nodes[p]["name"] == "exponential" for p in passed):
+            continue
+        q_side, k_side, q_path = set(), set(), set()
+        for score in scores:
+            q_gemms, q_passed = _gemms_before(graph, score, 0)
+            q_side |= q_gemms
+            q_path |= q_passed
+            k_side |= _gemms_before(graph, score, 1)[0]
+        v_side = _gemms_before(graph, node, 1)[0]
+        if len(q_side) != 1 or len(k_side) != 1 or k_side != v_side:
+            continue  # not an attention: a product fed by several projections
+        key = (q_side.pop(), k_side.pop())
+        attention = by_projections.setdefault(key, Attention(key[0], key[1], [], []))
+        attention.values.append(node)
+        attention.scores.extend(s for s in sorted(scores) if s not in attention.scores)
+        attention.q_norms = sorted(set(attention.q_norms) | {
+            p for p in q_path if graph.nodes[p]["name"] == "rsqrt"})
+    return list(by_projections.values())
+
+
+def _first(graph: nx.DiGraph, nodes: set[int]) -> int:
+    # Positions are a topological order: of two dependent ops the producer comes first.
+    return min(nodes)
+
+
+def _first_where(attentions: list[Attention], predicate: Any) -> Attention | None:
+    return next((a for a in attentions if predicate(a)), None)
+
+
+# -- the dictionary -------------------------------------------------------------------------------
+def _mkn(graph: nx.DiGraph, node: int) -> tuple[int, int, int, int]:
+    return graph.nodes[node]["dot_dims"]
+
+
+def _attention_shapes(graph: nx.DiGraph, attention: Attention, heads: int | None) -> dict[str, int]:
+    m, k, n, batch = _mkn(graph, attention.scores[0])
+    if heads is None:
+        # The q RMSNorm runs on (B', heads, L, head_dim): its rsqrt has shape (B', heads, L, 1),
+        # so B' is its first dimension, whatever the attention GEMM flattened.
+        norm_shapes = [graph.nodes[p]["result_shapes"][0] for p in attention.q_norms]
+        batch_rows = norm_shapes[0][0] if norm_shapes and len(norm_shapes[0]) == 4 else batch
+        heads = max(1, batch // batch_rows)
+    # Ring attention has one score GEMM per K/V block passed round the ring: the key length of
+    # the attention is their sum.
+    return {"batch": batch // heads, "heads": heads, "s_q": m,
+            "s_kv": n * len(attention.scores), "head_dim": k}
+
+
+def _pair_config(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int) -> dict[str, int]:
+    spt = _attention_shapes(graph, spatial.self_attention, None)
+    tmp = _attention_shapes(graph, temporal.self_attention, None)
+    cro = _attention_shapes(graph, spatial.cross_attention, spt["heads"])
+    _, d_qkv, h_qkv, _ = _mkn(graph, spatial.self_attention.q_proj)
+    _, d_o_spt, h_o_spt, _ = _mkn(graph, spatial.self_attention.out_proj)
+    _, d_o_tmp, h_o_tmp, _ = _mkn(graph, temporal.self_attention.out_proj)
+    _, d_o_cro, h_o_cro, _ = _mkn(graph, spatial.cross_attention.out_proj)
+    _, d_fu, h_fu, _ = _mkn(graph, spatial.fc1)
+    _, d_fd, h_fd, _ = _mkn(graph, spatial.fc2)
+    dtype = graph.nodes[spatial.self_attention.q_proj]["dtype"]
+    return {
+        "B_spt": spt["batch"], "S_Q_spt": spt["s_q"], "S_KV_spt": spt["s_kv"],
+        "D_QKV": d_qkv, "H_QKV": h_qkv, "N_A": spt["heads"], "H_A": spt["head_dim"],
+        "D_O_spt": d_o_spt, "H_O_spt": h_o_spt,
+        "B_tmp": tmp["batch"], "S_Q_tmp": tmp["s_q"], "S_KV_tmp": tmp["s_kv"],
+        "D_O_tmp": d_o_tmp, "H_O_tmp": h_o_tmp,
+        "B_cro": cro["batch"], "S_Q_cro": cro["s_q"], "S_KV_cro": cro["s_kv"],
+        "D_O_cro": d_o_cro, "H_O_cro": h_o_cro,
+        "D_FU": d_fu, "H_FU": h_fu, "D_FD": d_fd, "H_FD": h_fd,
+        "L": pairs, "Q": ELEMENT_BYTES.get(dtype, 2),
+    }

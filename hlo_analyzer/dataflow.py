@@ -1,0 +1,111 @@
+"""DataflowVisitor: the module's producer -> consumer graph, as a networkx DiGraph.
+
+Nodes are walk positions (the same numbers as ``OpRow.position``); each node carries ``name``
+(short op name), ``op`` (full name), ``operands`` (producer node of each operand, ``None`` for a
+function or block argument, in operand order), ``operand_shapes``, ``result_shapes`` and, for dots,
+``dot_dims`` (M, K, N, batch). Dumps list ops in a topological order that interleaves unrelated
+work (the first block with the embeddings), so analyses that need structure follow these edges
+rather than the order of the lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import networkx as nx
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import mhlo, stablehlo
+
+from hlo_analyzer.tensors import TypeTable
+from hlo_analyzer.visitor import IRVisitor, short_op_name
+
+GEMM_OPS = frozenset({"dot", "dot_general"})
+_DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
+
+
+class DataflowVisitor(IRVisitor):
+    """Builds ``self.graph``: one node per op, an edge from each producer to each consumer."""
+
+    skip_scalar_bodies = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graph = nx.DiGraph()
+        self.types = TypeTable()
+        self._producer: dict[ir.Value, int] = {}
+
+    def generic_visit(self, node: Any) -> None:
+        if isinstance(node, (ir.Region, ir.Block)) or node.operation.name == "func.func":
+            super().generic_visit(node)
+            return
+        operation = node.operation
+        position = self.position
+        producers = [self._producer.get(value) for value in operation.operands]
+        name = short_op_name(operation.name)
+        attributes: dict[str, Any] = {
+            "name": name,
+            "op": operation.name,
+            "operands": producers,
+            "operand_shapes": self.types.shapes(operation.operands, node),
+            "result_shapes": self.types.shapes(operation.results, node),
+            "dtype": self.types.dtype(operation.results[0]) if len(operation.results) else "",
+        }
+        if name in GEMM_OPS:
+            attributes["dot_dims"] = dot_dims(node, attributes["operand_shapes"],
+                                              attributes["result_shapes"][0])
+        self.graph.add_node(position, **attributes)
+        for producer in producers:
+            if producer is not None:
+                self.graph.add_edge(producer, position)
+        for value in operation.results:
+            self._producer[value] = position
+        super().generic_visit(node)
+
+
+def dot_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int, int, int, int]:
+    """(M, K, N, batch) of a dot or dot_general: rows, contraction, columns, batch size."""
+    lhs, rhs = operand_shapes[0], operand_shapes[1]
+    operation = op.operation
+    if short_op_name(operation.name) == "dot":
+        k = lhs[-1] if lhs else 1
+        m = lhs[0] if len(lhs) == 2 else 1
+        n = rhs[-1] if len(rhs) == 2 else 1
+        return m, k, n, 1
+    dialect = _DIALECTS[operation.name.split(".", 1)[0]]
+    dims = dialect.DotDimensionNumbers(operation.attributes["dot_dimension_numbers"])
+    lhs_contract, rhs_contract = list(dims.lhs_contracting_dimensions), list(
+        dims.rhs_contracting_dimensions)
+    lhs_batch, rhs_batch = list(dims.lhs_batching_dimensions), list(dims.rhs_batching_dimensions)
+    k = math.prod(lhs[d] for d in lhs_contract)
+    batch = math.prod(lhs[d] for d in lhs_batch)
+    m = math.prod(s for d, s in enumerate(lhs) if d not in lhs_contract and d not in lhs_batch)
+    n = math.prod(s for d, s in enumerate(rhs) if d not in rhs_contract and d not in rhs_batch)
+    return m, k, n, batch
+
+
+def build_dataflow(module: ir.Module) -> nx.DiGraph:
+    visitor = DataflowVisitor()
+    visitor.visit(module)
+    return visitor.graph
+
+
+def walk_until(graph: nx.DiGraph, starts: Iterable[int | None], *, backward: bool,
+               stop: Callable[[int], bool]) -> tuple[set[int], set[int]]:
+    """Breadth-first from ``starts`` along (or against) the edges, not passing nodes where
+    ``stop`` holds. Returns (stopping nodes reached, every node passed through)."""
+    neighbours = graph.predecessors if backward else graph.successors
+    reached: set[int] = set()
+    passed: set[int] = set()
+    frontier = [node for node in starts if node is not None]
+    while frontier:
+        node = frontier.pop()
+        if node in passed or node in reached:
+            continue
+        if stop(node):
+            reached.add(node)
+            continue
+        passed.add(node)
+        frontier.extend(neighbours(node))
+    return reached, passed
