@@ -52,7 +52,7 @@ def mapping_section(report: Report, segmentation: Segmentation, system: Any, *, 
             continue
         if row.group_size > system.chip_count:
             raise UsageError(
-                f"{report.source}: a {row.comm_kind} spans {row.group_size} devices but "
+                f"{report.source}: the collective {row.comm_kind} spans {row.group_size} devices but "
                 f"{system.name} has {system.chip_count} chip(s); pass a system such as --hw tx8-16"
             )
         devices = row.replica_group if len(row.replica_group) == row.group_size else None
