@@ -26,6 +26,14 @@ from hlo_analyzer.report import Report, analyze
 from hlo_analyzer.visitor import IRVisitor
 
 __all__ = [
-    "load_module", "IRVisitor", "FlopsVisitor", "CommVisitor", "RingLink", "analyze", "Report",
-    "UsageError", "InputFileError", "UnsupportedIRError",
+    "CommVisitor",
+    "FlopsVisitor",
+    "IRVisitor",
+    "InputFileError",
+    "Report",
+    "RingLink",
+    "UnsupportedIRError",
+    "UsageError",
+    "analyze",
+    "load_module",
 ]

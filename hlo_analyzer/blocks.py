@@ -22,8 +22,6 @@ cross_proj, fc1, fc2. The dictionary keys are those of ``hardware.stdit.BlockSha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 import networkx as nx
 from jaxlib.mlir import ir
 
@@ -100,8 +98,8 @@ def segment_blocks(module: ir.Module, source: str = "<module>") -> Segmentation:
     blocks = []
     for index, attention in enumerate(self_attentions):
         attention.out_proj = _first(graph, _gemms_after(graph, attention.values))
-        cross = _first_where(cross_attentions,
-                             lambda c: c.q_proj in _gemms_after(graph, [attention.out_proj]))
+        readers = _gemms_after(graph, [attention.out_proj])
+        cross = next((c for c in cross_attentions if c.q_proj in readers), None)
         if cross is None:
             raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: block {index} "
                                 "has no cross-attention after its self-attention")
@@ -161,10 +159,6 @@ def _find_attentions(graph: nx.DiGraph) -> list[Attention]:
 def _first(graph: nx.DiGraph, nodes: set[int]) -> int:
     # Positions are a topological order: of two dependent ops the producer comes first.
     return min(nodes)
-
-
-def _first_where(attentions: list[Attention], predicate: Any) -> Attention | None:
-    return next((a for a in attentions if predicate(a)), None)
 
 
 # -- the dictionary -------------------------------------------------------------------------------

@@ -142,27 +142,10 @@ class CommVisitor(IRVisitor):
         volume = per_device_bytes(kind, comm_bytes, group_size, self.bruck)
         latency = (self.collective_time(kind, group_size, comm_bytes)
                    if self.collective_time is not None else None)
-        operation = op.operation
-        results = operation.results
-        types = self.types
-        self.rows.append(
-            OpRow(
-                position=self.position,
-                op=operation.name,
-                location=types.location(op),
-                category=COMM,
-                operand_shapes=types.shapes(operation.operands, op),
-                result_shapes=types.shapes(results, op),
-                dtype=types.dtype(results[0]) if len(results) else "",
-                comm_kind=kind,
-                comm_bytes=comm_bytes,
-                comm_bytes_per_device=volume,
-                group_size=group_size,
-                num_groups=num_groups,
-                replica_group=first_group,
-                comm_latency_s=latency,
-            )
-        )
+        self.rows.append(self.types.op_row(
+            op, self.position, COMM, comm_kind=kind, comm_bytes=comm_bytes,
+            comm_bytes_per_device=volume, group_size=group_size, num_groups=num_groups,
+            replica_group=first_group, comm_latency_s=latency))
 
     def _group_size(self, op: Any) -> tuple[int, int, tuple[int, ...]]:
         groups = _dense_groups(op, "replica_groups")

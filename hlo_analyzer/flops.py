@@ -165,22 +165,8 @@ class FlopsVisitor(IRVisitor):
 
     # -- helpers --------------------------------------------------------------------------------
     def _record(self, op: Any, category: str, flops: int) -> None:
-        operation = op.operation
-        self.op_counts[operation.name] += 1
-        results = operation.results
-        types = self.types
-        self.rows.append(
-            OpRow(
-                position=self.position,
-                op=operation.name,
-                location=types.location(op),
-                category=category,
-                operand_shapes=types.shapes(operation.operands, op),
-                result_shapes=types.shapes(results, op),
-                dtype=types.dtype(results[0]) if len(results) else "",
-                flops=int(flops),
-            )
-        )
+        self.op_counts[op.operation.name] += 1
+        self.rows.append(self.types.op_row(op, self.position, category, flops=int(flops)))
 
 
 def _dialect(operation: Any) -> Any:

@@ -70,7 +70,7 @@ def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
         raise InputFileError(f"{origin}: not UTF-8 text and not MLIR bytecode") from None
     for raw_line in text.splitlines():
         line = raw_line.strip()
-        if not line or line.startswith("//") or line.startswith("#"):
+        if not line or line.startswith(("//", "#")):
             continue
         if line.startswith("HloModule"):
             return DumpKind.HLO_TEXT
@@ -85,8 +85,7 @@ def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
 
 def hlo_text_to_stablehlo_bytecode(hlo_text: str, origin: str = "<input>") -> bytes:
     """Convert XLA HLO text to StableHLO bytecode through jaxlib's own converter."""
-    import jaxlib._hlo as _hlo
-    import jaxlib._jax as _jax
+    from jaxlib import _hlo, _jax
 
     try:
         hlo_module = _hlo.hlo_module_from_text(hlo_text)

@@ -96,6 +96,23 @@ class TypeTable:
         except KeyError:
             raise UnsupportedIRError(f"{_where(op)}: unknown element type {dtype}") from None
 
+    def op_row(self, op: Any, position: int, category: str, **measures: Any) -> Any:
+        """An ``OpRow`` for ``op`` with its shapes, dtype and location filled in."""
+        from hlo_analyzer.rows import OpRow
+
+        operation = op.operation
+        results = operation.results
+        return OpRow(
+            position=position,
+            op=operation.name,
+            location=self.location(op),
+            category=category,
+            operand_shapes=self.shapes(operation.operands, op),
+            result_shapes=self.shapes(results, op),
+            dtype=self.dtype(results[0]) if len(results) else "",
+            **measures,
+        )
+
     def location(self, op: Any) -> str:
         location = op.operation.location
         key = location.attr

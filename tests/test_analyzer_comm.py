@@ -1,8 +1,8 @@
 """Per-device bytes of every collective kind, with two group layouts, derived by hand."""
 
 import pytest
-
 from analyzer_samples import COLLECTIVES
+
 from hlo_analyzer import CommVisitor, RingLink, analyze, load_module
 from hlo_analyzer.comm import per_device_bytes
 from hlo_analyzer.errors import UnsupportedIRError

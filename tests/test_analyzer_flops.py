@@ -1,8 +1,8 @@
 """FLOPs of hand-written programs; every expected number is derived in the comment beside it."""
 
 import pytest
-
 from analyzer_samples import CALLS, GEMM_AND_VECTOR, UNKNOWN_OP
+
 from hlo_analyzer import FlopsVisitor, analyze, load_module
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
 

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-
 from analyzer_samples import COLLECTIVES, DYNAMIC, GEMM_AND_VECTOR
+
 from hlo_analyzer.cli import analyze_command, run_click
 
 

@@ -2,9 +2,9 @@
 
 import inspect
 
+from analyzer_samples import CALLS, GEMM_AND_VECTOR
 from jaxlib.mlir import ir
 
-from analyzer_samples import CALLS, GEMM_AND_VECTOR
 from hlo_analyzer import CommVisitor, FlopsVisitor, IRVisitor, load_module
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
 from hlo_analyzer.visitor import known_op_names, short_op_name
