@@ -1,0 +1,110 @@
+"""Bad input to trace-stage: one line ``Error: ...``, exit code 2, no traceback, no file left.
+
+These fail before torch-xla starts, so they run in-process through click's CliRunner.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tracing.cli import main
+from tracing.config import build_config, parse_mesh, parse_stage_ids, PipelineConfigError
+
+TINY = ["--config", "tiny", "--mesh", "2x2"]
+
+
+def run(args: list[str]):
+    return CliRunner().invoke(main, args)
+
+
+def assert_usage_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--strategy", "zigzag"], ("unknown strategy 'zigzag'", "megatron")),
+    (["--strategy", "megatron", "--devices", "8"], ("--devices 8", "2x2")),
+    (["--strategy", "megatron", "--mesh", "2x4"], ("heads = 4", "8 devices")),
+    (["--strategy", "two_dimension", "--mesh", "1x8"], ("heads = 4",)),
+    (["--strategy", "dp"], ("batch = 2", "4 devices")),
+    (["--strategy", "two_dimension", "--mesh", "4x1"], ("batch = 2",)),
+    (["--strategy", "none"], ("one device", "1x1")),
+    (["--strategy", "megatron", "--stage", "3", "--stage-ids", "0-0,1-1"], ("stage 3", "0..1")),
+    (["--strategy", "megatron", "--stage-ids", "0-0,2-3"], ("stage 1 starts at block 2",)),
+    (["--strategy", "megatron", "--mesh", "2by2"], ("bad mesh",)),
+    (["--strategy", "megatron", "--shape", "204x640"], ("bad video shape",)),
+    (["--strategy", "megatron", "--config", "huge"], ("unknown model config",)),
+])
+def test_bad_options(tmp_path, args, fragments):
+    result = run([*TINY, *args, "-o", str(tmp_path)])
+    assert_usage_error(result, *fragments)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_output_directory(tmp_path):
+    result = run([*TINY, "--strategy", "megatron", "-o", str(tmp_path / "nowhere")])
+    assert_usage_error(result, "does not exist")
+
+
+def test_unwritable_output_directory(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    target = locked if not os.access(locked, os.W_OK) else Path("/proc/self")  # root ignores modes
+    try:
+        result = run([*TINY, "--strategy", "megatron", "-o", str(target)])
+    finally:
+        locked.chmod(0o755)
+    assert_usage_error(result, "not writable")
+    assert list(locked.iterdir()) == []
+
+
+def test_existing_dump_needs_force(tmp_path):
+    existing = tmp_path / "tiny_28_64_64_megatron_2x2_stage0.mlir"
+    existing.write_text("old dump")
+    result = run([*TINY, "--strategy", "megatron", "-o", str(tmp_path)])
+    assert_usage_error(result, "already exists", "--force")
+    assert existing.read_text() == "old dump"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [existing.name]
+
+
+def test_help_lists_every_option_with_default():
+    result = run(["--help"])
+    assert result.exit_code == 0
+    for option in ("--stage", "--strategy", "--shape", "--mesh", "--stage-ids", "--config",
+                   "--dialect", "--out", "--force", "--check", "--pipeline", "--batch"):
+        assert option in result.output
+    assert "default: 2x8" in result.output and "two_dimension" in result.output
+
+
+def test_config_parsing():
+    assert parse_mesh("2x8") == (2, 8)
+    assert parse_stage_ids("0-13,14-27") == ((0, 13), (14, 27))
+    config = build_config(config="full", strategy="megatron", mesh="2x8", stage_ids="0-13,14-27")
+    assert config.shape == "204_640_360" and config.num_devices == 16
+    assert config.submesh(1).global_device_ids((2, 8))[0][:2] == [0, 1]
+    with pytest.raises(PipelineConfigError):
+        build_config(config="full", stage_ids="0-13,14-26")
+
+
+def test_pipeline_file(tmp_path):
+    from tracing.config import load_config_file
+
+    path = tmp_path / "pipe.toml"
+    path.write_text('config = "tiny"\nstrategy = "megatron"\nmesh_shape = [2, 4]\n'
+                    'stage_ids = [[0, 0], [1, 1]]\nsubmeshes = [[2, 2, 0, 0], [2, 2, 0, 2]]\n')
+    config = load_config_file(path)
+    assert config.submesh(1).global_device_ids(config.mesh_shape) == [[2, 3], [6, 7]]
+    assert load_config_file(path, strategy="dp").strategy == "dp"
+    path.write_text('config = "tiny"\nsubmeshes = [[2, 2, 1, 3]]\nmesh_shape = [2, 4]\n')
+    with pytest.raises(PipelineConfigError, match="does not fit"):
+        load_config_file(path)

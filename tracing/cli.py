@@ -1,0 +1,201 @@
+"""``trace-stage``: trace one pipeline stage of STDiT3 under a parallel strategy and write the
+per-device program after SPMD partitioning as MLIR (plus a JSON sidecar).
+
+Runs as ``trace-stage ...`` or ``python3 -m tracing.cli ...``.  torch-xla reads its device count
+and XLA's dump flags when its runtime starts, so everything is validated and the environment is
+set before torch_xla is imported: one trace per process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from hlo_analyzer.errors import UsageError
+from tracing.config import PipelineConfig, build_config, load_config_file
+
+log = logging.getLogger("tracing")
+
+STEPS = ("build", "shard", "trace", "compile", "convert", "write")
+
+
+def dump_name(config: PipelineConfig, stage: int) -> str:
+    """``<model>_<shape>_<strategy>_<mesh>_stage<k>`` (the model is the config name or file stem)."""
+    model = Path(config.model_config_name).stem if config.model_config_name.endswith(".toml") \
+        else config.model_config_name
+    mesh = config.submesh(stage)
+    return f"{model}_{config.shape}_{config.strategy}_{mesh.nx}x{mesh.ny}_stage{stage}"
+
+
+def _progress(stage: int, dump: str):
+    def report(step: str) -> None:
+        click.echo(f"[stage {stage}] {step}: {dump}", err=True)
+
+    return report
+
+
+def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, force: bool,
+              shape_cache: Path | None) -> list[Path]:
+    """Trace, compile, convert and write one stage; returns the written paths."""
+    from hlo_analyzer.atomic import atomic_write
+    from hlo_analyzer.mlir import hlo_text_to_mlir_text
+    from tracing import capture
+    from tracing.stages import boundary_shapes, stage_spec
+    from tracing.strategies import get_strategy
+    from tracing.tracer import make_layout
+
+    started = time.perf_counter()
+    stage_spec(config, stage)  # stage index check before anything heavy
+    get_strategy(config.strategy, make_layout(config, stage))  # strategy + mesh checks
+    name = dump_name(config, stage)
+    mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
+    _check_output(out_dir, [mlir_path, json_path], force)
+    progress = _progress(stage, name)
+
+    shapes = boundary_shapes(config, shape_cache)
+    submesh = config.submesh(stage)
+    session = capture.prepare_process(submesh.size)
+    try:
+        capture.enable_spmd()
+        from tracing.tracer import compile_stage, trace_stage
+
+        traced = trace_stage(config, stage, shapes, progress=progress)
+        hlo_text = compile_stage(session, traced, progress)
+    finally:
+        capture.release(session)
+    progress("convert")
+    convert_started = time.perf_counter()
+    mlir_text = hlo_text_to_mlir_text(hlo_text, dialect, origin=name)
+    traced.seconds["convert"] = time.perf_counter() - convert_started
+    del hlo_text
+    progress("write")
+    sidecar = {
+        "name": name,
+        "program": "per-device program after SPMD partitioning (torch-xla GSPMD), unfused",
+        "dialect": dialect,
+        "pipeline": config.to_dict(),
+        "stage": stage,
+        "blocks": [traced.stage.first_block, traced.stage.last_block],
+        "has_embeddings": traced.stage.has_embeddings,
+        "has_final_layer": traced.stage.has_final_layer,
+        "mesh": {"shape": list(submesh.shape), "axes": ["x", "y"],
+                 "global_device_ids": submesh.global_device_ids(config.mesh_shape)},
+        "devices": submesh.size,
+        "dtype": config.dtype,
+        "strategy": {"name": config.strategy, "summary": traced.strategy.summary},
+        "inputs": shapes[stage]["inputs"],
+        "outputs": shapes[stage]["outputs"],
+        "versions": capture.tool_versions(),
+        "seconds": {step: round(value, 3) for step, value in traced.seconds.items()},
+        "seconds_total": round(time.perf_counter() - started, 3),
+        "peak_rss_bytes": capture.peak_rss_bytes(),
+        "mlir_bytes": len(mlir_text.encode()),
+    }
+    written = [atomic_write(mlir_path, mlir_text, force=force)]
+    try:
+        written.append(atomic_write(json_path, json.dumps(sidecar, indent=2, sort_keys=True) + "\n",
+                                    force=force))
+    except BaseException:
+        mlir_path.unlink(missing_ok=True)  # never leave a dump without its sidecar
+        raise
+    return written
+
+
+def _check_output(out_dir: Path, targets: list[Path], force: bool) -> None:
+    if not out_dir.is_dir():
+        raise UsageError(f"{out_dir}: output directory does not exist")
+    import os
+
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"{out_dir}: output directory is not writable")
+    for target in targets:
+        if target.exists() and not force:
+            raise UsageError(f"{target}: already exists; pass --force to overwrite it")
+
+
+def _strategy_help() -> str:
+    from tracing.strategies import strategy_names
+
+    return ", ".join(strategy_names())
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--stage", "stage", type=int, default=0, show_default=True,
+              help="Index of the pipeline stage to trace (0 holds the embeddings, the last one the final layer).")
+@click.option("--strategy", default="megatron", show_default=True,
+              help=f"Parallel strategy: {_strategy_help()}.")
+@click.option("--shape", default=None,
+              help="Video shape FRAMES_WIDTH_HEIGHT.  [default: 204_640_360 for --config full, 28_64_64 otherwise]")
+@click.option("--mesh", default="2x8", show_default=True,
+              help="Device mesh XxY (axes x, y); each stage runs on the whole mesh unless a pipeline file gives submeshes.")
+@click.option("--stage-ids", default=None,
+              help="Block pairs of each stage, inclusive, e.g. 0-13,14-27.  [default: one stage with all blocks]")
+@click.option("--config", "model_config", default="full", show_default=True,
+              help="Model config: full, tiny, or a model TOML file of STDiT3Config fields.")
+@click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False), default=None,
+              help="Pipeline TOML file (config, shape, strategy, mesh_shape, stage_ids, submeshes, dtype, batch); options given on the command line win.")
+@click.option("--devices", type=int, default=None,
+              help="Number of virtual CPU devices; must equal X*Y of --mesh.  [default: X*Y]")
+@click.option("--dtype", default="bfloat16", show_default=True,
+              help="Element type of weights and activations: bfloat16, float32 or float16.")
+@click.option("--batch", type=int, default=2, show_default=True,
+              help="Batch size (2: classifier-free guidance).")
+@click.option("--dialect", type=click.Choice(["stablehlo", "mhlo"]), default="stablehlo",
+              show_default=True, help="MLIR dialect of the dump.")
+@click.option("-o", "--out", "out_dir", default="dumps", show_default=True,
+              type=click.Path(file_okay=False), help="Output directory (must exist).")
+@click.option("--shape-cache", default=None, type=click.Path(dir_okay=False),
+              help="JSON cache of stage input/output shapes.  [default: OUT/stage_shapes.json]")
+@click.option("--force", is_flag=True, help="Overwrite an existing dump.")
+@click.option("--check", is_flag=True,
+              help="Instead of dumping: run the stage through XLA and eagerly on CPU and compare outputs (use with --config tiny).")
+@click.option("-v", "--verbose", is_flag=True, help="Log details (cache hits, sizes) to stderr.")
+def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str | None,
+         model_config: str, pipeline_file: str | None, devices: int | None, dtype: str, batch: int, dialect: str,
+         out_dir: str, shape_cache: str | None, force: bool, check: bool, verbose: bool) -> None:
+    """Trace one pipeline stage of OpenSora STDiT3 with torch-xla SPMD on virtual CPU devices
+    and write the per-device program after SPMD partitioning as MLIR, with a JSON sidecar
+    (OUT/<model>_<shape>_<strategy>_<mesh>_stage<k>.mlir and .json)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        options = dict(config=model_config, shape=shape, strategy=strategy, mesh=mesh,
+                       stage_ids=stage_ids, dtype=dtype, batch=batch)
+        if pipeline_file is not None:
+            ctx = click.get_current_context()
+            explicit = {key: value for key, value in options.items()
+                        if ctx.get_parameter_source(_PARAM_OF[key]) == click.core.ParameterSource.COMMANDLINE}
+            config = load_config_file(pipeline_file, **explicit)
+        else:
+            config = build_config(**options)
+        if devices is not None and devices != config.num_devices:
+            raise UsageError(f"--devices {devices} does not match mesh {config.mesh_label} "
+                             f"({config.num_devices} devices)")
+        out = Path(out_dir)
+        if check:
+            from tracing.check import run_check
+
+            report = run_check(config, stage, progress=_progress(stage, f"check {config.strategy}"))
+            click.echo(report.summary(), err=True)
+            if not report.passed:
+                sys.exit(1)
+            return
+        cache = Path(shape_cache) if shape_cache else out / "stage_shapes.json"
+        written = run_trace(config, stage, out, dialect, force, cache)
+    except UsageError as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(2)
+    click.echo("wrote " + " ".join(str(path) for path in written), err=True)
+
+
+_PARAM_OF = {"config": "model_config", "shape": "shape", "strategy": "strategy", "mesh": "mesh",
+             "stage_ids": "stage_ids", "dtype": "dtype", "batch": "batch"}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The pipeline configuration: which blocks each stage holds, on which devices, under which strategy.
+
+Vocabulary (as in the original toolchain's notes):
+
+* ``mesh_shape (X, Y)``: the whole logical device mesh, axes named ``x`` and ``y``;
+* ``submeshes [(nx, ny, loc_x, loc_y), ...]``: the part of the mesh each stage runs on, an
+  ``nx x ny`` rectangle whose corner is at ``(loc_x, loc_y)``; by default every stage gets the
+  whole mesh (a stage is traced alone, so it is the same program either way);
+* ``stage_ids [(first, last), ...]``: the block pairs of each stage, inclusive; stage 0 also
+  holds the 5 embeddings and the last stage the final layer.
+
+A configuration comes from CLI options or a TOML file such as::
+
+    config = "full"            # model config: full, tiny or a model TOML file
+    shape = "204_640_360"
+    strategy = "megatron"
+    mesh_shape = [2, 8]
+    stage_ids = [[0, 13], [14, 27]]
+    submeshes = [[2, 8, 0, 0], [2, 8, 0, 0]]   # optional
+    dtype = "bfloat16"         # optional
+    batch = 2                  # optional: classifier-free guidance batch
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hlo_analyzer.errors import UsageError
+from models.opensora.config import STDiT3Config, get_config
+from models.opensora.inputs import parse_shape
+
+#: Names the CLI and TOML accept for the element type of weights and activations.
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
+          "f32": "float32", "float16": "float16", "fp16": "float16"}
+
+MESH_AXES = ("x", "y")
+
+
+class PipelineConfigError(UsageError):
+    """A pipeline configuration that cannot be traced (bad mesh, stage split, submesh, ...)."""
+
+
+@dataclass(frozen=True)
+class Submesh:
+    """An ``nx x ny`` rectangle of the mesh with its corner at ``(loc_x, loc_y)``."""
+
+    nx: int
+    ny: int
+    loc_x: int = 0
+    loc_y: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.nx, self.ny)
+
+    @property
+    def size(self) -> int:
+        return self.nx * self.ny
+
+    def global_device_ids(self, mesh_shape: tuple[int, int]) -> list[list[int]]:
+        """Device ids of this rectangle in the whole mesh (row-major ids over (X, Y))."""
+        _, mesh_y = mesh_shape
+        return [[(self.loc_x + i) * mesh_y + (self.loc_y + j) for j in range(self.ny)]
+                for i in range(self.nx)]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything that decides the traced program of a stage."""
+
+    model_config_name: str
+    model: STDiT3Config
+    shape: str
+    strategy: str
+    mesh_shape: tuple[int, int]
+    stage_ids: tuple[tuple[int, int], ...]
+    submeshes: tuple[Submesh, ...]
+    dtype: str = "bfloat16"
+    batch: int = 2
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_ids)
+
+    @property
+    def num_devices(self) -> int:
+        return self.mesh_shape[0] * self.mesh_shape[1]
+
+    @property
+    def mesh_label(self) -> str:
+        return f"{self.mesh_shape[0]}x{self.mesh_shape[1]}"
+
+    @property
+    def stage_ids_label(self) -> str:
+        return ",".join(f"{first}-{last}" for first, last in self.stage_ids)
+
+    def submesh(self, stage: int) -> Submesh:
+        return self.submeshes[stage]
+
+    def to_dict(self) -> dict:
+        """JSON-able form for sidecars (enough to rebuild the configuration)."""
+        return {
+            "config": self.model_config_name,
+            "model": self.model.to_dict(),
+            "shape": self.shape,
+            "strategy": self.strategy,
+            "mesh_shape": list(self.mesh_shape),
+            "stage_ids": [list(ids) for ids in self.stage_ids],
+            "submeshes": [list(dataclasses.astuple(s)) for s in self.submeshes],
+            "dtype": self.dtype,
+            "batch": self.batch,
+        }
+
+
+#: Video shape used when none is given: the brief's reference shape for the full model, and a
+#: small one for other configs whose T=8 and S=16 split evenly over 2, 4 or 8 devices.
+DEFAULT_FULL_SHAPE = "204_640_360"
+DEFAULT_SMALL_SHAPE = "28_64_64"
+
+
+def default_shape(config_name: str) -> str:
+    return DEFAULT_FULL_SHAPE if config_name == "full" else DEFAULT_SMALL_SHAPE
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """``"2x8"`` -> (2, 8)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+    if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+        raise PipelineConfigError(f"bad mesh {text!r}: expected XxY with positive X and Y, e.g. 2x8")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_stage_ids(text: str) -> tuple[tuple[int, int], ...]:
+    """``"0-13,14-27"`` -> ((0, 13), (14, 27)); a single number ``"5"`` means ``5-5``."""
+    stages = []
+    for part in str(text).split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise PipelineConfigError(
+                f"bad stage ids {text!r}: expected FIRST-LAST[,FIRST-LAST...], e.g. 0-13,14-27")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        stages.append((first, last))
+    return tuple(stages)
+
+
+def normalize_dtype(name: str) -> str:
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise PipelineConfigError(
+            f"unknown dtype {name!r}: expected one of {sorted(set(DTYPES.values()))}") from None
+
+
+def build_config(*, config: str = "tiny", shape: str | None = None, strategy: str = "megatron",
+                 mesh: str | tuple[int, int] = "2x2", stage_ids: str | None = None,
+                 submeshes: list | None = None, dtype: str = "bfloat16",
+                 batch: int = 2) -> PipelineConfig:
+    """Build and validate a configuration from plain values (CLI strings or TOML values).
+
+    ``stage_ids`` None means one stage holding all blocks.  Strategy-specific checks (heads,
+    batch divisibility) are the strategy's job, see :mod:`tracing.strategies`.
+    """
+    model = get_config(config)
+    shape = default_shape(str(config)) if shape is None else shape
+    parse_shape(shape)  # raises a one-line ShapeError for a malformed shape
+    mesh_shape = parse_mesh(mesh) if isinstance(mesh, str) else _mesh_from_list(mesh)
+    ids = (parse_stage_ids(stage_ids) if isinstance(stage_ids, str)
+           else ((0, model.depth - 1),) if stage_ids is None
+           else tuple(_pair(item, "stage_ids") for item in stage_ids))
+    _validate_stage_ids(ids, model.depth)
+    if submeshes is None:
+        subs = tuple(Submesh(*mesh_shape) for _ in ids)
+    else:
+        subs = tuple(_submesh(item) for item in submeshes)
+    _validate_submeshes(subs, ids, mesh_shape)
+    if batch < 1:
+        raise PipelineConfigError(f"batch={batch}: expected a positive batch size")
+    return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
+                          strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
+                          submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch))
+
+
+def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
+    """Read a pipeline TOML file; ``overrides`` (e.g. from CLI options) win over its values."""
+    source = Path(path)
+    if not source.is_file():
+        raise PipelineConfigError(f"{source}: pipeline file not found")
+    try:
+        data = tomllib.loads(source.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PipelineConfigError(f"{source}: not valid TOML ({exc})") from None
+    known = {"config", "shape", "strategy", "mesh_shape", "stage_ids", "submeshes", "dtype", "batch"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PipelineConfigError(f"{source}: unknown keys {unknown}; expected some of {sorted(known)}")
+    values = {"mesh" if key == "mesh_shape" else key: value for key, value in data.items()}
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    if isinstance(values.get("config"), str) and values["config"].endswith(".toml"):
+        # A model file named in a pipeline file is relative to that file.
+        model_path = Path(values["config"])
+        if not model_path.is_absolute():
+            values["config"] = str(source.parent / model_path)
+    return build_config(**values)
+
+
+def _validate_stage_ids(ids: tuple[tuple[int, int], ...], depth: int) -> None:
+    if not ids:
+        raise PipelineConfigError("stage ids: expected at least one stage")
+    expected_first = 0
+    for index, (first, last) in enumerate(ids):
+        if first > last:
+            raise PipelineConfigError(f"stage {index}: first block {first} > last block {last}")
+        if first != expected_first:
+            raise PipelineConfigError(
+                f"stage {index} starts at block {first}, expected {expected_first}: stages must "
+                f"cover blocks 0..{depth - 1} in order without gaps or overlaps")
+        expected_first = last + 1
+    if expected_first != depth:
+        raise PipelineConfigError(
+            f"stage ids {','.join(f'{a}-{b}' for a, b in ids)} cover blocks 0..{expected_first - 1}, "
+            f"but the model has {depth} block pairs (0..{depth - 1})")
+
+
+def _validate_submeshes(subs: tuple[Submesh, ...], ids: tuple, mesh_shape: tuple[int, int]) -> None:
+    if len(subs) != len(ids):
+        raise PipelineConfigError(
+            f"{len(subs)} submeshes for {len(ids)} stages: expected one submesh per stage")
+    for index, sub in enumerate(subs):
+        if (min(sub.nx, sub.ny) < 1 or sub.loc_x < 0 or sub.loc_y < 0
+                or sub.loc_x + sub.nx > mesh_shape[0] or sub.loc_y + sub.ny > mesh_shape[1]):
+            raise PipelineConfigError(
+                f"stage {index}: submesh {sub.nx}x{sub.ny} at ({sub.loc_x}, {sub.loc_y}) does not "
+                f"fit in the {mesh_shape[0]}x{mesh_shape[1]} mesh")
+
+
+def _pair(item, what: str) -> tuple[int, int]:
+    try:
+        first, last = (int(v) for v in item)
+    except (TypeError, ValueError):
+        raise PipelineConfigError(f"{what}: expected pairs [first, last], got {item!r}") from None
+    return first, last
+
+
+def _mesh_from_list(item) -> tuple[int, int]:
+    x, y = _pair(item, "mesh_shape")
+    if min(x, y) < 1:
+        raise PipelineConfigError(f"mesh_shape {item!r}: expected two positive sizes")
+    return x, y
+
+
+def _submesh(item) -> Submesh:
+    try:
+        values = [int(v) for v in item]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) not in (2, 4):
+        raise PipelineConfigError(f"submesh {item!r}: expected [nx, ny, loc_x, loc_y]")
+    return Submesh(*values)

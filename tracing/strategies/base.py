@@ -1,0 +1,211 @@
+"""What a parallel strategy is, and the registry that maps names to strategies.
+
+A strategy decides three things for one stage on a mesh with axes ``("x", "y")``:
+
+* the partition spec of every parameter (``parameter_spec``; None = replicated),
+* the partition spec of every stage input (``input_spec``),
+* the sharding of activations at the model's annotation points (``activation_spec``), and
+  optionally a replacement attention kernel (``attention_fn``).
+
+Partition specs are tuples with one entry per tensor dimension, as ``xs.mark_sharding`` takes
+them: a mesh axis name, a tuple of axis names (split over their product), or None.
+
+To add a strategy, subclass :class:`Strategy` in a module of this package and decorate it with
+:func:`register`; import the module in ``tracing/strategies/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from hlo_analyzer.errors import UsageError
+from models.opensora.config import STDiT3Config
+from models.opensora.inputs import Geometry
+
+if TYPE_CHECKING:
+    import torch
+
+    from models.opensora.stdit3 import STDiT3
+
+log = logging.getLogger(__name__)
+
+Spec = tuple  # tuple[str | tuple[str, ...] | None, ...]
+ALL_DEVICES = ("x", "y")  # a 1-D strategy splits over the whole mesh, both axes together
+
+_REGISTRY: dict[str, type["Strategy"]] = {}
+
+
+class StrategyError(UsageError):
+    """A strategy that cannot run on the given model, shape, batch or mesh."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The facts a strategy needs to decide shardings and to check that they divide."""
+
+    model: STDiT3Config
+    geometry: Geometry
+    batch: int
+    mesh_shape: tuple[int, int]
+
+    @property
+    def num_devices(self) -> int:
+        return self.mesh_shape[0] * self.mesh_shape[1]
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """Mark a tensor ``before`` and hand on a copy marked ``after``: pins where GSPMD changes the
+    split (e.g. Ulysses' all-to-all right before the attention, not wherever it likes)."""
+
+    before: Spec
+    after: Spec
+
+
+class Strategy:
+    """Base strategy: everything replicated (subclasses override what they split)."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    # Checks ---------------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise StrategyError when the mesh does not fit the model (heads, batch, sequence)."""
+
+    def require_divisible(self, what: str, size: int, parts: int, axis: str) -> None:
+        if size % parts:
+            raise StrategyError(
+                f"strategy {self.name}: {what} = {size} is not divisible by the {parts} devices "
+                f"of mesh {axis} (mesh {self.layout.mesh_shape[0]}x{self.layout.mesh_shape[1]})")
+
+    # Shardings ------------------------------------------------------------------------------
+
+    def parameter_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        """Partition spec of the parameter ``name`` (full model name); None: replicated."""
+        block_param = block_parameter_name(name)
+        if block_param is not None:
+            return self.block_parameter_spec(block_param, shape)
+        return None
+
+    def block_parameter_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        """Spec of a block parameter, named relative to the block (e.g. ``attn.qkv.weight``)."""
+        return None
+
+    def input_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        """Partition spec of the stage input ``name`` (z, y, t, fps, x, t_mlp)."""
+        return None
+
+    def output_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        """Partition spec of the stage output ``name`` (x, y, t, t_mlp or out); None: unmarked."""
+        return None
+
+    def activation_spec(self, point: str, shape: tuple[int, ...],
+                        temporal: bool) -> Spec | Reshard | None:
+        """Spec to mark at an annotation point of a spatial or temporal block; None: no mark."""
+        return None
+
+    def attention_fn(self, mesh, temporal: bool) -> Callable | None:
+        """A replacement self-attention kernel for this kind of block, or None to keep it."""
+        return None
+
+    def cross_attention_fn(self, mesh) -> Callable | None:
+        """A replacement cross-attention kernel, or None to keep the model's."""
+        return None
+
+    # Installation ---------------------------------------------------------------------------
+
+    def install(self, model: "STDiT3", block_indices: range, mesh) -> None:
+        """Set the annotation hooks (and kernels) of the stage's blocks; never edits the model."""
+        for index in block_indices:
+            for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
+                hook = self._make_hook(mesh, block.temporal)
+                for module in (block, block.attn, block.cross_attn, block.mlp):
+                    module.annotate = hook
+                kernel = self.attention_fn(mesh, block.temporal)
+                if kernel is not None:
+                    block.attn.attention_fn = kernel
+                cross_kernel = self.cross_attention_fn(mesh)
+                if cross_kernel is not None:
+                    block.cross_attn.attention_fn = cross_kernel
+
+    def _make_hook(self, mesh, temporal: bool) -> Callable[[str, "torch.Tensor"], "torch.Tensor"]:
+        import torch_xla.distributed.spmd as xs
+
+        def annotate(point: str, tensor: "torch.Tensor") -> "torch.Tensor":
+            spec = self.activation_spec(point, tuple(tensor.shape), temporal)
+            if isinstance(spec, Reshard):
+                xs.mark_sharding(tensor, mesh, spec.before)
+                tensor = tensor.clone()
+                spec = spec.after
+            if spec is not None and getattr(tensor, "hlo_trace_placeholder", False):
+                # A stage input created without a buffer is a replicated graph parameter: a
+                # replicated mark adds nothing, and a split one must come from input_spec.
+                if any(axis is not None for axis in spec):
+                    raise RuntimeError(f"strategy {self.name}: stage input at {point!r} must be "
+                                       f"split {spec}; give it that spec in input_spec()")
+                return tensor
+            if spec is not None:
+                # mark_sharding annotates the tensor's lazy IR in place; keep the plain tensor
+                # (not the XLAShardedTensor wrapper it returns) flowing through the model.
+                xs.mark_sharding(tensor, mesh, spec)
+            return tensor
+
+        return annotate
+
+
+def block_parameter_name(name: str) -> str | None:
+    """``spatial_blocks.3.attn.qkv.weight`` -> ``attn.qkv.weight``; None outside the blocks."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] in ("spatial_blocks", "temporal_blocks"):
+        return ".".join(parts[2:])
+    return None
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: make a strategy available by its ``name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"strategy {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def strategy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_strategy(name: str, layout: Layout) -> Strategy:
+    """The strategy called ``name`` for ``layout``, validated; a one-line error otherwise."""
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise StrategyError(
+            f"unknown strategy {name!r}: expected one of {', '.join(strategy_names())}") from None
+    strategy = cls(layout)
+    strategy.validate()
+    return strategy
+
+
+# Helpers shared by the Megatron-like strategies ------------------------------------------------
+
+#: nn.Linear stores weight as (out_features, in_features).
+COLUMN_PARALLEL = ("attn.qkv", "cross_attn.q_linear", "cross_attn.kv_linear", "mlp.fc1")
+ROW_PARALLEL = ("attn.proj", "cross_attn.proj", "mlp.fc2")
+
+
+def linear_spec(name: str, axis) -> Spec | None:
+    """Column-split (output features) or row-split (input features) spec of a block linear."""
+    module, _, kind = name.rpartition(".")
+    if module in COLUMN_PARALLEL:
+        return (axis, None) if kind == "weight" else (axis,)
+    if module in ROW_PARALLEL and kind == "weight":
+        return (None, axis)
+    return None  # row-parallel biases are added after the reduction: replicated

@@ -1,0 +1,22 @@
+"""Attention kernels that strategies install through the model's ``attention_fn`` hook.
+
+Same arithmetic as ``models.opensora.stdit3.plain_attention`` (scores in float32, optional
+additive mask, softmax, probabilities back to v's dtype), written with ``einsum`` so that the
+(batch, heads) axes stay separate batch dimensions of one ``dot_general``.  ``q @ k^T`` on 4-D
+tensors lowers through a reshape to (batch*heads, L, d); with heads split across devices and
+batch not, that merged axis is not a tile, and GSPMD all-gathers q, k and v to undo the split.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """softmax(q k^T * scale + mask) v on (batch, heads, L, head_dim), head-split friendly."""
+    scores = torch.einsum("bhqd,bhkd->bhqk", q * scale, k).float()
+    if mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    return torch.einsum("bhqk,bhkd->bhqd", probs, v)

@@ -1,0 +1,85 @@
+"""Ring attention: sequence parallel like ds_ulysses (batch on x, sequence on y), but the
+temporal self-attention -- the one whose sequence is split -- keeps its split and passes K/V
+blocks around the ring of the y devices instead of exchanging the split for heads.
+
+GSPMD does not invent a ring, so the kernel is written in global form (toolchain-facts.md):
+the sequence axis L is reshaped to (ring, chunk) with the ring axis split over y; each step
+attends every query chunk to the K/V chunk currently beside it (the ring axis is a batch axis of
+the einsum: local), folds the block into an online softmax (running max, running sum, rescaled
+accumulator), then rotates K and V by one ring position: ``cat(t[..., -1:, ...], t[..., :-1, ...])`` along
+the split ring axis, which GSPMD recognises as a rotation and partitions into one
+collective-permute.  (``torch.roll`` is the same shift, but torch-xla 2.9 lowers it in a form
+that GSPMD partitions into all-to-alls and all-gathers, measured.)  ring-1 rotations of K and of V:
+2*(ring-1) collective-permutes per temporal attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tracing.strategies.base import Spec, register
+from tracing.strategies.ds_ulysses import TOKENS, SequenceParallel
+
+
+def make_ring_attention(mesh, ring_axis: str, batch_axis: str | None, ring_size: int):
+    """A kernel ``(q, k, v, mask, scale) -> out`` on (B', heads, L, hd), L split ring_size ways."""
+    import torch_xla.distributed.spmd as xs
+
+    block_spec = (batch_axis, None, ring_axis, None, None)  # (B', heads, ring, chunk, hd)
+    stat_spec = (batch_axis, None, ring_axis, None)  # (B', heads, ring, chunk)
+
+    def ring_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+        if mask is not None:
+            raise ValueError("ring attention here serves the unmasked self-attention only")
+        batch, heads, length, head_dim = q.shape
+        chunk = length // ring_size
+
+        def blocks(t: Tensor) -> Tensor:
+            t = t.reshape(batch, heads, ring_size, chunk, head_dim)
+            xs.mark_sharding(t, mesh, block_spec)
+            return t
+
+        q_blocks, k_blocks, v_blocks = blocks(q * scale), blocks(k), blocks(v)
+        def rotate(t: Tensor) -> Tensor:
+            rotated = torch.cat((t[:, :, -1:], t[:, :, :-1]), dim=2)
+            xs.mark_sharding(rotated, mesh, block_spec)
+            return rotated
+
+        running_max = running_sum = accumulator = None
+        for step in range(ring_size):
+            if step:  # hand K/V to the next ring position: a collective-permute each
+                k_blocks, v_blocks = rotate(k_blocks), rotate(v_blocks)
+            scores = torch.einsum("bhrqd,bhrkd->bhrqk", q_blocks, k_blocks).float()
+            block_max = scores.amax(dim=-1)
+            new_max = block_max if running_max is None else torch.maximum(running_max, block_max)
+            probs = torch.exp(scores - new_max[..., None])
+            block_out = torch.einsum("bhrqk,bhrkd->bhrqd", probs.to(v_blocks.dtype), v_blocks).float()
+            if running_max is None:
+                running_sum, accumulator = probs.sum(dim=-1), block_out
+            else:
+                correction = torch.exp(running_max - new_max)
+                running_sum = running_sum * correction + probs.sum(dim=-1)
+                accumulator = accumulator * correction[..., None] + block_out
+            running_max = new_max
+            xs.mark_sharding(running_max, mesh, stat_spec)
+        out = (accumulator / running_sum[..., None]).to(v.dtype)
+        return out.reshape(batch, heads, length, head_dim)
+
+    return ring_attention
+
+
+@register
+class RingAttention(SequenceParallel):
+    name = "ring_attention"
+    summary = "sequence parallel (batch on x, sequence on y); K/V passed around the y ring (collective-permute), online softmax"
+
+    def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | None:
+        if point in ("q", "k", "v"):
+            return ("x", None, "y", None) if temporal else (TOKENS, None, None, None)
+        return self.token_spec(point, shape, temporal)
+
+    def attention_fn(self, mesh, temporal: bool):
+        if not temporal:
+            return None  # the spatial attention's sequence is whole on each device
+        return make_ring_attention(mesh, "y", "x", self.layout.mesh_shape[1])

@@ -1,0 +1,61 @@
+"""2-D tensor parallelism on the (X, Y) mesh: batch on X, hidden on Y.
+
+The residual stream x (B, N, h) lives split by batch over X and by hidden features over Y.
+Each column-split linear (qkv, cross q/kv, fc1; weights split by output features over Y,
+replicated over X) first all-gathers its input's hidden features over Y; each row-split linear
+(proj, fc2; split by input features over Y) yields partial sums that a reduce-scatter over Y
+both adds up and splits by hidden features again.  So Megatron's all-reduce becomes an
+all-gather before and a reduce-scatter after each attention and MLP.  Attention runs on the
+local heads (heads over Y) of the local samples (batch over X).
+"""
+
+from __future__ import annotations
+
+from tracing.strategies.base import Spec, Strategy, linear_spec, register
+from tracing.strategies.kernels import einsum_attention
+
+HIDDEN_SPLIT = ("x", None, "y")  # (B, N, h) and (B', L, h)
+
+
+@register
+class TwoDimension(Strategy):
+    name = "two_dimension"
+    summary = "2-D tensor parallel: batch on x, hidden on y; all-gather + reduce-scatter per attention/MLP"
+
+    def validate(self) -> None:
+        x_devices, y_devices = self.layout.mesh_shape
+        self.require_divisible("batch", self.layout.batch, x_devices, "axis x")
+        self.require_divisible("heads", self.layout.model.num_heads, y_devices, "axis y")
+        self.require_divisible("hidden", self.layout.model.hidden_size, y_devices, "axis y")
+
+    def block_parameter_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        return linear_spec(name, "y")
+
+    def input_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        if name == "x":
+            return HIDDEN_SPLIT
+        if name in ("z", "t", "t_mlp"):
+            return ("x",) + (None,) * (len(shape) - 1)
+        return None
+
+    def output_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
+        return HIDDEN_SPLIT if name == "x" else None
+
+    def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | None:
+        if point in ("x", "attn_out", "proj_out", "mlp_hidden"):
+            return HIDDEN_SPLIT
+        if point in ("q", "k", "v"):
+            return ("x", "y", None, None)
+        if point == "cross_q":  # (1, heads, B*N, hd): samples are the major part of B*N
+            return (None, "y", "x", None)
+        if point in ("cross_k", "cross_v"):  # every caption, local heads
+            return (None, "y", None, None)
+        if point == "cross_out":  # (1, B*N, h)
+            return (None, "x", "y")
+        return None
+
+    def attention_fn(self, mesh, temporal: bool):
+        return einsum_attention
+
+    def cross_attention_fn(self, mesh):
+        return einsum_attention

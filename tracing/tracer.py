@@ -1,0 +1,167 @@
+"""Trace one pipeline stage under a strategy and return its per-device partitioned HLO.
+
+Steps (each reported through the ``progress`` callback): build the model on ``meta`` (no
+memory), shard (materialise only this stage's parameters and inputs on the XLA device with the
+strategy's partition specs, install its annotation hooks), trace lazily, compile without
+executing.
+
+Memory: a tensor that the strategy leaves replicated would be copied to each of the virtual
+devices (16 x 2.2 GB for the full model's weights).  When we only compile, such tensors are
+created as torch-xla *placeholders*: graph parameters with a shape and no buffer.  Sharded
+tensors must be real device data (``mark_sharding`` reshards a buffer), but their shards add up
+to one copy.  With ``materialize="random"`` (the ``--check`` path) every tensor holds values.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from models.opensora.inputs import geometry
+from tracing import capture
+from tracing.config import MESH_AXES, PipelineConfig
+from tracing.stages import StageSpec, run_stage, stage_parameters, stage_spec
+from tracing.strategies import Layout, Strategy, get_strategy
+
+if TYPE_CHECKING:
+    import torch
+
+    from models.opensora.stdit3 import STDiT3
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class TracedStage:
+    """The lazily traced stage: its model, its XLA output tensors and what it took."""
+
+    stage: StageSpec
+    strategy: Strategy
+    model: "STDiT3"
+    inputs: dict[str, "torch.Tensor"]
+    outputs: dict[str, "torch.Tensor"]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def make_layout(config: PipelineConfig, stage_index: int) -> Layout:
+    submesh = config.submesh(stage_index)
+    return Layout(model=config.model, geometry=geometry(config.model, config.shape),
+                  batch=config.batch, mesh_shape=submesh.shape)
+
+
+def make_mesh(mesh_shape: tuple[int, int]):
+    """The stage's mesh over this process's devices (ids 0..n-1, row-major over (x, y))."""
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+
+    count = mesh_shape[0] * mesh_shape[1]
+    return xs.Mesh(np.arange(count), mesh_shape, MESH_AXES)
+
+
+def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dict], *,
+                materialize: str = "placeholder", reference: "STDiT3 | None" = None,
+                reference_inputs: dict[str, "torch.Tensor"] | None = None,
+                progress: Progress = lambda step: None) -> TracedStage:
+    """Build, shard and lazily run stage ``stage_index`` on the XLA device.
+
+    ``materialize``: "placeholder" (compile only: replicated tensors hold no data) or "values"
+    (copy parameters from ``reference`` and inputs from ``reference_inputs``, to execute).
+    """
+    import torch
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    from models.opensora.stdit3 import STDiT3
+
+    if materialize not in ("placeholder", "values"):
+        raise ValueError(f"materialize={materialize!r}")
+    if materialize == "values" and (reference is None or reference_inputs is None):
+        raise ValueError("materialize='values' needs the reference model and inputs")
+    seconds: dict[str, float] = {}
+    stage = stage_spec(config, stage_index)
+    dtype = getattr(torch, config.dtype)
+
+    progress("build")
+    started = time.perf_counter()
+    with torch.device("meta"):
+        model = STDiT3(config.model).to(dtype)
+    strategy = get_strategy(config.strategy, make_layout(config, stage_index))
+    seconds["build"] = time.perf_counter() - started
+
+    progress("shard")
+    started = time.perf_counter()
+    mesh = make_mesh(config.submesh(stage_index).shape)
+    device = torch_xla.device()
+    reference_params = dict(reference.named_parameters()) if reference is not None else {}
+    for name, param in stage_parameters(model, stage).items():
+        spec = strategy.parameter_spec(name, tuple(param.shape))
+        source = reference_params.get(name)
+        tensor = _device_tensor(tuple(param.shape), dtype, spec, mesh, device,
+                                source.detach() if source is not None else None)
+        _replace_parameter(model, name, tensor)
+    boundary = stage_shapes[stage_index]["inputs"]
+    inputs = {}
+    for name in stage.input_names():
+        shape = tuple(boundary[name]["shape"])
+        input_dtype = getattr(torch, boundary[name]["dtype"])
+        source = reference_inputs.get(name) if reference_inputs is not None else None
+        inputs[name] = _device_tensor(shape, input_dtype, strategy.input_spec(name, shape), mesh,
+                                      device, source)
+    strategy.install(model, range(stage.first_block, stage.last_block + 1), mesh)
+    seconds["shard"] = time.perf_counter() - started
+
+    progress("trace")
+    started = time.perf_counter()
+    with torch.no_grad():
+        outputs = run_stage(model, stage, inputs, config)
+    for name, tensor in outputs.items():
+        spec = strategy.output_spec(name, tuple(tensor.shape))
+        if spec is not None:
+            xs.mark_sharding(tensor, mesh, spec)
+    seconds["trace"] = time.perf_counter() - started
+    return TracedStage(stage=stage, strategy=strategy, model=model, inputs=inputs,
+                       outputs=outputs, seconds=seconds)
+
+
+def compile_stage(session: capture.CaptureSession, traced: TracedStage,
+                  progress: Progress = lambda step: None) -> str:
+    """Compile the traced stage without executing it; return the partitioned HLO text."""
+    progress("compile")
+    started = time.perf_counter()
+    text = capture.capture_partitioned_hlo(session, list(traced.outputs.values()))
+    traced.seconds["compile"] = time.perf_counter() - started
+    return text
+
+
+def _device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
+    """A tensor on the XLA device: a placeholder when replicated and no values are needed."""
+    import torch
+    import torch_xla.distributed.spmd as xs
+
+    if source is None and spec is None:
+        from torch_xla.core.xla_builder import create_placeholder_tensor
+
+        placeholder = create_placeholder_tensor(shape, dtype)
+        # mark_sharding refuses a tensor without a buffer; the hooks look for this flag.
+        placeholder.hlo_trace_placeholder = True
+        return placeholder
+    host = source.to(dtype) if source is not None else torch.empty(shape, dtype=dtype)
+    tensor = host.to(device)
+    del host
+    if spec is not None:
+        xs.mark_sharding(tensor, mesh, spec)
+    return tensor
+
+
+def _replace_parameter(model: "STDiT3", name: str, tensor: "torch.Tensor") -> None:
+    """Swap the (meta) parameter ``name`` for ``tensor`` without touching the module's code."""
+    import torch
+
+    owner_name, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
