@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 _DUMP_PASS_FILTER = "spmd-partitioning"
 _DUMP_MODULE_FILTER = "SyncTensorsGraph"
 _PARTITIONED_GLOB = "*after_spmd-partitioning*.txt"
+#: On one device XLA skips the SPMD partitioner; its input module is then the per-device program.
+_UNPARTITIONED_GLOB = "*SyncTensorsGraph*.before_optimizations.txt"
 
 
 class CaptureError(RuntimeError):
@@ -113,6 +115,8 @@ def capture_partitioned_hlo(session: CaptureSession, outputs: Sequence["torch.Te
     _empty_directory(session.dump_dir)
     torch_xla._XLAC._xla_warm_up_cache(list(outputs), [])
     matches = sorted(session.dump_dir.glob(_PARTITIONED_GLOB))
+    if not matches and session.num_devices == 1:
+        matches = sorted(session.dump_dir.glob(_UNPARTITIONED_GLOB))
     if not matches:
         raise CaptureError(
             f"XLA wrote no '{_PARTITIONED_GLOB}' into {session.dump_dir}: was the environment "
