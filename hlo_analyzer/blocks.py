@@ -182,7 +182,11 @@ def _attention_shapes(graph: nx.DiGraph, attention: Attention, heads: int | None
 
 def _pair_config(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int) -> dict[str, int]:
     spt = _attention_shapes(graph, spatial.self_attention, None)
-    tmp = _attention_shapes(graph, temporal.self_attention, None)
+    # One N_A serves both attentions. When a strategy splits them differently (DS-Ulysses keeps
+    # the spatial heads whole and splits the temporal ones), B_tmp is chosen so that
+    # B_tmp * N_A is still the temporal attention's (batch x heads): that product is what the
+    # hardware mapping costs.
+    tmp = _attention_shapes(graph, temporal.self_attention, spt["heads"])
     cro = _attention_shapes(graph, spatial.cross_attention, spt["heads"])
     _, d_qkv, h_qkv, _ = _mkn(graph, spatial.self_attention.q_proj)
     _, d_o_spt, h_o_spt, _ = _mkn(graph, spatial.self_attention.out_proj)
