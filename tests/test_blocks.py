@@ -89,3 +89,12 @@ def test_every_block_gets_all_eleven_labels():
 def test_a_dump_that_is_not_stdit_says_so():
     with pytest.raises(NotSTDiTError, match="does not look like an STDiT3 stage"):
         segment_blocks(load_module(DUMPS / "example_mlp_megatron_2x2.stablehlo.mlir"), "mlp")
+
+
+def test_stage_zero_with_the_embeddings_interleaved_segments_the_same():
+    """Stage 0 adds the patch conv and the four embedding MLPs (t, fps, caption, t_block), whose
+    GEMM pairs look like an MLP and feed the first block; the dictionary must not change."""
+    stage0 = segment_blocks(load_module(
+        DUMPS / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage0.mlir"))
+    assert stage0.pairs == 1
+    assert stage0.config == {**COMMON, **EXPECTED["megatron"]}
