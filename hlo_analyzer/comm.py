@@ -14,6 +14,10 @@ collective_permute     operand             ``M`` (each sender sends its buffer o
 collective_broadcast   operand             ``M``
 =====================  ==================  =====================================================
 
+An ``all_reduce`` whose every user is a ``dynamic_slice`` keeping 1/n of it is a reduce-scatter
+that XLA's CPU backend never forms as one op (GSPMD writes it that way): it is counted as
+``reduce_scatter`` (``M * (n-1) / n``), since a real backend sends only that.
+
 The brief writes Bruck's all-to-all as ``M' * n * log2(n) / 2`` with ``M'`` the block sent to each
 peer; with ``M = n * M'`` the device's whole buffer that is ``M * log2(n) / 2``.
 
@@ -34,7 +38,7 @@ from jaxlib.mlir import ir
 
 from hlo_analyzer.errors import UnsupportedIRError
 from hlo_analyzer.rows import COMM, OpRow
-from hlo_analyzer.tensors import TypeTable, format_location
+from hlo_analyzer.tensors import TypeTable, format_location, num_elements
 from hlo_analyzer.visitor import IRVisitor
 
 COLLECTIVE_OPS = (
@@ -112,7 +116,22 @@ class CommVisitor(IRVisitor):
 
     def visit_all_reduce(self, op: Any) -> None:
         operands = op.operation.operands
-        self._record(op, "all_reduce", sum(self.types.nbytes(v, op) for v in operands))
+        comm_bytes = sum(self.types.nbytes(v, op) for v in operands)
+        groups = self._group_size(op)
+        kind = "reduce_scatter" if self._is_sliced_apart(op, groups[0]) else "all_reduce"
+        self._record(op, kind, comm_bytes, groups=groups)
+
+    def _is_sliced_apart(self, op: Any, group_size: int) -> bool:
+        """True when every user keeps exactly 1/group_size of the result with a dynamic_slice."""
+        results = op.operation.results
+        if len(results) != 1 or group_size <= 1:
+            return False
+        whole = num_elements(self.types.shape(results[0], op))
+        users = [use.owner for use in results[0].uses]
+        return bool(users) and all(
+            user.name.endswith(".dynamic_slice")
+            and num_elements(self.types.shape(user.results[0], user)) * group_size == whole
+            for user in users)
 
     def visit_all_gather(self, op: Any) -> None:
         results = op.operation.results

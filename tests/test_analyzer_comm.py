@@ -83,3 +83,19 @@ def test_uneven_replica_groups_are_rejected():
     assert "[3, -1, -1]" in source
     with pytest.raises(UnsupportedIRError, match="different sizes"):
         comm_rows(source)
+
+
+def test_all_reduce_then_dynamic_slice_counts_as_reduce_scatter():
+    """two_dimension's reduce-scatters after proj/fc2: XLA's CPU backend writes each as an
+    all-reduce of the (128 tokens x 64 hidden) bf16 partial sums over the 2 devices of y,
+    followed by a dynamic_slice keeping 32 of the 64 features. 6 of them per block pair (two
+    projections and an MLP in each of the spatial and temporal blocks), each sending
+    128*64*2 B * (2-1)/2 = 8192 B per device."""
+    from pathlib import Path
+
+    dump = (Path(__file__).resolve().parent.parent / "dumps" / "stablehlo"
+            / "tiny_28_64_64_two_dimension_2x2_stage1.mlir")
+    report = analyze(dump)
+    scatters = [r for r in report.rows if r.comm_kind == "reduce_scatter"]
+    assert [(r.op, r.comm_bytes, r.group_size, r.comm_bytes_per_device) for r in scatters] == [
+        ("stablehlo.all_reduce", 128 * 64 * 2, 2, 8192.0)] * 6
