@@ -120,9 +120,7 @@ def _cost(op: Op, chip: ChipSpec, tiling: FlashAttentionTiling) -> Mapping:
         first_load_bytes=tiles * hf * (2 * ty + tx) * head_dim * q,
         last_store_bytes=tiles * hf * tx * head_dim * q,
         transfer_latency_s=chip.dram_latency_s + hops * chip.hop_latency_s,
-        dram_latency_s=chip.dram_latency_s,
-        dram_bandwidth_bytes_per_s=chip.dram_bandwidth_bytes_per_s,
-        buffering_stages=chip.sram_buffering_stages,
+        chip=chip,
     )
     latency_s = chains.latency_s
     return Mapping(

@@ -188,9 +188,7 @@ def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
         first_load_bytes=(pm * pk * tm * tk + pk * pn * tk * tn) * q,
         last_store_bytes=pm * pn * tm * tn * q,
         transfer_latency_s=chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s,
-        dram_latency_s=chip.dram_latency_s,
-        dram_bandwidth_bytes_per_s=chip.dram_bandwidth_bytes_per_s,
-        buffering_stages=chip.sram_buffering_stages,
+        chip=chip,
     )
     latency_s = chains.latency_s
     return Mapping(

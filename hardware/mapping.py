@@ -23,6 +23,11 @@ term has a closed form, so a test can derive the latency by hand and a search ca
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hardware.spec import ChipSpec
+
 from dataclasses import dataclass
 
 __all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "Mapping", "Tiling", "VectorTiling", "pipeline_chains"]
@@ -136,11 +141,13 @@ def pipeline_chains(
     first_load_bytes: float,
     last_store_bytes: float,
     transfer_latency_s: float,
-    dram_latency_s: float,
-    dram_bandwidth_bytes_per_s: float,
-    buffering_stages: int,
+    chip: ChipSpec,
 ) -> ChainTimes:
-    """The four chains of the module docstring for ``steps`` equal pipelined steps."""
+    """The four chains of the module docstring for ``steps`` equal pipelined steps on ``chip``
+    (its DRAM latency and bandwidth, and how many SRAM buffers overlap transfers)."""
+    dram_latency_s = chip.dram_latency_s
+    dram_bandwidth_bytes_per_s = chip.dram_bandwidth_bytes_per_s
+    buffering_stages = chip.sram_buffering_stages
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     compute_step_s = compute_s / steps

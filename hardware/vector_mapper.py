@@ -63,9 +63,7 @@ def _vector_cost(op: Op, chip: ChipSpec, rows: int, tiles: int, chunk_rows: int)
         first_load_bytes=tiles * chunk_rows * in_bytes_per_row + weight_bytes,
         last_store_bytes=tiles * chunk_rows * out_bytes_per_row,
         transfer_latency_s=chip.dram_latency_s,
-        dram_latency_s=chip.dram_latency_s,
-        dram_bandwidth_bytes_per_s=chip.dram_bandwidth_bytes_per_s,
-        buffering_stages=chip.sram_buffering_stages,
+        chip=chip,
     )
     latency_s = chains.latency_s
     return Mapping(
