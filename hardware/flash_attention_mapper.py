@@ -39,6 +39,7 @@ from hardware.gemm_mapper import ACCUMULATOR_BYTES
 from hardware.mapping import FlashAttentionTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, attention_dims
 from hardware.spec import ChipSpec
+from hardware.tiling import block_candidates, padded_extent, round_up, tile_factors
 from hardware.vector_mapper import MappingError
 
 __all__ = ["RESCALE_OPS_PER_OUTPUT_ELEMENT", "STATISTICS_PER_ROW", "flashatten_mapper"]
@@ -48,26 +49,6 @@ __all__ = ["RESCALE_OPS_PER_OUTPUT_ELEMENT", "STATISTICS_PER_ROW", "flashatten_m
 RESCALE_OPS_PER_OUTPUT_ELEMENT = 1
 #: Running max and running sum kept per query row (fp32 each).
 STATISTICS_PER_ROW = 2
-
-
-def _round_up(value: int, granule: int) -> int:
-    return -(-value // granule) * granule
-
-
-def _padded_extent(extent: int, block: int, granule: int) -> int:
-    full, rest = divmod(extent, block)
-    return full * _round_up(block, granule) + (_round_up(rest, granule) if rest else 0)
-
-
-def _block_candidates(extent: int, granule: int, forced: int | None) -> list[int]:
-    if forced is not None:
-        return [min(forced, extent)]
-    sizes = {extent}
-    size = granule
-    while size < extent:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
 
 
 def _sram_bytes(tx: int, ty: int, head_dim: int, heads: int, q: int, stages: int) -> int:
@@ -89,7 +70,7 @@ def _cost(op: Op, chip: ChipSpec, tiling: FlashAttentionTiling) -> Mapping:
     kv_blocks, q_blocks = math.ceil(s_kv / ty), math.ceil(rows / tx)
     steps = groups_per_tile * kv_blocks * q_blocks
 
-    gemm_flops = 4 * hf * _padded_extent(rows, tx, granule) * _padded_extent(s_kv, ty, granule) * _round_up(head_dim, granule)
+    gemm_flops = 4 * hf * padded_extent(rows, tx, granule) * padded_extent(s_kv, ty, granule) * round_up(head_dim, granule)
     softmax_ops_per_score = op.vector_flops / (batch * heads * s_q * s_kv)
     vector_ops = hf * (rows * s_kv * softmax_ops_per_score + (kv_blocks - 1) * rows * head_dim * RESCALE_OPS_PER_OUTPUT_ELEMENT)
     compute_s = groups_per_tile * max(gemm_flops / chip.gemm_flops_per_s_per_tile, vector_ops / chip.vector_flops_per_s_per_tile)
@@ -139,11 +120,6 @@ def _cost(op: Op, chip: ChipSpec, tiling: FlashAttentionTiling) -> Mapping:
     )
 
 
-def _factors(tile_count: int) -> list[int]:
-    powers = {1 << i for i in range(tile_count.bit_length()) if (1 << i) <= tile_count}
-    return sorted(powers | {d for d in range(1, tile_count + 1) if tile_count % d == 0})
-
-
 def flashatten_mapper(
     op: Op,
     chip: ChipSpec,
@@ -173,7 +149,7 @@ def flashatten_mapper(
         return items
 
     head_options = [d for d in range(1, heads + 1) if heads % d == 0] if fuse_heads else [1]
-    split_options = [s for s in _factors(chip.tile_count) if s <= max(1, math.ceil(s_q / granule))]
+    split_options = [s for s in tile_factors(chip.tile_count) if s <= max(1, math.ceil(s_q / granule))]
     if q_split is not None:
         split_options = [q_split]
     best: Mapping | None = None
@@ -184,8 +160,8 @@ def flashatten_mapper(
             tiles = min(chip.tile_count, work)
             rows = math.ceil(s_q / split)
             forced_tx, forced_ty = tx_ty if tx_ty is not None else (None, None)
-            for tx in shuffled(_block_candidates(rows, granule, forced_tx)):
-                for ty in shuffled(_block_candidates(s_kv, granule, forced_ty)):
+            for tx in shuffled(block_candidates(rows, granule, forced_tx)):
+                for ty in shuffled(block_candidates(s_kv, granule, forced_ty)):
                     if _sram_bytes(tx, ty, head_dim, hf, op.bytes_per_element, chip.sram_buffering_stages) > chip.sram_bytes_per_tile:
                         continue
                     visited += 1

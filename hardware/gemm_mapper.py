@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from hardware.mapping import GemmTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, gemm_dims
 from hardware.spec import ChipSpec
+from hardware.tiling import block_candidates, padded_extent, tile_factors
 from hardware.vector_mapper import MappingError
 
 __all__ = [
@@ -91,26 +92,10 @@ class _Problem:
     epilogue_ops_per_element: float
 
 
-def _round_up(value: int, granule: int) -> int:
-    return -(-value // granule) * granule
-
-
-def _padded_extent(extent: int, block: int, granule: int) -> int:
-    """Sum of the block edges of ``extent`` cut in ``block``s, each rounded up to the granule."""
-    full, rest = divmod(extent, block)
-    return full * _round_up(block, granule) + (_round_up(rest, granule) if rest else 0)
-
-
-def _factors(tile_count: int) -> list[int]:
-    powers = {1 << i for i in range(tile_count.bit_length()) if (1 << i) <= tile_count}
-    divisors = {d for d in range(1, tile_count + 1) if tile_count % d == 0}
-    return sorted(powers | divisors)
-
-
 def _placements(chip: ChipSpec, problem: _Problem, preset: GemmPreset) -> list[tuple[int, int, int]]:
     granule = chip.gemm_granule_elements
     limits = [max(1, math.ceil(d / granule)) for d in (problem.m, problem.n, problem.k)]
-    factors = _factors(chip.tile_count)
+    factors = tile_factors(chip.tile_count)
     result = []
     for pm in factors:
         for pn in factors:
@@ -123,17 +108,6 @@ def _placements(chip: ChipSpec, problem: _Problem, preset: GemmPreset) -> list[t
                     continue
                 result.append((pm, pn, pk))
     return result
-
-
-def _block_candidates(extent: int, granule: int, forced: int | None) -> list[int]:
-    if forced is not None:
-        return [min(forced, extent)]
-    sizes = {extent}
-    size = granule
-    while size < extent:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
 
 
 def _sram_bytes(tm: int, tk: int, tn: int, q: int, stages: int) -> int:
@@ -169,7 +143,7 @@ def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
     mb, kb, nb = math.ceil(mt / tm), math.ceil(kt / tk), math.ceil(nt / tn)
     steps = mb * nb * kb
 
-    padded_flops = 2 * _padded_extent(mt, tm, granule) * _padded_extent(kt, tk, granule) * _padded_extent(nt, tn, granule)
+    padded_flops = 2 * padded_extent(mt, tm, granule) * padded_extent(kt, tk, granule) * padded_extent(nt, tn, granule)
     gemm_s = padded_flops / chip.gemm_flops_per_s_per_tile
     epilogue_s = problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile
     compute_s = max(gemm_s, epilogue_s)
@@ -229,9 +203,9 @@ def _candidates_of_placement(
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     orders = [preset.loop_order] if preset.loop_order else list(LOOP_ORDERS)
     return (
-        _block_candidates(mt, granule, preset.tm),
-        _block_candidates(kt, granule, preset.tk),
-        _block_candidates(nt, granule, preset.tn),
+        block_candidates(mt, granule, preset.tm),
+        block_candidates(kt, granule, preset.tk),
+        block_candidates(nt, granule, preset.tn),
         orders,
     )
 
@@ -315,7 +289,7 @@ def _pair_bound(problem: _Problem, chip: ChipSpec, placement: tuple[int, int, in
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     mb, nb = math.ceil(mt / tm), math.ceil(nt / tn)
     compute_s = max(
-        2 * _padded_extent(mt, tm, granule) * kt * _padded_extent(nt, tn, granule) / chip.gemm_flops_per_s_per_tile,
+        2 * padded_extent(mt, tm, granule) * kt * padded_extent(nt, tn, granule) / chip.gemm_flops_per_s_per_tile,
         problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
     )
     a_once, b_once = mt * kt * q, kt * nt * q
