@@ -95,7 +95,7 @@ def trace() -> tuple[str, dict[str, object]]:
         out = hidden @ w2 + b2
         xs.mark_sharding(out, mesh, ("x", None))
 
-        hlo_text = capture.capture_partitioned_hlo(session, [out])
+        hlo_text = capture.capture_partitioned_hlo(session, [out], finish_compile=True)
         facts = {
             "mesh": {"shape": list(MESH_SHAPE), "axes": list(MESH_AXES),
                      "device_ids": list(range(MESH_SHAPE[0] * MESH_SHAPE[1]))},

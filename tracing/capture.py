@@ -9,7 +9,14 @@ when its runtime starts.  So the order matters and is fixed here:
    (``_xla_warm_up_cache``) and returns XLA's ``after_spmd-partitioning`` HLO text: the
    per-device program with local shapes and the collectives GSPMD inserted, before any
    backend fusion;
-4. :func:`release` removes the temporary dump directory.
+4. :func:`release` removes the temporary dump directory;
+5. :func:`end_process` exits at once if a compile is still running (see below).
+
+Partitioning is the first thing XLA does; the rest of a CPU compile (fusion, LLVM code
+generation) is of no use here and takes most of the time: 96% of the 174 s compile of a full-size
+14-block stage.  So the compile runs in a background thread and the capture returns as soon as the
+partitioned module has been written completely.  XLA cannot cancel a compile, so a process that
+captured this way ends with :func:`end_process`, which leaves without waiting for it.
 
 A process can capture several graphs (e.g. a stage and then a check): the dump directory is
 emptied before each compilation so that exactly one partitioned module is found afterwards.
@@ -22,7 +29,9 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -36,19 +45,27 @@ _DUMP_MODULE_FILTER = "SyncTensorsGraph"
 _PARTITIONED_GLOB = "*after_spmd-partitioning*.txt"
 #: On one device XLA skips the SPMD partitioner; its input module is then the per-device program.
 _UNPARTITIONED_GLOB = "*SyncTensorsGraph*.before_optimizations.txt"
+#: How often the capture looks for the partitioned module while XLA compiles.
+_POLL_SECONDS = 0.1
 
 
 class CaptureError(RuntimeError):
     """The partitioned program could not be obtained (an internal failure, not a user error)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class CaptureSession:
-    """What :func:`prepare_process` arranged: where XLA dumps, and how many devices exist."""
+    """What :func:`prepare_process` arranged: where XLA dumps, and how many devices exist;
+    and the compile left running by the last capture, if any."""
 
     dump_dir: Path
     num_devices: int
     op_metadata: bool
+    background_compile: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def compiling(self) -> bool:
+        return self.background_compile is not None and self.background_compile.is_alive()
 
 
 def prepare_process(num_devices: int, *, op_metadata: bool = True,
@@ -107,33 +124,99 @@ def device_count() -> int:
     return xr.global_runtime_device_count()
 
 
-def capture_partitioned_hlo(session: CaptureSession, outputs: Sequence["torch.Tensor"]) -> str:  # noqa: F821
+def capture_partitioned_hlo(session: CaptureSession, outputs: Sequence["torch.Tensor"],  # noqa: F821
+                            *, finish_compile: bool = False) -> str:
     """Compile the lazy graph that produces ``outputs`` (no execution) and return the
-    after-SPMD-partitioning HLO text of that graph."""
+    after-SPMD-partitioning HLO text of that graph.
+
+    Returns as soon as XLA has written the partitioned module, leaving the rest of the compile
+    running in the background (end the process with :func:`end_process`); with
+    ``finish_compile`` it waits for the whole compile, e.g. to execute the graph afterwards.
+    """
     import torch_xla
 
+    if session.compiling:
+        raise CaptureError("a previous compile is still running in this process")
     _empty_directory(session.dump_dir)
-    torch_xla._XLAC._xla_warm_up_cache(list(outputs), [])
-    matches = sorted(session.dump_dir.glob(_PARTITIONED_GLOB))
-    if not matches and session.num_devices == 1:
-        matches = sorted(session.dump_dir.glob(_UNPARTITIONED_GLOB))
-    if not matches:
-        raise CaptureError(
-            f"XLA wrote no '{_PARTITIONED_GLOB}' into {session.dump_dir}: was the environment "
-            "prepared before torch_xla started, and is SPMD enabled?")
-    if len(matches) > 1:
-        # One graph per warm-up; several would mean torch-xla split the computation.
-        raise CaptureError(f"expected one partitioned module, found {len(matches)}: "
-                           + ", ".join(path.name for path in matches))
-    text = matches[0].read_text()
-    log.debug("partitioned HLO: %s (%d bytes)", matches[0].name, len(text))
-    _empty_directory(session.dump_dir)
+    failures: list[BaseException] = []
+
+    def compile_graph() -> None:
+        try:
+            torch_xla._XLAC._xla_warm_up_cache(list(outputs), [])
+        except BaseException as error:  # reported by the waiting thread
+            failures.append(error)
+
+    worker = threading.Thread(target=compile_graph, name="xla-compile", daemon=True)
+    session.background_compile = worker
+    worker.start()
+    path = _wait_for_partitioned_module(session, worker)
+    if failures:
+        raise CaptureError(f"XLA failed to compile the graph: {failures[0]}") from failures[0]
+    text = path.read_text()
+    log.debug("partitioned HLO: %s (%d bytes)", path.name, len(text))
+    if finish_compile:
+        worker.join()
+        _empty_directory(session.dump_dir)
+    elif worker.is_alive():
+        log.debug("the rest of XLA's compile goes on in the background")
     return text
 
 
+def _wait_for_partitioned_module(session: CaptureSession, worker: threading.Thread) -> Path:
+    """Poll the dump directory until the partitioned module is complete or the compile ended."""
+    while True:
+        compile_ended = not worker.is_alive()  # read before looking, so no file is missed
+        matches = sorted(session.dump_dir.glob(_PARTITIONED_GLOB))
+        if not matches and session.num_devices == 1:
+            matches = sorted(session.dump_dir.glob(_UNPARTITIONED_GLOB))
+        if len(matches) > 1:
+            # One graph per warm-up; several would mean torch-xla split the computation.
+            raise CaptureError(f"expected one partitioned module, found {len(matches)}: "
+                               + ", ".join(path.name for path in matches))
+        if matches and (compile_ended or is_complete_hlo_module(matches[0])):
+            return matches[0]
+        if compile_ended:
+            worker.join()
+            if matches:
+                return matches[0]
+            raise CaptureError(
+                f"XLA wrote no '{_PARTITIONED_GLOB}' into {session.dump_dir}: was the environment "
+                "prepared before torch_xla started, and is SPMD enabled?")
+        time.sleep(_POLL_SECONDS)
+
+
+def is_complete_hlo_module(path: Path) -> bool:
+    """True when the HLO text file XLA is writing has been written to its end.
+
+    XLA writes a dump in place, so a reader can see a prefix of it.  HLO text prints the ENTRY
+    computation last and closes every computation with a ``}`` in the first column, so the
+    file is complete once a ``}`` line closes the ENTRY computation.
+    """
+    text = path.read_text()
+    entry = text.rfind("\nENTRY ")
+    return entry >= 0 and "\n}" in text[entry:] and text.rstrip().endswith("}")
+
+
 def release(session: CaptureSession) -> None:
-    """Delete the dump directory (XLA also leaves per-kernel CPU files there)."""
+    """Delete the dump directory (XLA also leaves per-kernel CPU files there); a compile still
+    running would write into it, so then :func:`end_process` deletes it instead."""
+    if not session.compiling:
+        shutil.rmtree(session.dump_dir, ignore_errors=True)
+
+
+def end_process(session: CaptureSession, exit_code: int = 0) -> None:
+    """Leave the process now if a capture left XLA compiling; return otherwise.
+
+    The interpreter would wait at exit for the compile, which cannot be cancelled; ``os._exit``
+    skips that wait.  Standard streams are flushed and the dump directory removed first; the
+    dumps this process wrote are closed files and are kept.
+    """
+    if not session.compiling:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
     shutil.rmtree(session.dump_dir, ignore_errors=True)
+    os._exit(exit_code)
 
 
 def _empty_directory(directory: Path) -> None:

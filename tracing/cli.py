@@ -40,8 +40,10 @@ def _progress(stage: int, dump: str):
 
 
 def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, force: bool,
-              shape_cache: Path | None) -> list[Path]:
-    """Trace, compile, convert and write one stage; returns the written paths."""
+              shape_cache: Path | None) -> tuple[list[Path], "CaptureSession"]:  # noqa: F821
+    """Trace, compile, convert and write one stage; returns the written paths and the capture
+    session, whose compile may still run in the background (see tracing.capture): end the
+    process with ``capture.end_process(session)``."""
     from hlo_analyzer.atomic import atomic_write
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
     from tracing import capture
@@ -103,7 +105,7 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     except BaseException:
         mlir_path.unlink(missing_ok=True)  # never leave a dump without its sidecar
         raise
-    return written
+    return written, session
 
 
 def _check_output(out_dir: Path, targets: list[Path], force: bool) -> None:
@@ -186,11 +188,14 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
                 sys.exit(1)
             return
         cache = Path(shape_cache) if shape_cache else out / "stage_shapes.json"
-        written = run_trace(config, stage, out, dialect, force, cache)
+        written, session = run_trace(config, stage, out, dialect, force, cache)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)
     click.echo("wrote " + " ".join(str(path) for path in written), err=True)
+    from tracing import capture
+
+    capture.end_process(session)
 
 
 _PARAM_OF = {"config": "model_config", "shape": "shape", "strategy": "strategy", "mesh": "mesh",
