@@ -1,0 +1,375 @@
+"""Tables and plots of the strategy study (``scripts/sweep.py``) from its cached analyses.
+
+Each case (shape x strategy) has one ``analyze-hlo --hw ... --format json`` document and one
+trace sidecar per pipeline stage; a case's whole-model figures are the sums over its stages,
+because every stage runs on the same chips one after the other.  Numbers are per device and per
+denoising step unless a column says otherwise.
+
+Tables (markdown and CSV, same rows):
+  flops            per shape: traced GEMM / vector TFLOPs next to the analytic GEMM count;
+  communication    per shape x strategy: per-device bytes by collective kind next to theory;
+  latency          per shape x strategy: inference latency on the hardware system;
+  block_ops_SHAPE  per strategy: latency and utilisation of each op of one block pair.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hlo_analyzer.atomic import atomic_write
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+#: The collectives each strategy's formula in hlo_analyzer.theory describes.
+THEORY_KINDS = {
+    "megatron": ("all_reduce",),
+    "two_dimension": ("all_gather", "reduce_scatter"),
+    "ds_ulysses": ("all_to_all",),
+    "ring_attention": ("collective_permute",),
+    "dp": (),
+    "none": (),
+}
+TERA, GIGA = 1e12, 1e9
+
+
+@dataclass
+class CaseResult:
+    """One case of the sweep: its per-stage ``{"sidecar", "analysis"}`` documents, or its error."""
+
+    config: str
+    shape: str
+    strategy: str
+    mesh: str
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def devices(self) -> int:
+        x, y = (int(part) for part in self.mesh.split("x"))
+        return x * y
+
+    def _total(self, key: str) -> float:
+        return sum(stage["analysis"]["totals"][key] for stage in self.stages)
+
+    @property
+    def gemm_flops_per_device(self) -> float:
+        return self._total("gemm_flops")
+
+    @property
+    def vector_flops_per_device(self) -> float:
+        return self._total("vector_flops")
+
+    def comm_bytes_by_kind(self) -> dict[str, float]:
+        sums = dict.fromkeys(COLLECTIVE_KINDS, 0.0)
+        for stage in self.stages:
+            for kind, entry in stage["analysis"].get("comm_by_kind", {}).items():
+                sums[kind] = sums.get(kind, 0.0) + entry["bytes_per_device"]
+        return sums
+
+    def mapping_total(self, key: str) -> float:
+        return sum(stage["analysis"]["mapping"]["totals"][key] for stage in self.stages)
+
+    @property
+    def block_mapping(self) -> dict[str, Any]:
+        """The hardware mapping of the first stage (every stage maps the same block pair)."""
+        return self.stages[0]["analysis"]["mapping"]
+
+    @property
+    def trace_seconds(self) -> float:
+        return sum(stage["sidecar"]["seconds_total"] for stage in self.stages)
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        return max(stage["sidecar"]["peak_rss_bytes"] for stage in self.stages)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables: each a list of header + rows of plain values, rendered to markdown and CSV.
+# ---------------------------------------------------------------------------------------------
+
+Table = tuple[list[str], list[list[Any]]]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
+def to_markdown(table: Table) -> str:
+    headers, rows = table
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_fmt(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    headers, rows = table
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(headers)
+    writer.writerows(["" if value is None else value for value in row] for row in rows)
+    return buffer.getvalue()
+
+
+def _by_shape(results: list[CaseResult]) -> dict[str, list[CaseResult]]:
+    shapes: dict[str, list[CaseResult]] = {}
+    for result in results:
+        shapes.setdefault(result.shape, []).append(result)
+    return shapes
+
+
+def analytic_gemm_flops(config: str, shape: str) -> int:
+    from models.opensora.config import get_config
+    from models.opensora.flops import gemm_flops
+
+    return gemm_flops(get_config(config), shape)["forward"]["total"]
+
+
+def flops_table(results: list[CaseResult]) -> Table:
+    """Whole-model FLOPs of one denoising step per shape.  The one-device baseline (``none``)
+    holds the whole program, so its GEMM count is the model's; a parallel strategy's per-device
+    count times its devices exceeds it by the work every device repeats (embeddings, norms that
+    a strategy leaves unsplit), shown as a ratio."""
+    parallel = [s for s in THEORY_KINDS if s != "none"]
+    strategies = [s for s in parallel if any(r.strategy == s for r in results)]
+    headers = ["shape", "analytic GEMM TFLOP", "traced GEMM TFLOP (none)", "difference %",
+               "traced vector TFLOP (none)"]
+    headers += [f"{s}: devices x per-device GEMM / analytic" for s in strategies]
+    rows = []
+    for shape, cases in _by_shape(results).items():
+        analytic = analytic_gemm_flops(cases[0].config, shape)
+        baseline = next((c for c in cases if c.strategy == "none" and c.ok), None)
+        traced = baseline.gemm_flops_per_device if baseline else None
+        row = [shape, analytic / TERA, traced / TERA if traced else None,
+               100 * (traced - analytic) / analytic if traced else None,
+               baseline.vector_flops_per_device / TERA if baseline else None]
+        for strategy in strategies:
+            case = next((c for c in cases if c.strategy == strategy), None)
+            row.append(case.devices * case.gemm_flops_per_device / analytic
+                       if case is not None and case.ok else None)
+        rows.append(row)
+    return headers, rows
+
+
+def theory_bytes_per_device(result: CaseResult, depth: int) -> float | None:
+    """The theory module's per-device bytes of one block pair x depth, on the case's devices."""
+    from hlo_analyzer.errors import UsageError
+    from hlo_analyzer.theory import BlockDims, communication_per_device
+    from models.opensora.config import get_config
+    from models.opensora.inputs import geometry
+
+    if result.strategy == "none":
+        return 0.0
+    config = get_config(result.config)
+    geo = geometry(config, result.shape)
+    dims = BlockDims(T=geo.T, S=geo.S, hidden=config.hidden_size, heads=config.num_heads,
+                     token=config.model_max_length, mlp_ratio=int(config.mlp_ratio))
+    x, y = (int(part) for part in result.mesh.split("x"))
+    mesh = (x, y) if result.strategy == "two_dimension" else None
+    try:
+        return depth * communication_per_device(result.strategy, dims, result.devices, mesh)
+    except UsageError:  # the formula's own split condition fails (dp with B=2 on 16 devices)
+        return None
+
+
+def communication_table(results: list[CaseResult]) -> Table:
+    from models.opensora.config import get_config
+
+    headers = (["shape", "strategy", "mesh"] + [f"{kind} GB" for kind in COLLECTIVE_KINDS]
+               + ["traced total GB", "theory kinds", "traced in theory kinds GB", "theory GB",
+                  "traced / theory"])
+    rows = []
+    for result in results:
+        if not result.ok:
+            rows.append([result.shape, result.strategy, result.mesh]
+                        + [None] * (len(headers) - 3))
+            continue
+        by_kind = result.comm_bytes_by_kind()
+        kinds = THEORY_KINDS[result.strategy]
+        in_theory_kinds = sum(by_kind[kind] for kind in kinds)
+        theory = theory_bytes_per_device(result, get_config(result.config).depth)
+        rows.append([result.shape, result.strategy, result.mesh]
+                    + [by_kind[kind] / GIGA for kind in COLLECTIVE_KINDS]
+                    + [sum(by_kind.values()) / GIGA, "+".join(kinds) or "-",
+                       in_theory_kinds / GIGA, None if theory is None else theory / GIGA,
+                       in_theory_kinds / theory if theory else None])
+    return headers, rows
+
+
+def latency_table(results: list[CaseResult], steps: int) -> Table:
+    headers = ["shape", "strategy", "mesh", f"latency s ({steps} steps)", "compute s", "comm s",
+               "comm share %", "GEMM utilisation %", "GEMM time %", "vector time %",
+               "flash-attention time %", "error"]
+    rows = []
+    for result in results:
+        if not result.ok:
+            rows.append([result.shape, result.strategy, result.mesh] + [None] * 8 + [result.error])
+            continue
+        latency = result.mapping_total("inference_latency_s")
+        comm = result.mapping_total("comm_latency_s")
+        share = result.block_mapping["time_share_by_type"]
+        rows.append([result.shape, result.strategy, result.mesh, latency,
+                     result.mapping_total("compute_latency_s"), comm, 100 * comm / latency,
+                     100 * result.block_mapping["totals"]["gemm_utilization"],
+                     100 * share.get("GEMM", 0.0), 100 * share.get("Vector", 0.0),
+                     100 * share.get("FlashAttention", 0.0), ""])
+    return headers, rows
+
+
+def block_ops_table(results: list[CaseResult], shape: str) -> Table:
+    headers = ["strategy", "op", "type", "latency us", "utilisation %", "bound", "share of block %"]
+    rows = []
+    for result in results:
+        if result.shape != shape or not result.ok:
+            continue
+        ops = result.block_mapping["ops"]
+        block_s = sum(op["latency_s"] for op in ops)
+        for op in ops:
+            rows.append([result.strategy, op["name"], op["type"], op["latency_s"] * 1e6,
+                         100 * op["utilization"], op["bound"], 100 * op["latency_s"] / block_s])
+    return headers, rows
+
+
+def block_ops_pivot(results: list[CaseResult], shape: str) -> Table:
+    """The block-op table with one column per strategy: "latency us (utilisation %)"."""
+    headers_long, rows_long = block_ops_table(results, shape)
+    strategies = list(dict.fromkeys(row[0] for row in rows_long))
+    cells: dict[tuple[str, str], str] = {}
+    op_types: dict[str, str] = {}
+    for strategy, op, op_type, latency_us, utilisation, _bound, _share in rows_long:
+        cells[(op, strategy)] = f"{latency_us:.4g} ({utilisation:.3g}%)"
+        op_types.setdefault(op, op_type)
+    headers = ["op", "type"] + [f"{strategy} us (util)" for strategy in strategies]
+    rows = [[op, op_type] + [cells.get((op, strategy)) for strategy in strategies]
+            for op, op_type in op_types.items()]
+    return headers, rows
+
+
+def runs_table(results: list[CaseResult]) -> Table:
+    headers = ["shape", "strategy", "mesh", "trace+write s (all stages)", "peak RSS GiB",
+               "dump MiB", "error"]
+    rows = []
+    for result in results:
+        if not result.ok:
+            rows.append([result.shape, result.strategy, result.mesh, None, None, None, result.error])
+            continue
+        dump_bytes = sum(stage["sidecar"]["mlir_bytes"] for stage in result.stages)
+        rows.append([result.shape, result.strategy, result.mesh, result.trace_seconds,
+                     result.peak_rss_bytes / 2**30, dump_bytes / 2**20, ""])
+    return headers, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_results(results: list[CaseResult], shape: str, out_dir: Path) -> list[Path]:
+    """The per-op time share and utilisation of one block per strategy at ``shape`` (the
+    reference's per-layer chart), and the latency of every strategy per shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    at_shape = [r for r in results if r.shape == shape and r.ok]
+    if at_shape:
+        fig, axes = plt.subplots(len(at_shape), 1, figsize=(12, 3.2 * len(at_shape)), squeeze=False)
+        colours = {"GEMM": "tab:blue", "Vector": "tab:orange", "FlashAttention": "tab:green"}
+        for axis, result in zip(axes[:, 0], at_shape):
+            ops = result.block_mapping["ops"]
+            block_s = sum(op["latency_s"] for op in ops)
+            names = [op["name"] for op in ops]
+            axis.bar(names, [100 * op["latency_s"] / block_s for op in ops],
+                     color=[colours.get(op["type"], "tab:gray") for op in ops])
+            axis.set_ylabel("time share %")
+            axis.set_title(f"{shape} {result.strategy} ({result.mesh}): one block pair on "
+                           f"{result.block_mapping['chip']}")
+            twin = axis.twinx()
+            twin.plot(names, [100 * op["utilization"] for op in ops], "k.-", linewidth=0.8)
+            twin.set_ylabel("utilisation %")
+            axis.tick_params(axis="x", labelrotation=90, labelsize=7)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+        fig.legend(handles, list(colours), loc="upper right")
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / f"per_op_{shape}.png"))
+        plt.close(fig)
+
+    shapes = list(_by_shape(results))
+    strategies = list(dict.fromkeys(r.strategy for r in results))
+    fig, axis = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(len(strategies), 1)
+    for index, strategy in enumerate(strategies):
+        values = []
+        for shape_name in shapes:
+            case = next((r for r in results if r.shape == shape_name and r.strategy == strategy), None)
+            values.append(case.mapping_total("inference_latency_s") if case and case.ok else 0.0)
+        axis.bar([i + index * width for i in range(len(shapes))], values, width, label=strategy)
+    axis.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes)
+    axis.set_yscale("log")
+    axis.set_ylabel("inference latency, s (log)")
+    axis.set_title("latency per strategy and shape (bars at 0 failed)")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, out_dir / "latency.png"))
+    plt.close(fig)
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return atomic_write(path, buffer.getvalue(), force=True)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def write_results(results: list[CaseResult], run: dict[str, Any], out_dir: Path, *,
+                  plots: bool = True) -> list[Path]:
+    """Write every table as NAME.md and NAME.csv, summary.md with all of them, run.json, and the
+    plots; returns the written paths.  Tables are regenerated on every run (force)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    detail_shape = "204_640_360" if any(r.shape == "204_640_360" for r in results) else results[0].shape
+    tables = {
+        "flops": ("Whole-model FLOPs of one denoising step (TFLOP)", flops_table(results)),
+        "communication": ("Per-device communication of one denoising step, by collective (GB)",
+                          communication_table(results)),
+        "latency": (f"Latency on {run['hardware']}", latency_table(results, run["steps"])),
+        f"block_ops_{detail_shape}": (f"One block pair at {detail_shape}, per op",
+                                      block_ops_table(results, detail_shape)),
+        "runs": ("Trace runs", runs_table(results)),
+    }
+    written = []
+    summary = [f"# Strategy study\n\nMade by `{run['command']}`.\n"]
+    for name, (title, table) in tables.items():
+        # The per-op table is long (ops x strategies): markdown shows it one column per strategy.
+        shown = block_ops_pivot(results, detail_shape) if name.startswith("block_ops") else table
+        written.append(atomic_write(out_dir / f"{name}.md", f"# {title}\n\n" + to_markdown(shown),
+                                    force=True))
+        written.append(atomic_write(out_dir / f"{name}.csv", to_csv(table), force=True))
+        summary.append(f"## {title}\n\n{to_markdown(shown)}")
+    written.append(atomic_write(out_dir / "summary.md", "\n".join(summary), force=True))
+    written.append(atomic_write(out_dir / "run.json", json.dumps(run, indent=2) + "\n", force=True))
+    if plots:
+        try:
+            written += plot_results(results, detail_shape, out_dir / "plots")
+        except ImportError:
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "matplotlib is not installed: no plots (pip install -e '.[plot]')")
+    return written

@@ -1,0 +1,340 @@
+"""Strategy study: trace the full STDiT3 stage by stage for every shape x strategy, analyze each
+dump, map it on a hardware system, and write result tables (markdown + CSV) and plots.
+
+Every stage is one case step, run as two subprocesses that are the project's own commands:
+``python3 -m tracing.cli`` (one fresh process per stage: torch-xla fixes its device count per
+process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json``.  Their outputs, kept in
+the work directory (``results/.cache`` by default), are the cache: a rerun skips every stage whose
+analysis exists, so an interrupted sweep resumes where it stopped and a finished one only
+rebuilds the tables.  A case that fails (e.g. dp cannot split a batch of 2 over 16 devices) is
+recorded with its one-line error, reported in the tables and skipped on later runs unless
+``--retry-failed``.
+
+    python3 scripts/sweep.py                      # 4 shapes x 6 strategies on 16 devices
+    python3 scripts/sweep.py --config tiny --devices 4 --shapes 28_64_64 -o /tmp/study
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import click  # noqa: E402
+
+from hlo_analyzer.atomic import atomic_write  # noqa: E402
+from hlo_analyzer.errors import UsageError  # noqa: E402
+from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
+from scripts.study_tables import CaseResult, write_results  # noqa: E402
+
+log = logging.getLogger("sweep")
+
+STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "dp", "none")
+#: Peak RSS of one full-size stage trace measured on the reference machine (3.6 GiB with the
+#: whole CPU compile, less since the capture stops after partitioning), rounded up: the budget
+#: per parallel job.
+TRACE_MEMORY_BYTES = 4 * 2**30
+
+
+def strategy_mesh(strategy: str, devices: int) -> str:
+    """The mesh a strategy runs on: the guidance batch B=2 can only be split in two, so the
+    strategies that split it put it on x (2 x n/2); megatron and dp split over all devices (the
+    brief's 1 x n); ``none`` is the one-device baseline."""
+    if strategy == "none":
+        return "1x1"
+    if strategy in ("two_dimension", "ds_ulysses", "ring_attention"):
+        if devices % 2:
+            raise UsageError(f"--devices {devices}: {strategy} needs an even device count (2 x n/2)")
+        return f"2x{devices // 2}"
+    return f"1x{devices}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape x strategy of the study; its dumps are named like trace-stage names them."""
+
+    config: str
+    shape: str
+    strategy: str
+    mesh: str
+
+    @property
+    def name(self) -> str:
+        return f"{Path(self.config).stem}_{self.shape}_{self.strategy}_{self.mesh}"
+
+    def stage_name(self, stage: int) -> str:
+        return f"{self.name}_stage{stage}"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the sweep keeps its cache (work) and writes its tables (results)."""
+
+    work: Path
+    results: Path
+
+    @property
+    def dumps(self) -> Path:
+        return self.work / "dumps"
+
+    @property
+    def analyses(self) -> Path:
+        return self.work / "analyses"
+
+    @property
+    def failures(self) -> Path:
+        return self.work / "failures"
+
+    def dump(self, case: Case, stage: int) -> Path:
+        return self.dumps / f"{case.stage_name(stage)}.mlir"
+
+    def sidecar(self, case: Case, stage: int) -> Path:
+        return self.dumps / f"{case.stage_name(stage)}.json"
+
+    def analysis(self, case: Case, stage: int) -> Path:
+        return self.analyses / f"{case.stage_name(stage)}.json"
+
+    def failure(self, case: Case) -> Path:
+        return self.failures / f"{case.name}.txt"
+
+
+class CaseFailed(Exception):
+    """A step of a case failed; the message is the step's one-line error."""
+
+
+class Progress:
+    """A one-line bar over all stage steps on stderr (a line per event when not a terminal)."""
+
+    def __init__(self, total: int, stream=sys.stderr) -> None:
+        self.total, self.done, self.stream = total, 0, stream
+        self.started = time.perf_counter()
+        self.tty = stream.isatty()
+
+    def show(self, text: str, *, advance: int = 0) -> None:
+        self.done += advance
+        width = 24
+        filled = width * self.done // max(self.total, 1)
+        elapsed = time.perf_counter() - self.started
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} stages "
+                f"{elapsed:6.0f} s  {text}")
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def _run(command: list[str], what: str) -> None:
+    """Run one step; a failure becomes CaseFailed with the step's last error line."""
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    if completed.returncode:
+        lines = [line for line in completed.stderr.splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith("Error:")]
+        reason = (errors or lines or [f"exit code {completed.returncode}"])[-1]
+        raise CaseFailed(f"{what}: {reason.removeprefix('Error: ')}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    stage_ids: str
+    num_stages: int
+    hardware: str
+    steps: int
+    dialect: str
+
+
+def run_case(case: Case, paths: Paths, settings: Settings, progress: Progress) -> None:
+    """Trace and analyze every stage of ``case`` that is not cached; on a failure, advance the
+    progress over the stages left and raise CaseFailed."""
+    for stage in range(settings.num_stages):
+        try:
+            _run_stage(case, stage, paths, settings, progress)
+        except CaseFailed:
+            progress.show(f"{case.name}: failed", advance=settings.num_stages - stage)
+            raise
+
+
+def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
+               progress: Progress) -> None:
+    label = f"{case.shape} {case.strategy} ({case.mesh}) stage {stage}"
+    dump, analysis = paths.dump(case, stage), paths.analysis(case, stage)
+    if analysis.exists() and dump.exists() and analysis.stat().st_mtime >= dump.stat().st_mtime:
+        progress.show(f"{label}: cached", advance=1)
+        return
+    if not (dump.exists() and paths.sidecar(case, stage).exists()):
+        progress.show(f"{label}: tracing")
+        _run([sys.executable, "-m", "tracing.cli", "--config", case.config,
+              "--shape", case.shape, "--strategy", case.strategy, "--mesh", case.mesh,
+              "--stage-ids", settings.stage_ids, "--stage", str(stage),
+              "--dialect", settings.dialect, "-o", str(paths.dumps), "--force"],
+             f"trace stage {stage}")
+    progress.show(f"{label}: analyzing")
+    _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", settings.hardware,
+          "--steps", str(settings.steps), "--format", "json", "-o", str(analysis), "--force"],
+         f"analyze stage {stage}")
+    progress.show(f"{label}: done", advance=1)
+
+
+def load_case(case: Case, paths: Paths, settings: Settings) -> CaseResult:
+    """The cached per-stage sidecars and analyses of a finished case (or its failure)."""
+    failure = paths.failure(case)
+    if failure.exists():
+        return CaseResult(case.config, case.shape, case.strategy, case.mesh,
+                          error=failure.read_text().strip())
+    stages = []
+    for stage in range(settings.num_stages):
+        stages.append({"sidecar": json.loads(paths.sidecar(case, stage).read_text()),
+                       "analysis": json.loads(paths.analysis(case, stage).read_text())})
+    return CaseResult(case.config, case.shape, case.strategy, case.mesh, stages=stages)
+
+
+def default_stage_ids(config: str) -> str:
+    """Two stages of equal halves, the reference's 0-13,14-27 for the full model."""
+    from models.opensora.config import get_config
+
+    depth = get_config(config).depth
+    if depth < 2:
+        return f"0-{depth - 1}"
+    half = depth // 2
+    return f"0-{half - 1},{half}-{depth - 1}"
+
+
+def _jobs_within_memory(jobs: int) -> int:
+    """Clamp the parallel jobs so that their traces fit in the memory available now."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return jobs
+    fitting = max(1, available // TRACE_MEMORY_BYTES)
+    if jobs > fitting:
+        log.warning("--jobs %d: only %d trace(s) of ~%d GiB fit in %.1f GiB available; using %d",
+                    jobs, fitting, TRACE_MEMORY_BYTES >> 30, available / 2**30, fitting)
+    return min(jobs, fitting)
+
+
+def machine_description() -> dict:
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for package in ("torch", "torch_xla", "jaxlib"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {"cpus": os.cpu_count(), "memory_gib": round(memory / 2**30, 1),
+            "platform": platform.platform(), "versions": versions}
+
+
+def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
+          retry_failed: bool, progress: Progress) -> list[CaseResult]:
+    for directory in (paths.dumps, paths.analyses, paths.failures):
+        directory.mkdir(parents=True, exist_ok=True)
+    pending = []
+    for case in cases:
+        failure = paths.failure(case)
+        if failure.exists() and retry_failed:
+            failure.unlink()
+        if failure.exists():
+            progress.show(f"{case.name}: failed before, skipped", advance=settings.num_stages)
+        else:
+            pending.append(case)
+
+    def attempt(case: Case) -> None:
+        try:
+            run_case(case, paths, settings, progress)
+        except CaseFailed as error:
+            atomic_write(paths.failure(case), f"{error}\n", force=True)
+            progress.show(f"{case.name}: FAILED ({error}); skipped")
+            log.warning("%s failed: %s", case.name, error)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(attempt, pending))
+    progress.close()
+    return [load_case(case, paths, settings) for case in cases]
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "model_config", default="full", show_default=True,
+              help="Model config: full, tiny or a model TOML file.")
+@click.option("--shapes", default=",".join(REFERENCE_SHAPES), show_default=True,
+              help="Comma-separated video shapes FRAMES_WIDTH_HEIGHT.")
+@click.option("--strategies", default=",".join(STRATEGIES), show_default=True,
+              help="Comma-separated strategies (dp and none are the baselines).")
+@click.option("--devices", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Devices of the parallel strategies (none always runs on one).")
+@click.option("--stage-ids", default=None,
+              help="Pipeline stages as block-pair ranges.  [default: two halves, 0-13,14-27 for full]")
+@click.option("--hw", "hardware", default="tx8-16", show_default=True,
+              help="Hardware system to map every dump on (name or TOML path).")
+@click.option("--steps", default=30, show_default=True, type=click.IntRange(min=1),
+              help="Sampling steps of one inference.")
+@click.option("--dialect", type=click.Choice(["stablehlo", "mhlo"]), default="stablehlo",
+              show_default=True, help="Dialect of the cached dumps.")
+@click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Cases run in parallel processes (clamped to the memory available, ~4 GiB each).")
+@click.option("-o", "--results", "results_dir", default="results", show_default=True,
+              type=click.Path(file_okay=False), help="Directory of the tables and plots.")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False),
+              help="Cache of dumps and analyses.  [default: RESULTS/.cache]")
+@click.option("--retry-failed", is_flag=True, help="Run again the cases that failed before.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (they need matplotlib).")
+@click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
+def main(model_config: str, shapes: str, strategies: str, devices: int, stage_ids: str | None,
+         hardware: str, steps: int, dialect: str, jobs: int, results_dir: str,
+         work_dir: str | None, retry_failed: bool, no_plots: bool, verbose: bool) -> None:
+    """Sweep shapes x strategies: trace each stage, analyze it, map it on a hardware system,
+    and write tables (markdown + CSV) and plots into RESULTS.  Reruns reuse the cache."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    started = time.perf_counter()
+    try:
+        from tracing.config import parse_stage_ids
+
+        stage_ids = stage_ids or default_stage_ids(model_config)
+        num_stages = len(parse_stage_ids(stage_ids))
+        unknown = [s for s in strategies.split(",") if s not in STRATEGIES]
+        if unknown:
+            raise UsageError(f"--strategies: unknown {', '.join(unknown)}; expected some of "
+                             f"{', '.join(STRATEGIES)}")
+        cases = [Case(model_config, shape, strategy, strategy_mesh(strategy, devices))
+                 for shape in shapes.split(",") for strategy in strategies.split(",")]
+        results = Path(results_dir)
+        paths = Paths(work=Path(work_dir) if work_dir else results / ".cache", results=results)
+        settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
+                            steps=steps, dialect=dialect)
+        progress = Progress(total=len(cases) * num_stages)
+        outcomes = sweep(cases, paths, settings, jobs=_jobs_within_memory(jobs),
+                         retry_failed=retry_failed, progress=progress)
+        run = {"command": "python3 scripts/sweep.py " + " ".join(sys.argv[1:]),
+               "machine": machine_description(), "stage_ids": stage_ids, "hardware": hardware,
+               "steps": steps, "devices": devices,
+               "this_run_seconds": round(time.perf_counter() - started, 1)}
+        written = write_results(outcomes, run, results, plots=not no_plots)
+    except UsageError as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(2)
+    failed = sum(1 for outcome in outcomes if outcome.error)
+    click.echo(f"{len(outcomes) - failed} cases done, {failed} failed (see the tables); wrote "
+               f"{len(written)} files into {results} in {time.perf_counter() - started:.1f} s",
+               err=True)
+
+
+if __name__ == "__main__":
+    main()

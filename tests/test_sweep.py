@@ -1,0 +1,116 @@
+"""The strategy study: table arithmetic on hand-made cases, and a real sweep on the tiny config
+(trace, analyze, tables, failure skipped, resume without re-tracing)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from models.opensora.config import get_config
+from models.opensora.flops import gemm_flops
+from models.opensora.inputs import geometry
+from scripts.study_tables import (
+    CaseResult,
+    communication_table,
+    flops_table,
+    theory_bytes_per_device,
+)
+from scripts.sweep import strategy_mesh
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _stage(gemm: float, comm_by_kind: dict[str, float]) -> dict:
+    return {"sidecar": {"seconds_total": 1.0, "peak_rss_bytes": 2**30, "mlir_bytes": 1},
+            "analysis": {"totals": {"gemm_flops": gemm, "vector_flops": 0},
+                         "comm_by_kind": {kind: {"bytes_per_device": value, "count": 1}
+                                          for kind, value in comm_by_kind.items()}}}
+
+
+def test_strategy_meshes_follow_the_brief():
+    assert strategy_mesh("megatron", 16) == "1x16"
+    assert strategy_mesh("two_dimension", 16) == "2x8"  # B = 2 splits only in two
+    assert strategy_mesh("ds_ulysses", 16) == "2x8"
+    assert strategy_mesh("none", 16) == "1x1"
+
+
+def test_flops_table_compares_the_one_device_trace_with_the_analytic_count():
+    analytic = gemm_flops(get_config("tiny"), "28_64_64")["forward"]["total"]
+    # Two stages summing to analytic * 1.001; megatron repeats 10% of the work on its 4 devices.
+    none = CaseResult("tiny", "28_64_64", "none", "1x1",
+                      stages=[_stage(analytic * 0.5, {}), _stage(analytic * 0.501, {})])
+    megatron = CaseResult("tiny", "28_64_64", "megatron", "1x4",
+                          stages=[_stage(analytic * 1.1 / 4, {})])
+    headers, rows = flops_table([megatron, none])
+    row = dict(zip(headers, rows[0]))
+    assert row["analytic GEMM TFLOP"] == pytest.approx(analytic / 1e12)
+    assert row["difference %"] == pytest.approx(0.1)
+    assert row["megatron: devices x per-device GEMM / analytic"] == pytest.approx(1.1)
+
+
+def test_megatron_theory_is_six_all_reduces_per_pair_times_depth():
+    config = get_config("tiny")
+    geo = geometry(config, "28_64_64")
+    case = CaseResult("tiny", "28_64_64", "megatron", "1x4")
+    message = 2 * 2 * geo.N * config.hidden_size  # bf16 (B, N, h)
+    expected = config.depth * 6 * 2 * message * 3 / 4  # ring all-reduce sends 2(n-1)/n of it
+    assert theory_bytes_per_device(case, config.depth) == pytest.approx(expected)
+
+
+def test_communication_table_takes_the_theory_kinds_only():
+    config = get_config("tiny")
+    case = CaseResult("tiny", "28_64_64", "megatron", "1x4")
+    theory = theory_bytes_per_device(case, config.depth)
+    case.stages = [_stage(0, {"all_reduce": theory / 2, "all_gather": 5e9}),
+                   _stage(0, {"all_reduce": theory / 2})]
+    headers, rows = communication_table([case])
+    row = dict(zip(headers, rows[0]))
+    assert row["traced / theory"] == pytest.approx(1.0)
+    assert row["all_gather GB"] == pytest.approx(5.0)
+    assert row["traced total GB"] == pytest.approx(theory / 1e9 + 5.0)
+
+
+def test_unknown_strategy_is_a_usage_error(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "scripts/sweep.py", "--strategies", "megatron,tp3d", "-o", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        "Error: --strategies: unknown tp3d; expected some of megatron, two_dimension, ds_ulysses, "
+        "ring_attention, dp, none"]
+
+
+@pytest.mark.slow
+def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
+    pytest.importorskip("torch_xla")
+    command = [sys.executable, "scripts/sweep.py", "--config", "tiny", "--shapes", "28_64_64",
+               "--strategies", "megatron,dp,none", "--devices", "4", "--no-plots",
+               "-o", str(tmp_path)]
+    first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert "2 cases done, 1 failed" in first.stderr
+    dumps = sorted((tmp_path / ".cache" / "dumps").glob("*.mlir"))
+    assert [path.name for path in dumps] == [
+        "tiny_28_64_64_megatron_1x4_stage0.mlir", "tiny_28_64_64_megatron_1x4_stage1.mlir",
+        "tiny_28_64_64_none_1x1_stage0.mlir", "tiny_28_64_64_none_1x1_stage1.mlir"]
+    stamps = [path.stat().st_mtime_ns for path in dumps]
+
+    with open(tmp_path / "flops.csv") as handle:
+        flops = next(csv.DictReader(handle))
+    assert float(flops["difference %"]) == 0.0  # the whole traced program is the analytic model
+    with open(tmp_path / "communication.csv") as handle:
+        comm = {row["strategy"]: row for row in csv.DictReader(handle)}
+    assert float(comm["megatron"]["traced / theory"]) == pytest.approx(1.0)
+    with open(tmp_path / "latency.csv") as handle:
+        latency = {row["strategy"]: row for row in csv.DictReader(handle)}
+    assert "batch = 2 is not divisible by the 4 devices" in latency["dp"]["error"]
+    assert float(latency["none"]["comm s"]) == 0.0
+
+    again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "tracing" not in again.stderr and "dp_1x4: failed before, skipped" in again.stderr
+    assert [path.stat().st_mtime_ns for path in dumps] == stamps
