@@ -19,6 +19,7 @@ from models.opensora.stdit3 import (
     no_annotation,
     plain_attention,
 )
+from models.opensora.token_order import FRAME_MAJOR, SPACE_MAJOR
 
 TINY = get_config("tiny")
 
@@ -88,8 +89,11 @@ def test_module_order_exposes_stage_split(tiny_model):
     assert not any(isinstance(m, (torch.nn.LayerNorm, torch.nn.GroupNorm)) for m in tiny_model.modules())
 
 
-def test_annotation_points_and_layouts(tiny_model):
-    """Every hook point fires with the documented layout (B=2, T=5, S=16, TOKEN=8, h=64)."""
+@pytest.mark.parametrize("token_order", [FRAME_MAJOR, SPACE_MAJOR])
+def test_annotation_points_and_layouts(tiny_model, token_order):
+    """Every hook point fires with the documented layout (B=2, T=5, S=16, TOKEN=8, h=64), in
+    either token order: each attention still sees (B*T, S) or (B*S, T); the order only decides
+    which of the two needs a transpose of x."""
     seen: dict[tuple[str, bool], set] = {}
 
     def recorder(temporal):
@@ -104,7 +108,7 @@ def test_annotation_points_and_layouts(tiny_model):
             block.annotate = block.attn.annotate = block.cross_attn.annotate = block.mlp.annotate = fn
     try:
         with torch.no_grad():
-            tiny_model(**make_inputs(TINY, "17_64_64"))
+            tiny_model(**make_inputs(TINY, "17_64_64"), token_order=token_order)
     finally:
         for spatial, temporal in tiny_model.block_pairs():
             for block in (spatial, temporal):
@@ -179,3 +183,47 @@ def test_rotary_embedding_is_a_relative_rotation():
     # Position 1 rotates the first channel pair by exactly 1 radian.
     c, s = math.cos(1.0), math.sin(1.0)
     torch.testing.assert_close(qs[1, :2], torch.stack((q[0] * c - q[1] * s, q[1] * c + q[0] * s)))
+
+
+# --- token order -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, batch", [("17_64_64", 2), ("17_72_56", 2), ("30_40_24", 3)])
+def test_space_major_forward_equals_frame_major(tiny_model, shape, batch):
+    """Only per-token work and attention over whole sequences: the order of the tokens in x
+    changes nothing but the float summation order (17_72_56 also pads and crops)."""
+    inputs = make_inputs(TINY, shape, batch=batch)
+    with torch.no_grad():
+        frame_major = tiny_model(**inputs)
+        space_major = tiny_model(**inputs, token_order=SPACE_MAJOR)
+    assert space_major.shape == frame_major.shape
+    torch.testing.assert_close(space_major, frame_major, rtol=1e-5, atol=1e-5)
+
+
+def test_space_major_embedding_puts_token_s_t_at_s_times_T_plus_t(tiny_model):
+    inputs = make_inputs(TINY, "17_64_64")  # T = 5, S = 16
+    with torch.no_grad():
+        frame = tiny_model.embed(**inputs)
+        space = tiny_model.embed(**inputs, token_order=SPACE_MAJOR)
+    assert (frame.token_order, space.token_order) == (FRAME_MAJOR, SPACE_MAJOR)
+    assert space.x.shape == frame.x.shape  # stage boundaries carry the same shapes
+    for t, s in ((0, 0), (0, 1), (1, 0), (4, 15), (2, 7)):
+        assert torch.equal(space.x[:, s * 5 + t], frame.x[:, t * 16 + s])
+    assert torch.equal(space.reordered(FRAME_MAJOR).x, frame.x)
+    assert space.reordered(SPACE_MAJOR) is space
+
+
+def test_space_major_stages_equal_whole_model(tiny_model):
+    inputs = make_inputs(TINY, "17_64_64")
+    with torch.no_grad():
+        whole = tiny_model(**inputs)
+        state = tiny_model.run_blocks(tiny_model.embed(**inputs, token_order=SPACE_MAJOR), 0, 0)
+        rebuilt = StageState(x=state.x.clone(), y=state.y, t=state.t, t_mlp=state.t_mlp,
+                             T=5, S=16, H_lat=8, W_lat=8, token_order=SPACE_MAJOR)
+        staged = tiny_model.finalize(tiny_model.run_blocks(rebuilt, 1, 1))
+    torch.testing.assert_close(staged, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_token_order_is_rejected(tiny_model):
+    with pytest.raises(ValueError, match="unknown token order 'time_major'"):
+        tiny_model.embed(**make_inputs(TINY, "17_64_64"), token_order="time_major")

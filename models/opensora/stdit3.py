@@ -18,6 +18,13 @@ Forward pass, batch B, hidden h, TOKEN caption tokens per sample::
     blocks:    for i in 0..depth-1: spatial_blocks[i], then temporal_blocks[i]
     finalize:  LayerNorm + modulate(t_emb) + Linear -> unpatchify -> (B, C_out, T_lat, H_lat, W_lat)
 
+Token order: x holds the N = T*S tokens of a sample frame-major (token t*S + s, OpenSora's order,
+the default) or space-major (token s*T + t); see `models.opensora.token_order`.  `embed` makes
+frame-major tokens and reorders them when asked for space-major, `StageState.token_order` says
+which order x is in between stages, each block reshapes or transposes x for its attention
+accordingly, and `finalize` returns to frame-major in its unpatchify permute.  The result is the same
+in both orders; a sequence-parallel strategy picks the one whose major factor its devices divide.
+
 Sharding hook: `STDiT3Block`, `Attention`, `MultiHeadCrossAttention` and `Mlp` each carry an
 `annotate` attribute, a callable `(point, tensor) -> tensor` that is the identity by default and is
 called at the points of `ANNOTATION_POINTS` (their layouts are listed there). A parallel strategy
@@ -39,6 +46,14 @@ from torch import Tensor, nn
 
 from models.opensora.config import STDiT3Config
 from models.opensora.errors import StageRangeError
+from models.opensora.token_order import (
+    FRAME_MAJOR,
+    TokenOrder,
+    check_token_order,
+    major_axis_is_temporal,
+    reorder_tokens,
+    token_axes,
+)
 
 __all__ = [
     "ANNOTATION_POINTS",
@@ -69,7 +84,8 @@ AttentionFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", float], Tensor]
 
 ANNOTATION_POINTS: dict[str, str] = {
     # STDiT3Block (B = batch, N = T*S tokens per sample, h = hidden)
-    "x": "STDiT3Block: (B, N, h) at the block input and after each of its three residual adds",
+    "x": "STDiT3Block: (B, N, h) at the block input and after each of its three residual adds "
+         "(tokens in the state's token order)",
     # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.
     "attn_in": "Attention: (B', L, h) input, tokens already grouped for this block's attention",
     "q": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
@@ -390,26 +406,38 @@ class STDiT3Block(nn.Module):
         self.scale_shift_table = nn.Parameter(torch.randn(6, h) / h ** 0.5)
         self.annotate: AnnotateFn = no_annotation
 
-    def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, T: int, S: int) -> Tensor:
-        """x (B, N=T*S, h), y (1, B*TOKEN, h), t_mlp (B, 6h) -> (B, N, h)."""
+    def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, T: int, S: int,
+                token_order: TokenOrder = FRAME_MAJOR) -> Tensor:
+        """x (B, N=T*S, h) in `token_order`, y (1, B*TOKEN, h), t_mlp (B, 6h) -> (B, N, h)."""
         batch, tokens, hidden = x.shape
         x = self.annotate("x", x)
         modulation = self.scale_shift_table[None] + t_mlp.reshape(batch, 6, hidden)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.chunk(6, dim=1)
 
         h_attn = modulate(self.norm1(x), shift_msa, scale_msa)
-        if self.temporal:  # (B, T, S, h) -> (B*S, T, h)
-            h_attn = h_attn.reshape(batch, T, S, hidden).transpose(1, 2).reshape(batch * S, T, hidden)
-            h_attn = self.attn(h_attn)
-            h_attn = h_attn.reshape(batch, S, T, hidden).transpose(1, 2).reshape(batch, tokens, hidden)
-        else:  # (B, T, S, h) -> (B*T, S, h)
-            h_attn = self.attn(h_attn.reshape(batch * T, S, hidden)).reshape(batch, tokens, hidden)
+        h_attn = self._self_attention(h_attn, T, S, token_order).reshape(batch, tokens, hidden)
         x = self.annotate("x", x + gate_msa * h_attn)
 
         x = self.annotate("x", x + self.cross_attn(x, y))
 
         h_mlp = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
         return self.annotate("x", x + gate_mlp * h_mlp)
+
+    def _self_attention(self, x: Tensor, T: int, S: int, token_order: TokenOrder) -> Tensor:
+        """Self-attention over S (spatial) or T (temporal) of x (B, N, h) in `token_order`.
+
+        The token axis is (major, minor) = (T, S) frame-major or (S, T) space-major.  Attending
+        over the minor factor is a plain reshape to (B*major, minor, h); attending over the major
+        factor needs the transpose (B, major, minor, h) -> (B*minor, major, h) and back.
+        Returns the attention output in a shape that reshapes to (B, N, h) in `token_order`.
+        """
+        batch, _, hidden = x.shape
+        major, minor = token_axes(token_order, T, S)
+        if self.temporal != major_axis_is_temporal(token_order):  # sequence = minor factor
+            return self.attn(x.reshape(batch * major, minor, hidden))
+        x = x.reshape(batch, major, minor, hidden).transpose(1, 2).reshape(batch * minor, major, hidden)
+        x = self.attn(x)
+        return x.reshape(batch, minor, major, hidden).transpose(1, 2)
 
 
 class T2IFinalLayer(nn.Module):
@@ -436,7 +464,7 @@ class StageState:
     """What flows between pipeline stages. Plain tensors and ints, so a tracer can build one from
     recorded shapes without running the earlier stages."""
 
-    x: Tensor  # (B, N, h) video tokens
+    x: Tensor  # (B, N, h) video tokens, in `token_order`
     y: Tensor  # (1, B*TOKEN, h) embedded caption, all samples flattened
     t: Tensor  # (B, h) timestep + fps embedding (the final layer's modulation input)
     t_mlp: Tensor  # (B, 6h) shift/scale/gate of every block
@@ -445,10 +473,21 @@ class StageState:
     H_lat: int  # latent height before padding (the output is cropped back to it)
     W_lat: int  # latent width before padding
     T_lat: int | None = None  # latent frames before padding; None: T * patch_t (no padding)
+    token_order: TokenOrder = FRAME_MAJOR  # order of the T*S tokens of a sample in x
+
+    def __post_init__(self) -> None:
+        check_token_order(self.token_order)
 
     @property
     def N(self) -> int:
         return self.T * self.S
+
+    def reordered(self, token_order: TokenOrder) -> StageState:
+        """This state with x in `token_order` (itself when x already is)."""
+        if token_order == self.token_order:
+            return self
+        x = reorder_tokens(self.x, self.token_order, token_order, self.T, self.S)
+        return dataclasses.replace(self, x=x, token_order=token_order)
 
     def tensors(self) -> dict[str, Tensor]:
         """The tensor fields by name (x, y, t, t_mlp)."""
@@ -487,8 +526,10 @@ class STDiT3(nn.Module):
 
     # Forward pieces ------------------------------------------------------------------------
 
-    def embed(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor) -> StageState:
-        """z (B, C_in, T_lat, H_lat, W_lat), y (B, 1, TOKEN, C_cap), t (B,), fps (1,)."""
+    def embed(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor,
+              token_order: TokenOrder = FRAME_MAJOR) -> StageState:
+        """z (B, C_in, T_lat, H_lat, W_lat), y (B, 1, TOKEN, C_cap), t (B,), fps (1,) -> the
+        state with x in `token_order`."""
         dtype = self.x_embedder.proj.weight.dtype
         batch, _, t_lat, h_lat, w_lat = z.shape
         pt, ph, pw = self.config.patch_size
@@ -508,19 +549,22 @@ class STDiT3(nn.Module):
         t_emb = self.t_embedder(t) + self.fps_embedder(fps, batch)
         t_mlp = self.t_block(t_emb)
         y_emb = self.y_embedder(y.to(dtype)).reshape(1, -1, hidden)
-        return StageState(x=x, y=y_emb, t=t_emb, t_mlp=t_mlp, T=T, S=S, H_lat=h_lat, W_lat=w_lat,
-                          T_lat=t_lat)
+        state = StageState(x=x, y=y_emb, t=t_emb, t_mlp=t_mlp, T=T, S=S, H_lat=h_lat, W_lat=w_lat,
+                           T_lat=t_lat)  # patches come frame-major: (t, h, w) row-major
+        return state.reordered(token_order)
 
     def run_blocks(self, state: StageState, first: int, last: int) -> StageState:
-        """Run block pairs first..last (inclusive) on `state`."""
+        """Run block pairs first..last (inclusive) on `state`; x stays in its token order."""
         depth = self.config.depth
         if not (0 <= first <= last < depth):
             raise StageRangeError(
                 f"block range {first}..{last}: expected 0 <= first <= last <= {depth - 1}")
         x = state.x
         for index in range(first, last + 1):
-            x = self.spatial_blocks[index](x, state.y, state.t_mlp, state.T, state.S)
-            x = self.temporal_blocks[index](x, state.y, state.t_mlp, state.T, state.S)
+            x = self.spatial_blocks[index](x, state.y, state.t_mlp, state.T, state.S,
+                                           state.token_order)
+            x = self.temporal_blocks[index](x, state.y, state.t_mlp, state.T, state.S,
+                                            state.token_order)
         return dataclasses.replace(state, x=x)
 
     def finalize(self, state: StageState) -> Tensor:
@@ -534,12 +578,21 @@ class STDiT3(nn.Module):
         x = self.final_layer(state.x, state.t)
         batch = x.shape[0]
         c_out = self.config.out_channels
-        x = x.reshape(batch, state.T, h_patches, w_patches, pt, ph, pw, c_out)
-        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(
+        # Unpatchify.  The token axis is (T, H, W) frame-major, (H, W, T) space-major; the one
+        # permute below puts frames first again, so space-major tokens return to frame-major
+        # here, after the final linear (prod(patch)*C_out features per token move, not h), and
+        # without a separate transpose whose (T, S) merge GSPMD would all-gather when S is split.
+        token_dims = ("T", "H", "W") if state.token_order == FRAME_MAJOR else ("H", "W", "T")
+        sizes = {"T": state.T, "H": h_patches, "W": w_patches}
+        axis = {dim: 1 + index for index, dim in enumerate(token_dims)}
+        x = x.reshape(batch, *(sizes[dim] for dim in token_dims), pt, ph, pw, c_out)
+        x = x.permute(0, 7, axis["T"], 4, axis["H"], 5, axis["W"], 6).reshape(
             batch, c_out, state.T * pt, h_patches * ph, w_patches * pw)
         return x[:, :, :t_lat, :state.H_lat, :state.W_lat]
 
-    def forward(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor) -> Tensor:
-        state = self.embed(z, y, t, fps)
+    def forward(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor,
+                token_order: TokenOrder = FRAME_MAJOR) -> Tensor:
+        """The whole model; `token_order` is the order of x inside (the result is the same)."""
+        state = self.embed(z, y, t, fps, token_order)
         state = self.run_blocks(state, 0, self.config.depth - 1)
         return self.finalize(state)
