@@ -7,6 +7,10 @@ layer, so the counts below are per block pair unless said otherwise.
 
 Expected counts come from each strategy's design; what GSPMD adds beyond it is listed with the
 reason (EXTRAS), so a change in either shows up here.
+
+The default shape 28_64_64 has T = 8 and S = 16, so the sequence-parallel strategies split T
+(frame-major tokens).  17_64_64 has T = 5, which 2 does not divide, and S = 16: there they split S
+(space-major tokens), and the exchange moves from the temporal to the spatial attention.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ import pytest
 
 pytest.importorskip("torch_xla")
 
+import networkx as nx
+
 from hlo_analyzer import load_module  # noqa: E402
+from hlo_analyzer.blocks import segment_blocks
+from hlo_analyzer.dataflow import build_dataflow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
@@ -101,6 +109,19 @@ def count_ops(module) -> Counter:
     return counts
 
 
+def self_attention_collectives(module) -> dict[str, dict[str, int]]:
+    """Collectives inside each self-attention, by block kind (``spatial``, ``temporal``): the ops
+    that depend on its qkv projection and feed its output projection."""
+    graph = build_dataflow(module)
+    found = {}
+    for block in segment_blocks(module).blocks:
+        attention = block.self_attention
+        inside = nx.descendants(graph, attention.q_proj) & nx.ancestors(graph, attention.out_proj)
+        found[block.kind] = dict(Counter(
+            graph.nodes[node]["name"] for node in inside if graph.nodes[node]["name"] in COLLECTIVES))
+    return found
+
+
 def trace(args: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tracing.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
@@ -178,5 +199,79 @@ def test_mhlo_dialect(tmp_path):
 def test_check_passes(strategy):
     result = trace([*TINY, "--strategy", strategy, *STRATEGY_ARGS[strategy], "--check",
                     "--dtype", "float32"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "check PASS" in result.stderr
+
+
+# --- the sequence-parallel strategies in either token order ------------------------------------
+
+SPACE_MAJOR_SHAPE = "17_64_64"  # T = 5 (2 and 4 do not divide it), S = 16
+SPACE_MAJOR_CASES = [("ds_ulysses", "2x2"), ("ring_attention", "2x2"), ("ring_attention", "2x4")]
+
+
+@pytest.fixture(scope="session")
+def space_major_dumps(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Stage-1 dumps of the sequence-parallel strategies where they must split S."""
+    out = tmp_path_factory.mktemp("space_major_dumps")
+    dumps = {}
+    for strategy, mesh in SPACE_MAJOR_CASES:
+        result = trace([*TINY, "--shape", SPACE_MAJOR_SHAPE, "--mesh", mesh, "--strategy", strategy,
+                        "-o", str(out)])
+        assert result.returncode == 0, result.stderr[-2000:]
+        dumps[strategy, mesh] = out / f"tiny_{SPACE_MAJOR_SHAPE}_{strategy}_{mesh}_stage1.mlir"
+    return dumps
+
+
+# Collectives inside the split self-attention, by hand.  The exchange of the design, and one
+# all-gather: the output projection flattens (B', L, h) with the sequence L split under the
+# unsplit B' (B'= B*S with T split, B*T with S split), not a tile (the other EXTRAS all-gather
+# is the qkv projection's, outside the attention).
+# * ds_ulysses: q, k, v go sequence -> heads (3 all-to-alls), the output heads -> sequence (1).
+# * ring_attention: ring-1 rotations of K and of V, one collective-permute each.
+SPLIT_ATTENTION = {
+    ("ds_ulysses", "2x2"): {"all_to_all": 4, "all_gather": 1},
+    ("ring_attention", "2x2"): {"collective_permute": 2 * (2 - 1), "all_gather": 1},
+    ("ring_attention", "2x4"): {"collective_permute": 2 * (4 - 1), "all_gather": 1},
+}
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ds_ulysses", "ring_attention"])
+def test_frame_major_exchange_is_in_the_temporal_attention(tiny_dumps, strategy):
+    """28_64_64 (T = 8): each device holds whole frames; the spatial attention is local."""
+    found = self_attention_collectives(load_module(tiny_dumps[strategy]))
+    assert found == {"spatial": {}, "temporal": SPLIT_ATTENTION[strategy, "2x2"]}
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, mesh", SPACE_MAJOR_CASES)
+def test_space_major_exchange_is_in_the_spatial_attention(space_major_dumps, strategy, mesh):
+    """17_64_64 (T = 5, S = 16): each device holds whole time series of S/y spatial positions,
+    so the temporal attention's (B*S, T, h) is a local reshape with no collective, and the
+    spatial attention's sequence S is the split one."""
+    module = load_module(space_major_dumps[strategy, mesh])
+    assert self_attention_collectives(module) == {"spatial": SPLIT_ATTENTION[strategy, mesh],
+                                                  "temporal": {}}
+    # As many of each kind in the whole stage as frame-major: the same exchange, moved to the
+    # spatial attention, and the same two EXTRAS all-gathers, now around the spatial qkv and proj.
+    counts = count_ops(module)
+    found = {kind: counts[kind] for kind in COLLECTIVES if counts[kind]}
+    expected = dict(SPLIT_ATTENTION[strategy, mesh], all_gather=EXTRAS[strategy]["all_gather"])
+    assert found == expected
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, mesh, stage", [
+    ("ds_ulysses", "2x2", "0"),  # the embeddings reorder frame-major patches to space-major
+    ("ds_ulysses", "2x2", "1"),  # the final layer returns them to frame-major
+    ("ring_attention", "2x2", "1"),
+    ("ring_attention", "2x4", "1"),
+])
+def test_space_major_check_passes(strategy, mesh, stage):
+    result = trace([*TINY, "--shape", SPACE_MAJOR_SHAPE, "--mesh", mesh, "--stage", stage,
+                    "--strategy", strategy, "--check", "--dtype", "float32"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert "check PASS" in result.stderr

@@ -5,6 +5,10 @@ stage the final layer (the original toolchain's split).  Stage 0 takes the model
 ``z, y, t, fps``; a later stage takes ``x, y, t, t_mlp`` from the stage before it.  Every stage
 but the last hands on ``x, y, t, t_mlp``; the last returns the model output ``out``.
 
+x crosses a stage boundary in the token order (frame- or space-major) that the strategy chose
+for the stage that wrote it (:func:`tracing.strategies.base.stage_token_order`); both orders
+have the same shapes, so the boundary shapes and their cache do not depend on it.
+
 Boundary shapes are computed by running the whole model on the ``meta`` device (no memory, no
 arithmetic) and kept in a JSON cache keyed by (model config, video shape, stage split, batch,
 dtype), so a stage can be traced alone without running, or even building, the stages before it.
@@ -22,6 +26,7 @@ from hlo_analyzer.atomic import atomic_write
 from hlo_analyzer.errors import UsageError
 from models.opensora.inputs import geometry
 from tracing.config import PipelineConfig
+from tracing.strategies.base import stage_token_order
 
 if TYPE_CHECKING:
     import torch
@@ -91,15 +96,23 @@ def stage_parameters(model: "STDiT3", stage: StageSpec) -> dict[str, "nn.Paramet
 
 def run_stage(model: "STDiT3", stage: StageSpec, inputs: dict[str, "torch.Tensor"],
               config: PipelineConfig) -> dict[str, "torch.Tensor"]:
-    """Run one stage on its inputs (any device: meta, CPU or XLA) and return its outputs."""
+    """Run one stage on its inputs (any device: meta, CPU or XLA) and return its outputs.
+
+    The blocks run in the token order the strategy chose for this stage (the eager reference of
+    ``--check`` runs through here too, so it reads the same x as the traced stage); x from the
+    stage before arrives in that stage's order and is reordered only if the two differ.
+    """
     from models.opensora.stdit3 import StageState
 
+    order = stage_token_order(config, stage.index)
     if stage.has_embeddings:
-        state = model.embed(inputs["z"], inputs["y"], inputs["t"], inputs["fps"])
+        state = model.embed(inputs["z"], inputs["y"], inputs["t"], inputs["fps"], order)
     else:
         geo = geometry(config.model, config.shape)
         state = StageState(x=inputs["x"], y=inputs["y"], t=inputs["t"], t_mlp=inputs["t_mlp"],
-                           T=geo.T, S=geo.S, H_lat=geo.H_lat, W_lat=geo.W_lat, T_lat=geo.T_lat)
+                           T=geo.T, S=geo.S, H_lat=geo.H_lat, W_lat=geo.W_lat, T_lat=geo.T_lat,
+                           token_order=stage_token_order(config, stage.index - 1))
+        state = state.reordered(order)
     state = model.run_blocks(state, stage.first_block, stage.last_block)
     if stage.has_final_layer:
         return {"out": model.finalize(state)}

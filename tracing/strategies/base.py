@@ -1,11 +1,15 @@
 """What a parallel strategy is, and the registry that maps names to strategies.
 
-A strategy decides three things for one stage on a mesh with axes ``("x", "y")``:
+A strategy decides, for one stage on a mesh with axes ``("x", "y")``:
 
 * the partition spec of every parameter (``parameter_spec``; None = replicated),
 * the partition spec of every stage input (``input_spec``),
 * the sharding of activations at the model's annotation points (``activation_spec``), and
-  optionally a replacement attention kernel (``attention_fn``).
+  optionally a replacement attention kernel (``attention_fn``),
+* the order of the video tokens in the hidden state x (``choose_token_order``: frame-major
+  unless a strategy needs the other one, see :mod:`models.opensora.token_order`).  The stage
+  runner (:func:`tracing.stages.run_stage`) asks for it through :func:`stage_token_order`, so the
+  traced stage and the eager reference of ``--check`` read and write x in the same order.
 
 Partition specs are tuples with one entry per tensor dimension, as ``xs.mark_sharding`` takes
 them: a mesh axis name, a tuple of axis names (split over their product), or None.
@@ -23,7 +27,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hlo_analyzer.errors import UsageError
 from models.opensora.config import STDiT3Config
-from models.opensora.inputs import Geometry
+from models.opensora.inputs import Geometry, geometry
+from models.opensora.token_order import FRAME_MAJOR, TokenOrder
+from tracing.config import PipelineConfig
 
 if TYPE_CHECKING:
     import torch
@@ -73,6 +79,13 @@ class Strategy:
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        self.token_order: TokenOrder = self.choose_token_order(layout)
+
+    @classmethod
+    def choose_token_order(cls, layout: Layout) -> TokenOrder:
+        """Order of the T*S tokens of a sample in x on this layout.  Never raises: a layout
+        that no order fits is ``validate``'s to reject."""
+        return FRAME_MAJOR
 
     # Checks ---------------------------------------------------------------------------------
 
@@ -182,16 +195,31 @@ def strategy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_strategy(name: str, layout: Layout) -> Strategy:
-    """The strategy called ``name`` for ``layout``, validated; a one-line error otherwise."""
+def strategy_class(name: str) -> type[Strategy]:
+    """The strategy class registered as ``name``; a one-line error for an unknown name."""
     try:
-        cls = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         raise StrategyError(
             f"unknown strategy {name!r}: expected one of {', '.join(strategy_names())}") from None
-    strategy = cls(layout)
+
+
+def get_strategy(name: str, layout: Layout) -> Strategy:
+    """The strategy called ``name`` for ``layout``, validated; a one-line error otherwise."""
+    strategy = strategy_class(name)(layout)
     strategy.validate()
     return strategy
+
+
+def stage_layout(config: PipelineConfig, stage_index: int) -> Layout:
+    """The layout of stage ``stage_index``: the model, the shape and the stage's submesh."""
+    return Layout(model=config.model, geometry=geometry(config.model, config.shape),
+                  batch=config.batch, mesh_shape=config.submesh(stage_index).shape)
+
+
+def stage_token_order(config: PipelineConfig, stage_index: int) -> TokenOrder:
+    """Token order in which stage ``stage_index`` of ``config`` runs its blocks (no validation)."""
+    return strategy_class(config.strategy).choose_token_order(stage_layout(config, stage_index))
 
 
 # Helpers shared by the Megatron-like strategies ------------------------------------------------

@@ -1,6 +1,8 @@
 """Ring attention: sequence parallel like ds_ulysses (batch on x, sequence on y), but the
-temporal self-attention -- the one whose sequence is split -- keeps its split and passes K/V
-blocks around the ring of the y devices instead of exchanging the split for heads.
+self-attention whose sequence is split keeps its split and passes K/V blocks around the ring of
+the y devices instead of exchanging the split for heads.  Which one that is follows the token
+order chosen as in ds_ulysses: the temporal attention when y divides T (frame-major tokens),
+else the spatial attention when y divides S (space-major tokens); the other runs locally.
 
 GSPMD does not invent a ring, so the kernel is written in global form (toolchain-facts.md):
 the sequence axis L is reshaped to (ring, chunk) with the ring axis split over y; each step
@@ -10,7 +12,7 @@ accumulator), then rotates K and V by one ring position: ``cat(t[..., -1:, ...],
 the split ring axis, which GSPMD recognises as a rotation and partitions into one
 collective-permute.  (``torch.roll`` is the same shift, but torch-xla 2.9 lowers it in a form
 that GSPMD partitions into all-to-alls and all-gathers, measured.)  ring-1 rotations of K and of V:
-2*(ring-1) collective-permutes per temporal attention.
+2*(ring-1) collective-permutes per split attention.
 """
 
 from __future__ import annotations
@@ -76,10 +78,12 @@ class RingAttention(SequenceParallel):
 
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | None:
         if point in ("q", "k", "v"):
-            return ("x", None, "y", None) if temporal else (TOKENS, None, None, None)
+            if self.sequence_split(temporal):
+                return ("x", None, "y", None)
+            return (TOKENS, None, None, None)
         return self.token_spec(point, shape, temporal)
 
     def attention_fn(self, mesh, temporal: bool):
-        if not temporal:
-            return None  # the spatial attention's sequence is whole on each device
+        if not self.sequence_split(temporal):
+            return None  # this attention's sequence is whole on each device
         return make_ring_attention(mesh, "y", "x", self.layout.mesh_shape[1])
