@@ -27,6 +27,10 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, force: bool = Fa
     try:
         with os.fdopen(fd, mode) as handle:
             handle.write(data)
+        # mkstemp creates the file private (0600); give it the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)
         os.replace(tmp_name, target)
     except BaseException:
         if os.path.exists(tmp_name):

@@ -307,6 +307,9 @@ def plot_results(results: list[CaseResult], shape: str, out_dir: Path) -> list[P
         written.append(_save(fig, out_dir / f"per_op_{shape}.png"))
         plt.close(fig)
 
+    if at_shape:
+        written.append(_plot_time_share(at_shape, shape, out_dir, plt))
+
     shapes = list(_by_shape(results))
     strategies = list(dict.fromkeys(r.strategy for r in results))
     fig, axis = plt.subplots(figsize=(10, 4.5))
@@ -320,12 +323,37 @@ def plot_results(results: list[CaseResult], shape: str, out_dir: Path) -> list[P
     axis.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes)
     axis.set_yscale("log")
     axis.set_ylabel("inference latency, s (log)")
-    axis.set_title("latency per strategy and shape (bars at 0 failed)")
+    axis.set_title("latency per strategy and shape (a missing bar: the case failed)")
     axis.legend(fontsize=8)
     fig.tight_layout()
     written.append(_save(fig, out_dir / "latency.png"))
     plt.close(fig)
     return written
+
+
+def _plot_time_share(cases: list[CaseResult], shape: str, out_dir: Path, plt) -> Path:
+    """Stacked bars per strategy: the inference time spent in GEMM, vector and flash-attention
+    ops and in communication."""
+    fig, axis = plt.subplots(figsize=(8, 4.5))
+    names = [f"{case.strategy}\n{case.mesh}" for case in cases]
+    bottoms = [0.0] * len(cases)
+    for kind in ("GEMM", "Vector", "FlashAttention", "communication"):
+        values = []
+        for case in cases:
+            if kind == "communication":
+                values.append(case.mapping_total("comm_latency_s"))
+            else:
+                share = case.block_mapping["time_share_by_type"].get(kind, 0.0)
+                values.append(share * case.mapping_total("compute_latency_s"))
+        axis.bar(names, values, bottom=bottoms, label=kind)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    axis.set_ylabel("inference latency, s")
+    axis.set_title(f"{shape}: where the time goes on {cases[0].block_mapping['hardware']}")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    path = _save(fig, out_dir / f"time_share_{shape}.png")
+    plt.close(fig)
+    return path
 
 
 def _save(fig, path: Path) -> Path:

@@ -325,7 +325,9 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
         run = {"command": "python3 scripts/sweep.py " + " ".join(sys.argv[1:]),
                "machine": machine_description(), "stage_ids": stage_ids, "hardware": hardware,
                "steps": steps, "devices": devices,
-               "this_run_seconds": round(time.perf_counter() - started, 1)}
+               "this_run_seconds": round(time.perf_counter() - started, 1),
+               # what the cached traces cost when they were made (their sidecars' wall times)
+               "trace_seconds_total": round(sum(o.trace_seconds for o in outcomes if o.ok), 1)}
         written = write_results(outcomes, run, results, plots=not no_plots)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
