@@ -79,10 +79,9 @@ class Case:
 
 @dataclass(frozen=True)
 class Paths:
-    """Where the sweep keeps its cache (work) and writes its tables (results)."""
+    """Where the sweep keeps its cache: dumps, analyses and failures."""
 
     work: Path
-    results: Path
 
     @property
     def dumps(self) -> Path:
@@ -316,7 +315,7 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
         cases = [Case(model_config, shape, strategy, strategy_mesh(strategy, devices))
                  for shape in shapes.split(",") for strategy in strategies.split(",")]
         results = Path(results_dir)
-        paths = Paths(work=Path(work_dir) if work_dir else results / ".cache", results=results)
+        paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
                             steps=steps, dialect=dialect)
         progress = Progress(total=len(cases) * num_stages)
