@@ -22,8 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hlo_analyzer.cli import analyze_command, run_click
+from hlo_analyzer.cli import analyze_command
 from hlo_analyzer.mlir import default_context
+from hlo_trace.cli import run_click
 
 # One "layer": 20 ops. %x is the running activation (8x64x128 bf16).
 LAYER = """    %{p}a = stablehlo.dot_general %{x}, %w, contracting_dims = [2] x [0] : (tensor<8x64x128xbf16>, tensor<128x128xbf16>) -> tensor<8x64x128xbf16>

@@ -44,7 +44,7 @@ def main() -> int:
             print(f"trace failed with exit code {completed.returncode}", file=sys.stderr)
             return completed.returncode
         sidecar = json.loads(next(out.glob("full_204_640_360_megatron_2x8_stage0.json")).read_text())
-        print(f"full-size trace, stage 0 (embeddings + blocks 0-13), megatron 2x8, 204_640_360")
+        print("full-size trace, stage 0 (embeddings + blocks 0-13), megatron 2x8, 204_640_360")
         print(f"wall seconds: {wall:.1f}  (sidecar steps: {sidecar['seconds']})")
         print(f"peak RSS: {peak / 2**30:.2f} GiB = {peak / MACHINE_BYTES:.2f} x the 24 GiB machine "
               f"(sidecar: {sidecar['peak_rss_bytes'] / 2**30:.2f} GiB)")

@@ -1,6 +1,6 @@
 """hardware: hardware descriptions (TOML data), the collective model, mappers and the STDiT3 op builder.
 
-Never imports torch or jax: only the standard library, numpy and ``hlo_analyzer.errors``.
+Never imports torch or jax: only the standard library, numpy and ``hlo_trace.errors``.
 
     from hardware import load_hardware, block_shapes_for, build_stdit_block_ops, map_block, inference_totals
 """

@@ -12,7 +12,10 @@ kind                   bytes each device sends       ring steps
 ``reduce_scatter``     ``M * (n-1) / n``             ``n - 1``
 ``all_to_all``         ``M * (n-1) / n``             ``n - 1``
 ``collective_permute`` ``M``                         ``1``
+``collective_broadcast`` ``M``                       ``1``
 =====================  ============================  =====================
+
+With ``bruck=True`` an all-to-all sends ``M * log2(n) / 2`` in ``ceil(log2(n))`` steps.
 
 ``time = bytes_sent / link_bandwidth + steps * hops_per_step * hop_latency``: each step every
 member sends to its ring successor at the same time, so a step lasts as long as its longest
@@ -36,7 +39,9 @@ __all__ = [
     "ring_steps",
 ]
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+#: Every collective the analyzer measures, in the order reports list them.
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+                    "collective_broadcast")
 
 
 def _check(kind: str, group_size: int) -> None:
@@ -46,28 +51,38 @@ def _check(kind: str, group_size: int) -> None:
         raise ValueError(f"group size must be at least 1, got {group_size}")
 
 
-def per_device_bytes(kind: str, group_size: int, message_bytes: float) -> float:
-    """Bytes each member sends under the ring algorithm (table in the module docstring)."""
+def per_device_bytes(kind: str, group_size: int, message_bytes: float, *,
+                     bruck: bool = False) -> float:
+    """Bytes each member sends under the ring algorithm (table in the module docstring).
+
+    ``bruck``: all-to-all by Bruck's algorithm, ``M * log2(n) / 2`` per device. The brief writes it
+    ``M' * n * log2(n) / 2`` with ``M'`` the block sent to each peer; with ``M = n * M'`` (the
+    device's whole buffer) that is the same figure.
+    """
     _check(kind, group_size)
     n = group_size
     if n == 1:
         return 0.0
     if kind == "all_reduce":
         return 2.0 * message_bytes * (n - 1) / n
-    if kind == "collective_permute":
+    if kind in ("collective_permute", "collective_broadcast"):
         return float(message_bytes)
+    if kind == "all_to_all" and bruck:
+        return message_bytes * math.log2(n) / 2.0
     return message_bytes * (n - 1) / n
 
 
-def ring_steps(kind: str, group_size: int) -> int:
-    """Number of sequential ring steps, each paying one message latency."""
+def ring_steps(kind: str, group_size: int, *, bruck: bool = False) -> int:
+    """Number of sequential ring (or Bruck) steps, each paying one message latency."""
     _check(kind, group_size)
     if group_size == 1:
         return 0
     if kind == "all_reduce":
         return 2 * (group_size - 1)
-    if kind == "collective_permute":
+    if kind in ("collective_permute", "collective_broadcast"):
         return 1
+    if kind == "all_to_all" and bruck:
+        return math.ceil(math.log2(group_size))
     return group_size - 1
 
 

@@ -11,7 +11,7 @@ TOML keys are unit-free (``dram_bandwidth``) and their values carry the unit (``
 see :mod:`hardware.units` for the decimal/binary convention); the dataclass fields carry the
 unit in their names (``dram_bandwidth_bytes_per_s``) and hold base units. Every problem with a
 file (unreadable, missing field, unknown field, unknown unit, negative or zero bandwidth, ...)
-raises :class:`hlo_analyzer.errors.InputFileError` with one line naming the file and the field.
+raises :class:`hlo_trace.errors.InputFileError` with one line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware.units import Dimension, parse_quantity
-from hlo_analyzer.errors import InputFileError
+from hlo_trace.errors import InputFileError
 
 __all__ = [
     "NOC_TOPOLOGIES",

@@ -19,11 +19,11 @@ See ``hlo_analyzer.visitor`` for the visitor manual.
 """
 
 from hlo_analyzer.comm import CommVisitor, RingLink
-from hlo_analyzer.errors import InputFileError, UnsupportedIRError, UsageError
 from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.report import Report, analyze
 from hlo_analyzer.visitor import IRVisitor
+from hlo_trace.errors import InputFileError, UnsupportedIRError, UsageError
 
 __all__ = [
     "CommVisitor",

@@ -22,12 +22,13 @@ cross_proj, fc1, fc2. The dictionary keys are those of ``hardware.stdit.BlockSha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import networkx as nx
 from jaxlib.mlir import ir
 
 from hlo_analyzer.dataflow import GEMM_OPS, build_dataflow, walk_until
-from hlo_analyzer.errors import UsageError
 from hlo_analyzer.tensors import ELEMENT_BYTES
+from hlo_trace.errors import UsageError
 
 LABELS = ("qkv", "scores", "values", "proj", "cross_q", "cross_kv", "cross_scores",
           "cross_values", "cross_proj", "fc1", "fc2")

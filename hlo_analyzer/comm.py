@@ -28,7 +28,6 @@ Latency needs a link model: pass ``collective_time(kind, group_size, comm_bytes)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,45 +35,13 @@ from typing import Any
 import numpy as np
 from jaxlib.mlir import ir
 
-from hlo_analyzer.errors import UnsupportedIRError
+from hardware.collectives import per_device_bytes, ring_steps
 from hlo_analyzer.rows import COMM, OpRow
 from hlo_analyzer.tensors import TypeTable, format_location, num_elements
 from hlo_analyzer.visitor import IRVisitor
-
-COLLECTIVE_OPS = (
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
-    "collective_broadcast",
-)
+from hlo_trace.errors import UnsupportedIRError
 
 CollectiveTime = Callable[[str, int, int], float]
-
-
-def per_device_bytes(kind: str, comm_bytes: int, group_size: int, bruck: bool = False) -> float:
-    """Bytes one device sends for a collective of ``kind`` on ``comm_bytes`` over ``group_size``."""
-    n = group_size
-    if n <= 1:
-        return 0.0
-    if kind == "all_reduce":
-        return 2.0 * comm_bytes * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter"):
-        return comm_bytes * (n - 1) / n
-    if kind == "all_to_all":
-        return comm_bytes * math.log2(n) / 2.0 if bruck else comm_bytes * (n - 1) / n
-    if kind in ("collective_permute", "collective_broadcast"):
-        return float(comm_bytes)
-    raise ValueError(f"unknown collective kind {kind!r}")
-
-
-def ring_steps(kind: str, group_size: int, bruck: bool = False) -> int:
-    """Sequential message steps of the ring (or Bruck) algorithm: each costs one hop latency."""
-    n = group_size
-    if kind == "all_reduce":
-        return 2 * (n - 1)
-    if kind == "all_to_all" and bruck:
-        return math.ceil(math.log2(n)) if n > 1 else 0
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return n - 1
-    return 1
 
 
 @dataclass(frozen=True)
@@ -86,9 +53,9 @@ class RingLink:
     bruck: bool = False
 
     def __call__(self, kind: str, group_size: int, comm_bytes: int) -> float:
-        volume = per_device_bytes(kind, comm_bytes, group_size, self.bruck)
-        return volume / self.bandwidth_bytes_per_s + ring_steps(kind, group_size, self.bruck) * \
-            self.hop_latency_s
+        volume = per_device_bytes(kind, group_size, comm_bytes, bruck=self.bruck)
+        steps = ring_steps(kind, group_size, bruck=self.bruck)
+        return volume / self.bandwidth_bytes_per_s + steps * self.hop_latency_s
 
 
 class CommVisitor(IRVisitor):
@@ -158,7 +125,7 @@ class CommVisitor(IRVisitor):
     def _record(self, op: Any, kind: str, comm_bytes: int,
                 groups: tuple[int, int, tuple[int, ...]] | None = None) -> None:
         group_size, num_groups, first_group = groups or self._group_size(op)
-        volume = per_device_bytes(kind, comm_bytes, group_size, self.bruck)
+        volume = per_device_bytes(kind, group_size, comm_bytes, bruck=self.bruck)
         latency = (self.collective_time(kind, group_size, comm_bytes)
                    if self.collective_time is not None else None)
         self.rows.append(self.types.op_row(

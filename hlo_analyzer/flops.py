@@ -30,7 +30,7 @@ from typing import Any
 
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
-from hlo_analyzer.comm import COLLECTIVE_OPS
+from hardware.collectives import COLLECTIVE_KINDS
 from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow
 from hlo_analyzer.tensors import TypeTable, num_elements
 from hlo_analyzer.visitor import IRVisitor
@@ -184,7 +184,7 @@ for _name in VECTOR_ELEMENTWISE_OPS:
     setattr(FlopsVisitor, f"visit_{_name}", FlopsVisitor._visit_elementwise)
 for _name in DATA_MOVEMENT_OPS:
     setattr(FlopsVisitor, f"visit_{_name}", FlopsVisitor._visit_data_movement)
-for _name in COLLECTIVE_OPS:
+for _name in COLLECTIVE_KINDS:
     setattr(FlopsVisitor, f"visit_{_name}", FlopsVisitor._visit_collective)
 for _name in STRUCTURE_OPS:
     setattr(FlopsVisitor, f"visit_{_name}", FlopsVisitor._visit_structure)

@@ -14,9 +14,9 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.blocks import Segmentation
-from hlo_analyzer.errors import UsageError
 from hlo_analyzer.report import Report
 from hlo_analyzer.rows import COMM
+from hlo_trace.errors import UsageError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 
-from hlo_analyzer.errors import InputFileError, UnsupportedIRError
+from hlo_trace.errors import InputFileError, UnsupportedIRError
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
-from hlo_analyzer.errors import UnsupportedIRError, UsageError
 from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
+from hlo_trace.errors import UnsupportedIRError, UsageError
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
-from hlo_analyzer.errors import UnsupportedIRError
+from hlo_trace.errors import UnsupportedIRError
 
 #: Bytes per element by MLIR element type spelling. Booleans (i1) are stored as one byte.
 ELEMENT_BYTES = {

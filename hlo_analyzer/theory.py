@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 
 __all__ = [
     "ACTIVATION_STRATEGIES",

@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="overwrite existing files")
     args = parser.parse_args(argv)
 
-    from hlo_analyzer.atomic import atomic_write
-    from hlo_analyzer.errors import UsageError
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
+    from hlo_trace.atomic import atomic_write
+    from hlo_trace.errors import UsageError
 
     out_dir = Path(args.out)
     suffixes = (".hlo.txt", ".stablehlo.mlir", ".mhlo.mlir", ".json")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from hlo_analyzer.errors import UsageError
+    from hlo_trace.errors import UsageError
 
     try:
         sys.exit(main())

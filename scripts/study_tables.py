@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hlo_analyzer.atomic import atomic_write
+from hardware.collectives import COLLECTIVE_KINDS as ALL_COLLECTIVE_KINDS
+from hlo_trace.atomic import atomic_write
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+#: The table columns: every collective kind but broadcast, which no strategy emits.
+COLLECTIVE_KINDS = tuple(k for k in ALL_COLLECTIVE_KINDS if k != "collective_broadcast")
 #: The collectives each strategy's formula in hlo_analyzer.theory describes.
 THEORY_KINDS = {
     "megatron": ("all_reduce",),
@@ -164,8 +166,8 @@ def flops_table(results: list[CaseResult]) -> Table:
 
 def theory_bytes_per_device(result: CaseResult, depth: int) -> float | None:
     """The theory module's per-device bytes of one block pair x depth, on the case's devices."""
-    from hlo_analyzer.errors import UsageError
     from hlo_analyzer.theory import BlockDims, communication_per_device
+    from hlo_trace.errors import UsageError
     from models.opensora.config import get_config
     from models.opensora.inputs import geometry
 

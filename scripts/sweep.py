@@ -33,8 +33,8 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
-from hlo_analyzer.atomic import atomic_write  # noqa: E402
-from hlo_analyzer.errors import UsageError  # noqa: E402
+from hlo_trace.atomic import atomic_write  # noqa: E402
+from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
 from scripts.study_tables import CaseResult, write_results  # noqa: E402
 

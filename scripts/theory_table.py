@@ -19,7 +19,6 @@ if str(REPO_ROOT) not in sys.path:
 
 import click
 
-from hlo_analyzer.errors import UsageError
 from hlo_analyzer.theory import (
     STRATEGIES,
     BlockDims,
@@ -28,6 +27,7 @@ from hlo_analyzer.theory import (
     default_mesh,
     layout_switch_per_device,
 )
+from hlo_trace.errors import UsageError
 from models.opensora.config import get_config
 from models.opensora.flops import gemm_flops
 from models.opensora.inputs import REFERENCE_SHAPES, geometry

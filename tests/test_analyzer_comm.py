@@ -3,10 +3,10 @@
 import pytest
 from analyzer_samples import COLLECTIVES
 
+from hardware.collectives import per_device_bytes
 from hlo_analyzer import CommVisitor, RingLink, analyze, load_module
-from hlo_analyzer.comm import per_device_bytes
-from hlo_analyzer.errors import UnsupportedIRError
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
+from hlo_trace.errors import UnsupportedIRError
 
 
 def comm_rows(source: str, **options):
@@ -43,12 +43,12 @@ def test_bruck_all_to_all_option():
 
 def test_per_device_bytes_formulas_for_a_group_of_eight():
     m = 8 * 1024
-    assert per_device_bytes("all_reduce", m, 8) == 2 * m * 7 / 8
-    assert per_device_bytes("all_gather", m, 8) == m * 7 / 8
-    assert per_device_bytes("reduce_scatter", m, 8) == m * 7 / 8
-    assert per_device_bytes("all_to_all", m, 8) == m * 7 / 8
-    assert per_device_bytes("all_to_all", m, 8, bruck=True) == m * 3 / 2
-    assert per_device_bytes("all_reduce", m, 1) == 0.0
+    assert per_device_bytes("all_reduce", 8, m) == 2 * m * 7 / 8
+    assert per_device_bytes("all_gather", 8, m) == m * 7 / 8
+    assert per_device_bytes("reduce_scatter", 8, m) == m * 7 / 8
+    assert per_device_bytes("all_to_all", 8, m) == m * 7 / 8
+    assert per_device_bytes("all_to_all", 8, m, bruck=True) == m * 3 / 2
+    assert per_device_bytes("all_reduce", 1, m) == 0.0
 
 
 def test_latency_from_link_bandwidth_and_hop_latency():

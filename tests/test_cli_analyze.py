@@ -7,7 +7,8 @@ import sys
 import pytest
 from analyzer_samples import COLLECTIVES, DYNAMIC, GEMM_AND_VECTOR
 
-from hlo_analyzer.cli import analyze_command, run_click
+from hlo_analyzer.cli import analyze_command
+from hlo_trace.cli import run_click
 
 
 @pytest.fixture

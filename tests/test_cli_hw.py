@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from hlo_analyzer.cli import analyze_command, run_click
+from hlo_analyzer.cli import analyze_command
+from hlo_trace.cli import run_click
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "dumps" / "example_mlp_megatron_2x2.stablehlo.mlir"
 

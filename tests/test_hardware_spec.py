@@ -17,7 +17,7 @@ from hardware.spec import (
     load_system,
 )
 from hardware.units import Dimension, parse_quantity
-from hlo_analyzer.errors import InputFileError
+from hlo_trace.errors import InputFileError
 
 TX8_TOML = (Path(__file__).resolve().parents[1] / "hardware" / "data" / "tx8.toml").read_text()
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 from models.opensora.config import CONFIGS, STDiT3Config, get_config
 from models.opensora.errors import ConfigError, ShapeError
 from models.opensora.inputs import VideoShape, geometry, parse_shape

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from hlo_analyzer import theory
-from hlo_analyzer.errors import UsageError
 from hlo_analyzer.theory import (
     ACTIVATION_STRATEGIES,
     STRATEGIES,
@@ -20,6 +19,7 @@ from hlo_analyzer.theory import (
     flops_per_device,
     layer_activation_bytes,
 )
+from hlo_trace.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 REF = BlockDims(T=60, S=920)  # 204_640_360, B=2, h=1152, a=16, TOKEN=300, bf16

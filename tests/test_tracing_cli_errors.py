@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tracing.cli import main
-from tracing.config import build_config, parse_mesh, parse_stage_ids, PipelineConfigError
+from tracing.config import PipelineConfigError, build_config, parse_mesh, parse_stage_ids
 
 TINY = ["--config", "tiny", "--mesh", "2x2"]
 

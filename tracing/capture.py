@@ -31,9 +31,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def device_count() -> int:
     return xr.global_runtime_device_count()
 
 
-def capture_partitioned_hlo(session: CaptureSession, outputs: Sequence["torch.Tensor"],  # noqa: F821
+def capture_partitioned_hlo(session: CaptureSession, outputs: Sequence[torch.Tensor],  # noqa: F821
                             *, finish_compile: bool = False) -> str:
     """Compile the lazy graph that produces ``outputs`` (no execution) and return the
     after-SPMD-partitioning HLO text of that graph.

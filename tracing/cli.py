@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 from tracing.config import PipelineConfig, build_config, load_config_file
 
 log = logging.getLogger("tracing")
@@ -40,12 +40,12 @@ def _progress(stage: int, dump: str):
 
 
 def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, force: bool,
-              shape_cache: Path | None) -> tuple[list[Path], "CaptureSession"]:  # noqa: F821
+              shape_cache: Path | None) -> tuple[list[Path], CaptureSession]:  # noqa: F821
     """Trace, compile, convert and write one stage; returns the written paths and the capture
     session, whose compile may still run in the background (see tracing.capture): end the
     process with ``capture.end_process(session)``."""
-    from hlo_analyzer.atomic import atomic_write
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
+    from hlo_trace.atomic import atomic_write
     from tracing import capture
     from tracing.stages import boundary_shapes, stage_spec
     from tracing.strategies import get_strategy

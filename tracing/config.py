@@ -31,7 +31,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import parse_shape
 

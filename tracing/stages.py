@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hlo_analyzer.atomic import atomic_write
-from hlo_analyzer.errors import UsageError
+from hlo_trace.atomic import atomic_write
+from hlo_trace.errors import UsageError
 from models.opensora.inputs import geometry
 from tracing.config import PipelineConfig
 from tracing.strategies.base import stage_token_order
@@ -88,14 +88,14 @@ def stage_spec(config: PipelineConfig, index: int) -> StageSpec:
                      has_final_layer=index == config.num_stages - 1)
 
 
-def stage_parameters(model: "STDiT3", stage: StageSpec) -> dict[str, "nn.Parameter"]:
+def stage_parameters(model: STDiT3, stage: StageSpec) -> dict[str, nn.Parameter]:
     """Parameters of the stage's modules, by their full name in the model."""
     prefixes = tuple(prefix + "." for prefix in stage.module_prefixes())
     return {name: param for name, param in model.named_parameters() if name.startswith(prefixes)}
 
 
-def run_stage(model: "STDiT3", stage: StageSpec, inputs: dict[str, "torch.Tensor"],
-              config: PipelineConfig) -> dict[str, "torch.Tensor"]:
+def run_stage(model: STDiT3, stage: StageSpec, inputs: dict[str, torch.Tensor],
+              config: PipelineConfig) -> dict[str, torch.Tensor]:
     """Run one stage on its inputs (any device: meta, CPU or XLA) and return its outputs.
 
     The blocks run in the token order the strategy chose for this stage (the eager reference of
@@ -155,7 +155,7 @@ def compute_boundary_shapes(config: PipelineConfig) -> list[dict]:
     return records
 
 
-def _describe(tensors: dict[str, "torch.Tensor"]) -> dict[str, dict]:
+def _describe(tensors: dict[str, torch.Tensor]) -> dict[str, dict]:
     return {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
             for name, t in tensors.items()}
 

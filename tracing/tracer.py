@@ -42,9 +42,9 @@ class TracedStage:
 
     stage: StageSpec
     strategy: Strategy
-    model: "STDiT3"
-    inputs: dict[str, "torch.Tensor"]
-    outputs: dict[str, "torch.Tensor"]
+    model: STDiT3
+    inputs: dict[str, torch.Tensor]
+    outputs: dict[str, torch.Tensor]
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -64,8 +64,8 @@ def make_mesh(mesh_shape: tuple[int, int]):
 
 
 def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dict], *,
-                materialize: str = "placeholder", reference: "STDiT3 | None" = None,
-                reference_inputs: dict[str, "torch.Tensor"] | None = None,
+                materialize: str = "placeholder", reference: STDiT3 | None = None,
+                reference_inputs: dict[str, torch.Tensor] | None = None,
                 progress: Progress = lambda step: None) -> TracedStage:
     """Build, shard and lazily run stage ``stage_index`` on the XLA device.
 
@@ -158,7 +158,7 @@ def _device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
     return tensor
 
 
-def _replace_parameter(model: "STDiT3", name: str, tensor: "torch.Tensor") -> None:
+def _replace_parameter(model: STDiT3, name: str, tensor: torch.Tensor) -> None:
     """Swap the (meta) parameter ``name`` for ``tensor`` without touching the module's code."""
     import torch
 

@@ -1,6 +1,6 @@
 """Usage errors of the model package: one-line messages naming the bad value and what was expected."""
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 
 __all__ = ["ConfigError", "ShapeError", "StageRangeError"]
 

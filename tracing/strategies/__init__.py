@@ -1,9 +1,15 @@
 """Parallel strategies for tracing a stage; see :mod:`tracing.strategies.base` to add one."""
 
-from tracing.strategies import (dp, ds_ulysses, megatron, none,  # noqa: F401  (register)
-                                ring_attention, two_dimension)
-from tracing.strategies.base import (ALL_DEVICES, Layout, Strategy, StrategyError, get_strategy,
-                                     register, strategy_names)
+from tracing.strategies import dp, ds_ulysses, megatron, none, ring_attention, two_dimension  # noqa: F401  (register)
+from tracing.strategies.base import (
+                                ALL_DEVICES,
+                                Layout,
+                                Strategy,
+                                StrategyError,
+                                get_strategy,
+                                register,
+                                strategy_names,
+)
 
 __all__ = ["ALL_DEVICES", "Layout", "Strategy", "StrategyError", "get_strategy", "register",
            "strategy_names"]

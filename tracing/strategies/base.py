@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
 from models.opensora.inputs import Geometry, geometry
 from models.opensora.token_order import FRAME_MAJOR, TokenOrder
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 Spec = tuple  # tuple[str | tuple[str, ...] | None, ...]
 ALL_DEVICES = ("x", "y")  # a 1-D strategy splits over the whole mesh, both axes together
 
-_REGISTRY: dict[str, type["Strategy"]] = {}
+_REGISTRY: dict[str, type[Strategy]] = {}
 
 
 class StrategyError(UsageError):
@@ -134,7 +134,7 @@ class Strategy:
 
     # Installation ---------------------------------------------------------------------------
 
-    def install(self, model: "STDiT3", block_indices: range, mesh) -> None:
+    def install(self, model: STDiT3, block_indices: range, mesh) -> None:
         """Set the annotation hooks (and kernels) of the stage's blocks; never edits the model."""
         for index in block_indices:
             for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
@@ -148,10 +148,10 @@ class Strategy:
                 if cross_kernel is not None:
                     block.cross_attn.attention_fn = cross_kernel
 
-    def _make_hook(self, mesh, temporal: bool) -> Callable[[str, "torch.Tensor"], "torch.Tensor"]:
+    def _make_hook(self, mesh, temporal: bool) -> Callable[[str, torch.Tensor], torch.Tensor]:
         import torch_xla.distributed.spmd as xs
 
-        def annotate(point: str, tensor: "torch.Tensor") -> "torch.Tensor":
+        def annotate(point: str, tensor: torch.Tensor) -> torch.Tensor:
             spec = self.activation_spec(point, tuple(tensor.shape), temporal)
             if isinstance(spec, Reshard):
                 xs.mark_sharding(tensor, mesh, spec.before)

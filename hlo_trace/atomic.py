@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from hlo_analyzer.errors import UsageError
+from hlo_trace.errors import UsageError
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, force: bool = False) -> Path:

@@ -1,0 +1,12 @@
+"""hlo_trace: the lowest layer of the project, shared by every package above it.
+
+It holds only what every package needs and imports nothing but the standard library (and
+click for the command-line runner):
+
+* ``hlo_trace.errors``: the typed exceptions that reach the user as one ``Error:`` line, exit 2;
+* ``hlo_trace.atomic``: atomic output files that are never silently overwritten;
+* ``hlo_trace.cli``: ``run_click``, the one way the project's commands turn errors into lines.
+
+Dependency direction (docs/design.md): ``hlo_trace`` <- ``hardware`` <- ``hlo_analyzer``;
+``hlo_trace`` <- ``models`` <- ``tracing``.
+"""
