@@ -10,7 +10,8 @@ rebuilds the tables.  A case that fails (e.g. dp cannot split a batch of 2 over 
 recorded with its one-line error, reported in the tables and skipped on later runs unless
 ``--retry-failed``.
 
-    python3 scripts/sweep.py                      # 4 shapes x 6 strategies on 16 devices
+    python3 scripts/sweep.py                      # 4 shapes x 6 strategies on 16 devices, into study/
+    python3 scripts/sweep.py -o results --force   # regenerate the committed study in results/
     python3 scripts/sweep.py --config tiny --devices 4 --shapes 28_64_64 -o /tmp/study
 """
 
@@ -45,6 +46,8 @@ STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "dp",
 #: whole CPU compile, less since the capture stops after partitioning), rounded up: the budget
 #: per parallel job.
 TRACE_MEMORY_BYTES = 4 * 2**30
+#: The file whose presence marks a directory that holds a finished study.
+SUMMARY = "summary.md"
 
 
 def strategy_mesh(strategy: str, devices: int) -> str:
@@ -69,12 +72,18 @@ class Case:
     strategy: str
     mesh: str
 
+    stage_ids: str
+
     @property
     def name(self) -> str:
         return f"{Path(self.config).stem}_{self.shape}_{self.strategy}_{self.mesh}"
 
     def stage_name(self, stage: int) -> str:
-        return f"{self.name}_stage{stage}"
+        """The name trace-stage gives this stage's dump (tracing.config owns the format)."""
+        from tracing.config import build_config
+
+        return build_config(config=self.config, shape=self.shape, strategy=self.strategy,
+                            mesh=self.mesh, stage_ids=self.stage_ids).dump_name(stage)
 
 
 @dataclass(frozen=True)
@@ -288,8 +297,12 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
               show_default=True, help="Dialect of the cached dumps.")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Cases run in parallel processes (clamped to the memory available, ~4 GiB each).")
-@click.option("-o", "--results", "results_dir", default="results", show_default=True,
-              type=click.Path(file_okay=False), help="Directory of the tables and plots.")
+@click.option("-o", "--results", "results_dir", default="study", show_default=True,
+              type=click.Path(file_okay=False),
+              help="Directory of the tables and plots. The committed study is results/: write "
+                   "there only on purpose (-o results --force).")
+@click.option("--force", is_flag=True,
+              help="Rewrite the tables of a directory that already holds a finished study.")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False),
               help="Cache of dumps and analyses.  [default: RESULTS/.cache]")
 @click.option("--retry-failed", is_flag=True, help="Run again the cases that failed before.")
@@ -297,7 +310,8 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def main(model_config: str, shapes: str, strategies: str, devices: int, stage_ids: str | None,
          hardware: str, steps: int, dialect: str, jobs: int, results_dir: str,
-         work_dir: str | None, retry_failed: bool, no_plots: bool, verbose: bool) -> None:
+         force: bool, work_dir: str | None, retry_failed: bool, no_plots: bool,
+         verbose: bool) -> None:
     """Sweep shapes x strategies: trace each stage, analyze it, map it on a hardware system,
     and write tables (markdown + CSV) and plots into RESULTS.  Reruns reuse the cache."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -312,9 +326,12 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
         if unknown:
             raise UsageError(f"--strategies: unknown {', '.join(unknown)}; expected some of "
                              f"{', '.join(STRATEGIES)}")
-        cases = [Case(model_config, shape, strategy, strategy_mesh(strategy, devices))
+        cases = [Case(model_config, shape, strategy, strategy_mesh(strategy, devices), stage_ids)
                  for shape in shapes.split(",") for strategy in strategies.split(",")]
         results = Path(results_dir)
+        if (results / SUMMARY).exists() and not force:
+            raise UsageError(f"{results}: already holds a study ({SUMMARY}); pass --force to "
+                             "rewrite its tables, or -o another directory")
         paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
                             steps=steps, dialect=dialect)

@@ -94,7 +94,7 @@ def test_all_reduce_then_dynamic_slice_counts_as_reduce_scatter():
     from pathlib import Path
 
     dump = (Path(__file__).resolve().parent.parent / "dumps" / "stablehlo"
-            / "tiny_28_64_64_two_dimension_2x2_stage1.mlir")
+            / "tiny_28_64_64_two_dimension_2x2_stage1_pairs1-1.mlir")
     report = analyze(dump)
     scatters = [r for r in report.rows if r.comm_kind == "reduce_scatter"]
     assert [(r.op, r.comm_bytes, r.group_size, r.comm_bytes_per_device) for r in scatters] == [

@@ -57,7 +57,7 @@ MESH = {"dp": "2x2", "none": "1x1"}
 
 def dump_path(strategy: str, dialect: str = "stablehlo") -> Path:
     mesh = MESH.get(strategy, "2x2")
-    return DUMPS / dialect / f"tiny_28_64_64_{strategy}_{mesh}_stage1.mlir"
+    return DUMPS / dialect / f"tiny_28_64_64_{strategy}_{mesh}_stage1_pairs1-1.mlir"
 
 
 @pytest.mark.parametrize("strategy", sorted(EXPECTED))
@@ -95,6 +95,6 @@ def test_stage_zero_with_the_embeddings_interleaved_segments_the_same():
     """Stage 0 adds the patch conv and the four embedding MLPs (t, fps, caption, t_block), whose
     GEMM pairs look like an MLP and feed the first block; the dictionary must not change."""
     stage0 = segment_blocks(load_module(
-        DUMPS / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage0.mlir"))
+        DUMPS / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir"))
     assert stage0.pairs == 1
     assert stage0.config == {**COMMON, **EXPECTED["megatron"]}

@@ -84,6 +84,20 @@ def test_unknown_strategy_is_a_usage_error(tmp_path):
         "ring_attention, dp, none"]
 
 
+def test_a_finished_study_is_not_rewritten_without_force(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("# an earlier study\n")
+    completed = subprocess.run(
+        [sys.executable, "scripts/sweep.py", "--config", "tiny", "-o", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        f"Error: {tmp_path}: already holds a study (summary.md); pass --force to rewrite its "
+        "tables, or -o another directory"]
+    assert summary.read_text() == "# an earlier study\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.md"]
+
+
 @pytest.mark.slow
 def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
     pytest.importorskip("torch_xla")
@@ -95,8 +109,9 @@ def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
     assert "2 cases done, 1 failed" in first.stderr
     dumps = sorted((tmp_path / ".cache" / "dumps").glob("*.mlir"))
     assert [path.name for path in dumps] == [
-        "tiny_28_64_64_megatron_1x4_stage0.mlir", "tiny_28_64_64_megatron_1x4_stage1.mlir",
-        "tiny_28_64_64_none_1x1_stage0.mlir", "tiny_28_64_64_none_1x1_stage1.mlir"]
+        "tiny_28_64_64_megatron_1x4_stage0_pairs0-0.mlir",
+        "tiny_28_64_64_megatron_1x4_stage1_pairs1-1.mlir",
+        "tiny_28_64_64_none_1x1_stage0_pairs0-0.mlir", "tiny_28_64_64_none_1x1_stage1_pairs1-1.mlir"]
     stamps = [path.stat().st_mtime_ns for path in dumps]
 
     with open(tmp_path / "flops.csv") as handle:
@@ -110,7 +125,10 @@ def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
     assert "batch = 2 is not divisible by the 4 devices" in latency["dp"]["error"]
     assert float(latency["none"]["comm s"]) == 0.0
 
-    again = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    refused = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert refused.returncode == 2 and "pass --force" in refused.stderr
+
+    again = subprocess.run(command + ["--force"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert "tracing" not in again.stderr and "dp_1x4: failed before, skipped" in again.stderr
     assert [path.stat().st_mtime_ns for path in dumps] == stamps

@@ -50,9 +50,19 @@ def test_bad_options(tmp_path, args, fragments):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_missing_output_directory(tmp_path):
-    result = run([*TINY, "--strategy", "megatron", "-o", str(tmp_path / "nowhere")])
-    assert_usage_error(result, "does not exist")
+def test_output_path_that_is_a_file(tmp_path):
+    blocker = tmp_path / "dumps"
+    blocker.write_text("not a directory")
+    result = run([*TINY, "--strategy", "megatron", "-o", str(blocker)])
+    assert_usage_error(result, "exists and is not a directory")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_output_directory_under_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = run([*TINY, "--strategy", "megatron", "-o", str(blocker / "dumps")])
+    assert_usage_error(result, "cannot create the output directory")
 
 
 def test_unwritable_output_directory(tmp_path):
@@ -69,7 +79,7 @@ def test_unwritable_output_directory(tmp_path):
 
 
 def test_existing_dump_needs_force(tmp_path):
-    existing = tmp_path / "tiny_28_64_64_megatron_2x2_stage0.mlir"
+    existing = tmp_path / "tiny_28_64_64_megatron_2x2_stage0_pairs0-1.mlir"  # one stage, pairs 0-1
     existing.write_text("old dump")
     result = run([*TINY, "--strategy", "megatron", "-o", str(tmp_path)])
     assert_usage_error(result, "already exists", "--force")

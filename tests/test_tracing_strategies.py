@@ -135,7 +135,7 @@ def tiny_dumps(tmp_path_factory) -> dict[str, Path]:
     for strategy, extra in STRATEGY_ARGS.items():
         result = trace([*TINY, "--strategy", strategy, *extra, "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
-        mlir = sorted(out.glob(f"tiny_28_64_64_{strategy}_*_stage1.mlir"))
+        mlir = sorted(out.glob(f"tiny_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
         assert len(mlir) == 1, result.stderr[-2000:]
         dumps[strategy] = mlir[0]
     return dumps
@@ -185,7 +185,7 @@ def test_sidecar_describes_the_dump(tiny_dumps):
 def test_mhlo_dialect(tmp_path):
     result = trace([*TINY, "--strategy", "megatron", "--dialect", "mhlo", "-o", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-2000:]
-    dump = tmp_path / "tiny_28_64_64_megatron_2x2_stage1.mlir"
+    dump = tmp_path / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
     counts = count_ops(load_module(dump))
     assert counts["all_reduce"] == 6
     assert "mhlo.all_reduce" in dump.read_text()
@@ -218,7 +218,7 @@ def space_major_dumps(tmp_path_factory) -> dict[tuple[str, str], Path]:
         result = trace([*TINY, "--shape", SPACE_MAJOR_SHAPE, "--mesh", mesh, "--strategy", strategy,
                         "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
-        dumps[strategy, mesh] = out / f"tiny_{SPACE_MAJOR_SHAPE}_{strategy}_{mesh}_stage1.mlir"
+        dumps[strategy, mesh] = out / f"tiny_{SPACE_MAJOR_SHAPE}_{strategy}_{mesh}_stage1_pairs1-1.mlir"
     return dumps
 
 

@@ -8,8 +8,10 @@ set before torch_xla is imported: one trace per process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,14 +24,6 @@ from tracing.config import PipelineConfig, build_config, load_config_file
 log = logging.getLogger("tracing")
 
 STEPS = ("build", "shard", "trace", "compile", "convert", "write")
-
-
-def dump_name(config: PipelineConfig, stage: int) -> str:
-    """``<model>_<shape>_<strategy>_<mesh>_stage<k>`` (the model is the config name or file stem)."""
-    model = Path(config.model_config_name).stem if config.model_config_name.endswith(".toml") \
-        else config.model_config_name
-    mesh = config.submesh(stage)
-    return f"{model}_{config.shape}_{config.strategy}_{mesh.nx}x{mesh.ny}_stage{stage}"
 
 
 def _progress(stage: int, dump: str):
@@ -54,8 +48,9 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     started = time.perf_counter()
     stage_spec(config, stage)  # stage index check before anything heavy
     get_strategy(config.strategy, make_layout(config, stage))  # strategy + mesh checks
-    name = dump_name(config, stage)
+    name = config.dump_name(stage)
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
+    require_trace_extra()
     _check_output(out_dir, [mlir_path, json_path], force)
     progress = _progress(stage, name)
 
@@ -109,11 +104,22 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     return written, session
 
 
-def _check_output(out_dir: Path, targets: list[Path], force: bool) -> None:
-    if not out_dir.is_dir():
-        raise UsageError(f"{out_dir}: output directory does not exist")
-    import os
+def require_trace_extra() -> None:
+    """One line instead of a ModuleNotFoundError when the heavy trace extra is not installed."""
+    missing = [name for name in ("torch", "torch_xla") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"tracing needs {' and '.join(missing)}, which are not installed: "
+                         'pip install -e ".[trace]" (torch 2.9.0 + torch_xla 2.9.0, about 7 GB)')
 
+
+def _check_output(out_dir: Path, targets: list[Path], force: bool) -> None:
+    """Create the output directory (parents too) and refuse to overwrite without ``force``."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir}: output path exists and is not a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{out_dir}: cannot create the output directory ({error.strerror})") from None
     if not os.access(out_dir, os.W_OK):
         raise UsageError(f"{out_dir}: output directory is not writable")
     for target in targets:
@@ -151,7 +157,7 @@ def _strategy_help() -> str:
 @click.option("--dialect", type=click.Choice(["stablehlo", "mhlo"]), default="stablehlo",
               show_default=True, help="MLIR dialect of the dump.")
 @click.option("-o", "--out", "out_dir", default="dumps", show_default=True,
-              type=click.Path(file_okay=False), help="Output directory (must exist).")
+              type=click.Path(), help="Output directory, created (with its parents) if missing.")
 @click.option("--shape-cache", default=None, type=click.Path(dir_okay=False),
               help="JSON cache of stage input/output shapes.  [default: OUT/stage_shapes.json]")
 @click.option("--force", is_flag=True, help="Overwrite an existing dump.")
@@ -163,7 +169,8 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
          out_dir: str, shape_cache: str | None, force: bool, check: bool, verbose: bool) -> None:
     """Trace one pipeline stage of OpenSora STDiT3 with torch-xla SPMD on virtual CPU devices
     and write the per-device program after SPMD partitioning as MLIR, with a JSON sidecar
-    (OUT/<model>_<shape>_<strategy>_<mesh>_stage<k>.mlir and .json)."""
+    (OUT/<model>_<shape>_<strategy>_<mesh>_stage<k>_pairs<first>-<last>.mlir and .json; OUT is
+    created if missing)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -181,6 +188,7 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
                              f"({config.num_devices} devices)")
         out = Path(out_dir)
         if check:
+            require_trace_extra()
             from tracing.check import run_check
 
             report = run_check(config, stage, progress=_progress(stage, f"check {config.strategy}"))

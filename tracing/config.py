@@ -104,6 +104,21 @@ class PipelineConfig:
     def submesh(self, stage: int) -> Submesh:
         return self.submeshes[stage]
 
+    def dump_name(self, stage: int) -> str:
+        """``<model>_<shape>_<strategy>_<mesh>_stage<k>_pairs<first>-<last>``: the file name of a
+        stage's dump (the model is the config name or the TOML file's stem).
+
+        The block pairs make two stage splits distinct: stage 0 of ``0-13,14-27`` and of
+        ``0-6,7-27`` are different programs. (A stage's pair range also fixes whether it holds
+        the embeddings, first pair 0, or the final layer, the last pair.)
+        """
+        model = Path(self.model_config_name).stem if self.model_config_name.endswith(".toml") \
+            else self.model_config_name
+        mesh = self.submesh(stage)
+        first, last = self.stage_ids[stage]
+        return (f"{model}_{self.shape}_{self.strategy}_{mesh.nx}x{mesh.ny}"
+                f"_stage{stage}_pairs{first}-{last}")
+
     def to_dict(self) -> dict:
         """JSON-able form for sidecars (enough to rebuild the configuration)."""
         return {

@@ -9,12 +9,16 @@ batch not, that merged axis is not a tile, and GSPMD all-gathers q, k and v to u
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """softmax(q k^T * scale + mask) v on (batch, heads, L, head_dim), head-split friendly."""
+    import torch
+
     scores = torch.einsum("bhqd,bhkd->bhqk", q * scale, k).float()
     if mask is not None:
         scores = scores + mask

@@ -17,15 +17,18 @@ that GSPMD partitions into all-to-alls and all-gathers, measured.)  ring-1 rotat
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from tracing.strategies.base import Spec, register
 from tracing.strategies.ds_ulysses import TOKENS, SequenceParallel
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 
 def make_ring_attention(mesh, ring_axis: str, batch_axis: str | None, ring_size: int):
     """A kernel ``(q, k, v, mask, scale) -> out`` on (B', heads, L, hd), L split ring_size ways."""
+    import torch
     import torch_xla.distributed.spmd as xs
 
     block_spec = (batch_axis, None, ring_axis, None, None)  # (B', heads, ring, chunk, hd)
