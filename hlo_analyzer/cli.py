@@ -19,11 +19,13 @@ log = logging.getLogger("hlo_analyzer")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "csv"]),
               default="table", show_default=True, help="Output format.")
-@click.option("--by", type=click.Choice(["op", "category", "block"]), default="op",
-              show_default=True,
-              help="Rows of the table/CSV: one per measured op, one per category (gemm, vector, "
-                   "comm, other), or one per labelled GEMM of each STDiT3 block (needs --hw). "
-                   "JSON always carries all of them.")
+@click.option("--by", type=click.Choice(["summary", "op", "category", "block"]),
+              default="summary", show_default=True,
+              help="What the table/CSV shows. summary: per category, totals, collectives by kind, "
+                   "unhandled ops (and blocks and mapping with --hw); op: one row per measured "
+                   "op before the summary; category: the per-category rows (CSV); block: one row "
+                   "per labelled GEMM of each STDiT3 block (needs --hw). JSON always carries all "
+                   "of them.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write the report to this file (atomically) instead of standard output.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
@@ -50,9 +52,9 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                     hardware: str | None, steps: int, blocks: int | None, verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
-    Prints one row per measured op (GEMM, vector and collective ops, with shapes, FLOPs and
-    per-device bytes sent), then per-device and whole-mesh totals and the ops that no visitor
-    measured. FLOPs: dot/dot_general/convolution count 2 FLOPs per multiply-add; element-wise
+    Prints a summary: FLOPs and bytes per category, per-device and whole-mesh totals,
+    collectives by kind and the ops that no visitor measured; --by op adds one row per measured
+    op (GEMM, vector and collective ops, with shapes, FLOPs and per-device bytes sent). FLOPs: dot/dot_general/convolution count 2 FLOPs per multiply-add; element-wise
     ops one per output element. Collectives: ring volumes per device.
 
     Example: analyze-hlo dumps/example_mlp_megatron_2x2.stablehlo.mlir --format json

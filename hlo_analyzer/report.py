@@ -141,9 +141,9 @@ class Report:
         return head[:-2] + f',\n "ops": [{row_lines.rstrip(",")}\n ]\n}}\n'
 
 
-    def to_csv(self, by: str = "op") -> str:
+    def to_csv(self, by: str = "summary") -> str:
         buffer = io.StringIO()
-        if by == "category":
+        if by in ("summary", "category"):
             records = self.by_category()
         elif by == "block":
             records = self.block_rows()
@@ -161,7 +161,7 @@ class Report:
         writer.writerows(records)
         return buffer.getvalue()
 
-    def to_table(self, by: str = "op") -> str:
+    def to_table(self, by: str = "summary") -> str:
         from hlo_analyzer.table import render_report_table
 
         return render_report_table(self, by)

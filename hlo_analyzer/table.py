@@ -40,19 +40,16 @@ def render_columns(header: list[str], rows: list[list[str]], right_align: set[in
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
-def render_report_table(report: Report, by: str = "op") -> str:
+def render_report_table(report: Report, by: str = "summary") -> str:
+    """The summary (per category, totals, collectives by kind, blocks, mapping, unhandled ops),
+    preceded by one row per op (``by="op"``) or per labelled block GEMM (``by="block"``)."""
     lines = [f"Analysis of {report.source}", ""]
     if by == "block":
         header = ["block", "kind", "label", "op", "shapes", "FLOPs", "location"]
         rows = [[str(r["block"]), r["kind"], r["label"], r["op"], _shapes(r), si(r["flops"], "FLOP"),
                  r["location"][:48]] for r in report.block_rows()]
         lines += render_columns(header, rows, {0, 5})
-    elif by == "category":
-        header = ["category", "ops", "FLOPs", "comm bytes/device"]
-        rows = [[c["category"], str(c["ops"]), si(c["flops"], "FLOP"),
-                 si(c["comm_bytes_per_device"], "B")] for c in report.by_category()]
-        lines += render_columns(header, rows, {1, 2, 3})
-    else:
+    elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
                   "location"]
         rows = []
@@ -65,6 +62,11 @@ def render_report_table(report: Report, by: str = "op") -> str:
                 row.location[:48],
             ])
         lines += render_columns(header, rows, {0, 5, 6, 7})
+        lines.append("")
+    header = ["category", "ops", "FLOPs", "comm bytes/device"]
+    rows = [[c["category"], str(c["ops"]), si(c["flops"], "FLOP"),
+             si(c["comm_bytes_per_device"], "B")] for c in report.by_category()]
+    lines += render_columns(header, rows, {1, 2, 3})
     totals = report.totals()
     lines += [
         "",
@@ -94,6 +96,8 @@ def render_report_table(report: Report, by: str = "op") -> str:
         lines.append(f"Unhandled ops (not measured): {listed}")
     else:
         lines.append("Unhandled ops: none")
+    if by == "summary":
+        lines.append("(one row per op: --by op)")
     return "\n".join(lines) + "\n"
 
 

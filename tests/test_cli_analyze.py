@@ -58,6 +58,15 @@ def test_table_names_units_and_unhandled(sample, capsys):
     assert "10.58 kFLOP" in out and "Unhandled ops: none" in out
 
 
+def test_default_table_is_the_summary_and_by_op_adds_the_rows(sample, capsys):
+    _, summary, _ = run([sample], capsys)
+    _, per_op, _ = run([sample, "--by", "op"], capsys)
+    # The sample holds 4 GEMMs (a dot_general, a dot and two convolutions), one per op row.
+    assert summary.count("stablehlo.") == 0 and "(one row per op: --by op)" in summary
+    assert per_op.count("stablehlo.convolution") == 2 and per_op.count("gemm ") >= 4
+    assert per_op.endswith(summary.split("\n", 2)[2].replace("(one row per op: --by op)\n", ""))
+
+
 def test_output_file_is_written_once_and_not_overwritten(sample, tmp_path, capsys):
     target = tmp_path / "report.json"
     assert run([sample, "--format", "json", "-o", target], capsys)[0] == 0
@@ -65,7 +74,7 @@ def test_output_file_is_written_once_and_not_overwritten(sample, tmp_path, capsy
     code, _, err = run([sample, "--format", "csv", "-o", target], capsys)
     assert code == 2 and "already exists" in err
     assert target.read_text() == first
-    assert run([sample, "--format", "csv", "-o", target, "--force"], capsys)[0] == 0
+    assert run([sample, "--format", "csv", "--by", "op", "-o", target, "--force"], capsys)[0] == 0
     assert target.read_text().startswith("position,")
 
 
