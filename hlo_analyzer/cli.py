@@ -46,10 +46,16 @@ log = logging.getLogger("hlo_analyzer")
 @click.option("--blocks", type=click.IntRange(min=1), default=None,
               help="Blocks (spatial+temporal pairs) to total over, e.g. 28 for the whole model; "
                    "default: the pairs found in the dump (with --hw).")
+@click.option("--sidecar", type=click.Path(dir_okay=False, exists=True, path_type=str),
+              default=None, metavar="FILE",
+              help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
+                   "the memory section; default: DUMP with the suffix .json, if it exists "
+                   "(without one, every argument counts as a weight).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float,
-                    hardware: str | None, steps: int, blocks: int | None, verbose: bool) -> int:
+                    hardware: str | None, steps: int, blocks: int | None, sidecar: str | None,
+                    verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
     Prints a summary: FLOPs and bytes per category, per-device and whole-mesh totals,
@@ -79,6 +85,9 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
 
         log.info("segmenting blocks and mapping them on %s", hardware)
         add_hardware_sections(report, module, hardware, steps=steps, blocks=blocks)
+    from hlo_analyzer.memory import add_memory_section
+
+    add_memory_section(report, module, dump, sidecar=sidecar, hardware=hardware)
     if output_format == "json":
         text = report.to_json()
     elif output_format == "csv":

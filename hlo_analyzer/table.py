@@ -91,6 +91,8 @@ def render_report_table(report: Report, by: str = "summary") -> str:
         lines += _blocks_lines(report.extra["blocks"])
     if "mapping" in report.extra:
         lines += _mapping_lines(report.extra["mapping"])
+    if "memory" in report.extra:
+        lines += _memory_lines(report.extra["memory"])
     if report.unhandled:
         listed = ", ".join(f"{name} x{count}" for name, count in report.unhandled.items())
         lines.append(f"Unhandled ops (not measured): {listed}")
@@ -134,4 +136,23 @@ def _mapping_lines(mapping: dict[str, Any]) -> list[str]:
         f"  communication ({mapping['steps']} steps)  {seconds(totals['comm_latency_s'])}",
         f"  inference latency      {seconds(totals['inference_latency_s'])}",
     ]
+    return lines
+
+
+def _memory_lines(memory: dict[str, Any]) -> list[str]:
+    source = ("stage inputs told apart by the sidecar" if memory["weights_source"] == "sidecar"
+              else "no sidecar: every argument counted as a weight")
+    lines = ["", "Memory per device:",
+             f"  weights (resident)    {si(memory['weight_bytes'], 'B'):>12}  "
+             f"in {memory['weight_arguments']} arguments ({source})",
+             f"  stage inputs          {si(memory['input_bytes'], 'B'):>12}  "
+             f"in {memory['input_arguments']} arguments (part of the live activations)",
+             f"  peak live activations {si(memory['peak_live_bytes'], 'B'):>12}  "
+             f"at op {memory['peak_position']} ({memory['peak_op']})"]
+    if memory["stale_kv_bytes"]:
+        lines.append(f"  stale K/V buffers     {si(memory['stale_kv_bytes'], 'B'):>12}")
+    lines.append(f"  total                 {si(memory['total_bytes'], 'B'):>12}")
+    if memory["capacity_bytes"] is not None:
+        verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
+        lines.append(f"  capacity              {si(memory['capacity_bytes'], 'B'):>12}  {verdict}")
     return lines
