@@ -156,3 +156,36 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
         verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
         lines.append(f"  capacity              {si(memory['capacity_bytes'], 'B'):>12}  {verdict}")
     return lines
+
+
+def render_pipeline_table(document: dict[str, Any]) -> str:
+    """The ``analyze-pipeline`` report (``PipelineAnalysis.to_dict()``) as text."""
+    lines = [f"Pipeline {document['pipeline']} on {document['hardware']}: "
+             f"{len(document['stages'])} stages, M = {document['patches']} patches", ""]
+    header = ["stage", "strategy", "chips", "pairs", "compute", "collectives", "stage/patch",
+              "send/patch", "transfer/patch", "memory/device"]
+    rows = []
+    for stage in document["stages"]:
+        memory = stage["memory"]
+        flag = " !" if memory["exceeds_capacity"] else ""
+        rows.append([str(stage["stage"]), stage["strategy"],
+                     ",".join(map(str, stage["devices"])), str(stage["block_pairs"]),
+                     seconds(stage["compute_s"]), seconds(stage["comm_s"]),
+                     seconds(stage["patch_s"]), si(stage["transfer_patch_bytes"], "B"),
+                     seconds(stage["transfer_patch_s"]), si(memory["total_bytes"], "B") + flag])
+    lines += render_columns(header, rows, {3, 4, 5, 6, 7, 8, 9})
+    totals = document["totals"]
+    lines += [
+        "",
+        f"  pipelined step (PipeFusion, M + P - 1 patch times + transfers)  "
+        f"{seconds(totals['step_s'])}",
+        f"  warm-up step (unpipelined, full latent)                         "
+        f"{seconds(totals['warmup_step_s'])}",
+        f"  inference ({document['warmup_steps']} warm-up + "
+        f"{document['steps'] - min(document['warmup_steps'], document['steps'])} pipelined steps)"
+        f"  {seconds(totals['inference_s'])}",
+        f"  memory per device (largest stage)  {si(totals['memory_per_device_bytes'], 'B')}",
+    ]
+    if any(stage["memory"]["exceeds_capacity"] for stage in document["stages"]):
+        lines.append("  ! a stage's memory exceeds the chip's DRAM capacity")
+    return "\n".join(lines) + "\n"

@@ -41,6 +41,10 @@ DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp3
 
 MESH_AXES = ("x", "y")
 
+#: Pipeline-file keys that ``analyze-pipeline`` reads (PipeFusion patch count, warm-up steps);
+#: the tracer accepts and ignores them.
+ANALYSIS_KEYS = frozenset({"patches", "warmup_steps"})
+
 
 class PipelineConfigError(UsageError):
     """A pipeline configuration that cannot be traced (bad mesh, stage split, submesh, ...)."""
@@ -213,10 +217,11 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PipelineConfigError(f"{source}: not valid TOML ({exc})") from None
     known = {"config", "shape", "strategy", "mesh_shape", "stage_ids", "submeshes", "dtype", "batch"}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known - ANALYSIS_KEYS)
     if unknown:
         raise PipelineConfigError(f"{source}: unknown keys {unknown}; expected some of {sorted(known)}")
-    values = {"mesh" if key == "mesh_shape" else key: value for key, value in data.items()}
+    values = {"mesh" if key == "mesh_shape" else key: value for key, value in data.items()
+              if key not in ANALYSIS_KEYS}
     values.update({key: value for key, value in overrides.items() if value is not None})
     if isinstance(values.get("config"), str) and values["config"].endswith(".toml"):
         # A model file named in a pipeline file is relative to that file.

@@ -1,0 +1,245 @@
+"""``analyze-pipeline``: the stages of a pipeline on their submeshes, with PipeFusion patches.
+
+Each stage's dump is analyzed as ``analyze-hlo --hw`` does (one block mapped on the chip, times
+the stage's block pairs; the stage's own collectives on the chip-to-chip network; memory per
+device). Its sidecar gives the stage's chips (``mesh.global_device_ids``), its boundary
+activations (``outputs``: global shapes and dtypes) and, for a stage traced on one patch, the
+patch count (``pipefusion.patches``). A stage traced on the full latent is taken to run a patch in
+1/M of its time; a stage traced on one patch runs the full latent in M times its time (the
+spatial attention of a patch reads the full K/V, so the M patches add up to the full work).
+
+Per patch, stage k sends 1/M of ``x`` and the whole of its other outputs (``t``, ``t_mlp``, ``y``:
+small, counted with every patch) to stage k+1's chips (``hardware.pipeline.transfer_time_s``);
+the step latency follows the PipeFusion schedule of ``hardware.pipeline`` (module doc there).
+Memory per device of a stage adds, with M > 1, the stale K/V buffers its spatial attentions keep:
+per block pair ``2 * B_spt * S_KV_spt * N_A * H_A * Q`` bytes (K and V over the full sequence,
+with the per-device dictionary of the dump's segmentation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs, sidecar_for
+from hlo_analyzer.tensors import ELEMENT_BYTES
+from hlo_trace.errors import InputFileError, UsageError
+
+log = logging.getLogger(__name__)
+
+#: torch dtype names of the sidecar -> bytes per element.
+_SIDECAR_DTYPE_BYTES = {"bfloat16": ELEMENT_BYTES["bf16"], "float16": ELEMENT_BYTES["f16"],
+                        "float32": ELEMENT_BYTES["f32"], "float64": ELEMENT_BYTES["f64"]}
+
+#: The stage output split into patches (the hidden states); the others travel whole.
+PATCHED_OUTPUT = "x"
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What ``analyze-pipeline`` reads from a pipeline TOML (the tracer reads the rest)."""
+
+    path: str
+    stage_count: int
+    strategies: tuple[str, ...] | None
+    patches: int
+    warmup_steps: int
+
+
+@dataclass(frozen=True)
+class StageAnalysis:
+    """One stage on its submesh; times per step, for the full latent and for one patch."""
+
+    stage: int
+    dump: str
+    strategy: str
+    devices: tuple[int, ...]
+    block_pairs: int
+    traced_patches: int
+    compute_s: float
+    comm_s: float
+    comm_bytes_per_device: float
+    full_s: float
+    patch_s: float
+    transfer_full_bytes: int
+    transfer_patch_bytes: float
+    transfer_full_s: float
+    transfer_patch_s: float
+    memory: MemoryUsage
+
+
+@dataclass(frozen=True)
+class PipelineAnalysis:
+    plan: PipelinePlan
+    hardware: str
+    stages: tuple[StageAnalysis, ...]
+    step: Any  # hardware.pipeline.PipelineStep
+
+    @property
+    def memory_per_device_bytes(self) -> int:
+        """The largest total of any stage: each device belongs to one stage."""
+        return max(stage.memory.total_bytes for stage in self.stages)
+
+    @property
+    def comm_bytes_per_device(self) -> float:
+        """Collectives per step of the busiest device, plus what it sends to the next stage."""
+        return max(stage.comm_bytes_per_device + stage.transfer_full_bytes / len(stage.devices)
+                   for stage in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        step = self.step
+        return {
+            "pipeline": self.plan.path, "hardware": self.hardware,
+            "patches": self.plan.patches, "warmup_steps": step.warmup_steps, "steps": step.steps,
+            "stages": [dataclasses.asdict(s) | {"memory": s.memory.to_dict()} for s in self.stages],
+            "totals": {
+                "step_s": step.step_s, "warmup_step_s": step.warmup_step_s,
+                "inference_s": step.inference_s,
+                "memory_per_device_bytes": self.memory_per_device_bytes,
+                "comm_bytes_per_device": self.comm_bytes_per_device,
+            },
+        }
+
+
+def load_plan(path: str | Path) -> PipelinePlan:
+    """Read ``stage_ids``, ``strategy`` (one name or one per stage), ``patches`` (default 1) and
+    ``warmup_steps`` (default 1) from a pipeline TOML."""
+    source = Path(path)
+    try:
+        data = tomllib.loads(source.read_text())
+    except FileNotFoundError:
+        raise InputFileError(f"{source}: pipeline file not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputFileError(f"{source}: not valid TOML ({exc})") from None
+    stage_ids = data.get("stage_ids")
+    if not isinstance(stage_ids, list) or not stage_ids:
+        raise InputFileError(f"{source}: stage_ids: expected a list of [first, last] pairs")
+    strategy = data.get("strategy")
+    strategies = (tuple(strategy) if isinstance(strategy, list)
+                  else (str(strategy),) * len(stage_ids) if strategy is not None else None)
+    if strategies is not None and len(strategies) != len(stage_ids):
+        raise InputFileError(f"{source}: strategy: {len(strategies)} names for "
+                             f"{len(stage_ids)} stages; expected one name or one per stage")
+    patches, warmup = data.get("patches", 1), data.get("warmup_steps", 1)
+    for key, value, least in (("patches", patches, 1), ("warmup_steps", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputFileError(f"{source}: {key} = {value!r}: expected an integer >= {least}")
+    return PipelinePlan(str(source), len(stage_ids), strategies, patches, warmup)
+
+
+def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
+                     steps: int = 30) -> PipelineAnalysis:
+    from hardware.pipeline import pipefusion_step
+    from hlo_analyzer.hw_mapping import load_system
+
+    if len(dumps) != plan.stage_count:
+        raise UsageError(f"{plan.path} has {plan.stage_count} stages but {len(dumps)} dumps were "
+                         "given: expected one dump per stage, in stage order")
+    system = load_system(hardware)
+    sidecars = [_read_sidecar(dump) for dump in dumps]
+    stages = []
+    for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
+        following = sidecars[index + 1] if index + 1 < len(sidecars) else None
+        stages.append(_analyze_stage(index, dump, sidecar, following, plan, system, hardware))
+    step = pipefusion_step(
+        [s.patch_s for s in stages], [s.transfer_patch_s for s in stages[:-1]],
+        [s.full_s for s in stages], [s.transfer_full_s for s in stages[:-1]],
+        patches=plan.patches, steps=steps, warmup_steps=plan.warmup_steps)
+    return PipelineAnalysis(plan, system.name, tuple(stages), step)
+
+
+def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
+                   following: dict[str, Any] | None, plan: PipelinePlan,
+                   system: Any, hardware: str) -> StageAnalysis:
+    from hardware.pipeline import transfer_time_s
+    from hlo_analyzer.hw_mapping import add_hardware_sections
+    from hlo_analyzer.mlir import load_module
+    from hlo_analyzer.report import analyze
+
+    strategy = str(sidecar.get("strategy", {}).get("name", "?"))
+    if plan.strategies is not None and plan.strategies[index] != strategy:
+        raise UsageError(f"{dump}: traced with strategy {strategy}, but {plan.path} gives stage "
+                         f"{index} the strategy {plan.strategies[index]}")
+    if sidecar.get("stage") not in (None, index):
+        raise UsageError(f"{dump}: is stage {sidecar.get('stage')}, given as stage {index}")
+    first, last = sidecar.get("blocks", [0, 0])
+    pairs = int(last) - int(first) + 1
+    module = load_module(dump)
+    report = analyze(module, name=dump)
+    add_hardware_sections(report, module, hardware, steps=1, blocks=pairs)
+    totals = report.extra["mapping"]["totals"]
+    compute_s, comm_s = totals["compute_latency_s"], totals["comm_latency_s_per_step"]
+    traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
+    if traced not in (1, plan.patches):
+        raise UsageError(f"{dump}: traced on one of {traced} patches, but {plan.path} has "
+                         f"patches = {plan.patches}")
+    own_s = compute_s + comm_s
+    full_s, patch_s = ((own_s * plan.patches, own_s) if traced > 1
+                       else (own_s, own_s / plan.patches))
+    devices = tuple(d for row in sidecar["mesh"]["global_device_ids"] for d in row)
+    full_bytes, patch_bytes = _boundary_bytes(sidecar, plan.patches)
+    if following is None:
+        full_bytes, patch_bytes, full_t, patch_t = 0, 0.0, 0.0, 0.0
+    else:
+        receivers = [d for row in following["mesh"]["global_device_ids"] for d in row]
+        _check_chips(dump, devices + tuple(receivers), system)
+        full_t = transfer_time_s(full_bytes, devices, receivers, system)
+        patch_t = transfer_time_s(patch_bytes, devices, receivers, system)
+    memory = measure_memory(module, read_sidecar_inputs(sidecar_for(dump)),
+                            capacity_bytes=system.chip.dram_capacity_bytes)
+    if plan.patches > 1:
+        memory = dataclasses.replace(memory, stale_kv_bytes=_stale_kv_bytes(
+            report.extra["blocks"]["config"], pairs))
+    return StageAnalysis(
+        stage=index, dump=dump, strategy=strategy, devices=devices, block_pairs=pairs,
+        traced_patches=traced, compute_s=compute_s, comm_s=comm_s,
+        comm_bytes_per_device=report.comm_bytes_per_device, full_s=full_s, patch_s=patch_s,
+        transfer_full_bytes=full_bytes, transfer_patch_bytes=patch_bytes,
+        transfer_full_s=full_t, transfer_patch_s=patch_t, memory=memory)
+
+
+def _boundary_bytes(sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
+    """(full, per patch) bytes of a stage's outputs; the per-patch figure of a stage traced on
+    one patch is already a patch, and its full figure is M patches of x."""
+    traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
+    full, per_patch = 0, 0.0
+    for name, entry in sorted(sidecar.get("outputs", {}).items()):
+        nbytes = math.prod(entry["shape"]) * _SIDECAR_DTYPE_BYTES[entry["dtype"]]
+        if name == PATCHED_OUTPUT:
+            full += nbytes * traced
+            per_patch += nbytes * traced / patches
+        else:
+            full += nbytes
+            per_patch += nbytes
+    return full, per_patch
+
+
+def _stale_kv_bytes(config: dict[str, int], pairs: int) -> int:
+    """K and V of every spatial attention over the full sequence, per device."""
+    return pairs * 2 * config["B_spt"] * config["S_KV_spt"] * config["N_A"] * config["H_A"] * (
+        config["Q"])
+
+
+def _check_chips(dump: str, devices: tuple[int, ...], system: Any) -> None:
+    if max(devices) >= system.chip_count:
+        raise UsageError(f"{dump}: the pipeline uses chip {max(devices)} but {system.name} has "
+                         f"{system.chip_count} chips")
+
+
+def _read_sidecar(dump: str) -> dict[str, Any]:
+    path = sidecar_for(dump)
+    if path is None:
+        raise InputFileError(f"{dump}: no sidecar {Path(dump).with_suffix('.json')}; "
+                             "analyze-pipeline needs the tracer's sidecar of every stage")
+    try:
+        document = json.loads(path.read_text())
+        document["mesh"]["global_device_ids"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise InputFileError(f"{path}: not a tracer sidecar ({exc})") from None
+    return document

@@ -1,0 +1,66 @@
+"""``analyze-pipeline``: latency, communication and memory of a pipeline of traced stages."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+import click
+
+from hlo_trace.atomic import atomic_write
+from hlo_trace.cli import run_click
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("pipeline", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("dumps", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--hw", "hardware", default="tx8-16", show_default=True, metavar="NAME|FILE",
+              help="System the stages run on (its chips hold the submeshes' device ids).")
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Sampling steps of one inference.")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="Output format.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Write the report to this file (atomically) instead of standard output.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
+def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps: int,
+                     output_format: str, output: str | None, force: bool, verbose: bool) -> int:
+    """Analyze a pipeline: PIPELINE is its TOML (stage_ids, strategy per stage, patches =
+    PipeFusion patch count M, warmup_steps), DUMPS the stage dumps in stage order, each with its
+    tracer sidecar beside it (trace them with `trace-stage --pipeline PIPELINE --all-stages`).
+
+    Per stage: compute (one block mapped on the chip, times the stage's block pairs), its own
+    collectives, the activation it sends to the next stage's chips and the time that takes,
+    and memory per device (weights, stale K/V, peak live activations). Then the PipeFusion step
+    latency, sum of the per-patch times + (M - 1) x the slowest (see docs/pipeline.md), the
+    unpipelined warm-up step, and the inference latency.
+
+    Example: analyze-pipeline dumps/pipeline/tiny_2x2_stages.toml \\
+    dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0.mlir dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1.mlir
+    """
+    from hlo_analyzer.pipeline import analyze_pipeline, load_plan
+    from hlo_analyzer.table import render_pipeline_table
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(message)s", stream=sys.stderr)
+    analysis = analyze_pipeline(load_plan(pipeline), list(dumps), hardware, steps=steps)
+    document = analysis.to_dict()
+    text = (json.dumps(document, indent=1, sort_keys=True) + "\n" if output_format == "json"
+            else render_pipeline_table(document))
+    if output:
+        atomic_write(output, text, force=force)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    sys.exit(run_click(pipeline_command, argv))
+
+
+if __name__ == "__main__":
+    main()
