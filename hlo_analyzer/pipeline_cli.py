@@ -39,7 +39,7 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
     unpipelined warm-up step, and the inference latency.
 
     Example: analyze-pipeline dumps/pipeline/tiny_2x2_stages.toml \\
-    dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0.mlir dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1.mlir
+    dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir
     """
     from hlo_analyzer.pipeline import analyze_pipeline, load_plan
     from hlo_analyzer.table import render_pipeline_table

@@ -122,7 +122,7 @@ def test_tiny_dump_weights_are_the_stage_parameters():
     # temporal alike), cross q 4160, cross kv 64*128+128 = 8320, cross proj 4160,
     # fc1 64*256+256 = 16640, fc2 256*64+64 = 16448, scale_shift_table 6*64 = 384 -> 66784.
     # Two blocks (one pair) 133568 + final layer 64*32+32 + 2*64 = 2208 -> 135776 parameters.
-    path = "dumps/stablehlo/tiny_28_64_64_none_1x1_stage1.mlir"
+    path = "dumps/stablehlo/tiny_28_64_64_none_1x1_stage1_pairs1-1.mlir"
     usage = measure_memory(load_module(path), read_sidecar_inputs(path.replace(".mlir", ".json")))
     assert usage.weight_bytes == 2 * 135776
     # Inputs: x 2*128*64, t 2*64, t_mlp 2*384, y 1*16*64 bf16.

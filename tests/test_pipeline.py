@@ -12,8 +12,8 @@ from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError, UsageError
 
 PLAN = "dumps/pipeline/tiny_2x2_stages.toml"
-DUMPS = ["dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0.mlir",
-         "dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1.mlir"]
+DUMPS = ["dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir",
+         "dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"]
 
 
 def test_schedule_by_hand():
