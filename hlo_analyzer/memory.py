@@ -8,6 +8,8 @@ Two parts, per device (a partitioned dump is one device's program, its shapes ar
     the tiles of its ``mhlo.sharding`` attribute, read by XLA's own ``HloSharding`` parser) and
     element type equal a sidecar input's is that input (one argument per input; two inputs of one
     shape and dtype have the same bytes, so which argument is taken does not matter);
+  - *stale K/V*: sidecar inputs named ``stale_*`` (a stage traced on one PipeFusion patch keeps
+    the previous step's full-sequence K and V of each spatial attention), resident;
   - *scalars*: rank-0 arguments (torch-xla lifts Python scalars to graph parameters);
   - *weights*: every other argument, counted with its local (sharded) size: the parameters as
     sharded on that device.
@@ -25,7 +27,7 @@ Two parts, per device (a partitioned dump is one device's program, its shapes ar
   ``reshape``/``bitcast`` results, no fusion): the figure is the unfused program's peak, an upper
   bound of what XLA's buffer assignment would allocate.
 
-``total_bytes = weight_bytes + scalar_bytes + peak_live_bytes``. With a chip capacity (the
+``total_bytes = weight_bytes + scalar_bytes + stale_kv_bytes + peak_live_bytes``. With a chip capacity (the
 hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device that does not fit.
 """
 
@@ -51,6 +53,10 @@ SIDECAR_DTYPES = {
     "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
     "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "ui8", "bool": "i1",
 }
+
+#: Sidecar inputs named so are PipeFusion's stale K/V buffers (``tracing.pipefusion``): resident
+#: for the whole step, reported apart as ``stale_kv_bytes``, neither weights nor activations.
+STALE_KV_PREFIX = "stale_"
 
 #: ``weights_source`` values.
 FROM_SIDECAR = "sidecar"
@@ -194,7 +200,7 @@ class MemoryVisitor(IRVisitor):
         self._scopes: list[_Scope] = []
         self._entry_seen = False
         self.weight_bytes = self.weight_arguments = 0
-        self.input_bytes = self.input_arguments = self.scalar_bytes = 0
+        self.input_bytes = self.input_arguments = self.scalar_bytes = self.stale_kv_bytes = 0
         self.peak_live_bytes = self.peak_position = 0
         self.peak_op = ""
 
@@ -205,7 +211,8 @@ class MemoryVisitor(IRVisitor):
             scalar_bytes=self.scalar_bytes,
             weights_source=FROM_SIDECAR if self.inputs is not None else ALL_ARGUMENTS,
             peak_live_bytes=self.peak_live_bytes, peak_position=self.peak_position,
-            peak_op=self.peak_op, capacity_bytes=capacity_bytes)
+            peak_op=self.peak_op, stale_kv_bytes=self.stale_kv_bytes,
+            capacity_bytes=capacity_bytes)
 
     # -- the entry function ---------------------------------------------------------------------
     def visit_func(self, op: Any) -> None:
@@ -290,7 +297,8 @@ class MemoryVisitor(IRVisitor):
         return scope.peak()[0]
 
     def _classify_arguments(self, function: Any, block: ir.Block, scope: _Scope) -> None:
-        remaining = [(s.shape, s.dtype) for s in self.inputs] if self.inputs is not None else None
+        remaining = ([(s.shape, s.dtype, s.name.startswith(STALE_KV_PREFIX)) for s in self.inputs]
+                     if self.inputs is not None else None)
         shardings = _argument_shardings(function)
         for index, argument in enumerate(block.arguments):
             nbytes = self._bytes(argument, function)
@@ -300,8 +308,13 @@ class MemoryVisitor(IRVisitor):
                 continue
             if remaining is not None:
                 key = (global_shape(shape, shardings[index]), self.types.dtype(argument))
-                if key in remaining:
-                    remaining.remove(key)
+                match = next((entry for entry in remaining if entry[:2] == key), None)
+                if match is not None and match[2]:  # a PipeFusion stale K/V buffer: resident
+                    remaining.remove(match)
+                    self.stale_kv_bytes += nbytes
+                    continue
+                if match is not None:
+                    remaining.remove(match)
                     self.input_bytes += nbytes
                     self.input_arguments += 1
                     scope.define(argument, nbytes, 0)

@@ -54,14 +54,25 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     _check_output(out_dir, [mlir_path, json_path], force)
     progress = _progress(stage, name)
 
-    shapes = boundary_shapes(config, shape_cache)
+    traced_config, stale_shapes, plan = config, None, None
+    if config.patches > 1:
+        import dataclasses
+
+        from tracing.pipefusion import patch_plan, stale_buffer_shapes
+
+        plan = patch_plan(config.model, config.shape, config.patches)
+        traced_config = dataclasses.replace(config, shape=plan.patch_shape, patches=1)
+        stale_shapes = stale_buffer_shapes(config.model, plan, stage_spec(config, stage),
+                                           config.batch)
+    shapes = boundary_shapes(traced_config, shape_cache)
     submesh = config.submesh(stage)
     session = capture.prepare_process(submesh.size)
     try:
         capture.enable_spmd()
         from tracing.tracer import compile_stage, trace_stage
 
-        traced = trace_stage(config, stage, shapes, progress=progress)
+        traced = trace_stage(traced_config, stage, shapes, progress=progress,
+                             stale_kv=stale_shapes)
         hlo_text = compile_stage(session, traced, progress)
     finally:
         capture.release(session)
@@ -86,7 +97,9 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         "dtype": config.dtype,
         "strategy": {"name": config.strategy, "summary": traced.strategy.summary,
                      "token_order": traced.strategy.token_order},
-        "inputs": shapes[stage]["inputs"],
+        "inputs": shapes[stage]["inputs"] | {
+            name: {"shape": list(shape), "dtype": config.dtype}
+            for name, shape in (stale_shapes or {}).items()},
         "outputs": shapes[stage]["outputs"],
         "versions": capture.tool_versions(),
         "seconds": {step: round(value, 3) for step, value in traced.seconds.items()},
@@ -94,6 +107,8 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         "peak_rss_bytes": capture.peak_rss_bytes(),
         "mlir_bytes": len(mlir_text.encode()),
     }
+    if plan is not None:
+        sidecar["pipefusion"] = plan.to_dict()
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
         written.append(atomic_write(json_path, json.dumps(sidecar, indent=2, sort_keys=True) + "\n",
@@ -154,6 +169,11 @@ def _strategy_help() -> str:
               help="Element type of weights and activations: bfloat16, float32 or float16.")
 @click.option("--batch", type=int, default=2, show_default=True,
               help="Batch size (2: classifier-free guidance).")
+@click.option("--patches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="PipeFusion patch count M: trace the stage on one of M patches along the latent "
+                   "height, its spatial attentions reading full-sequence stale K/V (docs/pipeline.md).")
+@click.option("--all-stages", is_flag=True,
+              help="Trace every stage of the pipeline, one process each (same options but --stage).")
 @click.option("--dialect", type=click.Choice(["stablehlo", "mhlo"]), default="stablehlo",
               show_default=True, help="MLIR dialect of the dump.")
 @click.option("-o", "--out", "out_dir", default="dumps", show_default=True,
@@ -165,7 +185,8 @@ def _strategy_help() -> str:
               help="Instead of dumping: run the stage through XLA and eagerly on CPU and compare outputs (use with --config tiny).")
 @click.option("-v", "--verbose", is_flag=True, help="Log details (cache hits, sizes) to stderr.")
 def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str | None,
-         model_config: str, pipeline_file: str | None, devices: int | None, dtype: str, batch: int, dialect: str,
+         model_config: str, pipeline_file: str | None, devices: int | None, dtype: str, batch: int,
+         patches: int, all_stages: bool, dialect: str,
          out_dir: str, shape_cache: str | None, force: bool, check: bool, verbose: bool) -> None:
     """Trace one pipeline stage of OpenSora STDiT3 with torch-xla SPMD on virtual CPU devices
     and write the per-device program after SPMD partitioning as MLIR, with a JSON sidecar
@@ -175,7 +196,7 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         options = dict(config=model_config, shape=shape, strategy=strategy, mesh=mesh,
-                       stage_ids=stage_ids, dtype=dtype, batch=batch)
+                       stage_ids=stage_ids, dtype=dtype, batch=batch, patches=patches)
         if pipeline_file is not None:
             ctx = click.get_current_context()
             explicit = {key: value for key, value in options.items()
@@ -187,6 +208,8 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
             raise UsageError(f"--devices {devices} does not match mesh {config.mesh_label} "
                              f"({config.num_devices} devices)")
         out = Path(out_dir)
+        if all_stages:
+            sys.exit(_trace_all_stages(config))
         if check:
             require_trace_extra()
             from tracing.check import run_check
@@ -207,8 +230,24 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
     capture.end_process(session)
 
 
+def _trace_all_stages(config: PipelineConfig) -> int:
+    """Run this command once per stage (a process each: the device count is fixed per process)."""
+    import subprocess
+
+    arguments = [arg for arg in sys.argv[1:] if arg != "--all-stages"]
+    if "--stage" in arguments:
+        index = arguments.index("--stage")
+        del arguments[index:index + 2]
+    for stage in range(config.num_stages):
+        code = subprocess.call([sys.executable, "-m", "tracing.cli", *arguments,
+                                "--stage", str(stage)])
+        if code != 0:
+            return code
+    return 0
+
+
 _PARAM_OF = {"config": "model_config", "shape": "shape", "strategy": "strategy", "mesh": "mesh",
-             "stage_ids": "stage_ids", "dtype": "dtype", "batch": "batch"}
+             "stage_ids": "stage_ids", "dtype": "dtype", "batch": "batch", "patches": "patches"}
 
 
 if __name__ == "__main__":

@@ -41,9 +41,8 @@ DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp3
 
 MESH_AXES = ("x", "y")
 
-#: Pipeline-file keys that ``analyze-pipeline`` reads (PipeFusion patch count, warm-up steps);
-#: the tracer accepts and ignores them.
-ANALYSIS_KEYS = frozenset({"patches", "warmup_steps"})
+#: Pipeline-file keys that only ``analyze-pipeline`` reads; the tracer accepts and ignores them.
+ANALYSIS_KEYS = frozenset({"warmup_steps"})
 
 
 class PipelineConfigError(UsageError):
@@ -87,6 +86,7 @@ class PipelineConfig:
     submeshes: tuple[Submesh, ...]
     dtype: str = "bfloat16"
     batch: int = 2
+    patches: int = 1  # PipeFusion: > 1 traces a stage on one of this many height patches
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -120,8 +120,9 @@ class PipelineConfig:
             else self.model_config_name
         mesh = self.submesh(stage)
         first, last = self.stage_ids[stage]
+        patch = f"_patch1of{self.patches}" if self.patches > 1 else ""
         return (f"{model}_{self.shape}_{self.strategy}_{mesh.nx}x{mesh.ny}"
-                f"_stage{stage}_pairs{first}-{last}")
+                f"_stage{stage}_pairs{first}-{last}{patch}")
 
     def to_dict(self) -> dict:
         """JSON-able form for sidecars (enough to rebuild the configuration)."""
@@ -135,6 +136,7 @@ class PipelineConfig:
             "submeshes": [list(dataclasses.astuple(s)) for s in self.submeshes],
             "dtype": self.dtype,
             "batch": self.batch,
+            "patches": self.patches,
         }
 
 
@@ -181,7 +183,7 @@ def normalize_dtype(name: str) -> str:
 def build_config(*, config: str = "tiny", shape: str | None = None, strategy: str = "megatron",
                  mesh: str | tuple[int, int] = "2x2", stage_ids: str | None = None,
                  submeshes: list | None = None, dtype: str = "bfloat16",
-                 batch: int = 2) -> PipelineConfig:
+                 batch: int = 2, patches: int = 1) -> PipelineConfig:
     """Build and validate a configuration from plain values (CLI strings or TOML values).
 
     ``stage_ids`` None means one stage holding all blocks.  Strategy-specific checks (heads,
@@ -202,9 +204,12 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
     _validate_submeshes(subs, ids, mesh_shape)
     if batch < 1:
         raise PipelineConfigError(f"batch={batch}: expected a positive batch size")
+    if isinstance(patches, bool) or not isinstance(patches, int) or patches < 1:
+        raise PipelineConfigError(f"patches={patches!r}: expected a positive patch count")
     return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
                           strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
-                          submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch))
+                          submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch),
+                          patches=patches)
 
 
 def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
@@ -216,7 +221,8 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
         data = tomllib.loads(source.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PipelineConfigError(f"{source}: not valid TOML ({exc})") from None
-    known = {"config", "shape", "strategy", "mesh_shape", "stage_ids", "submeshes", "dtype", "batch"}
+    known = {"config", "shape", "strategy", "mesh_shape", "stage_ids", "submeshes", "dtype", "batch",
+             "patches"}
     unknown = sorted(set(data) - known - ANALYSIS_KEYS)
     if unknown:
         raise PipelineConfigError(f"{source}: unknown keys {unknown}; expected some of {sorted(known)}")

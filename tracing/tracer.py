@@ -66,11 +66,14 @@ def make_mesh(mesh_shape: tuple[int, int]):
 def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dict], *,
                 materialize: str = "placeholder", reference: STDiT3 | None = None,
                 reference_inputs: dict[str, torch.Tensor] | None = None,
-                progress: Progress = lambda step: None) -> TracedStage:
+                progress: Progress = lambda step: None,
+                stale_kv: dict[str, tuple[int, ...]] | None = None) -> TracedStage:
     """Build, shard and lazily run stage ``stage_index`` on the XLA device.
 
     ``materialize``: "placeholder" (compile only: replicated tensors hold no data) or "values"
     (copy parameters from ``reference`` and inputs from ``reference_inputs``, to execute).
+    ``stale_kv``: PipeFusion stale K/V buffers (name -> shape, ``tracing.pipefusion``) for the
+    spatial attentions of a stage traced on one patch; they become extra stage inputs.
     """
     import torch
     import torch_xla
@@ -113,6 +116,11 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
         inputs[name] = _device_tensor(shape, input_dtype, strategy.input_spec(name, shape), mesh,
                                       device, source)
     strategy.install(model, range(stage.first_block, stage.last_block + 1), mesh)
+    if stale_kv:
+        from tracing.pipefusion import install_stale_kv
+
+        inputs.update(install_stale_kv(model, stage, stale_kv, lambda shape: _device_tensor(
+            shape, dtype, None, mesh, device, None)))
     seconds["shard"] = time.perf_counter() - started
 
     progress("trace")

@@ -324,6 +324,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
+        # PipeFusion: (k, v) of a patch -> full-sequence (k, v) (the stale buffer of the previous
+        # step with the patch's fresh k, v written in); None: attend within x only.
+        self.kv_hook: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         """(B', L, h) -> (B', L, h)."""
@@ -334,6 +337,8 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
+        if self.kv_hook is not None:
+            k, v = self.kv_hook(k, v)
         q, k, v = self.annotate("q", q), self.annotate("k", k), self.annotate("v", v)
         out = self.attention_fn(q, k, v, None, self.scale)
         out = out.transpose(1, 2).reshape(batch, length, hidden)
