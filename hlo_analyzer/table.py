@@ -148,7 +148,7 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
              f"  stage inputs          {si(memory['input_bytes'], 'B'):>12}  "
              f"in {memory['input_arguments']} arguments (part of the live activations)",
              f"  peak live activations {si(memory['peak_live_bytes'], 'B'):>12}  "
-             f"at op {memory['peak_position']} ({memory['peak_op']})"]
+             f"at op {memory['peak_position']} ({memory['peak_op'].split('.', 1)[-1]})"]
     if memory["stale_kv_bytes"]:
         lines.append(f"  stale K/V buffers     {si(memory['stale_kv_bytes'], 'B'):>12}")
     lines.append(f"  total                 {si(memory['total_bytes'], 'B'):>12}")
