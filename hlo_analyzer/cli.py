@@ -9,8 +9,7 @@ from collections.abc import Callable, Sequence
 import click
 
 from hlo_analyzer.comm import RingLink
-from hlo_trace.atomic import atomic_write
-from hlo_trace.cli import run_click
+from hlo_trace.cli import emit, run_click
 
 log = logging.getLogger("hlo_analyzer")
 
@@ -94,11 +93,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
         text = report.to_csv(by)
     else:
         text = report.to_table(by)
-    if output:
-        atomic_write(output, text, force=force)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    emit(text, output, force=force)
     return 0
 
 

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 
 import click
 
-from hlo_trace.atomic import atomic_write
-from hlo_trace.cli import run_click
+from hlo_trace.cli import emit, run_click
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,11 +49,7 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
     document = analysis.to_dict()
     text = (json.dumps(document, indent=1, sort_keys=True) + "\n" if output_format == "json"
             else render_pipeline_table(document))
-    if output:
-        atomic_write(output, text, force=force)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    emit(text, output, force=force)
     return 0
 
 

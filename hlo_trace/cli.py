@@ -38,3 +38,15 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
                    "set HLO_TRACE_DEBUG=1 for the traceback", err=True)
         return 1
     return result if isinstance(result, int) else 0
+
+
+def emit(text: str, output: str | None, *, force: bool = False) -> None:
+    """A command's report: to ``output`` atomically (refusing to overwrite without ``force``),
+    or to standard output."""
+    if output:
+        from hlo_trace.atomic import atomic_write
+
+        atomic_write(output, text, force=force)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
