@@ -322,7 +322,8 @@ class MemoryVisitor(IRVisitor):
             self.weight_bytes += nbytes
             self.weight_arguments += 1
         if remaining:
-            log.warning("sidecar inputs without a matching argument: %s", remaining)
+            # XLA drops parameters a program never reads (t passes through a middle stage).
+            log.info("sidecar inputs that the program does not take: %s", remaining)
 
     def _bytes(self, value: ir.Value, op: Any) -> int:
         if not isinstance(value.type, ir.RankedTensorType):
