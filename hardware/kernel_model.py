@@ -12,12 +12,16 @@ GEMM ``(M, K) x (K, N)`` (cuBLAS/CUTLASS-style output tiles)
     ``tm x tn`` tile (*tile quantization*: a skinny N of 72 costs a 128-wide tile) over
     ``K + gemm_k_overhead`` K steps (the prologue that fills the pipeline and the epilogue that
     stores the tile cost as much as ``gemm_k_overhead`` extra K elements: the *small-K penalty*),
-    at ``gemm_mma_efficiency`` of the SM's tensor peak::
+    at ``gemm_mma_efficiency`` of the SM's tensor peak, and no faster than the SM's L2 port
+    (``noc_link_bandwidth`` of the chip) feeds its A and B blocks (a small tile reuses each byte
+    less)::
 
-        compute = waves * 2 * tm * tn * (round_up(K, granule) + k_overhead) / (SM peak * mma_eff)
+        k_steps = round_up(K, granule) + k_overhead
+        per CTA = max(2 * tm * tn * k_steps / (SM peak * mma_eff), (tm + tn) * k_steps * bytes / L2 port)
+        compute = waves * per CTA
 
-    The tile with the smallest compute time is taken (a library heuristic picks well on these
-    shapes). Memory: A, B and C each cross HBM once at the sustained bandwidth
+    The tile with the smallest compute time is taken, the larger tile on a tie (a library
+    heuristic picks well on these shapes). Memory: A, B and C each cross HBM once at the sustained bandwidth
     ``dram_bandwidth * hbm_efficiency`` (L2 serves the reuse between tiles). A fused epilogue
     (GELU) adds its vector work on the CUDA cores, overlapped. Latency =
     ``kernel_overhead + max(compute, memory)``.
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KernelModel",
     "flash_kernel_head_dim",
+    "gemm_tile_time_s",
     "gpu_flash_attention_mapping",
     "gpu_gemm_mapping",
     "gpu_vector_mapping",
@@ -207,15 +212,17 @@ def _mapping(op: Op, name: str, mapper: str, chip: ChipSpec, *, compute_s: float
     )
 
 
-def gemm_tile_time_s(m: int, k: int, n: int, tile: tuple[int, int], chip: ChipSpec) -> tuple[float, int]:
+def gemm_tile_time_s(m: int, k: int, n: int, tile: tuple[int, int], chip: ChipSpec,
+                     bytes_per_element: int = 2) -> tuple[float, int]:
     """``(compute seconds, waves)`` of a GEMM run with output tile ``tile`` (module docstring)."""
     model = _model(chip)
     tm, tn = tile
     tiles = math.ceil(m / tm) * math.ceil(n / tn)
     waves = math.ceil(tiles / chip.tile_count)
     k_steps = round_up(k, chip.gemm_granule_elements) + model.gemm_k_overhead_elements
-    flops_per_tile = 2 * tm * tn * k_steps
-    return waves * flops_per_tile / (chip.gemm_flops_per_s_per_tile * model.gemm_mma_efficiency), waves
+    mma_s = 2 * tm * tn * k_steps / (chip.gemm_flops_per_s_per_tile * model.gemm_mma_efficiency)
+    feed_s = (tm + tn) * k_steps * bytes_per_element / chip.noc_bandwidth_bytes_per_s_per_link
+    return waves * max(mma_s, feed_s), waves
 
 
 def gpu_gemm_mapping(op: Op, chip: ChipSpec, *, epilogue: Op | None = None) -> Mapping:
@@ -224,8 +231,8 @@ def gpu_gemm_mapping(op: Op, chip: ChipSpec, *, epilogue: Op | None = None) -> M
     q = op.bytes_per_element
     best: tuple[float, int, tuple[int, int]] | None = None
     for tile in _model(chip).gemm_cta_tiles:
-        seconds, waves = gemm_tile_time_s(m, k, n, tile, chip)
-        if best is None or (seconds, tile) < (best[0], best[2]):
+        seconds, waves = gemm_tile_time_s(m, k, n, tile, chip, q)
+        if best is None or (seconds, -tile[0] * tile[1], tile) < (best[0], -best[2][0] * best[2][1], best[2]):
             best = (seconds, waves, tile)
     assert best is not None  # gemm_cta_tiles is never empty
     compute_s, waves, (tm, tn) = best
