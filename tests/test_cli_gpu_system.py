@@ -12,7 +12,7 @@ import pytest
 from hlo_analyzer.cli import analyze_command
 from hlo_trace.cli import run_click
 
-DUMP = Path(__file__).resolve().parent.parent / "dumps" / "stablehlo" / "tiny_28_64_64_ds_ulysses_2x4_stage1.mlir"
+DUMP = Path(__file__).resolve().parent.parent / "dumps" / "stablehlo" / "tiny_28_64_64_ds_ulysses_2x4_stage1_pairs1-1.mlir"
 
 #: 8xa100.toml: 300 GB/s per GPU port each way into NVSwitch, 2 us per ring step.
 PORT_BYTES_PER_S = 300e9
