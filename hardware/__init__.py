@@ -16,7 +16,9 @@ from hardware.block import (
 from hardware.collectives import collective_time_s, per_device_bytes
 from hardware.flash_attention_mapper import flashatten_mapper
 from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper, gemm_exhaustive_search
-from hardware.mapping import FlashAttentionTiling, GemmTiling, Mapping, VectorTiling
+from hardware.kernel_model import KernelModel
+from hardware.mapping import FlashAttentionTiling, GemmTiling, KernelTiling, Mapping, VectorTiling
+from hardware.model_info import ModelAssumptions, model_assumptions
 from hardware.ops import Op, OpType
 from hardware.spec import (
     ChipSpec,
@@ -39,8 +41,11 @@ __all__ = [
     "GemmPreset",
     "GemmTiling",
     "InferenceTotals",
+    "KernelModel",
+    "KernelTiling",
     "Mapping",
     "MappingError",
+    "ModelAssumptions",
     "Op",
     "OpType",
     "SystemSpec",
@@ -60,6 +65,7 @@ __all__ = [
     "load_system",
     "map_block",
     "map_op",
+    "model_assumptions",
     "per_device_bytes",
     "vector_mapper",
 ]

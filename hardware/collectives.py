@@ -1,8 +1,8 @@
 """Chip-to-chip collective model: turns a collective's bytes into seconds on a :class:`SystemSpec`.
 
 The communication visitor of the analyzer measures *what* moves (kind, group size, message
-bytes); this module says *how long* it takes. Ring algorithms throughout (NCCL's default for
-large messages), with ``M`` the full tensor size in bytes and ``n`` the group size:
+bytes); this module says *how long* it takes. ``M`` is the full tensor size in bytes and ``n``
+the group size. The ring volumes (the project's one home for them):
 
 =====================  ============================  =====================
 kind                   bytes each device sends       ring steps
@@ -17,23 +17,57 @@ kind                   bytes each device sends       ring steps
 
 With ``bruck=True`` an all-to-all sends ``M * log2(n) / 2`` in ``ceil(log2(n))`` steps.
 
-``time = bytes_sent / link_bandwidth + steps * hops_per_step * hop_latency``: each step every
-member sends to its ring successor at the same time, so a step lasts as long as its longest
-edge, measured in links crossed on the system's topology (:func:`ring_hops_per_step`). The model
-ignores link sharing between concurrent groups and does not overlap communication with compute.
+Timing (:func:`collective_time_s`) follows the system's ``collective_algorithm``. Each algorithm
+is a list of *phases*; a phase is a set of transfers ``(source, destination, bytes)`` that run at
+the same time, routed over the topology (:func:`route`: dimension-order on a 2-D mesh or torus,
+the shorter way round a ring, chip -> switch -> chip on a switch). Per phase::
+
+    link time = max over directed links of (bytes crossing it) / link_bandwidth
+    DRAM time = max over chips of (bytes sent + bytes received) / chip DRAM bandwidth
+                (only when the system's ``transfers_through_dram``, e.g. TX8)
+    phase     = max(link time, DRAM time) + steps * (longest transfer in hops) * hop_latency
+
+* ``ring``: every member sends the ring volume to its successor (a group filling an even
+  rectangle of a mesh is ordered along its 1-hop Hamiltonian cycle).
+* ``bidirectional_ring``: half to the successor and half to the predecessor (each link is used
+  both ways, so a ring over free links takes half the time).
+* ``per_dimension``: a group filling an ``r x c`` rectangle of a 2-D grid runs its collective
+  row by row, then column by column (all-reduce: reduce-scatter along rows, all-reduce of ``M/c``
+  along columns, all-gather along rows); each line is a bidirectional ring. Other groups fall
+  back to the bidirectional ring.
+* ``switch``: every chip has one port of ``link_bandwidth`` each way into a non-blocking switch
+  (NVSwitch); the ring volume crosses each chip's port, one hop per step.
+* ``all_to_all`` under every algorithm: direct exchange (each member sends ``M/n`` to each other
+  member, routed), and never faster than the bisection bound
+  (:func:`all_to_all_bisection_bound_s`).
+
+*Link sharing*: ``concurrent_groups`` lists every group of the collective that runs at the same
+time (an SPMD collective's replica groups); their transfers load the same links, e.g. the pairs
+``{i, i+8}`` of a 4x4 mesh all cross the middle vertical links. Communication is not overlapped
+with compute.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hardware.spec import SystemSpec
 
 __all__ = [
     "COLLECTIVE_KINDS",
+    "SWITCH_NODE",
+    "Phase",
+    "Transfer",
+    "all_to_all_bisection_bound_s",
+    "bisection_links",
+    "collective_phases",
     "collective_time_s",
     "hop_distance",
+    "phase_time_s",
+    "route",
     "per_device_bytes",
     "ring_hops_per_step",
     "ring_steps",
@@ -138,6 +172,214 @@ def ring_hops_per_step(devices: Sequence[int], system: SystemSpec) -> int:
     return max(hop_distance(a, b, system) for a, b in zip(members, members[1:] + members[:1]))
 
 
+#: The switch of a ``switch`` system, as a node of :func:`route` (chips are 0 .. chip_count-1).
+SWITCH_NODE = -1
+
+Link = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """``bytes`` sent from chip ``source`` to chip ``destination`` within one phase."""
+
+    source: int
+    destination: int
+    bytes: float
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Transfers that run at the same time, and how many sequential steps (latencies) they take."""
+
+    transfers: tuple[Transfer, ...]
+    steps: int
+
+
+def _line_route(start: int, stop: int, size: int, wrap: bool) -> list[int]:
+    """Coordinates visited going from ``start`` to ``stop`` on a line (or a ring if ``wrap``)."""
+    if start == stop:
+        return [start]
+    forward = (stop - start) % size if wrap else None
+    if wrap and forward is not None and forward <= size - forward:
+        return [(start + i) % size for i in range(forward + 1)]
+    if wrap:
+        return [(start - i) % size for i in range(size - (forward or 0) + 1)]
+    step = 1 if stop > start else -1
+    return list(range(start, stop + step, step))
+
+
+def route(source: int, destination: int, system: SystemSpec) -> list[Link]:
+    """Directed links a transfer crosses: X then Y on a 2-D grid (shorter way round on a torus),
+    the shorter way round a ring (forward on a tie), chip -> switch -> chip on a switch."""
+    if source == destination:
+        return []
+    if system.topology == "switch":
+        return [(source, SWITCH_NODE), (SWITCH_NODE, destination)]
+    if system.topology == "ring":
+        nodes = _line_route(source, destination, system.chip_count, wrap=True)
+        return list(zip(nodes, nodes[1:]))
+    wrap = system.topology == "torus2d"
+    (row_a, col_a), (row_b, col_b) = _position(source, system), _position(destination, system)
+    cols = _line_route(col_a, col_b, system.topology_cols, wrap)
+    rows = _line_route(row_a, row_b, system.topology_rows, wrap)
+    nodes = [row_a * system.topology_cols + c for c in cols] + [r * system.topology_cols + col_b for r in rows[1:]]
+    return list(zip(nodes, nodes[1:]))
+
+
+def phase_time_s(phase: Phase, system: SystemSpec) -> float:
+    """Seconds of one phase (module docstring): link or DRAM time, plus step latencies."""
+    if not phase.transfers:
+        return 0.0
+    load: dict[Link, float] = defaultdict(float)
+    moved: dict[int, float] = defaultdict(float)
+    for transfer in phase.transfers:
+        for link in route(transfer.source, transfer.destination, system):
+            load[link] += transfer.bytes
+        moved[transfer.source] += transfer.bytes
+        moved[transfer.destination] += transfer.bytes
+    link_s = 0.0 if math.isinf(system.link_bandwidth_bytes_per_s) else max(load.values(), default=0.0) / system.link_bandwidth_bytes_per_s
+    dram_s = 0.0
+    if system.transfers_through_dram:
+        dram_s = max(moved.values()) / system.chip.dram_bandwidth_bytes_per_s
+    hops = max(hop_distance(t.source, t.destination, system) for t in phase.transfers)
+    return max(link_s, dram_s) + phase.steps * hops * system.hop_latency_s
+
+
+def _snake_cycle(rows: int, cols: int) -> list[tuple[int, int]]:
+    """A 1-hop Hamiltonian cycle of an ``rows x cols`` grid with ``rows`` even: down column 0,
+    then back up through columns 1.. row by row, alternating direction, ending next to (0, 0)."""
+    down = [(r, 0) for r in range(rows)]
+    back = []
+    for step, r in enumerate(range(rows - 1, -1, -1)):
+        columns = range(1, cols) if step % 2 == 0 else range(cols - 1, 0, -1)
+        back += [(r, c) for c in columns]
+    return down + back
+
+
+def _ring_order(members: list[int], system: SystemSpec) -> list[int]:
+    """The members in ring order: a 1-hop cycle when they fill an even rectangle of a 2-D grid."""
+    if system.topology not in ("mesh2d", "torus2d") or not _is_even_rectangle(members, system):
+        return members
+    positions = [_position(d, system) for d in members]
+    top, left = min(r for r, _ in positions), min(c for _, c in positions)
+    rows = max(r for r, _ in positions) - top + 1
+    cols = max(c for _, c in positions) - left + 1
+    if rows % 2 == 0:
+        cells = _snake_cycle(rows, cols)
+    else:
+        cells = [(r, c) for c, r in _snake_cycle(cols, rows)]
+    return [(top + r) * system.topology_cols + (left + c) for r, c in cells]
+
+
+def _ring_phase(kind: str, groups: Sequence[Sequence[int]], message_bytes: float, system: SystemSpec,
+                *, both_ways: bool) -> Phase:
+    transfers: list[Transfer] = []
+    steps = 0
+    for group in groups:
+        order = _ring_order(list(group), system)
+        n = len(order)
+        if n < 2:
+            continue
+        sent = per_device_bytes(kind, n, message_bytes)
+        steps = max(steps, ring_steps(kind, n))
+        for i, member in enumerate(order):
+            successor, predecessor = order[(i + 1) % n], order[i - 1]
+            if both_ways and n > 2:
+                transfers += [Transfer(member, successor, sent / 2), Transfer(member, predecessor, sent / 2)]
+            else:
+                transfers.append(Transfer(member, successor, sent))
+    return Phase(tuple(transfers), steps)
+
+
+def _all_to_all_phase(groups: Sequence[Sequence[int]], message_bytes: float) -> Phase:
+    transfers = []
+    steps = 0
+    for group in groups:
+        n = len(group)
+        steps = max(steps, n - 1)
+        transfers += [Transfer(a, b, message_bytes / n) for a in group for b in group if a != b]
+    return Phase(tuple(transfers), steps)
+
+
+def _lines(group: Sequence[int], system: SystemSpec, axis: int) -> list[list[int]]:
+    """The rows (``axis`` 0) or columns (1) of a rectangular group, each in grid order."""
+    by_line: dict[int, list[int]] = defaultdict(list)
+    for device in sorted(group, key=lambda d: _position(d, system)[1 - axis]):
+        by_line[_position(device, system)[axis]].append(device)
+    return [by_line[key] for key in sorted(by_line)]
+
+
+def _fills_rectangle(group: Sequence[int], system: SystemSpec) -> tuple[int, int] | None:
+    positions = {_position(d, system) for d in group}
+    rows = {r for r, _ in positions}
+    cols = {c for _, c in positions}
+    r, c = max(rows) - min(rows) + 1, max(cols) - min(cols) + 1
+    if len(positions) == r * c == len(group) and r >= 2 and c >= 2:
+        return r, c
+    return None
+
+
+def _per_dimension_phases(kind: str, groups: Sequence[Sequence[int]], message_bytes: float,
+                          system: SystemSpec) -> list[Phase] | None:
+    shapes = {_fills_rectangle(g, system) for g in groups}
+    if len(shapes) != 1 or None in shapes or kind not in ("all_reduce", "all_gather", "reduce_scatter"):
+        return None
+    rows, cols = next(iter(shapes))  # type: ignore[misc]
+    row_lines = [line for g in groups for line in _lines(g, system, 0)]
+    col_lines = [line for g in groups for line in _lines(g, system, 1)]
+
+    def along(lines: list[list[int]], sub_kind: str, size: float) -> Phase:
+        return _ring_phase(sub_kind, lines, size, system, both_ways=True)
+
+    m = message_bytes
+    if kind == "all_reduce":
+        return [along(row_lines, "reduce_scatter", m), along(col_lines, "all_reduce", m / cols),
+                along(row_lines, "all_gather", m)]
+    if kind == "all_gather":
+        return [along(row_lines, "all_gather", m / rows), along(col_lines, "all_gather", m)]
+    return [along(col_lines, "reduce_scatter", m), along(row_lines, "reduce_scatter", m / rows)]
+
+
+def collective_phases(kind: str, groups: Sequence[Sequence[int]], message_bytes: float,
+                      system: SystemSpec) -> list[Phase]:
+    """The phases of ``kind`` over concurrent ``groups`` under the system's algorithm."""
+    algorithm = system.collective_algorithm
+    if kind == "all_to_all":
+        return [_all_to_all_phase(groups, message_bytes)]
+    if algorithm == "per_dimension":
+        phases = _per_dimension_phases(kind, groups, message_bytes, system)
+        if phases is not None:
+            return phases
+    both_ways = algorithm in ("bidirectional_ring", "per_dimension")
+    return [_ring_phase(kind, groups, message_bytes, system, both_ways=both_ways)]
+
+
+def bisection_links(system: SystemSpec) -> int:
+    """Directed links crossing the system's narrowest cut into two halves, per direction
+    (a switch: half the chips' ports)."""
+    if system.topology == "switch":
+        return system.chip_count // 2
+    if system.topology == "ring":
+        return 2 if system.chip_count > 2 else 1
+    rows, cols = system.topology_rows, system.topology_cols
+    wrap = 2 if system.topology == "torus2d" else 1
+    cuts = []
+    if cols >= 2:
+        cuts.append(rows * (wrap if cols > 2 else 1))
+    if rows >= 2:
+        cuts.append(cols * (wrap if rows > 2 else 1))
+    return min(cuts) if cuts else 1
+
+
+def all_to_all_bisection_bound_s(group_size: int, message_bytes: float, system: SystemSpec) -> float:
+    """Lower bound of an all-to-all of ``group_size`` chips: ``(n/2)^2`` pairs each send ``M/n``
+    across the bisection in each direction, ``n*M/4`` bytes over the system's bisection links."""
+    if group_size < 2 or math.isinf(system.link_bandwidth_bytes_per_s):
+        return 0.0
+    crossing = (group_size // 2) * (group_size - group_size // 2) * message_bytes / group_size
+    return crossing / (bisection_links(system) * system.link_bandwidth_bytes_per_s)
+
+
 def collective_time_s(
     kind: str,
     group_size: int,
@@ -145,12 +387,15 @@ def collective_time_s(
     system: SystemSpec,
     *,
     devices: Sequence[int] | None = None,
+    concurrent_groups: Sequence[Sequence[int]] | None = None,
 ) -> float:
     """Seconds for one collective of ``kind`` over ``group_size`` chips moving a ``message_bytes`` tensor.
 
     ``message_bytes`` is the full tensor (for all-gather the gathered result, for reduce-scatter
     its input, for collective-permute the message each device sends). ``devices`` are the chip
     ids of one group (e.g. a replica group ``[0, 8]``); by default ``0 .. group_size-1``.
+    ``concurrent_groups``: every group that runs at the same time (they share links); by default
+    only ``devices``. The algorithm is the system's ``collective_algorithm`` (module docstring).
     """
     _check(kind, group_size)
     if message_bytes < 0:
@@ -162,8 +407,13 @@ def collective_time_s(
     members = list(devices) if devices is not None else list(range(group_size))
     if len(members) != group_size:
         raise ValueError(f"{len(members)} device ids given for a group of {group_size}")
-    bandwidth_s = per_device_bytes(kind, group_size, message_bytes) / system.link_bandwidth_bytes_per_s
-    latency_s = ring_steps(kind, group_size) * ring_hops_per_step(members, system) * system.hop_latency_s
-    if math.isinf(system.link_bandwidth_bytes_per_s):
-        bandwidth_s = 0.0
-    return bandwidth_s + latency_s
+    groups = [list(g) for g in concurrent_groups] if concurrent_groups is not None else [members]
+    for group in groups:
+        if len(group) != group_size:
+            raise ValueError(f"concurrent group {group} does not have {group_size} members")
+        if len(set(group)) != len(group) or any(d < 0 or d >= system.chip_count for d in group):
+            raise ValueError(f"device ids {group} repeat or do not fit a system of {system.chip_count} chips")
+    seconds = sum(phase_time_s(p, system) for p in collective_phases(kind, groups, message_bytes, system))
+    if kind == "all_to_all":
+        seconds = max(seconds, all_to_all_bisection_bound_s(group_size, message_bytes, system))
+    return seconds

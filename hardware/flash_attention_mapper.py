@@ -36,6 +36,7 @@ import random
 from dataclasses import replace
 
 from hardware.gemm_mapper import ACCUMULATOR_BYTES
+from hardware.kernel_model import gpu_flash_attention_mapping
 from hardware.mapping import FlashAttentionTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, attention_dims
 from hardware.spec import ChipSpec
@@ -135,9 +136,15 @@ def flashatten_mapper(
     ``fuse_heads`` lets a block hold several heads; ``q_split`` forces how many tiles share one
     head group's queries (else searched); ``shuffle_seed`` permutes the candidate order
     (tests: the result must not change).
+
+    A chip with a ``kernel_model`` (the bundled GPUs) is costed as one FlashAttention-2 kernel by
+    :func:`hardware.kernel_model.gpu_flash_attention_mapping` unless ``tx_ty`` or ``q_split``
+    forces the tiled search.
     """
     if op.op_type is not OpType.FLASH_ATTENTION:
         raise ValueError(f"op {op.name}: flashatten_mapper takes FlashAttention ops, got {op.op_type.value}")
+    if chip.kernel_model is not None and tx_ty is None and q_split is None:
+        return gpu_flash_attention_mapping(op, chip)
     batch, heads, s_q, s_kv, head_dim = attention_dims(op)
     granule = chip.gemm_granule_elements
     rng = random.Random(shuffle_seed) if shuffle_seed is not None else None

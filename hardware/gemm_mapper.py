@@ -45,6 +45,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from hardware.kernel_model import gpu_gemm_mapping
 from hardware.mapping import GemmTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, gemm_dims
 from hardware.spec import ChipSpec
@@ -321,7 +322,12 @@ def gemm_auto_opt_mapper(
     a Vector op over the GEMM output (GELU, SiLU) fused into it; ``shuffle_seed`` permutes the
     candidate lists before the search (for tests: the result must not change).
     ``candidates_visited`` on the result counts the fully costed candidates.
+
+    A chip with a ``kernel_model`` (the bundled GPUs) is costed as one library kernel by
+    :func:`hardware.kernel_model.gpu_gemm_mapping` unless ``preset`` asks for the tiled search.
     """
+    if chip.kernel_model is not None and preset is None:
+        return gpu_gemm_mapping(op, chip, epilogue=epilogue)
     preset = preset or GemmPreset()
     problem = _problem(op, epilogue)
     rng = random.Random(shuffle_seed) if shuffle_seed is not None else None

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 from dataclasses import dataclass
 
-__all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "Mapping", "Tiling", "VectorTiling", "pipeline_chains"]
+__all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "KernelTiling", "Mapping", "Tiling", "VectorTiling",
+           "pipeline_chains"]
 
 
 @dataclass(frozen=True, order=True)
@@ -78,7 +79,24 @@ class FlashAttentionTiling:
     tiles: int
 
 
-Tiling = GemmTiling | VectorTiling | FlashAttentionTiling
+@dataclass(frozen=True, order=True)
+class KernelTiling:
+    """How the GPU kernel model (:mod:`hardware.kernel_model`) ran an op as one library kernel.
+
+    ``kernel``: ``gemm``, ``vector`` or ``flash_attention``. GEMM: the output tile
+    ``tile_m x tile_n`` of one CTA and the ``waves`` of CTAs over the SMs. Flash attention:
+    ``head_dim`` of the kernel instance that ran it (the op's head dim rounded up to an
+    instantiated one). Unused fields are 0.
+    """
+
+    kernel: str
+    tile_m: int
+    tile_n: int
+    waves: int
+    head_dim: int
+
+
+Tiling = GemmTiling | VectorTiling | FlashAttentionTiling | KernelTiling
 
 
 @dataclass(frozen=True)

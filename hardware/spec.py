@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hardware.kernel_model import KernelModel, read_kernel_model
 from hardware.units import Dimension, parse_quantity
 from hlo_trace.errors import InputFileError
 
 __all__ = [
+    "COLLECTIVE_ALGORITHMS",
     "NOC_TOPOLOGIES",
     "SYSTEM_TOPOLOGIES",
     "ChipSpec",
@@ -50,6 +52,18 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 NOC_TOPOLOGIES = ("mesh", "crossbar")
 #: Chip-to-chip topologies understood by :func:`hardware.collectives.hop_distance`.
 SYSTEM_TOPOLOGIES = ("mesh2d", "torus2d", "ring", "switch")
+#: Collective algorithms of :mod:`hardware.collectives` (``collective_algorithm`` of a system):
+#: ``ring`` (unidirectional), ``bidirectional_ring`` (half the bytes each way round),
+#: ``per_dimension`` (row rings then column rings of a 2-D grid), ``switch`` (every chip has one
+#: port of ``link_bandwidth`` each way into a non-blocking switch, e.g. NVSwitch).
+COLLECTIVE_ALGORITHMS = ("ring", "bidirectional_ring", "per_dimension", "switch")
+#: Algorithms each topology allows; the first is the default when a file names none.
+_ALGORITHMS_BY_TOPOLOGY = {
+    "switch": ("switch",),
+    "ring": ("ring", "bidirectional_ring"),
+    "mesh2d": ("ring", "bidirectional_ring", "per_dimension"),
+    "torus2d": ("ring", "bidirectional_ring", "per_dimension"),
+}
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,9 @@ class ChipSpec:
     gemm_flops_per_s_per_tile: float
     vector_flops_per_s_per_tile: float
     gemm_granule_elements: int
+    #: Achieved-efficiency constants (the ``[kernel_model]`` table, GPUs): when set, the mappers
+    #: cost each op as one library kernel (:mod:`hardware.kernel_model`); None = tiled model.
+    kernel_model: KernelModel | None = None
 
     @property
     def gemm_flops_per_s(self) -> float:
@@ -112,6 +129,12 @@ class SystemSpec:
     topology_cols: int
     link_bandwidth_bytes_per_s: float
     hop_latency_s: float
+    #: One of :data:`COLLECTIVE_ALGORITHMS` (the topology's default when the file names none).
+    collective_algorithm: str = "ring"
+    #: True when chip-to-chip transfers are staged through each chip's DRAM (TX8): every byte
+    #: sent is read from the sender's DRAM and written to the receiver's, so a chip's collective
+    #: traffic cannot outrun ``chip.dram_bandwidth_bytes_per_s``.
+    transfers_through_dram: bool = False
 
 
 HardwareSpec = ChipSpec | SystemSpec
@@ -168,6 +191,12 @@ def _one_of(choices: tuple[str, ...]) -> Reader:
     return read
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
+    return value
+
+
 def _at_least_two(value: Any) -> int:
     number = _positive_int(value)
     if number < 2:
@@ -204,6 +233,8 @@ _SYSTEM_FIELDS: dict[str, tuple[str, Reader, bool]] = {
     "topology_grid": ("topology_grid", _grid, False),
     "link_bandwidth": ("link_bandwidth_bytes_per_s", _quantity(Dimension.BANDWIDTH), True),
     "hop_latency": ("hop_latency_s", _quantity(Dimension.TIME, allow_zero=True), True),
+    "collective_algorithm": ("collective_algorithm", _one_of(COLLECTIVE_ALGORITHMS), False),
+    "transfers_through_dram": ("transfers_through_dram", _flag, False),
 }
 
 
@@ -226,7 +257,10 @@ def _read_fields(path: Path, table: dict[str, Any], fields: dict[str, tuple[str,
 
 
 def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
+    table = dict(table)
+    kernel_table = table.pop("kernel_model", None)
     values = _read_fields(path, table, _CHIP_FIELDS)
+    values["kernel_model"] = read_kernel_model(path, kernel_table) if kernel_table is not None else None
     rows, cols = values.pop("tile_grid")
     if rows * cols != values["tile_count"]:
         raise InputFileError(
@@ -258,6 +292,15 @@ def _system_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]
             )
     else:
         rows, cols = 1, values["chip_count"]
+    allowed = _ALGORITHMS_BY_TOPOLOGY[topology]
+    if values["collective_algorithm"] is None:
+        values["collective_algorithm"] = allowed[0]
+    elif values["collective_algorithm"] not in allowed:
+        raise InputFileError(
+            f"{path}: field 'collective_algorithm': {values['collective_algorithm']!r} does not run on topology "
+            f"'{topology}' (allowed: {', '.join(allowed)})"
+        )
+    values["transfers_through_dram"] = bool(values["transfers_through_dram"])
     values["description"] = values["description"] or ""
     values["source"] = values["source"] or ""
     return SystemSpec(chip=chip, topology_rows=rows, topology_cols=cols, **values)
@@ -341,4 +384,5 @@ def as_system(spec: HardwareSpec) -> SystemSpec:
         topology_cols=1,
         link_bandwidth_bytes_per_s=float("inf"),
         hop_latency_s=0.0,
+        collective_algorithm="switch",
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hardware.kernel_model import gpu_vector_mapping
 from hardware.mapping import Mapping, VectorTiling, pipeline_chains
 from hardware.ops import Op, OpType
 from hardware.spec import ChipSpec
@@ -83,11 +84,17 @@ def _vector_cost(op: Op, chip: ChipSpec, rows: int, tiles: int, chunk_rows: int)
 
 
 def vector_mapper(op: Op, chip: ChipSpec, *, chunk_rows: int | None = None) -> Mapping:
-    """Map a Vector op on ``chip``; ``chunk_rows`` forces the rows per SRAM chunk (else searched)."""
+    """Map a Vector op on ``chip``; ``chunk_rows`` forces the rows per SRAM chunk (else searched).
+
+    A chip with a ``kernel_model`` (the bundled GPUs) is costed as one memory-bound kernel by
+    :func:`hardware.kernel_model.gpu_vector_mapping` unless ``chunk_rows`` is given.
+    """
     if op.op_type is not OpType.VECTOR:
         raise ValueError(f"op {op.name}: vector_mapper takes Vector ops, got {op.op_type.value}")
     if op.flops <= 0:
         raise ValueError(f"op {op.name}: a vector op needs a positive operation count")
+    if chip.kernel_model is not None and chunk_rows is None:
+        return gpu_vector_mapping(op, chip)
     rows = math.prod(op.output_shape[:-1])
     tiles = min(chip.tile_count, rows)
     rows_per_tile = math.ceil(rows / tiles)

@@ -42,7 +42,13 @@ def blocks_section(segmentation: Segmentation) -> dict[str, Any]:
 def mapping_section(report: Report, segmentation: Segmentation, system: Any, *, steps: int,
                     blocks: int | None = None) -> dict[str, Any]:
     """Per-op latency/utilisation of one block on ``system.chip`` and the inference totals."""
-    from hardware import build_stdit_block_ops, collective_time_s, inference_totals, map_block
+    from hardware import (
+        build_stdit_block_ops,
+        collective_time_s,
+        inference_totals,
+        map_block,
+        model_assumptions,
+    )
 
     block_count = blocks if blocks is not None else segmentation.pairs
     block_mapping = map_block(build_stdit_block_ops(segmentation.config), system.chip)
@@ -65,6 +71,7 @@ def mapping_section(report: Report, segmentation: Segmentation, system: Any, *, 
         "chips": system.chip_count,
         "steps": steps,
         "blocks": block_count,
+        "model": model_assumptions(system).as_dict(),
         "ops": [
             {"name": m.op_name, "type": m.op_type, "latency_s": m.latency_s,
              "utilization": m.utilization, "compute_s": m.compute_s, "dram_s": m.dram_s,

@@ -120,8 +120,25 @@ def _blocks_lines(blocks: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _model_lines(model: dict[str, Any]) -> list[str]:
+    """Which execution model, efficiencies and collective algorithm the figures below used."""
+    execution = model["execution"]
+    eff = model["efficiencies"]
+    if eff:
+        flash = ", ".join(f"{dim}:{value:.2f}" for dim, value in eff["flash_efficiency_by_head_dim"].items())
+        execution += (f" (per-kernel overhead {seconds(eff['kernel_overhead_s'])}, GEMM mma efficiency "
+                      f"{eff['gemm_mma_efficiency']:.2f} + {eff['gemm_k_overhead_elements']} K steps per tile, "
+                      f"HBM {eff['hbm_efficiency']:.2f} of peak, flash attention by kernel head dim {flash})")
+    network = f"{model['collective_algorithm']} on {model['topology']}"
+    if model["transfers_through_dram"]:
+        network += ", transfers staged through DRAM"
+    return [f"  model: {execution}", f"  collectives: {network}"]
+
+
 def _mapping_lines(mapping: dict[str, Any]) -> list[str]:
     lines = ["", f"One block on {mapping['chip']} ({mapping['hardware']}, {mapping['chips']} chips):"]
+    if "model" in mapping:
+        lines += _model_lines(mapping["model"])
     header = ["op", "type", "latency", "utilization", "bound"]
     rows = [[m["name"], m["type"], seconds(m["latency_s"]), f"{m['utilization']:.1%}", m["bound"]]
             for m in mapping["ops"]]

@@ -1,0 +1,260 @@
+"""Predicted vs measured: one STDiT3 block pair run eagerly in PyTorch on a CUDA GPU.
+
+    python3 benchmarks/gpu_validate.py [--hw h100-sxm] [--shapes 204_640_360,...] [--out results/gpu_validation]
+
+For each reference shape it builds one spatial and one temporal block of the full OpenSora v1.2
+config (bf16, B = 2, attention through ``F.scaled_dot_product_attention`` so the self-attentions
+run FlashAttention-2 and the masked cross-attention the memory-efficient kernel), warms up, then
+runs the pair once under ``torch.profiler`` and takes, for every top-level ATen op, the GPU time
+of the kernels it launched. The same ops are mapped with the tool on the GPU's chip description
+under the eager execution model (one library kernel per framework op, each with the per-kernel
+overhead of the chip's ``[kernel_model]``): matmuls as GEMMs, SDPA as flash attention, every
+other op as a memory-bound kernel that reads its inputs and writes an output as large as its
+largest input. It prints and writes (``results/gpu_validation/<device>.md`` and ``.csv``) the
+measured and predicted time per op kind and per block pair with the error
+``predicted / measured - 1``, with the device name, driver, CUDA and torch versions.
+
+Without CUDA it says so in one line and exits 0. The table logic (:func:`summarize`,
+:func:`render_markdown`) needs neither torch nor a GPU and is tested on synthetic timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hardware import Op, OpType, load_chip, map_op  # noqa: E402
+from hardware.spec import ChipSpec  # noqa: E402
+from hlo_trace.atomic import atomic_write  # noqa: E402
+
+#: Op kinds of the table, in order.
+KINDS = ("GEMM", "FlashAttention", "Vector")
+#: ATen ops run as one GEMM kernel (cuBLAS): (input index of the activation, of the weight).
+GEMM_OPS = {"aten::linear": (0, 1), "aten::addmm": (1, 2), "aten::mm": (0, 1), "aten::matmul": (0, 1)}
+#: ATen ops run as one fused attention kernel.
+ATTENTION_OPS = ("aten::scaled_dot_product_attention",)
+#: ATen ops that launch no kernel (views, metadata) and are skipped.
+VIEW_OPS = ("aten::view", "aten::reshape", "aten::permute", "aten::transpose", "aten::unbind", "aten::chunk",
+            "aten::expand", "aten::unflatten", "aten::flatten", "aten::select", "aten::slice", "aten::t",
+            "aten::unsqueeze", "aten::split", "aten::empty", "aten::_unsafe_view", "aten::as_strided",
+            "aten::detach", "aten::lift_fresh", "aten::alias")
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """One framework op of a block pair: its kind, measured GPU seconds and the tool's prediction."""
+
+    shape: str
+    op_name: str
+    kind: str
+    measured_s: float
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    """Totals of one (shape, kind) or one shape's whole pair (``kind == "pair"``)."""
+
+    shape: str
+    kind: str
+    ops: int
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        """``predicted / measured - 1`` (NaN when nothing was measured)."""
+        return self.predicted_s / self.measured_s - 1 if self.measured_s > 0 else math.nan
+
+
+def summarize(timings: Iterable[KernelTiming]) -> list[ErrorRow]:
+    """Per shape: one row per op kind present, then the block pair's total."""
+    by_shape: dict[str, list[KernelTiming]] = {}
+    for timing in timings:
+        by_shape.setdefault(timing.shape, []).append(timing)
+    rows: list[ErrorRow] = []
+    for shape, items in by_shape.items():
+        for kind in KINDS:
+            mine = [t for t in items if t.kind == kind]
+            if mine:
+                rows.append(ErrorRow(shape, kind, len(mine), sum(t.measured_s for t in mine), sum(t.predicted_s for t in mine)))
+        rows.append(ErrorRow(shape, "pair", len(items), sum(t.measured_s for t in items), sum(t.predicted_s for t in items)))
+    return rows
+
+
+def render_markdown(rows: Sequence[ErrorRow], header: Sequence[str]) -> str:
+    lines = ["# GPU validation: one STDiT3 block pair, eager PyTorch, bf16, B = 2", ""]
+    lines += [f"- {line}" for line in header] + [""]
+    lines += ["| shape | kind | ops | measured (ms) | predicted (ms) | error |", "|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row.shape} | {row.kind} | {row.ops} | {row.measured_s * 1e3:.3f} | {row.predicted_s * 1e3:.3f} | {row.error:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(rows: Sequence[ErrorRow]) -> str:
+    lines = ["shape,kind,ops,measured_s,predicted_s,error"]
+    lines += [f"{r.shape},{r.kind},{r.ops},{r.measured_s:.9g},{r.predicted_s:.9g},{r.error:.6g}" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Framework op -> the tool's Op (eager execution model)
+# --------------------------------------------------------------------------------------------
+
+
+def _elements(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def op_from_aten(name: str, index: int, input_shapes: Sequence[Sequence[int]], bytes_per_element: int = 2) -> Op | None:
+    """The tool's Op for one top-level ATen op with these input shapes (None: launches nothing)."""
+    shapes = [tuple(s) for s in input_shapes if s]
+    label = f"{index:03d}_{name.removeprefix('aten::')}"
+    if name in VIEW_OPS or not shapes:
+        return None
+    if name in GEMM_OPS:
+        a_at, w_at = GEMM_OPS[name]
+        a, w = tuple(input_shapes[a_at]), tuple(input_shapes[w_at])
+        k = a[-1]
+        n = w[0] if name == "aten::linear" else w[-1]  # linear keeps the weight as (N, K)
+        m = _elements(a[:-1])
+        return Op(label, OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * m * k * n, bytes_per_element)
+    if name in ATTENTION_OPS:
+        q, k = tuple(input_shapes[0]), tuple(input_shapes[1])
+        batch = _elements(q[:-3]) if len(q) > 3 else 1
+        heads, s_q, dim = q[-3], q[-2], q[-1]
+        s_kv = k[-2]
+        qs, ks = (batch, heads, s_q, dim), (batch, heads, s_kv, dim)
+        return Op(label, OpType.FLASH_ATTENTION, (qs, ks, ks), None, qs, 4 * batch * heads * s_q * s_kv * dim,
+                  bytes_per_element, vector_flops=batch * heads * s_q * s_kv)
+    largest = max(shapes, key=_elements)
+    rows = _elements(largest[:-1]) if len(largest) > 1 else 1
+    out = (rows, largest[-1])
+    flat = tuple((_elements(s[:-1]) if len(s) > 1 else 1, s[-1]) for s in shapes)
+    return Op(label, OpType.VECTOR, flat, None, out, _elements(largest), bytes_per_element)
+
+
+def predict(op: Op, chip: ChipSpec) -> float:
+    return map_op(op, chip).latency_s
+
+
+# --------------------------------------------------------------------------------------------
+# The CUDA run
+# --------------------------------------------------------------------------------------------
+
+
+def _chip_for(device_name: str, override: str | None) -> str:
+    if override:
+        return override
+    for key, chip in (("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm")):
+        if key in device_name:
+            return chip
+    raise SystemExit(f"Error: no bundled chip for {device_name!r}; pass --hw NAME|FILE")
+
+
+def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2) -> list[KernelTiming]:  # noqa: ANN001 - torch is imported lazily
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.opensora.config import get_config
+    from models.opensora.inputs import geometry
+    from models.opensora.stdit3 import STDiT3Block
+
+    config = get_config("full")
+    geo = geometry(config, shape)
+    h, batch = config.hidden_size, 2
+
+    def sdpa(q, k, v, mask, scale):  # noqa: ANN001, ANN202
+        # SDPA takes an additive mask in the query's dtype (the model builds it in float32).
+        mask = mask.to(q.dtype) if mask is not None else None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    blocks = [STDiT3Block(config, temporal=t).to("cuda", torch.bfloat16).eval() for t in (False, True)]
+    for block in blocks:
+        block.attn.attention_fn = sdpa
+        block.cross_attn.attention_fn = sdpa
+    x = torch.randn(batch, geo.T * geo.S, h, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(1, batch * config.model_max_length, h, device="cuda", dtype=torch.bfloat16)
+    t_mlp = torch.randn(batch, 6 * h, device="cuda", dtype=torch.bfloat16)
+
+    def run() -> None:
+        out = x
+        for block in blocks:
+            out = block(out, y, t_mlp, geo.T, geo.S)
+
+    with torch.no_grad():
+        for _ in range(warmup):
+            run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            run()
+            torch.cuda.synchronize()
+    timings = []
+    for index, event in enumerate(e for e in prof.events() if e.name.startswith("aten::")):
+        parent = event.cpu_parent
+        if parent is not None and parent.name.startswith("aten::"):
+            continue
+        op = op_from_aten(event.name, index, event.input_shapes or [])
+        measured = event.device_time_total * 1e-6
+        if op is None or measured <= 0:
+            continue
+        timings.append(KernelTiming(shape, op.name, op.op_type.value, measured, predict(op, chip)))
+    return timings
+
+
+def _versions(torch) -> list[str]:  # noqa: ANN001
+    import subprocess
+
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    return [f"device: {torch.cuda.get_device_name(0)}", f"driver: {driver}", f"CUDA: {torch.version.cuda}",
+            f"torch: {torch.__version__}", f"cuDNN: {torch.backends.cudnn.version()}"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from models.opensora.inputs import REFERENCE_SHAPES
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hw", default=None, help="chip to predict with (default: from the device name)")
+    parser.add_argument("--shapes", default=",".join(REFERENCE_SHAPES))
+    parser.add_argument("--out", default=str(ROOT / "results" / "gpu_validation"))
+    parser.add_argument("--force", action="store_true", help="overwrite an existing table")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("gpu_validate: torch is not installed; nothing to measure.")
+        return 0
+    if not torch.cuda.is_available():
+        print("gpu_validate: no CUDA device on this machine; nothing to measure (the table logic is tested on CPU).")
+        return 0
+    device_name = torch.cuda.get_device_name(0)
+    chip_name = _chip_for(device_name, args.hw)
+    chip = load_chip(chip_name)
+    timings = [t for shape in args.shapes.split(",") for t in measure_pair(shape, chip, torch)]
+    rows = summarize(timings)
+    header = [*_versions(torch), f"predicted with: {chip_name} (eager model: one kernel per framework op)"]
+    text = render_markdown(rows, header)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = device_name.replace(" ", "_")
+    atomic_write(out / f"{stem}.md", text, force=args.force)
+    atomic_write(out / f"{stem}.csv", render_csv(rows), force=args.force)
+    per_op = "\n".join(f"{t.shape},{t.op_name},{t.kind},{t.measured_s:.9g},{t.predicted_s:.9g}" for t in timings)
+    atomic_write(out / f"{stem}_ops.csv", "shape,op,kind,measured_s,predicted_s\n" + per_op + "\n", force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""What a prediction assumed: the chip's execution model and efficiencies, the system's
+collective algorithm. Reports put this next to their figures (``analyze-hlo --hw`` writes it in
+the ``mapping`` section as ``model``), so a table says which efficiencies and algorithms it used."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from hardware.spec import SystemSpec
+
+__all__ = ["ModelAssumptions", "model_assumptions"]
+
+
+@dataclass(frozen=True)
+class ModelAssumptions:
+    """``execution``: ``gpu_kernels`` (one library kernel per op at the achieved efficiencies of
+    the chip's ``[kernel_model]``) or ``tiled`` (the pipelined tile mappers at peak).
+    ``efficiencies``: the kernel-model constants (empty for ``tiled``).
+    ``collective_algorithm`` / ``topology`` / ``transfers_through_dram``: the system's network."""
+
+    hardware: str
+    chip: str
+    execution: str
+    efficiencies: dict[str, object]
+    topology: str
+    collective_algorithm: str
+    transfers_through_dram: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def model_assumptions(system: SystemSpec) -> ModelAssumptions:
+    """The assumptions behind every latency computed on ``system``."""
+    kernel_model = system.chip.kernel_model
+    efficiencies: dict[str, object] = {}
+    if kernel_model is not None:
+        efficiencies = {
+            "kernel_overhead_s": kernel_model.kernel_overhead_s,
+            "gemm_mma_efficiency": kernel_model.gemm_mma_efficiency,
+            "gemm_k_overhead_elements": kernel_model.gemm_k_overhead_elements,
+            "gemm_cta_tiles": ["x".join(map(str, t)) for t in kernel_model.gemm_cta_tiles],
+            "hbm_efficiency": kernel_model.hbm_efficiency,
+            "flash_efficiency_by_head_dim": dict(zip(map(str, kernel_model.flash_head_dims), kernel_model.flash_efficiency, strict=True)),
+        }
+    return ModelAssumptions(
+        hardware=system.name,
+        chip=system.chip.name,
+        execution="gpu_kernels" if kernel_model is not None else "tiled",
+        efficiencies=efficiencies,
+        topology=system.topology,
+        collective_algorithm=system.collective_algorithm,
+        transfers_through_dram=system.transfers_through_dram,
+    )
