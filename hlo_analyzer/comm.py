@@ -203,7 +203,7 @@ class CommVisitor(IRVisitor):
             axis_refs.append((ref.name, sub_info))
         try:
             return mesh_device_groups([(a.name, a.size) for a in axes],
-                                      [int(d) for d in mesh.device_ids], axis_refs)
+                                      _device_ids(mesh.device_ids), axis_refs)
         except ValueError as exc:
             raise UnsupportedIRError(f"{_describe(op)}: {exc}") from None
 
@@ -246,6 +246,15 @@ def mesh_device_groups(axes: list[tuple[str, int]], device_ids: list[int],
     rest = [i for i in range(len(factors)) if i not in chosen]
     group_size = int(np.prod([factors[i][2] for i in chosen])) if chosen else 1
     return grid.transpose(rest + chosen).reshape(-1, group_size)
+
+
+def _device_ids(attribute: Any) -> list[int]:
+    """A mesh's explicit device ids (a list, or dense elements inline); [] for iota."""
+    if attribute is None:
+        return []
+    if isinstance(attribute, ir.DenseIntElementsAttr):
+        return [int(d) for d in np.array(attribute).reshape(-1)]
+    return [int(d) for d in attribute]
 
 
 def _is_annotation(op: Any) -> bool:
