@@ -469,7 +469,8 @@ class FlopsVisitor(IRVisitor):
         self._visit_structure(op)
 
     def visit_async_start(self, op: Any) -> None:
-        self._visit_structure(op)
+        self.op_counts[op.operation.name] += 1
+        super().visit_async_start(op)
 
     def visit_async_done(self, op: Any) -> None:
         self._visit_structure(op)

@@ -24,8 +24,11 @@ GLOBAL = "global"
 
 #: custom_call targets that only exist before SPMD partitioning (the partitioner consumes them).
 PRE_PARTITION_TARGETS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
-#: Function argument/result attributes that only a pre-partition (jax-lowered) module carries.
-PRE_PARTITION_ATTRIBUTES = ("sdy.sharding", "jax.result_info")
+#: Function argument/result attribute that only a pre-partition module carries (Shardy's).
+SHARDY_ATTRIBUTE = "sdy.sharding"
+#: Result attribute that jax writes when it lowers (before partitioning; with more than one
+#: partition the shapes are then global).
+JAX_LOWERED_ATTRIBUTE = "jax.result_info"
 
 GLOBAL_NOTE = (
     "pre-partition module (sharding annotations, global shapes): the numbers are the whole "
@@ -224,8 +227,7 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
     rows = sorted(flops.rows + comm.rows, key=lambda row: row.position)
     rows = [row if counts[row.scope] == 1 else row._replace(count=counts[row.scope])
             for row in rows]
-    pre_partition = (num_devices or 1) > 1 and _is_pre_partition(module, flops)
-    program = GLOBAL if pre_partition else PER_DEVICE
+    program = GLOBAL if _is_pre_partition(module, flops, num_devices) else PER_DEVICE
     notes = [GLOBAL_NOTE] if program == GLOBAL else []
     unknown = [loop for loop in control.loops if loop.trip_count is None]
     if unknown:
@@ -256,9 +258,10 @@ def _scope_costs(flops_rows: list[OpRow], comm_rows: list[OpRow]) -> dict[int, C
     return {scope: (cost[0], cost[1]) for scope, cost in costs.items()}
 
 
-def _is_pre_partition(module: ir.Module, flops: FlopsVisitor) -> bool:
+def _is_pre_partition(module: ir.Module, flops: FlopsVisitor, num_devices: int | None) -> bool:
     """A module before SPMD partitioning: Shardy ops or sharding attributes, the partitioner's
-    own custom_calls, or the function attributes jax writes when it lowers (global shapes)."""
+    own custom_calls, or (with more than one partition) the result attribute jax writes when it
+    lowers."""
     if any(name.startswith("sdy.") and name != "sdy.mesh" for name in flops.op_counts):
         return True
     if any(target in PRE_PARTITION_TARGETS or target.startswith("xla.sdy.")
@@ -272,7 +275,8 @@ def _is_pre_partition(module: ir.Module, flops: FlopsVisitor) -> bool:
                 continue
             for dictionary in ir.ArrayAttr(op.operation.attributes[key]):
                 attributes = ir.DictAttr(dictionary)
-                if any(name in attributes for name in PRE_PARTITION_ATTRIBUTES):
+                if SHARDY_ATTRIBUTE in attributes or (
+                        JAX_LOWERED_ATTRIBUTE in attributes and (num_devices or 1) > 1):
                     return True
     return False
 

@@ -239,6 +239,13 @@ class IRVisitor:
         """A ``stablehlo.composite`` runs its decomposition function: measured as a call."""
         self._record_call(op, _flat_symbol(op.operation.attributes["decomposition"]))
 
+    def visit_async_start(self, op: Any) -> None:
+        """``mhlo.async_start`` runs ``called_computation``: measured as a call."""
+        attributes = op.operation.attributes
+        if "called_computation" in attributes:
+            self._record_call(op, _flat_symbol(attributes["called_computation"]))
+        self.generic_visit(op)
+
     def _record_call(self, op: Any, callee: str) -> None:
         if callee not in self._symbols:
             return

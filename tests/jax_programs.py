@@ -4,7 +4,9 @@ Run as a script (a subprocess, so that the 8-device XLA flag never reaches the t
 ``python3 tests/jax_programs.py OUT_DIR`` writes, per program NAME,
 ``NAME.lowered.mlir`` (StableHLO before partitioning), ``NAME.lowered.hlo.txt`` (same, HLO text),
 ``NAME.compiled.hlo.txt`` (partitioned, optimized), ``NAME.spmd.hlo.txt`` (after the SPMD
-partitioner, XLA's own dump) and ``NAME.json`` with XLA's cost_analysis() of the compiled program.
+partitioner, XLA's own dump) and ``NAME.json`` with XLA's HloCostAnalysis (flops) of each HLO
+text form: ``compiled.cost_analysis()`` for the compiled one, ``hlo_module_cost_analysis`` for the
+lowered (global) and after-partitioning (per-device) texts.
 Exits 3 when jax cannot make 8 devices.
 """
 
@@ -29,8 +31,11 @@ def main(out_dir: str) -> int:
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from jaxlib import _hlo, _jax
+
     if len(jax.devices()) < 8:
         return 3
+    client = jax.devices()[0].client
     mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto, AxisType.Auto))
 
     def sharded(spec):
@@ -108,9 +113,13 @@ def main(out_dir: str) -> int:
                 handle.write(text)
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
+        xla = {"compiled.hlo.txt": cost.get("flops", 0.0)}
+        for suffix in ("lowered.hlo.txt", "spmd.hlo.txt"):
+            module = _hlo.hlo_module_from_text(texts[suffix])
+            xla[suffix] = _jax.hlo_module_cost_analysis(client, module).get("flops", 0.0)
+        xla["lowered.mlir"] = xla["lowered.hlo.txt"]  # the same program
         with open(os.path.join(out_dir, f"{name}.json"), "w") as handle:
-            json.dump({"flops": cost.get("flops", 0.0),
-                       "transcendentals": cost.get("transcendentals", 0.0)}, handle)
+            json.dump(xla, handle)
     shutil.rmtree(dump_dir, ignore_errors=True)
     return 0
 
