@@ -30,7 +30,6 @@ def main(out_dir: str) -> int:
     from jax import lax
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
-
     from jaxlib import _hlo, _jax
 
     if len(jax.devices()) < 8:
