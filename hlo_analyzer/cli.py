@@ -50,10 +50,15 @@ log = logging.getLogger("hlo_analyzer")
               help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
                    "the memory section; default: DUMP with the suffix .json, if it exists "
                    "(without one, every argument counts as a weight).")
+@click.option("--branch", default="max", show_default=True, metavar="max|first|N",
+              help="Branch of each if/case that is counted: the costliest (max, as XLA's cost "
+                   "analysis), the first region, or region N of every conditional (for `if` 0 is "
+                   "the true branch; jax's lax.cond lowers to `case` with the false branch first).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float,
                     hardware: str | None, steps: int, blocks: int | None, sidecar: str | None,
+                    branch: str,
                     verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
@@ -64,6 +69,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
 
     Example: analyze-hlo dumps/example_mlp_megatron_2x2.stablehlo.mlir --format json
     """
+    from hlo_analyzer.control import parse_branch
     from hlo_analyzer.mlir import load_module
     from hlo_analyzer.report import analyze
 
@@ -78,7 +84,8 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     log.info("loading %s", dump)
     module = load_module(dump)
     log.info("counting FLOPs and collectives")
-    report = analyze(module, collective_time=link, bruck=bruck, name=dump)
+    report = analyze(module, collective_time=link, bruck=bruck, name=dump,
+                     branch=parse_branch(branch))
     if hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections
 

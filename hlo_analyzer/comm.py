@@ -1,7 +1,13 @@
 """CommVisitor: collective communication per device, with ring formulas.
 
 For each collective, ``M`` is the size in bytes of the tensor the formula is stated on and ``n``
-the group size read from ``replica_groups`` (dense form). Per-device volume, ring algorithms:
+the group size read from ``replica_groups``, in any form XLA and JAX write it: a dense list of
+device ids (``dense<[[0, 1], [2, 3]]>``; empty means all devices), or mesh axes
+(``#stablehlo.replica_group_mesh_axes<mesh = @m, axes = [...]>`` over an ``sdy.mesh @m``, or
+with the ``#stablehlo.mesh<...>`` written inline): the groups are the devices that differ only
+along the named axes (sub-axes included), the mesh's device ids in order (iota unless given).
+Shardy's own collectives (``sdy.all_gather`` ...) are pre-partition annotations, not
+communication, and are not measured. Per-device volume, ring algorithms:
 
 =====================  ==================  =====================================================
 op                     M                   bytes each device sends
@@ -34,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy, stablehlo
 
 from hardware.collectives import per_device_bytes, ring_steps
 from hlo_analyzer.rows import COMM, OpRow
@@ -71,6 +78,7 @@ class CommVisitor(IRVisitor):
         self.num_devices = num_devices
         self.rows: list[OpRow] = []
         self.types = TypeTable()
+        self._meshes: dict[str, Any] = {}
 
     @property
     def bytes_per_device(self) -> float:
@@ -79,9 +87,14 @@ class CommVisitor(IRVisitor):
     def visit_module(self, module: ir.Module) -> None:
         if self.num_devices is None:
             self.num_devices = _module_num_partitions(module)
+        self._meshes = {
+            ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation.attributes["mesh"]
+            for op in module.body.operations if op.operation.name == "sdy.mesh"}
         super().visit_module(module)
 
     def visit_all_reduce(self, op: Any) -> None:
+        if _is_annotation(op):
+            return
         operands = op.operation.operands
         comm_bytes = sum(self.types.nbytes(v, op) for v in operands)
         groups = self._group_size(op)
@@ -101,17 +114,25 @@ class CommVisitor(IRVisitor):
             for user in users)
 
     def visit_all_gather(self, op: Any) -> None:
+        if _is_annotation(op):
+            return
         results = op.operation.results
         self._record(op, "all_gather", sum(self.types.nbytes(v, op) for v in results))
 
     def visit_reduce_scatter(self, op: Any) -> None:
+        if _is_annotation(op):
+            return
         self._record(op, "reduce_scatter", self.types.nbytes(op.operation.operands[0], op))
 
     def visit_all_to_all(self, op: Any) -> None:
+        if _is_annotation(op):
+            return
         operands = op.operation.operands
         self._record(op, "all_to_all", sum(self.types.nbytes(v, op) for v in operands))
 
     def visit_collective_permute(self, op: Any) -> None:
+        if _is_annotation(op):
+            return
         # A pair whose source is its target moves nothing (GSPMD emits them for edge shards).
         pairs = [tuple(int(d) for d in pair) for pair in _dense_groups(op, "source_target_pairs")
                  if pair[0] != pair[1]]
@@ -120,6 +141,8 @@ class CommVisitor(IRVisitor):
                      groups=groups)
 
     def visit_collective_broadcast(self, op: Any) -> None:
+        if _is_annotation(op):
+            return
         self._record(op, "collective_broadcast", self.types.nbytes(op.operation.operands[0], op))
 
     def _record(self, op: Any, kind: str, comm_bytes: int,
@@ -131,9 +154,14 @@ class CommVisitor(IRVisitor):
         self.rows.append(self.types.op_row(
             op, self.position, COMM, comm_kind=kind, comm_bytes=comm_bytes,
             comm_bytes_per_device=volume, group_size=group_size, num_groups=num_groups,
-            replica_group=first_group, comm_latency_s=latency))
+            replica_group=first_group, comm_latency_s=latency, scope=self.scope))
 
     def _group_size(self, op: Any) -> tuple[int, int, tuple[int, ...]]:
+        attributes = op.operation.attributes
+        if "replica_groups" in attributes and stablehlo.ReplicaGroupMeshAxesAttr.isinstance(
+                attributes["replica_groups"]):
+            groups = self._mesh_groups(op, attributes["replica_groups"])
+            return groups.shape[1], groups.shape[0], tuple(int(d) for d in groups[0])
         groups = _dense_groups(op, "replica_groups")
         if groups.size == 0:
             # An empty group list means "all devices in one group".
@@ -150,6 +178,88 @@ class CommVisitor(IRVisitor):
             )
         first_group = tuple(int(d) for d in groups[0] if d >= 0)
         return sizes.pop(), len(groups), first_group
+
+
+    def _mesh_groups(self, op: Any, attribute: ir.Attribute) -> np.ndarray:
+        """Device groups (one row each) of a ``replica_group_mesh_axes`` attribute."""
+        groups = stablehlo.ReplicaGroupMeshAxesAttr(attribute)
+        mesh_ref = groups.mesh
+        if isinstance(mesh_ref, ir.FlatSymbolRefAttr):
+            if mesh_ref.value not in self._meshes:
+                raise UnsupportedIRError(f"{_describe(op)}: replica groups refer to mesh "
+                                         f"@{mesh_ref.value}, but the module has no such sdy.mesh")
+            mesh, axis_class = sdy.MeshAttr(self._meshes[mesh_ref.value]), sdy.MeshAxisAttr
+        else:
+            mesh, axis_class = stablehlo.MeshAttr(mesh_ref), stablehlo.MeshAxisAttr
+        axes = [axis_class(axis) for axis in mesh.axes]
+        axis_refs = []
+        for axis in groups.axes:
+            ref = stablehlo.AxisRefAttr(axis)
+            sub = ref.sub_axis_info
+            sub_info = None
+            if sub is not None:
+                info = stablehlo.SubAxisInfoAttr(sub)
+                sub_info = (info.pre_size, info.size)
+            axis_refs.append((ref.name, sub_info))
+        try:
+            return mesh_device_groups([(a.name, a.size) for a in axes],
+                                      _device_ids(mesh.device_ids), axis_refs)
+        except ValueError as exc:
+            raise UnsupportedIRError(f"{_describe(op)}: {exc}") from None
+
+
+def mesh_device_groups(axes: list[tuple[str, int]], device_ids: list[int],
+                       group_axes: list[tuple[str, tuple[int, int] | None]]) -> np.ndarray:
+    """Replica groups (rows of device ids) of the mesh ``axes`` (name, size), device order
+    ``device_ids`` (iota when empty), grouping over ``group_axes`` (name, optional sub-axis
+    ``(pre_size, size)``): two devices share a group when their mesh coordinates differ only
+    along the group axes. A sub-axis ``(pre_size, size)`` of an axis of size ``n`` is the middle
+    factor of the axis split as ``[pre_size, size, n / (pre_size * size)]``."""
+    sizes = {name: size for name, size in axes}
+    total = int(np.prod([size for _, size in axes])) if axes else 1
+    ids = np.array(device_ids if device_ids else range(total), dtype=np.int64)
+    if ids.size != total:
+        raise ValueError(f"mesh has {total} positions but {ids.size} device ids")
+    # Split every axis into factors so that sub-axes are whole dimensions.
+    factors: list[tuple[str, int, int]] = []  # (axis, pre_size, size) of each dimension
+    for name, size in axes:
+        cuts = sorted({(pre, sub) for ref, info in group_axes if ref == name and info
+                       for pre, sub in [info]})
+        start = 1
+        for pre, sub in cuts:
+            if pre % start or size % (pre * sub):
+                raise ValueError(f"sub-axis {name}:({pre}){sub} does not divide axis of size {size}")
+            if pre > start:
+                factors.append((name, start, pre // start))
+            factors.append((name, pre, sub))
+            start = pre * sub
+        if size // start > 1 or not cuts:
+            factors.append((name, start, size // start))
+    grid = ids.reshape([size for _, _, size in factors])
+    chosen = []
+    for name, info in group_axes:
+        if name not in sizes:
+            raise ValueError(f"replica groups name axis {name!r}, not in the mesh")
+        for index, (axis, pre, size) in enumerate(factors):
+            if axis == name and (info is None or (pre, size) == info):
+                chosen.append(index)
+    rest = [i for i in range(len(factors)) if i not in chosen]
+    group_size = int(np.prod([factors[i][2] for i in chosen])) if chosen else 1
+    return grid.transpose(rest + chosen).reshape(-1, group_size)
+
+
+def _device_ids(attribute: Any) -> list[int]:
+    """A mesh's explicit device ids (a list, or dense elements inline); [] for iota."""
+    if attribute is None:
+        return []
+    if isinstance(attribute, ir.DenseIntElementsAttr):
+        return [int(d) for d in np.array(attribute).reshape(-1)]
+    return [int(d) for d in attribute]
+
+
+def _is_annotation(op: Any) -> bool:
+    """Shardy's collectives (``sdy.all_gather`` ...) describe a sharding, they send nothing."""
+    return op.operation.name.startswith("sdy.")
 
 
 def _dense_groups(op: Any, attribute_name: str) -> np.ndarray:

@@ -7,16 +7,35 @@ import io
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
+from hlo_analyzer.control import ConditionalInfo, Cost, LoopInfo, resolve
 from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_trace.errors import UnsupportedIRError, UsageError
+
+PER_DEVICE = "per-device"
+GLOBAL = "global"
+
+#: custom_call targets that only exist before SPMD partitioning (the partitioner consumes them).
+PRE_PARTITION_TARGETS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
+#: Function argument/result attribute that only a pre-partition module carries (Shardy's).
+SHARDY_ATTRIBUTE = "sdy.sharding"
+#: Result attribute that jax writes when it lowers (before partitioning; with more than one
+#: partition the shapes are then global).
+JAX_LOWERED_ATTRIBUTE = "jax.result_info"
+
+GLOBAL_NOTE = (
+    "pre-partition module (sharding annotations, global shapes): the numbers are the whole "
+    "program's, for all devices together, and are not multiplied by the device count. For the "
+    "per-device program analyze the partitioned HLO: jax's jit(f).lower(...).compile().as_text(), "
+    "or XLA's dump with XLA_FLAGS='--xla_dump_to=DIR --xla_dump_hlo_as_text "
+    "--xla_dump_hlo_pass_re=spmd-partitioning' (file *after_spmd-partitioning*.txt).")
 
 
 @dataclass
@@ -30,10 +49,17 @@ class Report:
     unhandled: dict[str, int]
     op_counts: dict[str, int]
     extra: dict[str, Any] = field(default_factory=dict)
+    program: str = PER_DEVICE  # or GLOBAL: a pre-partition module
+    loops: tuple[LoopInfo, ...] = ()
+    conditionals: tuple[ConditionalInfo, ...] = ()
+    custom_calls: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     # -- totals ---------------------------------------------------------------------------------
     def _sum(self, category: str, attribute: str) -> float:
-        return sum(getattr(row, attribute) for row in self.rows if row.category == category)
+        """Sum of one measure over the category's rows, each times its execution count."""
+        return sum(getattr(row, attribute) * row.count for row in self.rows
+                   if row.category == category)
 
     @property
     def gemm_flops(self) -> int:
@@ -49,10 +75,10 @@ class Report:
 
     @property
     def comm_latency_s(self) -> float | None:
-        latencies = [row.comm_latency_s for row in self.rows if row.category == COMM]
-        if not latencies or any(value is None for value in latencies):
+        rows = [row for row in self.rows if row.category == COMM]
+        if not rows or any(row.comm_latency_s is None for row in rows):
             return None
-        return sum(latencies)
+        return sum(row.comm_latency_s * row.count for row in rows)
 
     def totals(self) -> dict[str, Any]:
         totals: dict[str, Any] = {
@@ -60,10 +86,10 @@ class Report:
             "vector_flops": self.vector_flops,
             "total_flops": self.gemm_flops + self.vector_flops,
             "comm_bytes_per_device": _exact(self.comm_bytes_per_device),
-            "comm_ops": sum(1 for row in self.rows if row.category == COMM),
+            "comm_ops": sum(row.count for row in self.rows if row.category == COMM),
             "comm_latency_s": self.comm_latency_s,
         }
-        if self.num_devices:
+        if self.num_devices and self.program == PER_DEVICE:
             # SPMD: every device runs this same program, so the mesh does num_devices times it.
             totals["mesh"] = {
                 "devices": self.num_devices,
@@ -79,9 +105,10 @@ class Report:
             rows = [row for row in self.rows if row.category == category]
             summary.append({
                 "category": category,
-                "ops": len(rows),
-                "flops": sum(row.flops for row in rows),
-                "comm_bytes_per_device": _exact(sum(row.comm_bytes_per_device for row in rows)),
+                "ops": sum(row.count for row in rows),
+                "flops": sum(row.flops * row.count for row in rows),
+                "comm_bytes_per_device": _exact(sum(row.comm_bytes_per_device * row.count
+                                                    for row in rows)),
             })
         return summary
 
@@ -91,8 +118,8 @@ class Report:
             if row.category != COMM:
                 continue
             entry = kinds.setdefault(row.comm_kind, {"count": 0, "bytes_per_device": 0.0})
-            entry["count"] += 1
-            entry["bytes_per_device"] += row.comm_bytes_per_device
+            entry["count"] += row.count
+            entry["bytes_per_device"] += row.comm_bytes_per_device * row.count
         for entry in kinds.values():
             entry["bytes_per_device"] = _exact(entry["bytes_per_device"])
         return dict(sorted(kinds.items()))
@@ -120,7 +147,12 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         document = {
             "source": self.source,
+            "program": self.program,
+            "notes": list(self.notes),
             "totals": self.totals(),
+            "loops": [_loop_dict(loop) for loop in self.loops],
+            "conditionals": [asdict(conditional) for conditional in self.conditionals],
+            "custom_calls": self.custom_calls,
             "comm_by_kind": self.comm_by_kind(),
             "by_category": self.by_category(),
             "unhandled": self.unhandled,
@@ -169,11 +201,12 @@ class Report:
 
 def analyze(source: ir.Module | str | os.PathLike | bytes, *,
             collective_time: CollectiveTime | None = None, bruck: bool = False,
-            name: str | None = None) -> Report:
+            name: str | None = None, branch: str | int = "max") -> Report:
     """Measure a module (or load one from a path/content first) with the FLOPs and comm visitors.
 
     ``collective_time(kind, group_size, comm_bytes) -> seconds`` turns collectives into latency
     (e.g. ``RingLink`` or a hardware system model); without it latencies are ``None``.
+    ``branch`` picks the branch of each conditional that is counted (``hlo_analyzer.control``).
     """
     module = source if isinstance(source, ir.Module) else load_module(source)
     if name is None:
@@ -185,17 +218,73 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
     try:
         flops.visit(module)
         comm.visit(module)
+        control = resolve(flops.scopes, flops.call_sites, flops.structure_ops,
+                          flops.walked_functions, _scope_costs(flops.rows, comm.rows), branch)
     except UnsupportedIRError as exc:
         raise UnsupportedIRError(f"{name}: {str(exc).replace(' at -:', ' at line ')}") from None
 
+    counts = control.scope_counts
     rows = sorted(flops.rows + comm.rows, key=lambda row: row.position)
+    rows = [row if counts[row.scope] == 1 else row._replace(count=counts[row.scope])
+            for row in rows]
+    program = GLOBAL if _is_pre_partition(module, flops, num_devices) else PER_DEVICE
+    notes = [GLOBAL_NOTE] if program == GLOBAL else []
+    unknown = [loop for loop in control.loops if loop.trip_count is None]
+    if unknown:
+        notes.append(f"{len(unknown)} while loop(s) with a trip count that is not static: "
+                     "their bodies are counted once")
     return Report(
         source=name,
         num_devices=num_devices,
         rows=rows,
         unhandled=dict(sorted(flops.unhandled.items())),
         op_counts=dict(sorted(Counter(flops.op_counts).items())),
+        program=program,
+        loops=control.loops,
+        conditionals=control.conditionals,
+        custom_calls=dict(sorted(flops.custom_calls.items())),
+        notes=tuple(notes),
     )
+
+
+def _scope_costs(flops_rows: list[OpRow], comm_rows: list[OpRow]) -> dict[int, Cost]:
+    """(FLOPs, bytes sent) of the ops directly in each scope, for one execution of it."""
+    costs: dict[int, list[float]] = {}
+    for row in flops_rows:
+        if row.flops:
+            costs.setdefault(row.scope, [0.0, 0.0])[0] += row.flops
+    for row in comm_rows:
+        costs.setdefault(row.scope, [0.0, 0.0])[1] += row.comm_bytes_per_device
+    return {scope: (cost[0], cost[1]) for scope, cost in costs.items()}
+
+
+def _is_pre_partition(module: ir.Module, flops: FlopsVisitor, num_devices: int | None) -> bool:
+    """A module before SPMD partitioning: Shardy ops or sharding attributes, the partitioner's
+    own custom_calls, or (with more than one partition) the result attribute jax writes when it
+    lowers."""
+    if any(name.startswith("sdy.") and name != "sdy.mesh" for name in flops.op_counts):
+        return True
+    if any(target in PRE_PARTITION_TARGETS or target.startswith("xla.sdy.")
+           for target in flops.custom_calls):
+        return True
+    for op in module.body.operations:
+        if op.operation.name != "func.func":
+            continue
+        for key in ("arg_attrs", "res_attrs"):
+            if key not in op.operation.attributes:
+                continue
+            for dictionary in ir.ArrayAttr(op.operation.attributes[key]):
+                attributes = ir.DictAttr(dictionary)
+                if SHARDY_ATTRIBUTE in attributes or (
+                        JAX_LOWERED_ATTRIBUTE in attributes and (num_devices or 1) > 1):
+                    return True
+    return False
+
+
+def _loop_dict(loop: LoopInfo) -> dict[str, Any]:
+    record = asdict(loop)
+    record["trip_count"] = loop.trip_count if loop.trip_count is not None else "unknown"
+    return record
 
 
 _ROW_FIELDS = OpRow._fields

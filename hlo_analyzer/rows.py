@@ -15,7 +15,8 @@ CATEGORIES = (GEMM, VECTOR, COMM, OTHER)
 
 class OpRow(NamedTuple):
     """One measured op. ``position`` is its index in the walk, so rows from several visitors
-    of the same module merge back into program order. (A NamedTuple: immutable, and built
+    of the same module merge back into program order. ``flops`` and the comm figures are for one
+execution; totals multiply them by ``count``. (A NamedTuple: immutable, and built
     several times faster than a frozen dataclass, which matters at 100k rows.)"""
 
     position: int
@@ -33,3 +34,5 @@ class OpRow(NamedTuple):
     num_groups: int = 0
     replica_group: tuple[int, ...] = ()  # the first group's device ids (for hop counts)
     comm_latency_s: float | None = None
+    scope: int = 0  # the region the op sits in (IRVisitor.scopes), for loops/branches/calls
+    count: int = 1  # times the op runs: loop trip counts x calls; 0 in a branch not taken

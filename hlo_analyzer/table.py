@@ -51,7 +51,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
         lines += render_columns(header, rows, {0, 5})
     elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
-                  "location"]
+                  "runs", "location"]
         rows = []
         for index, row in enumerate(report.rows):
             rows.append([
@@ -59,18 +59,20 @@ def render_report_table(report: Report, by: str = "summary") -> str:
                 si(row.flops, "FLOP") if row.flops else "",
                 si(row.comm_bytes_per_device, "B") if row.category == "comm" else "",
                 str(row.group_size) if row.group_size else "",
+                str(row.count),
                 row.location[:48],
             ])
-        lines += render_columns(header, rows, {0, 5, 6, 7})
+        lines += render_columns(header, rows, {0, 5, 6, 7, 8})
         lines.append("")
     header = ["category", "ops", "FLOPs", "comm bytes/device"]
     rows = [[c["category"], str(c["ops"]), si(c["flops"], "FLOP"),
              si(c["comm_bytes_per_device"], "B")] for c in report.by_category()]
     lines += render_columns(header, rows, {1, 2, 3})
     totals = report.totals()
+    lines += [""] + [f"Note: {note}" for note in report.notes]
     lines += [
-        "",
-        "Totals per device:",
+        "Totals for the whole program (all devices):" if report.program == "global"
+        else "Totals per device:",
         f"  GEMM FLOPs            {totals['gemm_flops']:>20,}  ({si(totals['gemm_flops'], 'FLOP')})",
         f"  vector FLOPs          {totals['vector_flops']:>20,}  "
         f"({si(totals['vector_flops'], 'FLOP')})",
@@ -87,6 +89,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
             f"Whole mesh ({mesh['devices']} devices): {si(mesh['gemm_flops'], 'FLOP')} GEMM, "
             f"{si(mesh['vector_flops'], 'FLOP')} vector, {si(mesh['comm_bytes'], 'B')} sent"
         )
+    lines += _control_lines(report)
     if "blocks" in report.extra:
         lines += _blocks_lines(report.extra["blocks"])
     if "mapping" in report.extra:
@@ -101,6 +104,25 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     if by == "summary":
         lines.append("(one row per op: --by op)")
     return "\n".join(lines) + "\n"
+
+
+def _control_lines(report: Report) -> list[str]:
+    """Loops (trip count or "unknown"), conditionals (branch costs, the one counted) and
+    custom_call targets (their work is not counted)."""
+    lines = []
+    for loop in report.loops:
+        trip = "unknown (body counted once)" if loop.trip_count is None else \
+            f"{loop.trip_count} ({loop.source})"
+        lines.append(f"  while #{loop.position} at {loop.location or '?'}: trip count {trip}, "
+                     f"reached {loop.executions}x")
+    for conditional in report.conditionals:
+        branches = ", ".join(f"{i}: {si(f, 'FLOP')}" for i, f in enumerate(conditional.branch_flops))
+        lines.append(f"  {conditional.op} #{conditional.position} at {conditional.location or '?'}: "
+                     f"branches {branches}; counted {conditional.taken}")
+    if report.custom_calls:
+        lines.append("  custom_call targets (work not counted): " + ", ".join(
+            f"{target} x{count}" for target, count in report.custom_calls.items()))
+    return ["Control flow and opaque calls:"] + lines if lines else []
 
 
 def _shapes(record: dict[str, Any]) -> str:

@@ -10,13 +10,47 @@ from jaxlib.mlir import ir
 
 from hlo_trace.errors import UnsupportedIRError
 
-#: Bytes per element by MLIR element type spelling. Booleans (i1) are stored as one byte.
+#: Bytes per element of the common element types (kept for callers that want a whole-byte size
+#: by name; the analyzer itself sizes every builtin type through ``element_bits``).
 ELEMENT_BYTES = {
     "f64": 8, "f32": 4, "tf32": 4, "bf16": 2, "f16": 2,
     "f8E4M3FN": 1, "f8E5M2": 1, "f8E4M3FNUZ": 1, "f8E5M2FNUZ": 1, "f8E4M3B11FNUZ": 1,
     "i64": 8, "ui64": 8, "i32": 4, "ui32": 4, "i16": 2, "ui16": 2, "i8": 1, "ui8": 1, "i1": 1,
     "i4": 1, "ui4": 1, "complex<f32>": 8, "complex<f64>": 16,
 }
+
+#: Storage bits of an i1 (pred) element: XLA stores booleans in one byte.
+PRED_BITS = 8
+#: Storage bits of ``index`` (a 64-bit integer on every XLA target).
+INDEX_BITS = 64
+#: A ``!stablehlo.token`` carries no data.
+TOKEN_BITS = 0
+
+
+def element_bits(element_type: ir.Type) -> int:
+    """Storage bits of one element of any builtin MLIR type.
+
+    Floats and integers use their declared width (``FloatType.width``/``IntegerType.width``), so
+    sub-byte types are exact in bits: f4E2M1FN is 4, i2 is 2, f8* is 8. i1 is stored in a byte
+    (``PRED_BITS``), complex types are two of their element, ``index`` is 64 bits. A tensor's
+    size in bytes is ``ceil(elements * bits / 8)`` (sub-byte elements packed, as XLA stores them).
+    """
+    if isinstance(element_type, ir.IntegerType):
+        return PRED_BITS if element_type.width == 1 else element_type.width
+    if isinstance(element_type, ir.FloatType):
+        return element_type.width
+    if isinstance(element_type, ir.ComplexType):
+        return 2 * element_bits(element_type.element_type)
+    if isinstance(element_type, ir.IndexType):
+        return INDEX_BITS
+    if "token" in str(element_type):
+        return TOKEN_BITS
+    raise UnsupportedIRError(f"element type {element_type}: not a builtin numeric type")
+
+
+def packed_bytes(elements: int, bits: int) -> int:
+    """Bytes of ``elements`` values of ``bits`` each, packed (sub-byte types) and rounded up."""
+    return (elements * bits + 7) // 8
 
 
 def shape_of(value: ir.Value, op: Any = None) -> tuple[int, ...]:
@@ -44,12 +78,14 @@ def element_type_name(value: ir.Value) -> str:
     return str(value_type)
 
 
-def element_bytes(value: ir.Value, op: Any = None) -> int:
-    name = element_type_name(value)
+def value_bits(value: ir.Value, op: Any = None) -> int:
+    """Bits of one element of ``value`` (see ``element_bits``)."""
+    value_type = value.type
+    element_type = value_type.element_type if isinstance(value_type, ir.ShapedType) else value_type
     try:
-        return ELEMENT_BYTES[name]
-    except KeyError:
-        raise UnsupportedIRError(f"{_where(op)}: unknown element type {name}") from None
+        return element_bits(element_type)
+    except UnsupportedIRError as exc:
+        raise UnsupportedIRError(f"{_where(op)}: {exc}") from None
 
 
 def num_elements(shape: tuple[int, ...]) -> int:
@@ -57,7 +93,7 @@ def num_elements(shape: tuple[int, ...]) -> int:
 
 
 def tensor_bytes(value: ir.Value, op: Any = None) -> int:
-    return num_elements(shape_of(value, op)) * element_bytes(value, op)
+    return packed_bytes(num_elements(shape_of(value, op)), value_bits(value, op))
 
 
 class TypeTable:
@@ -70,6 +106,7 @@ class TypeTable:
 
     def __init__(self) -> None:
         self._types: dict[ir.Type, tuple[tuple[int, ...], str]] = {}
+        self._bits: dict[ir.Type, int] = {}
         self._locations: dict[ir.Attribute, str] = {}
 
     def shape(self, value: ir.Value, op: Any = None) -> tuple[int, ...]:
@@ -90,11 +127,11 @@ class TypeTable:
         return self._info(value, None)[1]
 
     def nbytes(self, value: ir.Value, op: Any = None) -> int:
-        shape, dtype = self._info(value, op)
-        try:
-            return num_elements(shape) * ELEMENT_BYTES[dtype]
-        except KeyError:
-            raise UnsupportedIRError(f"{_where(op)}: unknown element type {dtype}") from None
+        shape = self._info(value, op)[0]
+        bits = self._bits.get(value.type)
+        if bits is None:
+            bits = self._bits[value.type] = value_bits(value, op)
+        return packed_bytes(num_elements(shape), bits)
 
     def op_row(self, op: Any, position: int, category: str, **measures: Any) -> Any:
         """An ``OpRow`` for ``op`` with its shapes, dtype and location filled in."""

@@ -14,10 +14,22 @@ When no such method exists, ``generic_visit(node)`` walks the children in order:
 regions, a region's blocks, a block's operations. A ``visit_*`` method that wants the children
 walked too calls ``self.generic_visit(op)`` itself, exactly as with ``ast.NodeVisitor``.
 
-Called computations are reachable. ``visit_module`` starts at the public functions (normally
-``main``) and ``visit_call`` walks the callee's body each time it is called, so a function called
-twice is measured twice and a private function that nothing calls is not measured at all.
-Fusions, ``while`` and ``case`` bodies are regions, so ``generic_visit`` reaches them.
+The walk is iterative (an explicit stack, no Python recursion), so nesting of any depth works.
+Because of that, ``generic_visit(op)`` *schedules* the op's regions: they are walked right after the
+current ``visit_*`` method returns, before the op's next sibling (pre-order, as before).
+
+Called computations are reachable, and each function is walked **once**: ``visit_module`` starts
+at the public functions (normally ``main``), and ``visit_call`` (and a ``composite``'s
+decomposition) records a call site and schedules the callee if it was not walked yet. How often a
+function runs is worked out afterwards from the call sites (``hlo_analyzer.control``), so a call
+DAG of any depth costs one walk per function. A private function that nothing calls is not walked.
+
+Every visited op sits in a *scope*: the region it belongs to. ``self.scope`` is the index of the
+current one in ``self.scopes`` (``Scope``: parent scope, function, owning op's position and name,
+region index). Measuring visitors stamp rows with it, so that loops (a ``while`` body runs its
+trip count times), conditionals (one branch runs) and calls (a function runs once per call) can
+be weighed after the walk. ``self.call_sites`` lists every call; ``self.structure_ops`` maps the
+position of each ``while``/``if``/``case`` to the op and its scope.
 
 Example::
 
@@ -39,9 +51,10 @@ Example::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxlib.mlir import ir
 
@@ -77,6 +90,29 @@ SCALAR_BODY_OPS = frozenset(
 )
 
 
+#: Ops whose regions run a data-dependent number of times (weighed by ``hlo_analyzer.control``).
+CONTROL_OPS = frozenset({"while", "if", "case"})
+
+#: Scope index of the ops at module level (``sdy.mesh`` ...), outside any function.
+MODULE_SCOPE = 0
+
+
+class Scope(NamedTuple):
+    """One region of the walk. ``parent`` is -1 for a function's (or the module's) root scope."""
+
+    parent: int
+    function: str
+    owner: int  # walk position of the op that owns the region; -1 for a root scope
+    owner_name: str  # short name of that op ("while", "if", "fusion", ...); "" for a root
+    region: int  # index of the region in its owner
+
+
+class CallSite(NamedTuple):
+    scope: int
+    position: int
+    callee: str
+
+
 class IRVisitor:
     """Base class of every visitor; see the module docstring for the manual.
 
@@ -91,8 +127,15 @@ class IRVisitor:
     def __init__(self) -> None:
         self.position = -1
         self._method_cache: dict[str, Callable[[Any], Any]] = {}
-        self._symbols: dict[str, ir.Operation] = {}
-        self._call_stack: list[str] = []
+        self._symbols: dict[str, Any] = {}
+        self.scopes: list[Scope] = [Scope(-1, "", -1, "", 0)]
+        self.scope = MODULE_SCOPE
+        self.call_sites: list[CallSite] = []
+        self.structure_ops: dict[int, tuple[Any, int]] = {}
+        self.walked_functions: list[str] = []
+        self._scheduled: set[str] = set()
+        self._pending: deque[str] = deque()
+        self._stack: list[tuple[Iterator[Any], int]] | None = None
 
     # -- dispatch -------------------------------------------------------------------------------
     def visit(self, node: Any) -> Any:
@@ -115,22 +158,23 @@ class IRVisitor:
 
     def generic_visit(self, node: Any) -> None:
         if isinstance(node, ir.Region):
-            for block in node.blocks:
-                self.visit(block)
+            self._schedule(_region_operations(node), self.scope)
         elif isinstance(node, ir.Block):
-            # The hot loop: skip visit()'s type tests, unless a subclass overrides visit().
-            fast = type(self).visit is IRVisitor.visit
-            visit_operation = self._visit_operation if fast else self.visit
-            for op in node.operations:
-                visit_operation(op)
+            self._schedule(iter(node.operations), self.scope)
         else:
             regions = node.operation.regions
             if not len(regions):  # most ops: nothing below them
                 return
-            if self.skip_scalar_bodies and short_op_name(node.operation.name) in SCALAR_BODY_OPS:
+            name = short_op_name(node.operation.name)
+            if self.skip_scalar_bodies and name in SCALAR_BODY_OPS:
                 return
-            for region in regions:
-                self.visit(region)
+            if name in CONTROL_OPS:
+                self.structure_ops[self.position] = (node, self.scope)
+            parent, function = self.scope, self.scopes[self.scope].function
+            # pushed last-first, so that region 0 is walked first
+            for index in range(len(regions) - 1, -1, -1):
+                self.scopes.append(Scope(parent, function, self.position, name, index))
+                self._schedule(_region_operations(regions[index]), len(self.scopes) - 1)
 
     def visit_region(self, region: ir.Region) -> None:
         self.generic_visit(region)
@@ -138,30 +182,80 @@ class IRVisitor:
     def visit_block(self, block: ir.Block) -> None:
         self.generic_visit(block)
 
+    # -- the iterative walk ---------------------------------------------------------------------
+    def _schedule(self, operations: Iterator[Any], scope: int) -> None:
+        if self._stack is not None:
+            self._stack.append((operations, scope))
+            return
+        self._stack = [(operations, scope)]
+        try:
+            self._run()
+        finally:
+            self._stack = None
+
+    def _run(self) -> None:
+        stack = self._stack
+        assert stack is not None
+        # The hot loop: skip visit()'s type tests, unless a subclass overrides visit().
+        dispatch = self._visit_operation if type(self).visit is IRVisitor.visit else self.visit
+        while stack:
+            operations, scope = stack[-1]
+            depth = len(stack)
+            self.scope = scope
+            for op in operations:
+                dispatch(op)
+                if len(stack) != depth:  # the op scheduled its regions: walk them first
+                    break
+                self.scope = scope
+            else:
+                stack.pop()
+
     # -- modules and calls ----------------------------------------------------------------------
     def visit_module(self, module: ir.Module) -> None:
-        """Visit the public functions; private ones are reached through ``func.call``."""
+        """Walk the public functions and, once each, every function they call."""
         functions = [op for op in module.body.operations if op.operation.name == "func.func"]
         self._symbols = {_symbol_name(op): op for op in functions}
         public = [op for op in functions if not _is_private(op)]
         for op in public or functions:
-            self.visit(op)
-        for op in module.body.operations:
-            if op.operation.name != "func.func":
-                self.visit(op)
+            self._schedule_function(_symbol_name(op))
+        while self._pending:
+            name = self._pending.popleft()
+            self.walked_functions.append(name)
+            self.scopes.append(Scope(-1, name, -1, "", 0))
+            self._schedule(iter((self._symbols[name],)), len(self.scopes) - 1)
+        others = [op for op in module.body.operations if op.operation.name != "func.func"]
+        self._schedule(iter(others), MODULE_SCOPE)
+
+    def _schedule_function(self, name: str) -> None:
+        if name not in self._scheduled:
+            self._scheduled.add(name)
+            self._pending.append(name)
 
     def visit_call(self, op: Any) -> None:
-        """Walk the callee's body once per call (recursion is cut, it has no static cost)."""
-        callee = _flat_symbol(op.operation.attributes["callee"])
-        function = self._symbols.get(callee)
-        if function is None or callee in self._call_stack:
+        """Record the call; the callee is walked once, after the current function."""
+        self._record_call(op, _flat_symbol(op.operation.attributes["callee"]))
+
+    def visit_composite(self, op: Any) -> None:
+        """A ``stablehlo.composite`` runs its decomposition function: measured as a call."""
+        self._record_call(op, _flat_symbol(op.operation.attributes["decomposition"]))
+
+    def visit_async_start(self, op: Any) -> None:
+        """``mhlo.async_start`` runs ``called_computation``: measured as a call."""
+        attributes = op.operation.attributes
+        if "called_computation" in attributes:
+            self._record_call(op, _flat_symbol(attributes["called_computation"]))
+        self.generic_visit(op)
+
+    def _record_call(self, op: Any, callee: str) -> None:
+        if callee not in self._symbols:
             return
-        self._call_stack.append(callee)
-        try:
-            for region in function.operation.regions:
-                self.visit(region)
-        finally:
-            self._call_stack.pop()
+        self.call_sites.append(CallSite(self.scope, self.position, callee))
+        self._schedule_function(callee)
+
+
+def _region_operations(region: ir.Region) -> Iterator[Any]:
+    for block in region.blocks:
+        yield from block.operations
 
 
 def _symbol_name(function_op: Any) -> str:

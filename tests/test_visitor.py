@@ -44,13 +44,14 @@ def test_a_new_visitor_in_a_few_lines_runs_on_both_dialects():
 def test_generic_visit_walks_regions_blocks_and_ops_in_program_order():
     recorder = OrderRecorder()
     recorder.visit(load_module(CALLS))
-    # main first (the public entry), each call enters @mlp's body; @never_called is unreachable
+    # main first (the public entry), then @mlp's body once (two call sites recorded);
+    # @never_called is unreachable
     assert recorder.names == [
-        "func.func",
-        "func.call", "stablehlo.dot", "func.return",
-        "func.call", "stablehlo.dot", "func.return",
-        "stablehlo.negate", "func.return",
+        "func.func", "func.call", "func.call", "stablehlo.negate", "func.return",
+        "func.func", "stablehlo.dot", "func.return",
     ]
+    assert [site.callee for site in recorder.call_sites] == ["mlp", "mlp"]
+    assert recorder.walked_functions == ["main", "mlp"]
 
 
 def test_reducer_bodies_are_walked_unless_a_visitor_opts_out():
