@@ -118,3 +118,25 @@ def test_pipeline_file(tmp_path):
     path.write_text('config = "tiny"\nsubmeshes = [[2, 2, 1, 3]]\nmesh_shape = [2, 4]\n')
     with pytest.raises(PipelineConfigError, match="does not fit"):
         load_config_file(path)
+
+
+def test_without_the_trace_extra_a_trace_says_what_to_install(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("torch_xla") is not None:
+        pytest.skip("the trace extra is installed: this checks the light install")
+    result = run([*TINY, "--strategy", "megatron", "-o", str(tmp_path)])
+    assert_usage_error(result, "not installed", 'pip install -e ".[trace]"')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_works_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['torch_xla'] = None\n"
+            "from tracing.cli import main; main(['--help'])")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               cwd=Path(__file__).resolve().parent.parent)
+    assert completed.returncode == 0, completed.stderr
+    assert "--strategy" in completed.stdout and "megatron" in completed.stdout

@@ -50,8 +50,8 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     get_strategy(config.strategy, make_layout(config, stage))  # strategy + mesh checks
     name = config.dump_name(stage)
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
-    require_trace_extra()
     _check_output(out_dir, [mlir_path, json_path], force)
+    require_trace_extra()
     progress = _progress(stage, name)
 
     traced_config, stale_shapes, plan = config, None, None
