@@ -96,6 +96,9 @@ class ChipSpec:
     #: Achieved-efficiency constants (the ``[kernel_model]`` table, GPUs): when set, the mappers
     #: cost each op as one library kernel (:mod:`hardware.kernel_model`); None = tiled model.
     kernel_model: KernelModel | None = None
+    #: Whether the chip runs attention as one fused (flash-attention) kernel; optional TOML key
+    #: ``fused_attention_kernel``, default true (TX8's toolchain and GPUs' FlashAttention both do).
+    fused_attention_kernel: bool = True
 
     @property
     def gemm_flops_per_s(self) -> float:
@@ -173,6 +176,12 @@ def _text(value: Any) -> str:
     return value
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
+    return value
+
+
 def _grid(value: Any) -> tuple[int, int]:
     text = _text(value)
     parts = text.lower().split("x")
@@ -221,6 +230,7 @@ _CHIP_FIELDS: dict[str, tuple[str, Reader, bool]] = {
     "gemm_throughput_per_tile": ("gemm_flops_per_s_per_tile", _quantity(Dimension.THROUGHPUT), True),
     "vector_throughput_per_tile": ("vector_flops_per_s_per_tile", _quantity(Dimension.THROUGHPUT), True),
     "gemm_granule": ("gemm_granule_elements", _positive_int, True),
+    "fused_attention_kernel": ("fused_attention_kernel", _flag, False),
 }
 
 _SYSTEM_FIELDS: dict[str, tuple[str, Reader, bool]] = {
@@ -268,6 +278,8 @@ def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
         )
     values["description"] = values["description"] or ""
     values["source"] = values["source"] or ""
+    if values["fused_attention_kernel"] is None:
+        values["fused_attention_kernel"] = True
     return ChipSpec(tile_grid_rows=rows, tile_grid_cols=cols, **values)
 
 

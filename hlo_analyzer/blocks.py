@@ -16,7 +16,7 @@ How (all by data dependencies in the module's dataflow graph, never by line orde
    ones, so "first" means least in a topological order, which dependencies make unambiguous.
 
 Labels per block: qkv, scores, values, proj, cross_q, cross_kv, cross_scores, cross_values,
-cross_proj, fc1, fc2. The dictionary keys are those of ``hardware.stdit.BlockShapes``.
+cross_proj, fc1, fc2. The shape dictionary is a ``hardware.stdit.BlockShapes`` (its one home).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 from jaxlib.mlir import ir
 
+from hardware.stdit import BlockShapes
 from hlo_analyzer.dataflow import GEMM_OPS, build_dataflow, walk_until
 from hlo_analyzer.tensors import ELEMENT_BYTES
 from hlo_trace.errors import UsageError
@@ -73,17 +74,24 @@ class Block:
 @dataclass
 class Segmentation:
     blocks: list[Block]
-    config: dict[str, int]  # the per-block shape dictionary (brief's keys)
-    per_pair_configs: list[dict[str, int]]
+    shapes: BlockShapes  # the per-block shape dictionary of the first pair
+    per_pair_shapes: list[BlockShapes]
 
     @property
     def pairs(self) -> int:
         return len(self.blocks) // 2
 
+    @property
+    def consistent(self) -> bool:
+        """Every pair has the first pair's shape dictionary."""
+        return all(shapes == self.shapes for shapes in self.per_pair_shapes)
 
-def segment_blocks(module: ir.Module, source: str = "<module>") -> Segmentation:
-    """Find the STDiT3 blocks of a stage dump; raises NotSTDiTError (one line) if it has none."""
-    graph = build_dataflow(module)
+
+def segment_blocks(module: ir.Module, source: str = "<module>", *,
+                   graph: nx.DiGraph | None = None) -> Segmentation:
+    """Find the STDiT3 blocks of a stage dump (``graph``: its dataflow graph, if already built);
+    raises NotSTDiTError (one line) if it has none."""
+    graph = build_dataflow(module) if graph is None else graph
     attentions = _find_attentions(graph)
     self_attentions = sorted((a for a in attentions if a.is_self), key=lambda a: a.q_proj)
     cross_attentions = sorted((a for a in attentions if not a.is_self), key=lambda a: a.q_proj)
@@ -111,8 +119,11 @@ def segment_blocks(module: ir.Module, source: str = "<module>") -> Segmentation:
         kind = "spatial" if index % 2 == 0 else "temporal"
         blocks.append(Block(kind, attention, cross, fc1, fc2))
 
-    per_pair = [_pair_config(graph, blocks[i], blocks[i + 1], len(blocks) // 2)
-                for i in range(0, len(blocks), 2)]
+    try:
+        per_pair = [_pair_shapes(graph, blocks[i], blocks[i + 1], len(blocks) // 2)
+                    for i in range(0, len(blocks), 2)]
+    except ValueError as error:
+        raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: {error}") from None
     return Segmentation(blocks, per_pair[0], per_pair)
 
 
@@ -181,7 +192,7 @@ def _attention_shapes(graph: nx.DiGraph, attention: Attention, heads: int | None
             "s_kv": n * len(attention.scores), "head_dim": k}
 
 
-def _pair_config(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int) -> dict[str, int]:
+def _pair_shapes(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int) -> BlockShapes:
     spt = _attention_shapes(graph, spatial.self_attention, None)
     # One N_A serves both attentions. When a strategy splits them differently (DS-Ulysses keeps
     # the spatial heads whole and splits the temporal ones), B_tmp is chosen so that
@@ -196,14 +207,14 @@ def _pair_config(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int)
     _, d_fu, h_fu, _ = _mkn(graph, spatial.fc1)
     _, d_fd, h_fd, _ = _mkn(graph, spatial.fc2)
     dtype = graph.nodes[spatial.self_attention.q_proj]["dtype"]
-    return {
-        "B_spt": spt["batch"], "S_Q_spt": spt["s_q"], "S_KV_spt": spt["s_kv"],
-        "D_QKV": d_qkv, "H_QKV": h_qkv, "N_A": spt["heads"], "H_A": spt["head_dim"],
-        "D_O_spt": d_o_spt, "H_O_spt": h_o_spt,
-        "B_tmp": tmp["batch"], "S_Q_tmp": tmp["s_q"], "S_KV_tmp": tmp["s_kv"],
-        "D_O_tmp": d_o_tmp, "H_O_tmp": h_o_tmp,
-        "B_cro": cro["batch"], "S_Q_cro": cro["s_q"], "S_KV_cro": cro["s_kv"],
-        "D_O_cro": d_o_cro, "H_O_cro": h_o_cro,
-        "D_FU": d_fu, "H_FU": h_fu, "D_FD": d_fd, "H_FD": h_fd,
-        "L": pairs, "Q": ELEMENT_BYTES.get(dtype, 2),
-    }
+    return BlockShapes(
+        B_spt=spt["batch"], S_Q_spt=spt["s_q"], S_KV_spt=spt["s_kv"],
+        D_QKV=d_qkv, H_QKV=h_qkv, N_A=spt["heads"], H_A=spt["head_dim"],
+        D_O_spt=d_o_spt, H_O_spt=h_o_spt,
+        B_tmp=tmp["batch"], S_Q_tmp=tmp["s_q"], S_KV_tmp=tmp["s_kv"],
+        D_O_tmp=d_o_tmp, H_O_tmp=h_o_tmp,
+        B_cro=cro["batch"], S_Q_cro=cro["s_q"], S_KV_cro=cro["s_kv"],
+        D_O_cro=d_o_cro, H_O_cro=h_o_cro,
+        D_FU=d_fu, H_FU=h_fu, D_FD=d_fd, H_FD=h_fd,
+        L=pairs, Q=ELEMENT_BYTES.get(dtype, 2),
+    )

@@ -18,13 +18,13 @@ log = logging.getLogger("hlo_analyzer")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "csv"]),
               default="table", show_default=True, help="Output format.")
-@click.option("--by", type=click.Choice(["summary", "op", "category", "block"]),
+@click.option("--by", type=click.Choice(["summary", "op", "category", "block", "kernel"]),
               default="summary", show_default=True,
               help="What the table/CSV shows. summary: per category, totals, collectives by kind, "
                    "unhandled ops (and blocks and mapping with --hw); op: one row per measured "
                    "op before the summary; category: the per-category rows (CSV); block: one row "
-                   "per labelled GEMM of each STDiT3 block (needs --hw). JSON always carries all "
-                   "of them.")
+                   "per labelled GEMM of each STDiT3 block (needs --hw on an STDiT3 stage); "
+                   "kernel: one row per mapped kernel (needs --hw). JSON always carries all of them.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write the report to this file (atomically) instead of standard output.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
@@ -32,19 +32,36 @@ log = logging.getLogger("hlo_analyzer")
               help="Count all-to-all with Bruck's algorithm (M*log2(n)/2 per device) "
                    "instead of the ring (M*(n-1)/n).")
 @click.option("--link-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="GB/s", help="Link bandwidth for a plain ring latency estimate of each "
-                                   "collective (1 GB = 1e9 bytes).")
-@click.option("--hop-latency", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              metavar="US", help="Per-step latency in microseconds, with --link-bandwidth.")
+              metavar="GB/s", help="Link bandwidth (1 GB = 1e9 bytes): without --hw, a plain ring "
+                                   "latency estimate of each collective; with --hw, it replaces the "
+                                   "system's chip-to-chip link bandwidth (stated in the report).")
+@click.option("--hop-latency", type=click.FloatRange(min=0), default=None, metavar="US",
+              help="Per-step (per-hop with --hw) latency in microseconds; without --hw it needs "
+                   "--link-bandwidth and defaults to 1; with --hw it replaces the system's.")
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
-              help="Segment the dump into STDiT3 blocks and map one block onto this hardware "
-                   "(a bundled name: tx8, tx8-16, h100-sxm, h200-sxm, a100-sxm; or a TOML file). "
-                   "Collectives are timed on its chip-to-chip network.")
+              help="Map every op onto this hardware (a bundled name: tx8, tx8-16, h100-sxm, "
+                   "h100-sxm-8, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
+                   "means N chips on the chip's default network. Collectives are timed on the "
+                   "chip-to-chip network; an STDiT3 stage is also grouped by block pair.")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
               help="Sampling steps for the inference latency (with --hw).")
-@click.option("--blocks", type=click.IntRange(min=1), default=None,
-              help="Blocks (spatial+temporal pairs) to total over, e.g. 28 for the whole model; "
-                   "default: the pairs found in the dump (with --hw).")
+@click.option("--pairs", type=click.IntRange(min=1), default=None,
+              help="Block pairs (spatial + temporal) to total over, e.g. 28 for the whole model; "
+                   "default: the pairs found in the dump (with --hw on an STDiT3 stage).")
+@click.option("--exec", "execution", type=click.Choice(["fused", "eager"]), default="fused",
+              show_default=True,
+              help="Execution model (with --hw): fused = XLA-style fusion of element-wise chains, "
+                   "GEMM epilogues and LayerNorm+modulate; eager = one kernel per op, each paying "
+                   "the chip's kernel launch overhead.")
+@click.option("--dram-efficiency", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
+              show_default=True, help="Fraction of the DRAM bandwidth sustained (with --hw).")
+@click.option("--exp-ops", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Vector operations charged per element of an exponential (with --hw).")
+@click.option("--timeline", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Write a Chrome trace-event JSON of the mapped kernels (open it in Perfetto or "
+                   "chrome://tracing; with --hw).")
+@click.option("--timeline-pair", type=click.IntRange(min=0), default=None,
+              help="Timeline of this block pair only (default: the whole step).")
 @click.option("--sidecar", type=click.Path(dir_okay=False, exists=True, path_type=str),
               default=None, metavar="FILE",
               help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
@@ -56,9 +73,10 @@ log = logging.getLogger("hlo_analyzer")
                    "the true branch; jax's lax.cond lowers to `case` with the false branch first).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
-                    bruck: bool, link_bandwidth: float | None, hop_latency: float,
-                    hardware: str | None, steps: int, blocks: int | None, sidecar: str | None,
-                    branch: str,
+                    bruck: bool, link_bandwidth: float | None, hop_latency: float | None,
+                    hardware: str | None, steps: int, pairs: int | None, execution: str,
+                    dram_efficiency: float, exp_ops: int, timeline: str | None,
+                    timeline_pair: int | None, sidecar: str | None, branch: str,
                     verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
@@ -75,12 +93,12 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
+    _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
+                      bruck=bruck, timeline=timeline, timeline_pair=timeline_pair)
     link: Callable | None = None
-    if link_bandwidth is not None:
+    if link_bandwidth is not None and hardware is None:
         link = RingLink(bandwidth_bytes_per_s=link_bandwidth * 1e9,
-                        hop_latency_s=hop_latency * 1e-6, bruck=bruck)
-    if by == "block" and hardware is None:
-        raise click.UsageError("--by block needs --hw (the block segmentation comes with it)")
+                        hop_latency_s=(1.0 if hop_latency is None else hop_latency) * 1e-6, bruck=bruck)
     log.info("loading %s", dump)
     module = load_module(dump)
     log.info("counting FLOPs and collectives")
@@ -88,9 +106,19 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                      branch=parse_branch(branch))
     if hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections
+        from hlo_analyzer.op_mapping import MappingOptions
 
-        log.info("segmenting blocks and mapping them on %s", hardware)
-        add_hardware_sections(report, module, hardware, steps=steps, blocks=blocks)
+        log.info("mapping every op on %s", hardware)
+        add_hardware_sections(
+            report, module, hardware, steps=steps, pairs=pairs,
+            options=MappingOptions(execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops),
+            link_bandwidth_bytes_per_s=None if link_bandwidth is None else link_bandwidth * 1e9,
+            hop_latency_s=None if hop_latency is None else hop_latency * 1e-6)
+    if timeline is not None:
+        from hlo_analyzer.timeline import timeline_json
+
+        assert report.sections.mapping is not None
+        emit(timeline_json(report.sections.mapping, pair=timeline_pair), timeline, force=force)
     from hlo_analyzer.memory import add_memory_section
 
     add_memory_section(report, module, dump, sidecar=sidecar, hardware=hardware)
@@ -102,6 +130,24 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
         text = report.to_table(by)
     emit(text, output, force=force)
     return 0
+
+
+def _check_hw_options(hardware: str | None, *, by: str, link_bandwidth: float | None,
+                      hop_latency: float | None, bruck: bool, timeline: str | None,
+                      timeline_pair: int | None) -> None:
+    """One-line usage errors for options that need (or contradict) --hw."""
+    if hardware is None:
+        for given, option in ((by in ("block", "kernel"), f"--by {by}"), (timeline is not None, "--timeline"),
+                              (timeline_pair is not None, "--timeline-pair")):
+            if given:
+                raise click.UsageError(f"{option} needs --hw (the mapping comes with it)")
+        if hop_latency is not None and link_bandwidth is None:
+            raise click.UsageError("--hop-latency needs --link-bandwidth or --hw")
+    elif bruck:
+        raise click.UsageError("--bruck applies to the plain ring estimate; with --hw collectives "
+                               "are timed on the system's ring model")
+    if timeline_pair is not None and timeline is None:
+        raise click.UsageError("--timeline-pair needs --timeline FILE")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,7 +3,7 @@
 Nodes are walk positions (the same numbers as ``OpRow.position``); each node carries ``name``
 (short op name), ``op`` (full name), ``operands`` (producer node of each operand, ``None`` for a
 function or block argument, in operand order), ``operand_shapes``, ``result_shapes`` and, for dots,
-``dot_dims`` (M, K, N, batch). Dumps list ops in a topological order that interleaves unrelated
+``dot_dims`` (M, K, N, batch; a convolution as the GEMM it is, see :func:`conv_dims`). Dumps list ops in a topological order that interleaves unrelated
 work (the first block with the embeddings), so analyses that need structure follow these edges
 rather than the order of the lines.
 """
@@ -55,6 +55,9 @@ class DataflowVisitor(IRVisitor):
         if name in GEMM_OPS:
             attributes["dot_dims"] = dot_dims(node, attributes["operand_shapes"],
                                               attributes["result_shapes"][0])
+        elif name == "convolution":
+            attributes["dot_dims"] = conv_dims(node, attributes["operand_shapes"],
+                                               attributes["result_shapes"][0])
         self.graph.add_node(position, **attributes)
         for producer in producers:
             if producer is not None:
@@ -83,6 +86,24 @@ def dot_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int, 
     m = math.prod(s for d, s in enumerate(lhs) if d not in lhs_contract and d not in lhs_batch)
     n = math.prod(s for d, s in enumerate(rhs) if d not in rhs_contract and d not in rhs_batch)
     return m, k, n, batch
+
+
+def conv_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int, int, int, int]:
+    """A convolution as (M, K, N, batch) GEMMs: ``batch`` = feature groups, ``N`` = output
+    features per group, ``K`` = kernel window x input features per group, ``M`` = output
+    positions (result elements / output features); ``2*M*K*N*batch`` is the FLOP count of
+    ``FlopsVisitor.visit_convolution``."""
+    operation = op.operation
+    dialect = _DIALECTS[operation.name.split(".", 1)[0]]
+    dims = dialect.ConvDimensionNumbers(operation.attributes["dimension_numbers"])
+    kernel = operand_shapes[1]
+    groups = ir.IntegerAttr(operation.attributes["feature_group_count"]).value \
+        if "feature_group_count" in operation.attributes else 1
+    out_features = kernel[dims.kernel_output_feature_dimension]
+    k = math.prod(kernel[d] for d in dims.kernel_spatial_dimensions) * kernel[
+        dims.kernel_input_feature_dimension]
+    m = math.prod(result_shape) // max(1, out_features)
+    return m, k, out_features // max(1, groups), max(1, groups)
 
 
 def build_dataflow(module: ir.Module) -> nx.DiGraph:

@@ -1,103 +1,158 @@
-"""``analyze-hlo --hw``: the dump's STDiT3 blocks mapped onto a hardware model.
+"""``analyze-hlo --hw``: every op of the dump mapped onto a hardware system.
 
-Takes the per-block shape dictionary recovered from the dump (``hlo_analyzer.blocks``), builds
-one block's op list (``hardware.build_stdit_block_ops``), maps it on the chip, and adds the
-dump's own collectives timed on the system's chip-to-chip network. The results go into the
-report as two sections, ``blocks`` and ``mapping``.
+1. The system: ``hardware.systems.resolve_system`` (a chip name on an N-device dump is N chips on
+   the chip's default network; ``--link-bandwidth``/``--hop-latency`` override it).
+2. Every op: ``hlo_analyzer.op_mapping.map_program`` on the dump's rows and dataflow graph. The
+   collectives' latencies go back into the report's rows, so the report's
+   ``totals.comm_latency_s`` is the one communication figure (per step, on this system).
+3. If the dump is an STDiT3 stage (``hlo_analyzer.blocks``), the kernels are grouped by block
+   pair: each graph node belongs to the pair of the latest labelled GEMM (by walk position) among
+   its ancestors, itself included. A pair is thus charged from its qkv projection up to the next
+   pair's qkv (its last LayerNorm + modulate is the next block's; the first pair's is "before the
+   pairs"); with identical pairs every pair is charged the same. The op list rebuilt from the ideal
+   shape dictionary is mapped too, as a labelled comparison.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+import networkx as nx
 from jaxlib.mlir import ir
 
-from hlo_analyzer.blocks import Segmentation
+from hardware import build_stdit_block_ops, map_block
+from hardware.systems import resolve_system
+from hlo_analyzer.blocks import NotSTDiTError, Segmentation, segment_blocks
+from hlo_analyzer.dataflow import build_dataflow
+from hlo_analyzer.op_mapping import (
+    DEFAULT_OPTIONS,
+    FLASH_KIND,
+    GEMM_KIND,
+    NETWORK_KIND,
+    MappingOptions,
+    ProgramMapping,
+    map_program,
+)
 from hlo_analyzer.report import Report
 from hlo_analyzer.rows import COMM
+from hlo_analyzer.sections import (
+    BlockLabels,
+    BlocksSection,
+    HardwareSections,
+    MappingSection,
+    MappingTotals,
+    PairGroup,
+)
 from hlo_trace.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 
-def load_system(name_or_path: str) -> Any:
-    from hardware import as_system, load_hardware
-
-    return as_system(load_hardware(name_or_path))
-
-
-def blocks_section(segmentation: Segmentation) -> dict[str, Any]:
-    return {
-        "config": segmentation.config,
-        "count": segmentation.pairs,
-        "consistent": all(c == segmentation.config for c in segmentation.per_pair_configs),
-        "labels": [
-            {"index": index, "kind": block.kind, "ops": block.labels()}
-            for index, block in enumerate(segmentation.blocks)
-        ],
-    }
+def blocks_section(segmentation: Segmentation) -> BlocksSection:
+    labels = tuple(
+        BlockLabels(index, block.kind, tuple((label, tuple(p for p in positions if p is not None))
+                                             for label, positions in block.labels().items()))
+        for index, block in enumerate(segmentation.blocks))
+    return BlocksSection(segmentation.shapes, segmentation.pairs, segmentation.consistent, labels)
 
 
-def mapping_section(report: Report, segmentation: Segmentation, system: Any, *, steps: int,
-                    blocks: int | None = None) -> dict[str, Any]:
-    """Per-op latency/utilisation of one block on ``system.chip`` and the inference totals."""
-    from hardware import (
-        build_stdit_block_ops,
-        collective_time_s,
-        inference_totals,
-        map_block,
-        model_assumptions,
-    )
+def pair_owners(graph: nx.DiGraph, blocks: BlocksSection) -> dict[int, int]:
+    """Graph node -> block pair (module docstring, step 3); nodes before every pair are absent."""
+    labelled = {position: block.index // 2 for block in blocks.blocks
+                for _, positions in block.ops for position in positions}
+    latest: dict[int, int] = {}
+    for node in sorted(graph.nodes):
+        candidates = [latest[p] for p in graph.predecessors(node) if p in latest]
+        if node in labelled:
+            candidates.append(node)
+        if candidates:
+            latest[node] = max(candidates)
+    return {node: labelled[position] for node, position in latest.items()}
 
-    block_count = blocks if blocks is not None else segmentation.pairs
-    block_mapping = map_block(build_stdit_block_ops(segmentation.config), system.chip)
-    comm_s = 0.0
-    for row in report.rows:
-        if row.category != COMM or row.group_size <= 1:
-            continue
-        if row.group_size > system.chip_count:
-            raise UsageError(
-                f"{report.source}: the collective {row.comm_kind} spans {row.group_size} devices but "
-                f"{system.name} has {system.chip_count} chip(s); pass a system such as --hw tx8-16"
-            )
-        devices = row.replica_group if len(row.replica_group) == row.group_size else None
-        comm_s += collective_time_s(row.comm_kind, row.group_size, row.comm_bytes, system,
-                                    devices=devices)
-    totals = inference_totals(block_mapping, block_count, steps, comm_latency_s_per_step=comm_s)
-    return {
-        "hardware": system.name,
-        "chip": system.chip.name,
-        "chips": system.chip_count,
-        "steps": steps,
-        "blocks": block_count,
-        "model": model_assumptions(system).as_dict(),
-        "ops": [
-            {"name": m.op_name, "type": m.op_type, "latency_s": m.latency_s,
-             "utilization": m.utilization, "compute_s": m.compute_s, "dram_s": m.dram_s,
-             "noc_s": m.noc_s, "bound": m.bound, "flops": m.flops}
-            for m in block_mapping.mappings
-        ],
-        "time_share_by_type": block_mapping.time_share_by_type,
-        "totals": {
-            "block_latency_s": totals.block_latency_s,
-            "compute_latency_s": totals.compute_latency_s,
-            "comm_latency_s": totals.comm_latency_s,
-            "comm_latency_s_per_step": comm_s,
-            "inference_latency_s": totals.inference_latency_s,
-            "gemm_utilization": block_mapping.gemm_utilization,
-        },
-    }
+
+def _by_kind(items: dict[str, float]) -> tuple[tuple[str, float], ...]:
+    return tuple(items.items())
+
+
+def _pair_groups(program: ProgramMapping, pair_of: tuple[int | None, ...]) -> tuple[PairGroup, ...]:
+    groups: dict[int | None, dict[str, float]] = {}
+    counts: dict[int | None, int] = {}
+    for op, pair in zip(program.ops, pair_of):
+        seconds = groups.setdefault(pair, {})
+        seconds[op.kind] = seconds.get(op.kind, 0.0) + op.latency_s
+        counts[pair] = counts.get(pair, 0) + 1
+    order = sorted(groups, key=lambda p: -1 if p is None else p)
+    return tuple(PairGroup(p, sum(groups[p].values()), _by_kind(groups[p]), counts[p]) for p in order)
+
+
+def _totals(program: ProgramMapping, pairs: tuple[PairGroup, ...], *, steps: int, pairs_found: int | None,
+            pairs_total: int | None, peak_gemm_flops_per_s: float) -> MappingTotals:
+    by_kind = program.seconds_by_kind()
+    compute_s = program.latency_s - by_kind[NETWORK_KIND]
+    matrix_s_peak = program.matrix_flops() / peak_gemm_flops_per_s
+    utilization = matrix_s_peak / compute_s if compute_s > 0 else 0.0
+    step_s, comm_s = program.latency_s, by_kind[NETWORK_KIND]
+    if pairs_found:
+        inside = [g for g in pairs if g.pair is not None]
+        outside = [g for g in pairs if g.pair is None]
+        scale = (pairs_total or pairs_found) / pairs_found
+
+        def comm(groups: list[PairGroup]) -> float:
+            return sum(dict(g.seconds_by_kind).get(NETWORK_KIND, 0.0) for g in groups)
+
+        step_s = sum(g.latency_s for g in outside) + scale * sum(g.latency_s for g in inside)
+        comm_s = comm(outside) + scale * comm(inside)
+    return MappingTotals(
+        step_latency_s=program.latency_s, seconds_by_kind=_by_kind(by_kind), gemm_utilization=utilization,
+        steps=steps, pairs_found=pairs_found, pairs_total=(pairs_total or pairs_found) if pairs_found else None,
+        inference_latency_s=steps * step_s, inference_comm_s=steps * comm_s)
+
+
+def _with_collective_latencies(report: Report, program: ProgramMapping) -> None:
+    """Write each collective's latency on the system into its report row (one figure: the report's)."""
+    seconds = {op.position: op.latency_s for op in program.ops if op.kind == NETWORK_KIND}
+    report.rows = [row._replace(comm_latency_s=seconds.get(row.position, 0.0)) if row.category == COMM else row
+                   for row in report.rows]
+
+
+def _segment(module: ir.Module, report: Report, graph: nx.DiGraph) -> Segmentation | None:
+    try:
+        segmentation = segment_blocks(module, report.source, graph=graph)
+    except NotSTDiTError as error:
+        log.info("no block view: %s", error)
+        return None
+    log.info("found %d STDiT3 blocks (%d pairs)", len(segmentation.blocks), segmentation.pairs)
+    return segmentation
 
 
 def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, steps: int = 30,
-                          blocks: int | None = None) -> None:
-    """Segment ``module`` and add ``blocks`` and ``mapping`` to ``report``."""
-    from hlo_analyzer.blocks import segment_blocks
+                          pairs: int | None = None, options: MappingOptions = DEFAULT_OPTIONS,
+                          link_bandwidth_bytes_per_s: float | None = None,
+                          hop_latency_s: float | None = None) -> None:
+    """Map every op of ``module`` on ``hardware`` and put the typed sections into ``report``."""
+    resolved = resolve_system(hardware, report.num_devices or 1,
+                              link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
+                              hop_latency_s=hop_latency_s)
+    graph = build_dataflow(module)
+    program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options)
+    log.info("mapped %d kernels (%d distinct searches)", len(program.ops), program.distinct_mappings)
+    _with_collective_latencies(report, program)
+    segmentation = _segment(module, report, graph)
+    if segmentation is None and pairs is not None:
+        raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
+    blocks = blocks_section(segmentation) if segmentation is not None else None
+    if blocks is not None:
+        owners = pair_owners(graph, blocks)
+        pair_of = tuple(owners.get(op.position) for op in program.ops)
+        reference = map_block(build_stdit_block_ops(blocks.shapes), resolved.system.chip)
+    else:
+        pair_of = tuple(None for _ in program.ops)
+        reference = None
+    groups = _pair_groups(program, pair_of)
+    totals = _totals(program, groups, steps=steps, pairs_found=blocks.pairs if blocks else None,
+                     pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
+    mapping = MappingSection(hardware, resolved, options, program, pair_of, groups, totals, reference)
+    report.sections = HardwareSections(blocks=blocks, mapping=mapping)
 
-    system = load_system(hardware)
-    segmentation = segment_blocks(module, report.source)
-    log.info("found %d STDiT3 blocks (%d pairs)", len(segmentation.blocks), segmentation.pairs)
-    report.extra["blocks"] = blocks_section(segmentation)
-    report.extra["mapping"] = mapping_section(report, segmentation, system, steps=steps,
-                                              blocks=blocks)
+
+__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "pair_owners"]

@@ -172,9 +172,10 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     pairs = int(last) - int(first) + 1
     module = load_module(dump)
     report = analyze(module, name=dump)
-    add_hardware_sections(report, module, hardware, steps=1, blocks=pairs)
-    totals = report.extra["mapping"]["totals"]
-    compute_s, comm_s = totals["compute_latency_s"], totals["comm_latency_s_per_step"]
+    add_hardware_sections(report, module, hardware, steps=1, pairs=pairs)
+    assert report.sections.mapping is not None and report.sections.blocks is not None
+    totals = report.sections.mapping.totals
+    compute_s, comm_s = totals.inference_compute_s, totals.inference_comm_s
     traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
     if traced not in (1, plan.patches):
         raise UsageError(f"{dump}: traced on one of {traced} patches, but {plan.path} has "
@@ -195,7 +196,7 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
                             capacity_bytes=system.chip.dram_capacity_bytes)
     if plan.patches > 1:
         memory = dataclasses.replace(memory, stale_kv_bytes=_stale_kv_bytes(
-            report.extra["blocks"]["config"], pairs))
+            report.sections.blocks.shapes.as_dict(), pairs))
     return StageAnalysis(
         stage=index, dump=dump, strategy=strategy, devices=devices, block_pairs=pairs,
         traced_patches=traced, compute_s=compute_s, comm_s=comm_s,

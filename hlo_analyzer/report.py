@@ -17,7 +17,8 @@ from hlo_analyzer.control import ConditionalInfo, Cost, LoopInfo, resolve
 from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
-from hlo_trace.errors import UnsupportedIRError, UsageError
+from hlo_analyzer.sections import HardwareSections
+from hlo_trace.errors import UnsupportedIRError
 
 PER_DEVICE = "per-device"
 GLOBAL = "global"
@@ -40,14 +41,15 @@ GLOBAL_NOTE = (
 
 @dataclass
 class Report:
-    """Everything one analysis found. ``extra`` holds sections added by later stages (blocks,
-    hardware mapping) so that they travel in the same JSON document."""
+    """Everything one analysis found. ``sections`` holds what ``--hw`` adds (block pairs,
+    hardware mapping; ``hlo_analyzer.hw_mapping``) so that it travels in the same JSON document."""
 
     source: str
     num_devices: int | None
     rows: list[OpRow]
     unhandled: dict[str, int]
     op_counts: dict[str, int]
+    sections: HardwareSections = field(default_factory=HardwareSections)
     extra: dict[str, Any] = field(default_factory=dict)
     program: str = PER_DEVICE  # or GLOBAL: a pre-partition module
     loops: tuple[LoopInfo, ...] = ()
@@ -125,25 +127,6 @@ class Report:
         return dict(sorted(kinds.items()))
 
     # -- output ---------------------------------------------------------------------------------
-    def block_rows(self) -> list[dict[str, Any]]:
-        """One row per labelled GEMM of each STDiT3 block (needs the ``blocks`` section)."""
-        if "blocks" not in self.extra:
-            raise UsageError(f"{self.source}: --by block needs the STDiT3 block segmentation; "
-                             "pass --hw NAME")
-        by_position = {row.position: row for row in self.rows}
-        records = []
-        for block in self.extra["blocks"]["labels"]:
-            for label, positions in block["ops"].items():
-                for position in positions:
-                    row = by_position[position]
-                    records.append({
-                        "block": block["index"], "kind": block["kind"], "label": label,
-                        "op": row.op, "operand_shapes": row.operand_shapes,
-                        "result_shapes": row.result_shapes, "flops": row.flops,
-                        "location": row.location,
-                    })
-        return records
-
     def to_dict(self) -> dict[str, Any]:
         document = {
             "source": self.source,
@@ -159,7 +142,9 @@ class Report:
             "op_counts": self.op_counts,
             "ops": [_row_dict(row) for row in self.rows],
         }
-        document.update(self.extra)
+        from hlo_analyzer.mapping_render import sections_dict
+
+        document.update(sections_dict(self.sections))
         return document
 
     def to_json(self) -> str:
@@ -175,10 +160,14 @@ class Report:
 
     def to_csv(self, by: str = "summary") -> str:
         buffer = io.StringIO()
+        from hlo_analyzer.mapping_render import block_rows, kernel_rows
+
         if by in ("summary", "category"):
             records = self.by_category()
+        elif by == "kernel":
+            records = kernel_rows(self)
         elif by == "block":
-            records = self.block_rows()
+            records = block_rows(self)
             for record in records:
                 record["operand_shapes"] = _shapes_text(record["operand_shapes"])
                 record["result_shapes"] = _shapes_text(record["result_shapes"])

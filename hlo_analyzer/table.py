@@ -44,10 +44,14 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     """The summary (per category, totals, collectives by kind, blocks, mapping, unhandled ops),
     preceded by one row per op (``by="op"``) or per labelled block GEMM (``by="block"``)."""
     lines = [f"Analysis of {report.source}", ""]
-    if by == "block":
+    from hlo_analyzer.mapping_render import block_rows, kernel_table_lines, sections_lines
+
+    if by == "kernel":
+        lines += kernel_table_lines(report)
+    elif by == "block":
         header = ["block", "kind", "label", "op", "shapes", "FLOPs", "location"]
         rows = [[str(r["block"]), r["kind"], r["label"], r["op"], _shapes(r), si(r["flops"], "FLOP"),
-                 r["location"][:48]] for r in report.block_rows()]
+                 r["location"][:48]] for r in block_rows(report)]
         lines += render_columns(header, rows, {0, 5})
     elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
@@ -90,10 +94,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
             f"{si(mesh['vector_flops'], 'FLOP')} vector, {si(mesh['comm_bytes'], 'B')} sent"
         )
     lines += _control_lines(report)
-    if "blocks" in report.extra:
-        lines += _blocks_lines(report.extra["blocks"])
-    if "mapping" in report.extra:
-        lines += _mapping_lines(report.extra["mapping"])
+    lines += sections_lines(report.sections)
     if "memory" in report.extra:
         lines += _memory_lines(report.extra["memory"])
     if report.unhandled:
@@ -131,18 +132,7 @@ def _shapes(record: dict[str, Any]) -> str:
     return f"{operands}->{results}"
 
 
-def _blocks_lines(blocks: dict[str, Any]) -> list[str]:
-    config = blocks["config"]
-    lines = ["", f"STDiT3 blocks found: {blocks['count']} (spatial + temporal pairs); "
-                 "per-block shape dictionary (per device):"]
-    items = [f"{key}={value}" for key, value in config.items()]
-    lines += ["  " + "  ".join(items[i:i + 8]) for i in range(0, len(items), 8)]
-    if not blocks["consistent"]:
-        lines.append("  note: the pairs differ; the dictionary is the first pair's")
-    return lines
-
-
-def _model_lines(model: dict[str, Any]) -> list[str]:
+def model_lines(model: dict[str, Any]) -> list[str]:
     """Which execution model, efficiencies and collective algorithm the figures below used."""
     execution = model["execution"]
     eff = model["efficiencies"]
@@ -155,27 +145,6 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
     if model["transfers_through_dram"]:
         network += ", transfers staged through DRAM"
     return [f"  model: {execution}", f"  collectives: {network}"]
-
-
-def _mapping_lines(mapping: dict[str, Any]) -> list[str]:
-    lines = ["", f"One block on {mapping['chip']} ({mapping['hardware']}, {mapping['chips']} chips):"]
-    if "model" in mapping:
-        lines += _model_lines(mapping["model"])
-    header = ["op", "type", "latency", "utilization", "bound"]
-    rows = [[m["name"], m["type"], seconds(m["latency_s"]), f"{m['utilization']:.1%}", m["bound"]]
-            for m in mapping["ops"]]
-    lines += ["  " + line for line in render_columns(header, rows, {2, 3})]
-    shares = ", ".join(f"{kind} {share:.1%}" for kind, share in mapping["time_share_by_type"].items())
-    totals = mapping["totals"]
-    lines += [
-        f"  time share: {shares}",
-        f"  block latency          {seconds(totals['block_latency_s'])}",
-        f"  compute ({mapping['blocks']} blocks x {mapping['steps']} steps)  "
-        f"{seconds(totals['compute_latency_s'])}",
-        f"  communication ({mapping['steps']} steps)  {seconds(totals['comm_latency_s'])}",
-        f"  inference latency      {seconds(totals['inference_latency_s'])}",
-    ]
-    return lines
 
 
 def _memory_lines(memory: dict[str, Any]) -> list[str]:

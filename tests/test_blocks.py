@@ -65,14 +65,14 @@ def test_segmenter_recovers_the_hand_derived_dictionary(strategy):
     segmentation = segment_blocks(load_module(dump_path(strategy)))
     assert [block.kind for block in segmentation.blocks] == ["spatial", "temporal"]
     assert segmentation.pairs == 1
-    assert segmentation.config == {**COMMON, **EXPECTED[strategy]}
+    assert segmentation.shapes.as_dict() == {**COMMON, **EXPECTED[strategy]}
 
 
 @pytest.mark.parametrize("strategy", ["megatron", "ring_attention"])
 def test_mhlo_form_segments_the_same(strategy):
     stablehlo = segment_blocks(load_module(dump_path(strategy)))
     mhlo = segment_blocks(load_module(dump_path(strategy, "mhlo")))
-    assert mhlo.config == stablehlo.config
+    assert mhlo.shapes == stablehlo.shapes
     assert [b.labels() for b in mhlo.blocks] == [b.labels() for b in stablehlo.blocks]
 
 
@@ -97,4 +97,4 @@ def test_stage_zero_with_the_embeddings_interleaved_segments_the_same():
     stage0 = segment_blocks(load_module(
         DUMPS / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir"))
     assert stage0.pairs == 1
-    assert stage0.config == {**COMMON, **EXPECTED["megatron"]}
+    assert stage0.shapes.as_dict() == {**COMMON, **EXPECTED["megatron"]}

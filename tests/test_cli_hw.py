@@ -17,10 +17,20 @@ def run(args, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--hw", "tx8-16"], "does not look like an STDiT3 stage"),
+    (["--hw", "tx8-16", "--by", "block"], "--by block needs an STDiT3 block segmentation"),
+    (["--hw", "tx8-16", "--pairs", "28"], "--pairs needs an STDiT3 stage"),
     (["--hw", "no-such-chip"], "no such hardware file or bundled name"),
     (["--by", "block"], "--by block needs --hw"),
+    (["--by", "kernel"], "--by kernel needs --hw"),
+    (["--timeline", "t.json"], "--timeline needs --hw"),
+    (["--hw", "tx8", "--timeline-pair", "0"], "--timeline-pair needs --timeline"),
+    (["--hop-latency", "2"], "--hop-latency needs --link-bandwidth or --hw"),
+    (["--hw", "tx8", "--bruck"], "--bruck applies to the plain ring estimate"),
     (["--hw", "tx8-16", "--steps", "0"], "'--steps'"),
+    (["--hw", "tx8", "--exec", "lazy"], "'--exec'"),
+    (["--hw", "tx8", "--dram-efficiency", "0"], "'--dram-efficiency'"),
+    # a system smaller than the dump (4 devices) is an error
+    (["--hw", "a100-sxm.toml-does-not-exist"], "no such hardware file"),
 ])
 def test_hw_usage_errors_are_one_line(capsys, args, message):
     code, out, err = run([EXAMPLE, *args], capsys)

@@ -1,0 +1,498 @@
+"""Per-op mapping of any dump onto a chip: every GEMM, vector op, attention and collective.
+
+What becomes what (positions are the walk positions of ``OpRow.position`` and the dataflow graph):
+
+* **GEMM**: every ``dot``, ``dot_general`` and ``convolution`` as ``(M, K) x (K, N)``; batch
+  dimensions are ``batch`` instances run one after another on the whole chip (latency, busy times
+  and FLOPs times ``batch``); a convolution as its im2col GEMM (``hlo_analyzer.dataflow.conv_dims``).
+* **flash attention**: where the chip has a fused attention kernel
+  (``ChipSpec.fused_attention_kernel``), every pattern of the dataflow graph "score GEMM(s) ->
+  non-GEMM ops with an ``exponential`` (the softmax) -> value GEMM" with matching shapes becomes one
+  ``FlashAttention`` op: heads = the GEMMs' batch, ``S_KV`` = the sum of the score GEMMs' N (ring
+  attention has one score GEMM per K/V block), the absorbed vector ops' FLOPs its softmax work.
+* **vector**: element-wise ops and reductions. ``eager``: one kernel per op; an element-wise op's
+  rows are its result's leading dims, a reduction's rows its result elements (each reads one row).
+  ``fused``: ops joined by data dependencies with no GEMM, collective or other unfusable op between
+  them form one kernel (one pass: reads the tensors entering the group once, writes the tensors
+  leaving it once; LayerNorm + modulate and residual + next LayerNorm are such groups). Free data
+  movement (broadcast, reshape, convert, transpose, slice, copy) joins groups and costs nothing;
+  constants are free. A group whose only large input is one GEMM's output (all of whose readers are
+  in the group), whose output has that GEMM's shape and whose other inputs are at most
+  ``EPILOGUE_SIDE_INPUT_ROWS`` rows of N (bias, scale, gate vectors) is that GEMM's epilogue.
+* **collective**: timed on the system's chip-to-chip network (:func:`hardware.collective_time_s`).
+
+Ops run one after another (no overlap of compute and communication), so a program's latency is
+the sum of its ops'. Eager mode adds the chip's ``kernel_launch_overhead_s`` (default 0 when the
+hardware description has none) to every kernel. Mappings are cached by op signature, so a dump of
+many identical blocks costs one search per distinct shape. Data movement outside fusions
+(gather, concatenate, dynamic_slice ...) is not charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import networkx as nx
+
+from hardware import (
+    ChipSpec,
+    Mapping,
+    MappingError,
+    Op,
+    OpType,
+    SystemSpec,
+    collective_time_s,
+    map_op,
+)
+from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
+from hlo_analyzer.tensors import ELEMENT_BYTES
+
+__all__ = ["DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions", "ProgramMapping",
+           "map_program"]
+
+EXECUTION_MODES = ("fused", "eager")
+GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND = "gemm", "vector", "flash_attention", "collective"
+#: The kinds of mapped op, which are also the timeline's compute tracks.
+KINDS = (GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND)
+#: Data movement that an XLA-style loop fusion absorbs for free.
+FREE_MOVEMENT_OPS = frozenset({"broadcast", "broadcast_in_dim", "reshape", "convert", "bitcast_convert",
+                               "transpose", "slice", "copy", "reverse", "reduce_precision"})
+#: Ops with no operands that only make constants.
+CONSTANT_OPS = frozenset({"constant", "iota"})
+REDUCTION_OPS = frozenset({"reduce", "reduce_window"})
+#: A fused epilogue may read side inputs of up to this many rows of the GEMM's N outputs (a bias,
+#: the scale/shift/gate vectors of a few samples) without their reads being charged: at most a
+#: few per cent of the GEMM's output bytes for M >= 256 rows.
+EPILOGUE_SIDE_INPUT_ROWS = 8
+#: Launch overhead when the hardware description gives none (see the module docstring).
+DEFAULT_LAUNCH_OVERHEAD_S = 0.0
+
+
+@dataclass(frozen=True)
+class MappingOptions:
+    """How the program is executed and the cost-model parameters that are options, with defaults.
+
+    ``execution``: ``fused`` or ``eager`` (module docstring). ``dram_efficiency``: the fraction of
+    the DRAM bandwidth sustained (1.0 = the datasheet figure; docs/hardware-model.md).
+    ``exp_ops``: vector operations charged per element of an ``exponential`` (1 = as cheap as an
+    add; a vector unit without a hardware exp may need several).
+    """
+
+    execution: str = "fused"
+    dram_efficiency: float = 1.0
+    exp_ops: int = 1
+
+    def __post_init__(self) -> None:
+        if self.execution not in EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {', '.join(EXECUTION_MODES)}, got {self.execution!r}")
+        if not 0 < self.dram_efficiency <= 1:
+            raise ValueError(f"dram_efficiency must be in (0, 1], got {self.dram_efficiency}")
+        if self.exp_ops < 1:
+            raise ValueError(f"exp_ops must be at least 1, got {self.exp_ops}")
+
+
+DEFAULT_OPTIONS = MappingOptions()
+
+
+@dataclass(frozen=True)
+class MappedOp:
+    """One kernel of the program on the chip (or one collective on the network)."""
+
+    position: int                 # walk position where it runs (a fusion: its last member)
+    positions: tuple[int, ...]    # every HLO op it charges (a fusion or an attention has several)
+    name: str
+    kind: str                     # one of KINDS
+    shapes: str                   # e.g. "4x64x32->4x64x128"
+    latency_s: float
+    compute_s: float
+    dram_s: float
+    noc_s: float
+    utilization: float
+    bound: str
+    flops: int
+
+
+@dataclass(frozen=True)
+class ProgramMapping:
+    """Every kernel of one program (one step on one device), in program order, and the totals."""
+
+    chip: str
+    execution: str
+    ops: tuple[MappedOp, ...]
+    distinct_mappings: int        # searches actually run (the rest came from the cache)
+
+    @property
+    def latency_s(self) -> float:
+        return sum(op.latency_s for op in self.ops)
+
+    def seconds_by_kind(self) -> dict[str, float]:
+        totals = dict.fromkeys(KINDS, 0.0)
+        for op in self.ops:
+            totals[op.kind] += op.latency_s
+        return totals
+
+    def matrix_flops(self) -> int:
+        return sum(op.flops for op in self.ops if op.kind in (GEMM_KIND, FLASH_KIND))
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One thing to map: an Op for the chip, or a collective for the network."""
+
+    position: int
+    positions: tuple[int, ...]
+    name: str
+    kind: str
+    shapes: str
+    op: Op | None = None
+    epilogue: Op | None = None
+    batch: int = 1
+    collective: tuple[str, int, int, tuple[int, ...] | None] | None = None
+
+
+# -- shapes ------------------------------------------------------------------------------------------
+def _dims(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape) or (1,)
+
+
+def _shapes_text(operands: Iterable[Sequence[int]], results: Iterable[Sequence[int]]) -> str:
+    def one(shapes: Iterable[Sequence[int]]) -> str:
+        return ",".join("x".join(map(str, s)) or "()" for s in shapes)
+
+    return f"{one(operands)}->{one(results)}"
+
+
+def _bytes(dtype: str) -> int:
+    return ELEMENT_BYTES.get(dtype, 2)
+
+
+def _elements(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+# -- GEMMs and attention --------------------------------------------------------------------------------
+def _gemm_work(node: int, attributes: dict[str, Any], row: OpRow) -> _Work | None:
+    m, k, n, batch = attributes["dot_dims"]
+    if min(m, k, n, batch) <= 0:
+        return None
+    op = Op(row.op, OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * m * k * n, _bytes(row.dtype))
+    return _Work(node, (node,), row.op, GEMM_KIND, _shapes_text(row.operand_shapes, row.result_shapes),
+                 op=op, batch=batch)
+
+
+def _softmax_path(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int]) -> tuple[set[int], set[int]]:
+    """(score GEMMs, non-GEMM ops between them and ``value_gemm``'s lhs)."""
+    scores: set[int] = set()
+    passed: set[int] = set()
+    frontier = [graph.nodes[value_gemm]["operands"][0]]
+    while frontier:
+        node = frontier.pop()
+        if node is None or node in passed or node in scores:
+            continue
+        if node in is_gemm:
+            scores.add(node)
+            continue
+        passed.add(node)
+        frontier.extend(graph.nodes[node]["operands"])
+    return scores, passed
+
+
+def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows: dict[int, OpRow],
+                    claimed: set[int], exp_ops: int) -> _Work | None:
+    scores, passed = _softmax_path(graph, value_gemm, is_gemm)
+    if not scores or scores & claimed or not any(graph.nodes[p]["name"] == "exponential" for p in passed):
+        return None
+    if any(rows[p].category == COMM for p in passed if p in rows):
+        return None
+    score_dims = {graph.nodes[s]["dot_dims"] for s in scores}
+    s_q, head_dim, _, heads = next(iter(score_dims))
+    if any((m, k, b) != (s_q, head_dim, heads) for m, k, _, b in score_dims):
+        return None
+    s_kv = sum(graph.nodes[s]["dot_dims"][2] for s in scores)
+    m_v, k_v, n_v, b_v = graph.nodes[value_gemm]["dot_dims"]
+    if (m_v, b_v, n_v) != (s_q, heads, head_dim) or k_v not in (s_kv, s_kv // len(scores)):
+        return None
+    vector_rows = [rows[p] for p in passed if p in rows and rows[p].category == VECTOR]
+    softmax_flops = sum(_vector_flops(r, exp_ops) for r in vector_rows)
+    q = (1, heads, s_q, head_dim)
+    kv = (1, heads, s_kv, head_dim)
+    row = rows[value_gemm]
+    op = Op("flash_attention", OpType.FLASH_ATTENTION, (q, kv, kv), None, q, 4 * heads * s_q * s_kv * head_dim,
+            _bytes(row.dtype), vector_flops=softmax_flops)
+    positions = tuple(sorted(scores | {r.position for r in vector_rows} | {value_gemm}))
+    return _Work(value_gemm, positions, "flash_attention", FLASH_KIND,
+                 f"q {heads}x{s_q}x{head_dim}, kv {heads}x{s_kv}x{head_dim}", op=op)
+
+
+def _attentions(graph: nx.DiGraph, rows: dict[int, OpRow], is_gemm: set[int], exp_ops: int) -> list[_Work]:
+    works: list[_Work] = []
+    claimed: set[int] = set()
+    for node in sorted(is_gemm):
+        work = _attention_work(graph, node, is_gemm, rows, claimed, exp_ops)
+        if work is not None:
+            works.append(work)
+            claimed |= set(work.positions)
+    return works
+
+
+# -- vector ops -------------------------------------------------------------------------------------------
+def _vector_flops(row: OpRow, exp_ops: int) -> int:
+    scale = exp_ops if row.op.endswith("exponential") else 1
+    return row.flops * scale
+
+
+def _vector_op(name: str, inputs: Sequence[Sequence[int]], rows: int, out_elements: int, flops: int,
+               bytes_per_element: int) -> Op:
+    width = max(1, math.ceil(out_elements / rows))
+    shapes = tuple(_dims(s) for s in inputs if _elements(s) > 0) or ((1,),)
+    return Op(name, OpType.VECTOR, shapes, None, (rows, width), max(1, flops), bytes_per_element)
+
+
+def _rows_of(row_name: str, result: Sequence[int]) -> int:
+    if row_name in REDUCTION_OPS:
+        return max(1, _elements(result))
+    return max(1, _elements(result[:-1]))
+
+
+def _eager_vector_work(node: int, row: OpRow, exp_ops: int) -> _Work | None:
+    result = row.result_shapes[0] if row.result_shapes else ()
+    if _elements(result) == 0:
+        return None
+    short = row.op.split(".", 1)[-1]
+    inputs = [s for s in row.operand_shapes if _elements(s) > 1] or [result]
+    op = _vector_op(short, inputs, _rows_of(short, result), _elements(result), _vector_flops(row, exp_ops),
+                    _bytes(row.dtype))
+    return _Work(node, (node,), short, VECTOR_KIND, _shapes_text(row.operand_shapes, row.result_shapes), op=op)
+
+
+class _Groups:
+    """Union-find of fusable nodes (fused mode)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, node: int) -> int:
+        root = node
+        while self.parent.setdefault(root, root) != root:
+            root = self.parent[root]
+        while self.parent[node] != root:
+            self.parent[node], node = root, self.parent[node]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list[int]], set[int]]:
+    """Groups of fusable nodes (vector ops and free movement, no constants) with no unfusable op
+    on any path between two members, and the constant nodes (constants and free movement of
+    constants only).
+
+    Members share a "barrier depth" (the most unfusable ops on a path from the inputs), so a path
+    that leaves the group through an unfusable op cannot come back. A *floating* node (fusable,
+    fed only by inputs, constants and floating nodes: ``weight * constant``) with exactly one
+    reader joins that reader's group, since every path from it passes through the reader.
+    """
+    constant: set[int] = set()
+    fusable: set[int] = set()
+    floating: set[int] = set()
+    depth: dict[int, int] = {}
+    groups = _Groups()
+    for node in sorted(graph.nodes):
+        attributes = graph.nodes[node]
+        operands = attributes["operands"]
+        name = attributes["name"]
+        if name in CONSTANT_OPS or (operands and all(p in constant for p in operands)
+                                    and name in FREE_MOVEMENT_OPS):
+            constant.add(node)
+            continue
+        inputs = [p for p in operands if p is not None and p not in constant]
+        depth[node] = max((depth[p] + (0 if p in fusable else 1) for p in inputs), default=0)
+        if node not in vector_nodes and name not in FREE_MOVEMENT_OPS:
+            continue
+        fusable.add(node)
+        groups.find(node)
+        if all(p in floating for p in inputs):
+            floating.add(node)
+            continue
+        for p in inputs:
+            if p in fusable and p not in floating and depth[p] == depth[node]:
+                groups.union(p, node)
+    for node in sorted(floating, reverse=True):
+        readers = list(graph.successors(node))
+        if len(readers) == 1 and readers[0] in fusable:
+            groups.union(node, readers[0])
+    members: dict[int, list[int]] = {}
+    for node in fusable:
+        members.setdefault(groups.find(node), []).append(node)
+    return [sorted(nodes) for nodes in members.values() if vector_nodes.intersection(nodes)], constant
+
+
+def _group_io(graph: nx.DiGraph, members: list[int], constant: set[int]) -> tuple[list[tuple[int | None, tuple[int, ...]]], int]:
+    """(tensors entering the group: (producer, shape), elements of the tensors leaving it)."""
+    inside = set(members)
+    entering: dict[Any, tuple[int | None, tuple[int, ...]]] = {}
+    out_elements = 0
+    for node in members:
+        attributes = graph.nodes[node]
+        for index, (producer, shape) in enumerate(zip(attributes["operands"], attributes["operand_shapes"])):
+            if producer in inside or producer in constant:
+                continue
+            key = producer if producer is not None else (node, index)
+            entering[key] = (producer, tuple(shape))
+        successors = set(graph.successors(node))
+        if not successors or successors - inside:
+            out_elements += sum(_elements(s) for s in attributes["result_shapes"])
+    return list(entering.values()), out_elements
+
+
+def _fused_vector_works(graph: nx.DiGraph, rows: dict[int, OpRow], vector_nodes: set[int],
+                        gemms: dict[int, _Work], exp_ops: int) -> tuple[list[_Work], dict[int, _Work]]:
+    """Fused vector kernels, and GEMMs that took a group as their epilogue (by GEMM position)."""
+    works: list[_Work] = []
+    with_epilogue: dict[int, _Work] = {}
+    groups, constant = _fusion_groups(graph, vector_nodes)
+    for members in sorted(groups):
+        vector_rows = [rows[n] for n in members if n in vector_nodes]
+        flops = sum(_vector_flops(r, exp_ops) for r in vector_rows)
+        entering, out_elements = _group_io(graph, members, constant)
+        largest = max(vector_rows, key=lambda r: _elements(r.result_shapes[0]) if r.result_shapes else 0)
+        result = largest.result_shapes[0] if largest.result_shapes else ()
+        name = "fusion(" + ",".join(dict.fromkeys(r.op.split(".", 1)[-1] for r in vector_rows)) + ")"
+        positions = tuple(members)
+        epilogue_of = _epilogue_target(graph, members, entering, out_elements, gemms, with_epilogue)
+        shapes = _shapes_text([s for _, s in entering], [result])
+        if epilogue_of is not None:
+            gemm = gemms[epilogue_of]
+            m, n = gemm.op.output_shape
+            epilogue = Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.op.bytes_per_element)
+            with_epilogue[epilogue_of] = replace(gemm, positions=tuple(sorted(gemm.positions + positions)),
+                                                 name=f"{gemm.name}+{name}", epilogue=epilogue)
+            continue
+        op = _vector_op(name, [s for _, s in entering], _rows_of(largest.op.split(".", 1)[-1], result),
+                        out_elements or _elements(result), flops, _bytes(largest.dtype))
+        # A fused kernel runs once all its inputs are ready: at its last member.
+        works.append(_Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
+    return works, with_epilogue
+
+
+def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple[int | None, tuple[int, ...]]],
+                     out_elements: int, gemms: dict[int, _Work], taken: dict[int, _Work]) -> int | None:
+    producers = [p for p, _ in entering if p in gemms]
+    if len(producers) != 1 or producers[0] in taken or gemms[producers[0]].batch != 1:
+        return None
+    gemm = producers[0]
+    m, n = gemms[gemm].op.output_shape
+    side = sum(_elements(s) for p, s in entering if p != gemm)
+    if out_elements != m * n or side > EPILOGUE_SIDE_INPUT_ROWS * n:
+        return None
+    if set(graph.successors(gemm)) - set(members):
+        return None
+    return gemm
+
+
+# -- collectives -----------------------------------------------------------------------------------------
+def _collective_work(row: OpRow) -> _Work | None:
+    if row.group_size <= 1:
+        return None
+    devices = row.replica_group if len(row.replica_group) == row.group_size else None
+    return _Work(row.position, (row.position,), row.comm_kind, NETWORK_KIND,
+                 _shapes_text(row.operand_shapes, row.result_shapes),
+                 collective=(row.comm_kind, row.group_size, row.comm_bytes, devices))
+
+
+# -- mapping ----------------------------------------------------------------------------------------------
+def _bound_mapping(op: Op, chip: ChipSpec) -> Mapping:
+    """When no tiling fits SRAM (a single huge row): read inputs, write the output, at peak rates."""
+    q = op.bytes_per_element
+    dram_bytes = (op.input_elements + op.weight_elements + op.output_elements) * q
+    dram_s = dram_bytes / chip.dram_bandwidth_bytes_per_s
+    peak = chip.vector_flops_per_s if op.op_type is OpType.VECTOR else chip.gemm_flops_per_s
+    compute_s = op.flops / peak
+    latency_s = max(dram_s, compute_s)
+    return Mapping(op.name, op.op_type.value, "streaming_bound", latency_s, compute_s, dram_s, 0.0,
+                   compute_s / latency_s if latency_s else 0.0, op.flops, dram_bytes, None,  # type: ignore[arg-type]
+                   "dram" if dram_s >= compute_s else "compute")
+
+
+def _signature(op: Op, epilogue: Op | None) -> tuple:
+    def one(o: Op | None) -> tuple | None:
+        return None if o is None else (o.op_type, o.input_shapes, o.weight_shape, o.output_shape, o.flops,
+                                       o.vector_flops, o.bytes_per_element)
+
+    return one(op), one(epilogue)
+
+
+class _Mapper:
+    """Maps works on one chip and system, one search per distinct op signature."""
+
+    def __init__(self, chip: ChipSpec, system: SystemSpec, launch_s: float) -> None:
+        self.chip = chip
+        self.system = system
+        self.launch_s = launch_s
+        self.cache: dict[tuple, Mapping] = {}
+        self.comm_cache: dict[tuple, float] = {}
+
+    def __call__(self, work: _Work) -> MappedOp:
+        if work.collective is not None:
+            if work.collective not in self.comm_cache:
+                kind, group, message, devices = work.collective
+                self.comm_cache[work.collective] = collective_time_s(kind, group, message, self.system,
+                                                                     devices=devices)
+            seconds = self.comm_cache[work.collective]
+            return MappedOp(work.position, work.positions, work.name, work.kind, work.shapes, seconds,
+                            0.0, 0.0, 0.0, 0.0, "network", 0)
+        assert work.op is not None
+        key = _signature(work.op, work.epilogue)
+        if key not in self.cache:
+            try:
+                self.cache[key] = map_op(work.op, self.chip, epilogue=work.epilogue)
+            except MappingError:
+                self.cache[key] = _bound_mapping(work.op, self.chip)
+        mapping = self.cache[key]
+        b = work.batch
+        flops = mapping.flops * b
+        return MappedOp(work.position, work.positions, work.name, work.kind, work.shapes,
+                        mapping.latency_s * b + self.launch_s, mapping.compute_s * b, mapping.dram_s * b,
+                        mapping.noc_s * b, mapping.utilization, mapping.bound, flops)
+
+
+def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:
+    if options.dram_efficiency == 1.0:
+        return chip
+    return replace(chip, dram_bandwidth_bytes_per_s=chip.dram_bandwidth_bytes_per_s * options.dram_efficiency)
+
+
+def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: MappingOptions) -> list[_Work]:
+    is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in graph.nodes[p]}
+    attentions = _attentions(graph, rows, is_gemm, options.exp_ops) if chip.fused_attention_kernel else []
+    claimed = {p for work in attentions for p in work.positions}
+    gemms = {p: w for p in sorted(is_gemm - claimed)
+             if (w := _gemm_work(p, graph.nodes[p], rows[p])) is not None}
+    vector_nodes = {p for p, r in rows.items() if r.category == VECTOR and p not in claimed and p in graph}
+    if options.execution == "fused":
+        vectors, with_epilogue = _fused_vector_works(graph, rows, vector_nodes, gemms, options.exp_ops)
+        gemms.update(with_epilogue)
+    else:
+        vectors = [w for p in sorted(vector_nodes) if (w := _eager_vector_work(p, rows[p], options.exp_ops))]
+    collectives = [w for r in rows.values() if r.category == COMM and (w := _collective_work(r))]
+    return sorted([*attentions, *gemms.values(), *vectors, *collectives], key=lambda w: w.position)
+
+
+def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system: SystemSpec,
+                options: MappingOptions = DEFAULT_OPTIONS) -> ProgramMapping:
+    """Map every op of a program (its report rows and dataflow graph) on ``chip``; collectives on
+    ``system``. See the module docstring for what becomes what."""
+    chip = _chip_for(chip, options)
+    launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
+        if options.execution == "eager" else 0.0
+    mapper = _Mapper(chip, system, launch_s or 0.0)
+    by_position = {row.position: row for row in rows}
+    mapped = tuple(mapper(work) for work in _works(graph, by_position, chip, options))
+    return ProgramMapping(chip=chip.name, execution=options.execution, ops=mapped,
+                          distinct_mappings=len(mapper.cache) + len(mapper.comm_cache))

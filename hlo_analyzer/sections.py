@@ -1,0 +1,92 @@
+"""Typed sections that ``analyze-hlo --hw`` adds to a Report (computed in ``hlo_analyzer.hw_mapping``,
+rendered in ``hlo_analyzer.mapping_render``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hardware import BlockMapping
+from hardware.stdit import BlockShapes
+from hardware.systems import ResolvedSystem
+from hlo_analyzer.op_mapping import MappingOptions, ProgramMapping
+
+
+@dataclass(frozen=True)
+class BlockLabels:
+    """The labelled GEMMs (label -> walk positions) of one spatial or temporal block."""
+
+    index: int
+    kind: str
+    ops: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class BlocksSection:
+    """The STDiT3 segmentation: the first pair's shape dictionary and every block's GEMMs."""
+
+    shapes: BlockShapes
+    pairs: int
+    consistent: bool
+    blocks: tuple[BlockLabels, ...]
+
+
+@dataclass(frozen=True)
+class PairGroup:
+    """The kernels charged to one block pair (``pair`` None: before the first pair).
+
+    A pair is charged from its first labelled GEMM up to the next pair's first: the LayerNorm and
+    modulate before a pair's qkv projection fall to the pair before (module docstring of
+    ``hlo_analyzer.hw_mapping``)."""
+
+    pair: int | None
+    latency_s: float
+    seconds_by_kind: tuple[tuple[str, float], ...]
+    kernels: int
+
+
+@dataclass(frozen=True)
+class MappingTotals:
+    """One step of the program on one device, and the whole inference.
+
+    ``inference = steps * (outside the pairs + pairs_total * mean pair latency)``; without a
+    segmentation ``pairs_total`` is None and ``inference = steps * step``.
+    """
+
+    step_latency_s: float
+    seconds_by_kind: tuple[tuple[str, float], ...]
+    gemm_utilization: float
+    steps: int
+    pairs_found: int | None
+    pairs_total: int | None
+    inference_latency_s: float
+    inference_comm_s: float
+
+    @property
+    def inference_compute_s(self) -> float:
+        return self.inference_latency_s - self.inference_comm_s
+
+
+@dataclass(frozen=True)
+class MappingSection:
+    """Every kernel of the dump on a system, grouped by pair when the dump is an STDiT3 stage.
+
+    ``pair_of`` gives each kernel's pair (same order as ``program.ops``). ``reference`` is one pair
+    rebuilt from the ideal shape dictionary (``hardware.build_stdit_block_ops``): a labelled
+    comparison, not the source of any total."""
+
+    hardware: str
+    system: ResolvedSystem
+    options: MappingOptions
+    program: ProgramMapping
+    pair_of: tuple[int | None, ...]
+    pairs: tuple[PairGroup, ...]
+    totals: MappingTotals
+    reference: BlockMapping | None
+
+
+@dataclass(frozen=True)
+class HardwareSections:
+    """What ``--hw`` adds to a Report; both None without ``--hw``."""
+
+    blocks: BlocksSection | None = None
+    mapping: MappingSection | None = None
