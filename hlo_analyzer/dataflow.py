@@ -2,7 +2,8 @@
 
 Nodes are walk positions (the same numbers as ``OpRow.position``); each node carries ``name``
 (short op name), ``op`` (full name), ``operands`` (producer node of each operand, ``None`` for a
-function or block argument, in operand order), ``operand_shapes``, ``result_shapes`` and, for dots,
+function or block argument, in operand order), ``arguments`` (for each operand that is a function
+or block argument, a number naming that argument, else ``None``), ``operand_shapes``, ``result_shapes`` and, for dots,
 ``dot_dims`` (M, K, N, batch; a convolution as the GEMM it is, see :func:`conv_dims`). Dumps list ops in a topological order that interleaves unrelated
 work (the first block with the embeddings), so analyses that need structure follow these edges
 rather than the order of the lines.
@@ -35,6 +36,7 @@ class DataflowVisitor(IRVisitor):
         self.graph = nx.DiGraph()
         self.types = TypeTable()
         self._producer: dict[ir.Value, int] = {}
+        self._arguments: dict[ir.Value, int] = {}
 
     def generic_visit(self, node: Any) -> None:
         if isinstance(node, (ir.Region, ir.Block)) or node.operation.name == "func.func":
@@ -48,6 +50,8 @@ class DataflowVisitor(IRVisitor):
             "name": name,
             "op": operation.name,
             "operands": producers,
+            "arguments": [None if producer is not None else self._argument(value)
+                          for producer, value in zip(producers, operation.operands)],
             "operand_shapes": self.types.shapes(operation.operands, node),
             "result_shapes": self.types.shapes(operation.results, node),
             "dtype": self.types.dtype(operation.results[0]) if len(operation.results) else "",
@@ -65,6 +69,10 @@ class DataflowVisitor(IRVisitor):
         for value in operation.results:
             self._producer[value] = position
         super().generic_visit(node)
+
+
+    def _argument(self, value: ir.Value) -> int:
+        return self._arguments.setdefault(value, len(self._arguments))
 
 
 def dot_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int, int, int, int]:

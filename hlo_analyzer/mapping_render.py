@@ -11,8 +11,6 @@ from hlo_trace.errors import UsageError
 if TYPE_CHECKING:
     from hlo_analyzer.report import Report
 
-KERNEL_FIELDS = ("position", "pair", "name", "kind", "shapes", "latency_s", "utilization", "bound",
-                 "compute_s", "dram_s", "noc_s", "flops")
 
 
 # -- JSON -------------------------------------------------------------------------------------------
@@ -29,7 +27,8 @@ def blocks_dict(blocks: BlocksSection) -> dict[str, Any]:
 def kernel_records(mapping: MappingSection) -> list[dict[str, Any]]:
     return [{"position": op.position, "pair": pair, "name": op.name, "kind": op.kind, "shapes": op.shapes,
              "latency_s": op.latency_s, "utilization": op.utilization, "bound": op.bound,
-             "compute_s": op.compute_s, "dram_s": op.dram_s, "noc_s": op.noc_s, "flops": op.flops}
+             "compute_s": op.compute_s, "dram_s": op.dram_s, "noc_s": op.noc_s, "flops": op.flops,
+             "hlo_positions": list(op.positions)}
             for op, pair in zip(mapping.program.ops, mapping.pair_of)]
 
 

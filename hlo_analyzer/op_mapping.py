@@ -183,11 +183,11 @@ def _gemm_work(node: int, attributes: dict[str, Any], row: OpRow) -> _Work | Non
                  op=op, batch=batch)
 
 
-def _softmax_path(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int]) -> tuple[set[int], set[int]]:
-    """(score GEMMs, non-GEMM ops between them and ``value_gemm``'s lhs)."""
+def _softmax_path(graph: nx.DiGraph, start: int | None, is_gemm: set[int]) -> tuple[set[int], set[int]]:
+    """(GEMMs reached, non-GEMM ops passed) walking back from ``start`` until GEMMs."""
     scores: set[int] = set()
     passed: set[int] = set()
-    frontier = [graph.nodes[value_gemm]["operands"][0]]
+    frontier = [start]
     while frontier:
         node = frontier.pop()
         if node is None or node in passed or node in scores:
@@ -200,20 +200,34 @@ def _softmax_path(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int]) -> tupl
     return scores, passed
 
 
+def _probabilities(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int]) -> tuple[int, set[int], set[int]] | None:
+    """(operand index of the probabilities, score GEMMs, softmax ops) of a value GEMM, or None."""
+    for index in (0, 1):
+        scores, passed = _softmax_path(graph, graph.nodes[value_gemm]["operands"][index], is_gemm)
+        if scores and any(graph.nodes[p]["name"] == "exponential" for p in passed):
+            return index, scores, passed
+    return None
+
+
 def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows: dict[int, OpRow],
                     claimed: set[int], exp_ops: int) -> _Work | None:
-    scores, passed = _softmax_path(graph, value_gemm, is_gemm)
-    if not scores or scores & claimed or not any(graph.nodes[p]["name"] == "exponential" for p in passed):
+    found = _probabilities(graph, value_gemm, is_gemm)
+    if found is None:
         return None
-    if any(rows[p].category == COMM for p in passed if p in rows):
+    side, scores, passed = found
+    if scores & claimed or any(rows[p].category == COMM for p in passed if p in rows):
         return None
-    score_dims = {graph.nodes[s]["dot_dims"] for s in scores}
-    s_q, head_dim, _, heads = next(iter(score_dims))
-    if any((m, k, b) != (s_q, head_dim, heads) for m, k, _, b in score_dims):
-        return None
-    s_kv = sum(graph.nodes[s]["dot_dims"][2] for s in scores)
-    m_v, k_v, n_v, b_v = graph.nodes[value_gemm]["dot_dims"]
-    if (m_v, b_v, n_v) != (s_q, heads, head_dim) or k_v not in (s_kv, s_kv // len(scores)):
+    m_v, k_v, n_v, heads = graph.nodes[value_gemm]["dot_dims"]
+    # probabilities (S_Q x S_KV) @ v (S_KV x head_dim), or v^T @ probabilities^T
+    s_q, head_dim = (m_v, n_v) if side == 0 else (n_v, m_v)
+    parts = []
+    for score in scores:
+        m, k, n, b = graph.nodes[score]["dot_dims"]
+        if k != head_dim or b != heads or s_q not in (m, n):
+            return None
+        parts.append(n if m == s_q else m)
+    s_kv = sum(parts)
+    if k_v not in (s_kv, *parts):
         return None
     vector_rows = [rows[p] for p in passed if p in rows and rows[p].category == VECTOR]
     softmax_flops = sum(_vector_flops(r, exp_ops) for r in vector_rows)
@@ -294,9 +308,10 @@ def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list
     constants only).
 
     Members share a "barrier depth" (the most unfusable ops on a path from the inputs), so a path
-    that leaves the group through an unfusable op cannot come back. A *floating* node (fusable,
-    fed only by inputs, constants and floating nodes: ``weight * constant``) with exactly one
-    reader joins that reader's group, since every path from it passes through the reader.
+    that leaves the group through an unfusable op cannot come back. *Floating* nodes (fusable, fed
+    only by inputs, constants and floating nodes: ``weight * constant``, a LayerNorm of an input)
+    group among themselves; a floating group whose results are read by exactly one node outside
+    it joins that reader's group, since every path from it passes through the reader.
     """
     constant: set[int] = set()
     fusable: set[int] = set()
@@ -317,16 +332,19 @@ def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list
             continue
         fusable.add(node)
         groups.find(node)
-        if all(p in floating for p in inputs):
+        is_floating = all(p in floating for p in inputs)
+        if is_floating:
             floating.add(node)
-            continue
         for p in inputs:
-            if p in fusable and p not in floating and depth[p] == depth[node]:
+            if p in fusable and (p in floating) == is_floating and depth[p] == depth[node]:
                 groups.union(p, node)
-    for node in sorted(floating, reverse=True):
-        readers = list(graph.successors(node))
-        if len(readers) == 1 and readers[0] in fusable:
-            groups.union(node, readers[0])
+    floating_groups: dict[int, list[int]] = {}
+    for node in floating:
+        floating_groups.setdefault(groups.find(node), []).append(node)
+    for nodes in floating_groups.values():
+        readers = {r for node in nodes for r in graph.successors(node)} - set(nodes)
+        if len(readers) == 1 and (reader := readers.pop()) in fusable:
+            groups.union(nodes[0], reader)
     members: dict[int, list[int]] = {}
     for node in fusable:
         members.setdefault(groups.find(node), []).append(node)
@@ -340,10 +358,11 @@ def _group_io(graph: nx.DiGraph, members: list[int], constant: set[int]) -> tupl
     out_elements = 0
     for node in members:
         attributes = graph.nodes[node]
-        for index, (producer, shape) in enumerate(zip(attributes["operands"], attributes["operand_shapes"])):
+        for producer, argument, shape in zip(attributes["operands"], attributes["arguments"],
+                                             attributes["operand_shapes"]):
             if producer in inside or producer in constant:
                 continue
-            key = producer if producer is not None else (node, index)
+            key = producer if producer is not None else ("argument", argument)
             entering[key] = (producer, tuple(shape))
         successors = set(graph.successors(node))
         if not successors or successors - inside:
