@@ -27,7 +27,13 @@ import networkx as nx
 from jaxlib.mlir import ir
 
 from hardware.stdit import BlockShapes
-from hlo_analyzer.dataflow import GEMM_OPS, build_dataflow, walk_until
+from hlo_analyzer.dataflow import (
+    GEMM_OPS,
+    SOFTMAX_SPAN_LIMIT,
+    after_exponential,
+    build_dataflow,
+    walk_until,
+)
 from hlo_analyzer.tensors import ELEMENT_BYTES
 from hlo_trace.errors import UsageError
 
@@ -129,12 +135,16 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
 
 # -- finding the pieces ---------------------------------------------------------------------------
 def _is_gemm(graph: nx.DiGraph, node: int) -> bool:
-    return graph.nodes[node]["name"] in GEMM_OPS
+    gemms = graph.graph.get("gemms")
+    if gemms is None:
+        gemms = graph.graph["gemms"] = frozenset(n for n, name in graph.nodes(data="name") if name in GEMM_OPS)
+    return node in gemms
 
 
-def _gemms_before(graph: nx.DiGraph, node: int, operand: int) -> tuple[set[int], set[int]]:
+def _gemms_before(graph: nx.DiGraph, node: int, operand: int, *,
+                  limit: int | None = None) -> tuple[set[int], set[int]]:
     producer = graph.nodes[node]["operands"][operand]
-    return walk_until(graph, [producer], backward=True, stop=lambda n: _is_gemm(graph, n))
+    return walk_until(graph, [producer], backward=True, stop=lambda n: _is_gemm(graph, n), limit=limit)
 
 
 def _gemms_after(graph: nx.DiGraph, nodes: list[int]) -> set[int]:
@@ -144,10 +154,11 @@ def _gemms_after(graph: nx.DiGraph, nodes: list[int]) -> set[int]:
 
 def _find_attentions(graph: nx.DiGraph) -> list[Attention]:
     by_projections: dict[tuple[int, int], Attention] = {}
+    softmax_outputs = after_exponential(graph)
     for node in sorted(graph.nodes):
-        if not _is_gemm(graph, node):
+        if not _is_gemm(graph, node) or graph.nodes[node]["operands"][0] not in softmax_outputs:
             continue
-        scores, passed = _gemms_before(graph, node, 0)
+        scores, passed = _gemms_before(graph, node, 0, limit=SOFTMAX_SPAN_LIMIT)
         if not scores or not any(graph.nodes[p]["name"] == "exponential" for p in passed):
             continue
         q_side, k_side, q_path = set(), set(), set()

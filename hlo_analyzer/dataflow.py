@@ -34,6 +34,8 @@ class DataflowVisitor(IRVisitor):
     def __init__(self) -> None:
         super().__init__()
         self.graph = nx.DiGraph()
+        #: node -> producers of its operands (the ``operands`` attribute), for fast backward walks
+        self.graph.graph["producers"] = {}
         self.types = TypeTable()
         self._producer: dict[ir.Value, int] = {}
         self._arguments: dict[ir.Value, int] = {}
@@ -63,6 +65,7 @@ class DataflowVisitor(IRVisitor):
             attributes["dot_dims"] = conv_dims(node, attributes["operand_shapes"],
                                                attributes["result_shapes"][0])
         self.graph.add_node(position, **attributes)
+        self.graph.graph["producers"][position] = [p for p in producers if p is not None]
         for producer in producers:
             if producer is not None:
                 self.graph.add_edge(producer, position)
@@ -120,11 +123,39 @@ def build_dataflow(module: ir.Module) -> nx.DiGraph:
     return visitor.graph
 
 
+#: How many ops a softmax (with its mask, scale and dropout) may span between its two GEMMs: the
+#: walks that look for attentions give up beyond it, which keeps them linear on a residual stream
+#: that runs back through every layer without a GEMM (torch-xla's softmax is about 10-30 ops).
+SOFTMAX_SPAN_LIMIT = 128
+
+
+def after_exponential(graph: nx.DiGraph) -> frozenset[int]:
+    """Nodes with an ``exponential`` behind them on a path that crosses no GEMM (the exp itself
+    included): only a GEMM operand in this set can be a softmax's output. One linear pass, cached
+    on the graph; it lets the attention searches skip every other GEMM."""
+    cached = graph.graph.get("after_exponential")
+    if cached is None:
+        producers = graph.graph["producers"]
+        names = dict(graph.nodes(data="name"))
+        reached: set[int] = set()
+        for node in sorted(graph.nodes):
+            if names[node] == "exponential" or any(
+                    p in reached and names[p] not in GEMM_OPS for p in producers[node]):
+                reached.add(node)
+        cached = graph.graph["after_exponential"] = frozenset(reached)
+    return cached
+
+
 def walk_until(graph: nx.DiGraph, starts: Iterable[int | None], *, backward: bool,
-               stop: Callable[[int], bool]) -> tuple[set[int], set[int]]:
+               stop: Callable[[int], bool], limit: int | None = None) -> tuple[set[int], set[int]]:
     """Breadth-first from ``starts`` along (or against) the edges, not passing nodes where
-    ``stop`` holds. Returns (stopping nodes reached, every node passed through)."""
-    neighbours = graph.predecessors if backward else graph.successors
+    ``stop`` holds. Returns (stopping nodes reached, every node passed through); with ``limit``,
+    a walk that passes more nodes than that gives up and reaches nothing."""
+    producers = graph.graph.get("producers")
+    if backward and producers is not None:
+        neighbours = producers.__getitem__
+    else:
+        neighbours = graph.predecessors if backward else graph.successors
     reached: set[int] = set()
     passed: set[int] = set()
     frontier = [node for node in starts if node is not None]
@@ -136,5 +167,7 @@ def walk_until(graph: nx.DiGraph, starts: Iterable[int | None], *, backward: boo
             reached.add(node)
             continue
         passed.add(node)
+        if limit is not None and len(passed) > limit:
+            return set(), passed
         frontier.extend(neighbours(node))
     return reached, passed

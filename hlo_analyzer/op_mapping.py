@@ -47,6 +47,7 @@ from hardware import (
     collective_time_s,
     map_op,
 )
+from hlo_analyzer.dataflow import SOFTMAX_SPAN_LIMIT, after_exponential, walk_until
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 
@@ -184,25 +185,17 @@ def _gemm_work(node: int, attributes: dict[str, Any], row: OpRow) -> _Work | Non
 
 
 def _softmax_path(graph: nx.DiGraph, start: int | None, is_gemm: set[int]) -> tuple[set[int], set[int]]:
-    """(GEMMs reached, non-GEMM ops passed) walking back from ``start`` until GEMMs."""
-    scores: set[int] = set()
-    passed: set[int] = set()
-    frontier = [start]
-    while frontier:
-        node = frontier.pop()
-        if node is None or node in passed or node in scores:
-            continue
-        if node in is_gemm:
-            scores.add(node)
-            continue
-        passed.add(node)
-        frontier.extend(graph.nodes[node]["operands"])
-    return scores, passed
+    """(GEMMs reached, non-GEMM ops passed) walking back from ``start`` until GEMMs; nothing
+    reached beyond ``SOFTMAX_SPAN_LIMIT`` ops."""
+    return walk_until(graph, [start], backward=True, stop=is_gemm.__contains__, limit=SOFTMAX_SPAN_LIMIT)
 
 
 def _probabilities(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int]) -> tuple[int, set[int], set[int]] | None:
     """(operand index of the probabilities, score GEMMs, softmax ops) of a value GEMM, or None."""
+    softmax_outputs = after_exponential(graph)
     for index in (0, 1):
+        if graph.nodes[value_gemm]["operands"][index] not in softmax_outputs:
+            continue
         scores, passed = _softmax_path(graph, graph.nodes[value_gemm]["operands"][index], is_gemm)
         if scores and any(graph.nodes[p]["name"] == "exponential" for p in passed):
             return index, scores, passed

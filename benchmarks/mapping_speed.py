@@ -1,0 +1,69 @@
+"""How much does ``--hw`` add to ``analyze-hlo`` on a 100k-op module? Target: under 2 s.
+
+Uses the synthetic transformer-shaped module of ``benchmarks/analyze_speed.py`` (dot_general,
+attention-like exp between two batched GEMMs, norms, reductions, all-reduces; 8 partitions) and
+times in one process, best of ``--repeat``:
+
+* baseline: ``analyze-hlo DUMP --format json -o FILE`` (no mapping);
+* with mapping: the same with ``--hw tx8`` (8 TX8 chips, fused execution, every op mapped);
+
+and prints both, the overhead (difference) against the 2 s target and the ratio.
+
+    python3 benchmarks/mapping_speed.py [--ops 100000] [--hw tx8] [--exec fused|eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.analyze_speed import synthetic_module  # noqa: E402
+from hlo_analyzer.cli import analyze_command  # noqa: E402
+from hlo_analyzer.mlir import default_context  # noqa: E402
+from hlo_trace.cli import run_click  # noqa: E402
+
+TARGET_OVERHEAD_S = 2.0
+
+
+def best_time(arguments: list[str], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        code = run_click(analyze_command, arguments)
+        times.append(time.perf_counter() - start)
+        if code != 0:
+            raise SystemExit(f"analyze-hlo {' '.join(arguments)} failed with exit code {code}")
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", type=int, default=100_000, help="approximate op count")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each; the best is kept")
+    parser.add_argument("--hw", default="tx8", help="hardware to map on")
+    parser.add_argument("--exec", dest="execution", default="fused", choices=["fused", "eager"])
+    args = parser.parse_args()
+
+    text = synthetic_module(args.ops)
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "synthetic.mlir"
+        dump.write_text(text)
+        default_context()
+        base = [str(dump), "--format", "json", "--force", "-o", str(Path(tmp) / "report.json")]
+        baseline = best_time(base, args.repeat)
+        mapped = best_time(base + ["--hw", args.hw, "--exec", args.execution], args.repeat)
+    overhead = mapped - baseline
+    verdict = "meets" if overhead < TARGET_OVERHEAD_S else "MISSES"
+    print(f"module: ~{args.ops:,} ops")
+    print(f"analyze-hlo --format json (baseline):  {baseline:.2f} s")
+    print(f"... --hw {args.hw} --exec {args.execution}:        {mapped:.2f} s  (ratio {mapped / baseline:.2f})")
+    print(f"--hw overhead: {overhead:.2f} s, target < {TARGET_OVERHEAD_S:.0f} s: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
