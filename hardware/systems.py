@@ -3,7 +3,7 @@
 A user who names a chip (``--hw tx8``) on a dump that spans N devices means "a system of N of
 these chips". Its chip-to-chip network is the chip's *default network*: the one of the bundled
 system file built from that chip (``hardware/data/tx8-16.toml`` for tx8,
-``hardware/data/h100-sxm-8.toml`` for h100-sxm; their comments give the sources). The N chips are
+``hardware/data/8xh100.toml`` for h100-sxm; their comments give the sources). The N chips are
 laid out on the same topology: a ``mesh2d``/``torus2d`` default becomes the most nearly square
 ``rows x cols`` grid of N chips (rows <= cols), a ``ring``/``switch`` keeps its kind.
 

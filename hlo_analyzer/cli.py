@@ -40,7 +40,7 @@ log = logging.getLogger("hlo_analyzer")
                    "--link-bandwidth and defaults to 1; with --hw it replaces the system's.")
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
               help="Map every op onto this hardware (a bundled name: tx8, tx8-16, h100-sxm, "
-                   "h100-sxm-8, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
+                   "8xh100, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
                    "means N chips on the chip's default network. Collectives are timed on the "
                    "chip-to-chip network; an STDiT3 stage is also grouped by block pair.")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,

@@ -135,8 +135,8 @@ def load_plan(path: str | Path) -> PipelinePlan:
 
 def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
                      steps: int = 30) -> PipelineAnalysis:
+    from hardware import load_system
     from hardware.pipeline import pipefusion_step
-    from hlo_analyzer.hw_mapping import load_system
 
     if len(dumps) != plan.stage_count:
         raise UsageError(f"{plan.path} has {plan.stage_count} stages but {len(dumps)} dumps were "

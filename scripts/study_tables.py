@@ -81,8 +81,9 @@ class CaseResult:
 
     @property
     def block_mapping(self) -> dict[str, Any]:
-        """The hardware mapping of the first stage (every stage maps the same block pair)."""
-        return self.stages[0]["analysis"]["mapping"]
+        """The first stage's first block pair, from the per-op mapping of the traced ops: its
+        kernels (labelled GEMMs named by their label), time shares and utilisation."""
+        return pair_view(self.stages[0]["analysis"])
 
     @property
     def trace_seconds(self) -> float:
@@ -219,10 +220,10 @@ def latency_table(results: list[CaseResult], steps: int) -> Table:
             rows.append([result.shape, result.strategy, result.mesh] + [None] * 8 + [result.error])
             continue
         latency = result.mapping_total("inference_latency_s")
-        comm = result.mapping_total("comm_latency_s")
+        comm = result.mapping_total("inference_comm_s")
         share = result.block_mapping["time_share_by_type"]
         rows.append([result.shape, result.strategy, result.mesh, latency,
-                     result.mapping_total("compute_latency_s"), comm, 100 * comm / latency,
+                     result.mapping_total("inference_compute_s"), comm, 100 * comm / latency,
                      100 * result.block_mapping["totals"]["gemm_utilization"],
                      100 * share.get("GEMM", 0.0), 100 * share.get("Vector", 0.0),
                      100 * share.get("FlashAttention", 0.0), ""])
@@ -270,6 +271,39 @@ def runs_table(results: list[CaseResult]) -> Table:
         rows.append([result.shape, result.strategy, result.mesh, result.trace_seconds,
                      result.peak_rss_bytes / 2**30, dump_bytes / 2**20, ""])
     return headers, rows
+
+
+_KIND_TYPES = {"gemm": "GEMM", "vector": "Vector", "flash_attention": "FlashAttention",
+               "collective": "Collective"}
+
+
+def pair_view(analysis: dict[str, Any], pair: int = 0) -> dict[str, Any]:
+    """One block pair of an ``analyze-hlo --hw --format json`` document: its kernels (in program
+    order, a kernel holding a labelled GEMM named ``<spatial|temporal> <label>``), the time share
+    of each compute type over the pair's compute time, and the mapping's totals."""
+    mapping = analysis["mapping"]
+    labels = {}
+    for block in analysis.get("blocks", {}).get("labels", []):
+        if block["index"] // 2 == pair:
+            for label, positions in block["ops"].items():
+                labels.update({position: f"{block['kind']} {label}" for position in positions})
+    ops, seen = [], set()
+    for kernel in mapping["kernels"]:
+        if kernel["pair"] != pair:
+            continue
+        named = [labels[p] for p in kernel["hlo_positions"] if p in labels]
+        name = "+".join(dict.fromkeys(named)) if named else kernel["name"]
+        while name in seen:
+            name += "'"
+        seen.add(name)
+        ops.append({"name": name, "type": _KIND_TYPES[kernel["kind"]], "latency_s": kernel["latency_s"],
+                    "utilization": kernel["utilization"], "bound": kernel["bound"]})
+    compute = [op for op in ops if op["type"] != "Collective"]
+    compute_s = sum(op["latency_s"] for op in compute) or 1.0
+    shares = {kind: sum(op["latency_s"] for op in compute if op["type"] == kind) / compute_s
+              for kind in ("GEMM", "Vector", "FlashAttention")}
+    return {"ops": ops, "time_share_by_type": shares, "totals": mapping["totals"],
+            "chip": mapping["chip"], "hardware": mapping["system"]["name"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,10 +377,10 @@ def _plot_time_share(cases: list[CaseResult], shape: str, out_dir: Path, plt) ->
         values = []
         for case in cases:
             if kind == "communication":
-                values.append(case.mapping_total("comm_latency_s"))
+                values.append(case.mapping_total("inference_comm_s"))
             else:
                 share = case.block_mapping["time_share_by_type"].get(kind, 0.0)
-                values.append(share * case.mapping_total("compute_latency_s"))
+                values.append(share * case.mapping_total("inference_compute_s"))
         axis.bar(names, values, bottom=bottoms, label=kind)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     axis.set_ylabel("inference latency, s")

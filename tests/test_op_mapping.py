@@ -24,7 +24,7 @@ from hlo_trace.cli import run_click
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "dumps" / "example_mlp_megatron_2x2.stablehlo.mlir"
-RING = ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_ring_attention_2x2_stage1.mlir"
+RING = ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_ring_attention_2x2_stage1_pairs1-1.mlir"
 US = 1e-6
 
 
@@ -137,13 +137,15 @@ def test_a_system_smaller_than_the_dump_is_a_one_line_error(capsys, tmp_path):
 
 def test_network_overrides_and_one_comm_latency_figure(capsys):
     """The example's one all-reduce: 4 x 16 f32 = 256 B over the group {0, 1} of a 2 x 2 mesh.
-    Ring: each device sends 2 * 256 * (2-1)/2 = 256 B in 2 steps of 1 hop.
-    At 100 GB/s and 0.5 us per hop: 256 / 1e11 + 2 * 1 * 0.5 us = 1.00256 us."""
+    Ring: each device sends 2 * 256 * (2-1)/2 = 256 B (and receives as much) in 2 steps of 1 hop.
+    TX8's default network (tx8-16.toml) stages transfers through the chip's 1e11 B/s DRAM:
+    (256 + 256) B / 1e11 = 5.12 ns, above the 100 GB/s links' 2.56 ns; with 0.5 us per hop:
+    5.12 ns + 2 * 1 * 0.5 us = 1.00512 us."""
     document = analyze_json(capsys, EXAMPLE, "--hw", "tx8", "--link-bandwidth", "100", "--hop-latency", "0.5")
     system = document["mapping"]["system"]
     assert system["link_bandwidth_bytes_per_s"] == 100e9 and system["hop_latency_s"] == pytest.approx(0.5 * US)
     assert "network overridden: link bandwidth 100 GB/s, hop latency 0.5 us" in system["assumed"]
-    assert document["totals"]["comm_latency_s"] == pytest.approx(1.00256 * US, rel=1e-9)
+    assert document["totals"]["comm_latency_s"] == pytest.approx(1.00512 * US, rel=1e-9)
     [collective] = [k for k in document["mapping"]["kernels"] if k["kind"] == "collective"]
     assert collective["latency_s"] == document["totals"]["comm_latency_s"]
     assert document["mapping"]["totals"]["seconds_by_kind"]["collective"] == document["totals"]["comm_latency_s"]

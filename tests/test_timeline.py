@@ -11,7 +11,7 @@ import pytest
 from hlo_analyzer.cli import analyze_command
 from hlo_trace.cli import run_click
 
-DUMP = Path(__file__).resolve().parent.parent / "dumps" / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage1.mlir"
+DUMP = Path(__file__).resolve().parent.parent / "dumps" / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
 TRACK_OF_KIND = {"gemm": "GEMM", "vector": "vector", "flash_attention": "flash-attention",
                  "collective": "chip-to-chip network"}
 
