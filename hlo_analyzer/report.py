@@ -144,6 +144,7 @@ class Report:
         }
         from hlo_analyzer.mapping_render import sections_dict
 
+        document.update(self.extra)  # the memory section (hlo_analyzer.memory)
         document.update(sections_dict(self.sections))
         return document
 
