@@ -48,7 +48,7 @@ def traced(tmp_path_factory):
 def test_patch_has_a_fraction_of_the_queries_and_full_kv_in_the_spatial_attention(traced):
     _, dumps = traced
     for dump in dumps:
-        config = segment_blocks(load_module(str(dump)), str(dump)).config
+        config = segment_blocks(load_module(str(dump)), str(dump)).shapes.as_dict()
         # Spatial: batch B*T = 16, queries S/M = 8, keys/values the full frame S = 16.
         assert (config["B_spt"], config["S_Q_spt"], config["S_KV_spt"]) == (16, 8, 16)
         # Temporal: a height patch holds whole temporal columns: B*S_patch = 16 sequences of
