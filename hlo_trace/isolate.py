@@ -48,7 +48,7 @@ def call_in_child(function: Callable[..., T], *args: Any, origin: str,
     ``origin`` (usually the input file) and ``what`` word the error when the child dies of a
     signal: ``"<origin>: jaxlib crashed (SIGABRT: Check failed: ...) while reading it"``.
     Whatever the child writes to its standard error (logging, native warnings) is held back and
-    replayed here after it ends, unless it crashed: then only the one line is said.
+    replayed here after it ends, unless it failed or crashed: then only the one line is said.
     """
     if not hasattr(os, "fork"):  # pragma: no cover - Windows: no isolation, run in process
         return function(*args)
@@ -83,15 +83,15 @@ def call_in_child(function: Callable[..., T], *args: Any, origin: str,
             raise InputCrashed(f"{origin}: the analysis process was killed (SIGKILL, out of "
                                f"memory?) while {what}")
         raise InputCrashed(_crash_message(origin, what, number, _native_reason(held_back)))
-    if held_back:
-        sys.stderr.write(held_back)
     if not payload:
         raise InputCrashed(f"{origin}: the analysis process ended (exit status "
                            f"{os.waitstatus_to_exitcode(status)}) without a result while {what}")
     kind, value = pickle.loads(payload)
     if kind == "ok":
+        if held_back:
+            sys.stderr.write(held_back)
         return value
-    raise value
+    raise value  # an error is its one line: the parser's own log lines are not replayed
 
 
 def _redirect_stderr(fd: int) -> None:

@@ -82,6 +82,15 @@ def test_inconsistent_hlo_reshape_sigabrt_is_one_line_with_the_check_message(tmp
     assert_one_line(code, err, str(dump), "SIGABRT", "f32[4,15]")
 
 
+def test_bad_escape_in_hlo_text_is_one_line_without_the_parser_log(tmp_path, capsys):
+    # XLA's HLO lexer logs "E... Failed unescaping string" on stderr before its error.
+    dump = tmp_path / "esc.hlo.txt"
+    dump.write_text(EXAMPLE_HLO.read_text().replace('op_name="aten__view"',
+                                                    'op_name="\\AFaten__view"'))
+    code, _, err = analyze_cli(capsys, dump)
+    assert_one_line(code, err, str(dump), "does not parse")
+
+
 def test_regions_nested_thousands_deep_are_one_line_or_measured(tmp_path, capsys):
     # 3,000 nested regions overflow the MLIR parser's stack (SIGSEGV): one line, never a death.
     dump = tmp_path / "deep.mlir"
