@@ -106,7 +106,12 @@ def hlo_text_to_stablehlo_bytecode(hlo_text: str, origin: str = "<input>") -> by
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = next((line for line in lines if "error:" in line), lines[0] if lines else "")
         raise InputFileError(f"{origin}: HLO text does not parse: {detail}") from None
-    return _jax.mlir.hlo_to_stablehlo(hlo_module.as_serialized_hlo_module_proto())
+    try:
+        return _jax.mlir.hlo_to_stablehlo(hlo_module.as_serialized_hlo_module_proto())
+    except Exception as exc:  # XlaRuntimeError: a layout or shape the converter refuses
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise InputFileError(f"{origin}: HLO text does not convert to StableHLO: "
+                             f"{lines[0] if lines else type(exc).__name__}") from None
 
 
 def hlo_header_num_partitions(hlo_text: str) -> int | None:

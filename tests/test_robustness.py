@@ -91,6 +91,17 @@ def test_bad_escape_in_hlo_text_is_one_line_without_the_parser_log(tmp_path, cap
     assert_one_line(code, err, str(dump), "does not parse")
 
 
+def test_hlo_that_parses_but_does_not_convert_is_one_line(tmp_path, capsys):
+    # A layout index out of range passes XLA's parser; the StableHLO converter then raised
+    # JaxRuntimeError, an internal error (fuzz case #2701, seed 1).
+    text = EXAMPLE_HLO.read_text()
+    text = text.replace("%dot = f32[4,32]{1,0}", "%dot = f32[4,32]{9223372036854775807,0}", 1)
+    dump = tmp_path / "layout.hlo.txt"
+    dump.write_text(text)
+    code, _, err = analyze_cli(capsys, dump)
+    assert_one_line(code, err, str(dump), "does not convert", "minor_to_major")
+
+
 def test_regions_nested_thousands_deep_are_one_line_or_measured(tmp_path, capsys):
     # 3,000 nested regions overflow the MLIR parser's stack (SIGSEGV): one line, never a death.
     dump = tmp_path / "deep.mlir"
