@@ -72,34 +72,24 @@ def test_empty_replica_groups_of_all_to_all_sigfpe_is_one_line(tmp_path, capsys)
     assert out == ""
 
 
-def test_inconsistent_hlo_reshape_sigabrt_is_one_line_with_the_check_message(tmp_path, capsys):
+@pytest.mark.parametrize("old, new, fragments", [
     # XLA's HLO parser CHECK-fails (SIGABRT) on a reshape whose element counts differ.
-    text = EXAMPLE_HLO.read_text().replace("%reshape.1 = f32[4,16]{1,0} reshape",
-                                           "%reshape.1 = f32[4,15]{1,0} reshape")
-    dump = tmp_path / "bad.hlo.txt"
-    dump.write_text(text)
-    code, _, err = analyze_cli(capsys, dump)
-    assert_one_line(code, err, str(dump), "SIGABRT", "f32[4,15]")
-
-
-def test_bad_escape_in_hlo_text_is_one_line_without_the_parser_log(tmp_path, capsys):
+    ("%reshape.1 = f32[4,16]{1,0} reshape", "%reshape.1 = f32[4,15]{1,0} reshape",
+     ("SIGABRT", "f32[4,15]")),
     # XLA's HLO lexer logs "E... Failed unescaping string" on stderr before its error.
-    dump = tmp_path / "esc.hlo.txt"
-    dump.write_text(EXAMPLE_HLO.read_text().replace('op_name="aten__view"',
-                                                    'op_name="\\AFaten__view"'))
-    code, _, err = analyze_cli(capsys, dump)
-    assert_one_line(code, err, str(dump), "does not parse")
-
-
-def test_hlo_that_parses_but_does_not_convert_is_one_line(tmp_path, capsys):
+    ('op_name="aten__view"', 'op_name="\\AFaten__view"', ("does not parse",)),
     # A layout index out of range passes XLA's parser; the StableHLO converter then raised
     # JaxRuntimeError, an internal error (fuzz case #2701, seed 1).
+    ("%dot = f32[4,32]{1,0}", "%dot = f32[4,32]{9223372036854775807,0}",
+     ("does not convert", "minor_to_major")),
+])
+def test_malformed_hlo_text_is_one_line(tmp_path, capsys, old, new, fragments):
     text = EXAMPLE_HLO.read_text()
-    text = text.replace("%dot = f32[4,32]{1,0}", "%dot = f32[4,32]{9223372036854775807,0}", 1)
-    dump = tmp_path / "layout.hlo.txt"
-    dump.write_text(text)
+    assert old in text
+    dump = tmp_path / "bad.hlo.txt"
+    dump.write_text(text.replace(old, new, 1))
     code, _, err = analyze_cli(capsys, dump)
-    assert_one_line(code, err, str(dump), "does not convert", "minor_to_major")
+    assert_one_line(code, err, str(dump), *fragments)
 
 
 def test_regions_nested_thousands_deep_are_one_line_or_measured(tmp_path, capsys):
