@@ -17,6 +17,7 @@ raises :class:`hlo_trace.errors.InputFileError` with one line naming the file an
 from __future__ import annotations
 
 import logging
+import math
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,13 +151,29 @@ HardwareSpec = ChipSpec | SystemSpec
 Reader = Callable[[Any], Any]
 
 
+#: Sanity bounds on every quantity (base units): 1e-15 (a femtosecond, a byte per 11 days)
+#: to 1e21 (a zettabyte, a zettaFLOP/s), about six orders of magnitude beyond any real chip on
+#: either side, so that NaN, infinity, denormals and values whose products overflow a float
+#: are refused at load time instead of printing NaN or inf latencies.
+QUANTITY_RANGE = (1e-15, 1e21)
+#: Largest tile or chip count accepted: a GPU has ~100 SMs, a wafer-scale chip ~1e6 cores; the
+#: mappers enumerate the divisors of the tile count, so it must stay enumerable.
+MAX_UNITS = 1 << 20
+
+
 def _quantity(dimension: Dimension, *, allow_zero: bool = False) -> Reader:
     def read(value: Any) -> float:
         number = parse_quantity(value, dimension)
+        if not math.isfinite(number):
+            raise ValueError(f"must be a finite number, got {value!r}")
         if number < 0:
             raise ValueError(f"must not be negative, got {value!r}")
         if number == 0 and not allow_zero:
             raise ValueError(f"must be positive, got {value!r}")
+        low, high = QUANTITY_RANGE
+        if number != 0 and not low <= number <= high:
+            raise ValueError(f"{value!r} is outside the plausible range {low:g} to {high:g} "
+                             f"{dimension.value}")
         return number
 
     return read
@@ -167,6 +184,8 @@ def _positive_int(value: Any) -> int:
         raise ValueError(f"expected an integer, got {value!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
     if value <= 0:
         raise ValueError(f"must be a positive integer, got {value!r}")
+    if value > MAX_UNITS:
+        raise ValueError(f"must be at most {MAX_UNITS}, got {value!r}")
     return value
 
 

@@ -15,12 +15,13 @@
     report = analyze("dumps/example_mlp_megatron_2x2.stablehlo.mlir")
     print(report.gemm_flops, report.comm_bytes_per_device)
 
-See ``hlo_analyzer.visitor`` for the visitor manual.
+``load_module`` takes a path, always; dump content held in memory goes through
+``load_module_text``. See ``hlo_analyzer.visitor`` for the visitor manual.
 """
 
 from hlo_analyzer.comm import CommVisitor, RingLink
 from hlo_analyzer.flops import FlopsVisitor
-from hlo_analyzer.mlir import load_module
+from hlo_analyzer.mlir import load_module, load_module_text
 from hlo_analyzer.report import Report, analyze
 from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import InputFileError, UnsupportedIRError, UsageError
@@ -36,4 +37,5 @@ __all__ = [
     "UsageError",
     "analyze",
     "load_module",
+    "load_module_text",
 ]

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hlo_analyzer.comm import RingLink
-from hlo_trace.cli import emit, run_click
+from hlo_trace.cli import MAX_COUNT, OneLineCommand, PositiveFinite, emit, run_click
+from hlo_trace.errors import UsageError
+from hlo_trace.isolate import call_in_child
+
+if TYPE_CHECKING:
+    from hlo_analyzer.report import Report
 
 log = logging.getLogger("hlo_analyzer")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--format", "output_format", type=click.Choice(["table", "json", "csv"]),
               default="table", show_default=True, help="Output format.")
@@ -31,11 +40,11 @@ log = logging.getLogger("hlo_analyzer")
 @click.option("--bruck", is_flag=True,
               help="Count all-to-all with Bruck's algorithm (M*log2(n)/2 per device) "
                    "instead of the ring (M*(n-1)/n).")
-@click.option("--link-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--link-bandwidth", type=PositiveFinite(), default=None,
               metavar="GB/s", help="Link bandwidth (1 GB = 1e9 bytes): without --hw, a plain ring "
                                    "latency estimate of each collective; with --hw, it replaces the "
                                    "system's chip-to-chip link bandwidth (stated in the report).")
-@click.option("--hop-latency", type=click.FloatRange(min=0), default=None, metavar="US",
+@click.option("--hop-latency", type=PositiveFinite(allow_zero=True), default=None, metavar="US",
               help="Per-step (per-hop with --hw) latency in microseconds; without --hw it needs "
                    "--link-bandwidth and defaults to 1; with --hw it replaces the system's.")
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
@@ -43,9 +52,9 @@ log = logging.getLogger("hlo_analyzer")
                    "8xh100, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
                    "means N chips on the chip's default network. Collectives are timed on the "
                    "chip-to-chip network; an STDiT3 stage is also grouped by block pair.")
-@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=30, show_default=True,
               help="Sampling steps for the inference latency (with --hw).")
-@click.option("--pairs", type=click.IntRange(min=1), default=None,
+@click.option("--pairs", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
               help="Block pairs (spatial + temporal) to total over, e.g. 28 for the whole model; "
                    "default: the pairs found in the dump (with --hw on an STDiT3 stage).")
 @click.option("--exec", "execution", type=click.Choice(["fused", "eager"]), default="fused",
@@ -55,7 +64,7 @@ log = logging.getLogger("hlo_analyzer")
                    "the chip's kernel launch overhead.")
 @click.option("--dram-efficiency", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
               show_default=True, help="Fraction of the DRAM bandwidth sustained (with --hw).")
-@click.option("--exp-ops", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--exp-ops", type=click.IntRange(min=1, max=MAX_COUNT), default=1, show_default=True,
               help="Vector operations charged per element of an exponential (with --hw).")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write a Chrome trace-event JSON of the mapped kernels (open it in Perfetto or "
@@ -85,51 +94,155 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     op (GEMM, vector and collective ops, with shapes, FLOPs and per-device bytes sent). FLOPs: dot/dot_general/convolution count 2 FLOPs per multiply-add; element-wise
     ops one per output element. Collectives: ring volumes per device.
 
+    Bad input of any kind (a file that does not parse, or even crashes jaxlib's parser; a bad
+    option or hardware file) ends with one "Error:" line and exit code 2.
+
     Example: analyze-hlo dumps/example_mlp_megatron_2x2.stablehlo.mlir --format json
     """
-    from hlo_analyzer.control import parse_branch
-    from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.report import analyze
-
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
                       bruck=bruck, timeline=timeline, timeline_pair=timeline_pair)
+    if hardware is not None:
+        from hlo_analyzer.hw_mapping import load_system
+
+        load_system(hardware)  # a bad hardware file fails before the dump is parsed
+    from hlo_analyzer.control import parse_branch
+
+    request = _Request(dump=dump, output_format=output_format, by=by, bruck=bruck,
+                       branch=parse_branch(branch),
+                       link_bandwidth=link_bandwidth, hop_latency=hop_latency,
+                       hardware=hardware, steps=steps, pairs=pairs, sidecar=sidecar,
+                       execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops,
+                       timeline_pair=timeline_pair, want_timeline=timeline is not None)
+    # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
+    # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here.
+    text, timeline_text = call_in_child(_render, request, origin=dump,
+                                        what="parsing and measuring it")
+    if timeline is not None:
+        emit(timeline_text, timeline, force=force)
+    emit(text, output, force=force)
+    return 0
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the child needs to produce the report text (plain values: it crosses a fork)."""
+
+    dump: str
+    output_format: str
+    by: str
+    bruck: bool
+    link_bandwidth: float | None
+    hop_latency: float | None
+    hardware: str | None
+    steps: int
+    pairs: int | None
+    sidecar: str | None
+    execution: str = "fused"
+    dram_efficiency: float = 1.0
+    exp_ops: int = 1
+    timeline_pair: int | None = None
+    want_timeline: bool = False
+    branch: str | int = "max"
+
+
+def _render(request: _Request) -> tuple[str, str | None]:
+    """Load, measure, map and render: the report as text, and the timeline JSON when asked
+    (runs in the forked child)."""
+    from hlo_analyzer.mlir import load_module, use_fresh_context
+    from hlo_analyzer.report import analyze
+
+    use_fresh_context()  # the parent's context (if any) has a thread pool that did not fork
     link: Callable | None = None
-    if link_bandwidth is not None and hardware is None:
-        link = RingLink(bandwidth_bytes_per_s=link_bandwidth * 1e9,
-                        hop_latency_s=(1.0 if hop_latency is None else hop_latency) * 1e-6, bruck=bruck)
+    if request.link_bandwidth is not None and request.hardware is None:
+        hop_latency = 1.0 if request.hop_latency is None else request.hop_latency
+        link = RingLink(bandwidth_bytes_per_s=request.link_bandwidth * 1e9,
+                        hop_latency_s=hop_latency * 1e-6, bruck=request.bruck)
+    dump = request.dump
     log.info("loading %s", dump)
     module = load_module(dump)
     log.info("counting FLOPs and collectives")
-    report = analyze(module, collective_time=link, bruck=bruck, name=dump,
-                     branch=parse_branch(branch))
-    if hardware is not None:
+    with _as_usage_error(dump, "cannot be measured"):
+        report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
+                         branch=request.branch)
+    if request.hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections
         from hlo_analyzer.op_mapping import MappingOptions
 
-        log.info("mapping every op on %s", hardware)
-        add_hardware_sections(
-            report, module, hardware, steps=steps, pairs=pairs,
-            options=MappingOptions(execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops),
-            link_bandwidth_bytes_per_s=None if link_bandwidth is None else link_bandwidth * 1e9,
-            hop_latency_s=None if hop_latency is None else hop_latency * 1e-6)
-    if timeline is not None:
+        log.info("mapping every op on %s", request.hardware)
+        options = MappingOptions(execution=request.execution,
+                                 dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops)
+        with _as_usage_error(dump, f"cannot be mapped on {request.hardware}"):
+            add_hardware_sections(
+                report, module, request.hardware, steps=request.steps, pairs=request.pairs,
+                options=options,
+                link_bandwidth_bytes_per_s=None if request.link_bandwidth is None
+                else request.link_bandwidth * 1e9,
+                hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
+    timeline_text = None
+    if request.want_timeline:
         from hlo_analyzer.timeline import timeline_json
 
         assert report.sections.mapping is not None
-        emit(timeline_json(report.sections.mapping, pair=timeline_pair), timeline, force=force)
+        timeline_text = timeline_json(report.sections.mapping, pair=request.timeline_pair)
     from hlo_analyzer.memory import add_memory_section
 
-    add_memory_section(report, module, dump, sidecar=sidecar, hardware=hardware)
-    if output_format == "json":
-        text = report.to_json()
-    elif output_format == "csv":
-        text = report.to_csv(by)
+    with _as_usage_error(dump, "memory cannot be measured"):
+        add_memory_section(report, module, dump, sidecar=request.sidecar,
+                           hardware=request.hardware)
+    check_numbers(report)
+    if request.output_format == "json":
+        return report.to_json(), timeline_text
+    if request.output_format == "csv":
+        return report.to_csv(request.by), timeline_text
+    return report.to_table(request.by), timeline_text
+
+
+def check_numbers(report: Report) -> None:
+    """Refuse to print a report holding a negative, NaN or infinite number: such a value comes
+    from input sizes or hardware values beyond any real machine, never from a real measurement,
+    and NaN/Infinity are not even valid JSON."""
+    for row in report.rows:
+        for name in ("flops", "comm_bytes", "comm_bytes_per_device", "comm_latency_s"):
+            _check_number(getattr(row, name), f"op {row.op} at {row.location or '?'}: {name}",
+                          report.source)
+    document = report.to_dict()
+    del document["ops"]  # the rows are checked above
+    _check_tree(document, "", report.source)
+
+
+def _check_tree(value: Any, where: str, source: str) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_tree(item, f"{where}.{key}" if where else str(key), source)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_tree(item, where, source)
     else:
-        text = report.to_table(by)
-    emit(text, output, force=force)
-    return 0
+        _check_number(value, where, source)
+
+
+def _check_number(value: Any, where: str, source: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+        raise UsageError(f"{source}: {where} = {value}: out of range (the input's sizes or the "
+                         "hardware values are beyond any real machine)")
+
+
+@contextmanager
+def _as_usage_error(dump: str, what: str) -> Iterator[None]:
+    """Numbers the input makes impossible (a zero group, an overflow, a shape no tiling fits,
+    nesting beyond the interpreter's stack) are the input's fault: one line naming the dump.
+    Other exceptions stay internal errors (bugs)."""
+    try:
+        yield
+    except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
+        reason = "out of memory" if isinstance(exc, MemoryError) else (
+            "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
+        first_line = (reason.strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"{dump}: {what}: {first_line}") from None
 
 
 def _check_hw_options(hardware: str | None, *, by: str, link_bandwidth: float | None,

@@ -198,6 +198,8 @@ class MemoryVisitor(IRVisitor):
         self.inputs = list(inputs) if inputs is not None else None
         self.types = TypeTable()
         self._scopes: list[_Scope] = []
+        self._call_stack: list[str] = []  # callees being measured (a call cycle is not re-entered)
+        self._callee_peaks: dict[str, int] = {}  # a callee's own peak, measured once
         self._entry_seen = False
         self.weight_bytes = self.weight_arguments = 0
         self.input_bytes = self.input_arguments = self.scalar_bytes = self.stale_kv_bytes = 0
@@ -240,12 +242,15 @@ class MemoryVisitor(IRVisitor):
         callee = ir.FlatSymbolRefAttr(op.operation.attributes["callee"]).value
         function = self._symbols.get(callee)
         extra = 0
-        if function is not None and callee not in self._call_stack:
+        if callee in self._callee_peaks:
+            extra = self._callee_peaks[callee]
+        elif function is not None and callee not in self._call_stack:
             self._call_stack.append(callee)
             try:
                 extra = self._body_peak(function.operation.regions[0].blocks[0])
             finally:
                 self._call_stack.pop()
+            self._callee_peaks[callee] = extra
         self._record(op, extra_bytes=extra)
 
     def generic_visit(self, node: Any) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import re
+import stat
 import threading
-from pathlib import Path
 
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
@@ -60,6 +61,18 @@ def default_context() -> ir.Context:
     return context
 
 
+def use_fresh_context() -> None:
+    """Give this thread a new default context (after ``os.fork``: the parent's context keeps a
+    thread pool whose threads did not fork, so it must not be used, nor destroyed, here)."""
+    old = getattr(_thread_state, "context", None)
+    if old is not None:
+        _forked_away.append(old)  # kept alive: its destructor would join threads that are gone
+    _thread_state.context = new_context()
+
+
+_forked_away: list[ir.Context] = []
+
+
 def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
     """Tell MLIR text, MLIR bytecode and HLO text apart by their first meaningful line."""
     if data.startswith(_MLIR_BYTECODE_MAGIC):
@@ -93,7 +106,12 @@ def hlo_text_to_stablehlo_bytecode(hlo_text: str, origin: str = "<input>") -> by
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = next((line for line in lines if "error:" in line), lines[0] if lines else "")
         raise InputFileError(f"{origin}: HLO text does not parse: {detail}") from None
-    return _jax.mlir.hlo_to_stablehlo(hlo_module.as_serialized_hlo_module_proto())
+    try:
+        return _jax.mlir.hlo_to_stablehlo(hlo_module.as_serialized_hlo_module_proto())
+    except Exception as exc:  # XlaRuntimeError: a layout or shape the converter refuses
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise InputFileError(f"{origin}: HLO text does not convert to StableHLO: "
+                             f"{lines[0] if lines else type(exc).__name__}") from None
 
 
 def hlo_header_num_partitions(hlo_text: str) -> int | None:
@@ -120,6 +138,8 @@ def parse_module(data: bytes | str, origin: str = "<input>",
         hlo_text = raw.decode("utf-8")
         num_partitions = hlo_header_num_partitions(hlo_text)
         raw = hlo_text_to_stablehlo_bytecode(hlo_text, origin)
+    elif kind is DumpKind.MLIR_TEXT:
+        check_string_escapes(raw, origin)
     with context:
         try:
             module = ir.Module.parse(raw if kind is not DumpKind.MLIR_TEXT else raw.decode())
@@ -130,6 +150,7 @@ def parse_module(data: bytes | str, origin: str = "<input>",
             # The converter drops the device count; collectives with empty groups need it.
             module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
                 ir.IntegerType.get_signless(32), num_partitions)
+        check_device_counts(module, origin)
     log.debug("parsed %s as %s", origin, kind.value)
     return module
 
@@ -148,22 +169,99 @@ def _upgrade_vhlo(module: ir.Module, raw: bytes, context: ir.Context, origin: st
             f"(expected jax.export's serialized bytecode): {detail}") from None
 
 
-def load_module(source: str | os.PathLike | bytes, context: ir.Context | None = None) -> ir.Module:
-    """Load a dump from a path (str or Path) or from its content (bytes, or text with newlines).
+def load_module(path: str | os.PathLike | bytes, context: ir.Context | None = None) -> ir.Module:
+    """Load a dump file: StableHLO text or bytecode, MHLO text, or HLO text (the kind is detected
+    from the content, not the file name).
 
-    Accepts StableHLO text or bytecode, MHLO text, and HLO text; the kind is detected from the
-    content, not the file name.
+    A ``str`` or ``PathLike`` is always a path, whatever it looks like (XLA names its dumps
+    ``module_0003...``); ``bytes`` are content (e.g. ``jax.export``'s serialized bytecode).
+    Text held in memory goes through :func:`load_module_text`.
     """
-    if isinstance(source, bytes):
-        return parse_module(source, "<bytes>", context)
-    if isinstance(source, str) and ("\n" in source or source.lstrip().startswith(("module", "Hlo"))):
-        return parse_module(source, "<text>", context)
-    path = Path(source)
-    if not path.exists():
-        raise InputFileError(f"{path}: no such file")
-    if path.is_dir():
+    if isinstance(path, (bytes, bytearray)):
+        return parse_module(bytes(path), "<bytes>", context)
+    return parse_module(read_input_file(path), str(path), context)
+
+
+def load_module_text(content: str | bytes, origin: str = "<text>",
+                     context: ir.Context | None = None) -> ir.Module:
+    """Parse a dump held in memory (MLIR text, MLIR bytecode or HLO text)."""
+    return parse_module(content, origin, context)
+
+
+def read_input_file(path: str | os.PathLike) -> bytes:
+    """The bytes of a regular file; a missing file, a directory, a FIFO, a device or an unreadable
+    file is one ``InputFileError`` (checked with ``stat`` first, so a FIFO never blocks)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, EACCES on a parent, NUL byte
+        raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None
+    if stat.S_ISDIR(info.st_mode):
         raise InputFileError(f"{path}: is a directory, expected a dump file")
-    return parse_module(path.read_bytes(), str(path), context)
+    if not stat.S_ISREG(info.st_mode):
+        raise InputFileError(f"{path}: is not a regular file (a FIFO, socket or device); "
+                             "expected a dump file")
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except (OSError, MemoryError) as exc:
+        raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None
+
+
+def check_string_escapes(raw: bytes, origin: str) -> None:
+    """Refuse string literals whose ``\\XX`` escapes spell bytes that are not UTF-8.
+
+    The MLIR lexer accepts any byte as ``\\XX`` in a string (a location, a symbol name, a string
+    attribute), but jaxlib's Python bindings abort the process when such a string is read back
+    as ``str``. Checked on the text, before parsing, in one pass over its backslashes.
+    """
+    if b"\\" not in raw:
+        return
+    for match in _ESCAPE_RUN.finditer(raw):
+        run = match.group(1)
+        if run is None:
+            continue  # an escaped backslash or quote
+        try:
+            bytes.fromhex(run.replace(b"\\", b"").decode("ascii")).decode("utf-8")
+        except UnicodeDecodeError:
+            line = raw.count(b"\n", 0, match.start()) + 1
+            raise InputFileError(
+                f"{origin}: line {line}: string escape {run.decode('ascii')} is not UTF-8 "
+                "(names, locations and string attributes must be UTF-8 text)") from None
+
+
+#: An escaped backslash or quote (skipped), or a run of ``\XX`` hex escapes (group 1).
+_ESCAPE_RUN = re.compile(rb'\\[\\"]|((?:\\[0-9A-Fa-f]{2})+)')
+
+
+def check_device_counts(module: ir.Module, origin: str) -> None:
+    """``mhlo.num_partitions`` / ``mhlo.num_replicas``, when present, are positive integers
+    (a boolean or a float there would read as -1 or fail deep inside the analysis)."""
+    attributes = module.operation.attributes
+    for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
+        if name not in attributes:
+            continue
+        attribute = attributes[name]
+        # jaxlib returns attributes downcast: ``true`` (and ``1 : i1``) is a BoolAttr, not an int.
+        value = attribute.value if isinstance(attribute, ir.IntegerAttr) else None
+        if value is None or value < 1 or value > MAX_DEVICES:
+            raise InputFileError(f"{origin}: module attribute {name} = {attribute}: expected a "
+                                 f"positive integer up to {MAX_DEVICES} (e.g. 4 : i32)")
+
+
+#: Largest device count accepted from a module attribute: a sanity bound far above any machine
+#: (the biggest published TPU pods and GPU clusters have ~1e5 chips), so that a mutated attribute
+#: cannot make the analysis build per-device tables of billions of entries.
+MAX_DEVICES = 1 << 20
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    return str(exc) or type(exc).__name__
 
 
 def stablehlo_to_mhlo(module: ir.Module) -> ir.Module:

@@ -192,7 +192,8 @@ class Report:
 def analyze(source: ir.Module | str | os.PathLike | bytes, *,
             collective_time: CollectiveTime | None = None, bruck: bool = False,
             name: str | None = None, branch: str | int = "max") -> Report:
-    """Measure a module (or load one from a path/content first) with the FLOPs and comm visitors.
+    """Measure a module (or load one from a path, or from content given as bytes, first) with
+    the FLOPs and comm visitors.
 
     ``collective_time(kind, group_size, comm_bytes) -> seconds`` turns collectives into latency
     (e.g. ``RingLink`` or a hardware system model); without it latencies are ``None``.

@@ -17,6 +17,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, force: bool = Fa
     target = Path(path)
     if target.exists() and not force:
         raise UsageError(f"{target}: already exists; pass --force to overwrite it")
+    if target.exists() and not target.is_file():  # never replace a device, FIFO or directory
+        raise UsageError(f"{target}: is not a regular file; refusing to replace it")
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"{directory}: output directory does not exist")
@@ -32,8 +34,10 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, force: bool = Fa
         os.umask(umask)
         os.chmod(tmp_name, 0o666 & ~umask)
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError):  # a full disk, a quota, an I/O error: one line
+            raise UsageError(f"{target}: cannot write: {exc.strerror or exc}") from None
         raise
     return target

@@ -1,40 +1,87 @@
-"""``run_click``: the one way the project's commands turn errors into one line and an exit code."""
+"""``run_click``: the one way the project's commands turn errors into one line and an exit code;
+and the option types they share."""
 
 from __future__ import annotations
 
+import errno
+import math
 import os
+import sys
 from collections.abc import Sequence
 
 import click
 
 from hlo_trace.errors import UsageError
 
+#: Upper bound of count options (``--steps``, ``--blocks``): far above any real use (30 sampling
+#: steps, 28 block pairs) yet small enough that products of counts stay exact in a float.
+MAX_COUNT = 10**6
+
+
+class PositiveFinite(click.ParamType):
+    """A finite float greater than zero (or at least zero with ``allow_zero``): a physical
+    quantity such as a bandwidth or a latency, never NaN or infinite."""
+
+    name = "number"
+
+    def __init__(self, *, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if number < 0 or (number == 0 and not self.allow_zero):
+            bound = "at least 0" if self.allow_zero else "greater than 0"
+            self.fail(f"{value!r} must be {bound}", param, ctx)
+        return number
+
+
+class OneLineCommand(click.Command):
+    """A click command whose standalone run (console script, ``CliRunner``) goes through
+    :func:`run_click`: click's own usage errors are one line too, not usage + hint + error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        sys.exit(run_click(self, args if args is not None else sys.argv[1:]))
+
 
 def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
     """Run a click command so that every usage error is one line on stderr and exit code 2.
 
-    Shared by the project's CLIs: click's own usage errors, the project's UsageError, and an
-    interrupted run all end without a traceback.
+    Shared by the project's CLIs: click's own usage errors, the project's UsageError, a file
+    system error (full disk, permissions) and an interrupted run all end without a traceback.
     """
     try:
         result = command.main(args=list(argv) if argv is not None else None,
                               standalone_mode=False)
     except click.exceptions.UsageError as exc:
-        click.echo(f"Error: {exc.format_message()}", err=True)
+        click.echo(f"Error: {_one_line(exc.format_message())}", err=True)
         return 2
     except UsageError as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {_one_line(str(exc))}", err=True)
         return 2
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        return 130
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("Interrupted.", err=True)
         return 130
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except BrokenPipeError:  # the reader went away (analyze-hlo ... | head): nothing to say
+        _silence_stdout()
+        return 1
+    except OSError as exc:  # the system refused: disk full, permission, too many files, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+        click.echo(f"Error: {where}{reason}", err=True)
+        return 2
     except Exception as exc:  # a bug, not bad input: say what, keep the traceback for debugging
         if os.environ.get("HLO_TRACE_DEBUG"):
             raise
-        click.echo(f"Error: internal error ({type(exc).__name__}: {exc}); "
+        click.echo(f"Error: internal error ({type(exc).__name__}: {_one_line(str(exc))}); "
                    "set HLO_TRACE_DEBUG=1 for the traceback", err=True)
         return 1
     return result if isinstance(result, int) else 0
@@ -50,3 +97,18 @@ def emit(text: str, output: str | None, *, force: bool = False) -> None:
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
+
+
+def _one_line(message: str) -> str:
+    """The first non-empty line of a message (a usage error is one line, always)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[0] if lines else message.strip()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -21,8 +21,10 @@ import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +48,9 @@ STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "dp",
 #: whole CPU compile, less since the capture stops after partitioning), rounded up: the budget
 #: per parallel job.
 TRACE_MEMORY_BYTES = 4 * 2**30
+#: Seconds a step gets to stop after an interrupt before it is killed (a trace inside XLA's
+#: C++ compile only sees SIGINT when it returns to Python).
+STOP_GRACE_S = 10.0
 #: The file whose presence marks a directory that holds a finished study.
 SUMMARY = "summary.md"
 
@@ -147,10 +152,63 @@ class Progress:
             self.stream.write("\n")
 
 
+class Interrupted(Exception):
+    """The sweep was interrupted (Ctrl-C): the running step is abandoned, never recorded as
+    failed, so that the next run does it again."""
+
+
+class _Steps:
+    """The step subprocesses running now, so that an interrupt can stop them all."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def run(self, command: list[str]) -> subprocess.CompletedProcess:
+        if self.stopping.is_set():
+            raise Interrupted
+        with self._lock:
+            process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True,
+                                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+            self._running.add(process)
+        try:
+            stdout, stderr = process.communicate()
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        if self.stopping.is_set() or process.returncode in _INTERRUPTED_CODES:
+            raise Interrupted
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Ask every running step to stop (SIGINT, as Ctrl-C would), then kill what is left."""
+        self.stopping.set()
+        with self._lock:
+            running = list(self._running)
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+#: Exit codes of a step that was interrupted rather than failed: killed by SIGINT/SIGTERM, or
+#: the project's commands' own 130 after Ctrl-C.
+_INTERRUPTED_CODES = {-signal.SIGINT, -signal.SIGTERM, 130}
+
+STEPS = _Steps()
+
+
 def _run(command: list[str], what: str) -> None:
-    """Run one step; a failure becomes CaseFailed with the step's last error line."""
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    """Run one step; a failure becomes CaseFailed with the step's last error line, an
+    interrupt becomes Interrupted."""
+    completed = STEPS.run(command)
     if completed.returncode:
         lines = [line for line in completed.stderr.splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("Error:")]
@@ -271,9 +329,21 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
             atomic_write(paths.failure(case), f"{error}\n", force=True)
             progress.show(f"{case.name}: FAILED ({error}); skipped")
             log.warning("%s failed: %s", case.name, error)
+        except Interrupted:  # not a failure: the next run does this case again
+            STEPS.stopping.set()
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(attempt, pending))
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for future in [pool.submit(attempt, case) for case in pending]:
+            future.result()
+        if STEPS.stopping.is_set():  # a step was interrupted though this process was not
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        STEPS.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        progress.close()
+        raise
+    pool.shutdown(wait=True)
     progress.close()
     return [load_case(case, paths, settings) for case in cases]
 
@@ -348,6 +418,10 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("Interrupted: the finished stages are cached and the interrupted one is not "
+                   "marked failed; run the same command again to resume.", err=True)
+        sys.exit(130)
     failed = sum(1 for outcome in outcomes if outcome.error)
     click.echo(f"{len(outcomes) - failed} cases done, {failed} failed (see the tables); wrote "
                f"{len(written)} files into {results} in {time.perf_counter() - started:.1f} s",

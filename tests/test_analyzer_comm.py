@@ -4,14 +4,14 @@ import pytest
 from analyzer_samples import COLLECTIVES
 
 from hardware.collectives import per_device_bytes
-from hlo_analyzer import CommVisitor, RingLink, analyze, load_module
+from hlo_analyzer import CommVisitor, RingLink, analyze, load_module_text
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
 from hlo_trace.errors import UnsupportedIRError
 
 
 def comm_rows(source: str, **options):
     visitor = CommVisitor(**options)
-    visitor.visit(load_module(source))
+    visitor.visit(load_module_text(source))
     return [(r.comm_kind, r.comm_bytes, r.comm_bytes_per_device, r.group_size, r.num_groups)
             for r in visitor.rows]
 
@@ -53,7 +53,7 @@ def test_per_device_bytes_formulas_for_a_group_of_eight():
 
 def test_latency_from_link_bandwidth_and_hop_latency():
     link = RingLink(bandwidth_bytes_per_s=1e9, hop_latency_s=1e-6)
-    report = analyze(load_module(COLLECTIVES), collective_time=link)
+    report = analyze(load_module_text(COLLECTIVES), collective_time=link)
     first = report.rows[0]
     # all_gather over 2: 256 B / 1e9 B/s + (2-1) steps * 1 us
     assert first.comm_latency_s == pytest.approx(256e-9 + 1e-6)
@@ -64,7 +64,7 @@ def test_latency_from_link_bandwidth_and_hop_latency():
 
 
 def test_mhlo_collectives_give_the_same_volumes():
-    mhlo_text = module_to_text(stablehlo_to_mhlo(load_module(COLLECTIVES)))
+    mhlo_text = module_to_text(stablehlo_to_mhlo(load_module_text(COLLECTIVES)))
     assert '"mhlo.all_to_all"' in mhlo_text
     assert comm_rows(mhlo_text) == comm_rows(COLLECTIVES)
 

@@ -3,13 +3,13 @@
 import pytest
 from analyzer_samples import CALLS, GEMM_AND_VECTOR, UNKNOWN_OP
 
-from hlo_analyzer import FlopsVisitor, analyze, load_module
+from hlo_analyzer import FlopsVisitor, analyze, load_module_text
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
 
 
 def flops_by_op(source: str) -> list[tuple[str, int]]:
     visitor = FlopsVisitor()
-    visitor.visit(load_module(source))
+    visitor.visit(load_module_text(source))
     return [(row.op, row.flops) for row in visitor.rows]
 
 
@@ -32,7 +32,7 @@ def test_each_op_kind_has_its_hand_derived_flops():
 
 
 def test_gemm_and_vector_totals_split_by_category():
-    report = analyze(load_module(GEMM_AND_VECTOR))
+    report = analyze(load_module_text(GEMM_AND_VECTOR))
     assert report.gemm_flops == 240 + 1024 + 7776 + 1536
     assert report.vector_flops == 64 + 64 + 60
     assert report.unhandled == {}
@@ -55,21 +55,21 @@ def test_convolution_flops_agree_with_xla_cost_analysis():
 
 def test_calls_are_followed_once_per_call_and_dead_functions_are_not_counted():
     # @mlp is called twice: 2 * (2 * 8 * 32) = 1024; negate 32; @never_called contributes nothing.
-    report = analyze(load_module(CALLS))
+    report = analyze(load_module_text(CALLS))
     assert report.gemm_flops == 1024
     assert report.vector_flops == 32
     assert report.unhandled == {}
 
 
 def test_ops_no_visitor_handles_are_listed_not_dropped():
-    report = analyze(load_module(UNKNOWN_OP))
+    report = analyze(load_module_text(UNKNOWN_OP))
     assert report.unhandled == {"stablehlo.cholesky": 2}
 
 
 def test_mhlo_form_gives_the_same_numbers_as_stablehlo():
-    stablehlo_report = analyze(load_module(GEMM_AND_VECTOR))
-    mhlo_text = module_to_text(stablehlo_to_mhlo(load_module(GEMM_AND_VECTOR)))
+    stablehlo_report = analyze(load_module_text(GEMM_AND_VECTOR))
+    mhlo_text = module_to_text(stablehlo_to_mhlo(load_module_text(GEMM_AND_VECTOR)))
     assert "mhlo.dot_general" in mhlo_text and "stablehlo." not in mhlo_text
-    mhlo_report = analyze(load_module(mhlo_text))
+    mhlo_report = analyze(load_module_text(mhlo_text))
     assert [r.flops for r in mhlo_report.rows] == [r.flops for r in stablehlo_report.rows]
     assert mhlo_report.unhandled == {}

@@ -13,7 +13,7 @@ from hlo_analyzer.memory import (
     measure_memory,
     read_sidecar_inputs,
 )
-from hlo_analyzer.mlir import load_module
+from hlo_analyzer.mlir import load_module, load_module_text
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError
 
@@ -65,7 +65,7 @@ SHARDED_INPUT = """module {
 
 
 def measure(text, inputs=None):
-    return measure_memory(load_module(text), inputs)
+    return measure_memory(load_module_text(text), inputs)
 
 
 def test_chain():
@@ -144,8 +144,8 @@ def test_cli_reports_memory_and_flags_capacity(tmp_path, capsys):
 def test_capacity_flag():
     # total 128 + 384 = 512 B (test_chain).
     inputs = [InputSignature("x", (2, 4), "f32")]
-    assert measure_memory(load_module(CHAIN), inputs, capacity_bytes=511).exceeds_capacity is True
-    assert measure_memory(load_module(CHAIN), inputs, capacity_bytes=512).exceeds_capacity is False
+    assert measure_memory(load_module_text(CHAIN), inputs, capacity_bytes=511).exceeds_capacity is True
+    assert measure_memory(load_module_text(CHAIN), inputs, capacity_bytes=512).exceeds_capacity is False
     from hardware import load_chip
 
     assert load_chip("tx8").dram_capacity_bytes == 16 * 2**30

@@ -5,7 +5,7 @@ import inspect
 from analyzer_samples import CALLS, GEMM_AND_VECTOR
 from jaxlib.mlir import ir
 
-from hlo_analyzer import CommVisitor, FlopsVisitor, IRVisitor, load_module
+from hlo_analyzer import CommVisitor, FlopsVisitor, IRVisitor, load_module_text
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
 from hlo_analyzer.visitor import known_op_names, short_op_name
 
@@ -33,8 +33,8 @@ class OrderRecorder(IRVisitor):
 
 
 def test_a_new_visitor_in_a_few_lines_runs_on_both_dialects():
-    stablehlo_module = load_module(GEMM_AND_VECTOR)
-    mhlo_module = stablehlo_to_mhlo(load_module(GEMM_AND_VECTOR))
+    stablehlo_module = load_module_text(GEMM_AND_VECTOR)
+    mhlo_module = stablehlo_to_mhlo(load_module_text(GEMM_AND_VECTOR))
     for module in (stablehlo_module, mhlo_module):
         visitor = DotCounter()
         visitor.visit(module)
@@ -43,7 +43,7 @@ def test_a_new_visitor_in_a_few_lines_runs_on_both_dialects():
 
 def test_generic_visit_walks_regions_blocks_and_ops_in_program_order():
     recorder = OrderRecorder()
-    recorder.visit(load_module(CALLS))
+    recorder.visit(load_module_text(CALLS))
     # main first (the public entry), then @mlp's body once (two call sites recorded);
     # @never_called is unreachable
     assert recorder.names == [
@@ -56,7 +56,7 @@ def test_generic_visit_walks_regions_blocks_and_ops_in_program_order():
 
 def test_reducer_bodies_are_walked_unless_a_visitor_opts_out():
     recorder = OrderRecorder()
-    recorder.visit(load_module(GEMM_AND_VECTOR))
+    recorder.visit(load_module_text(GEMM_AND_VECTOR))
     assert "stablehlo.reduce" in recorder.names
     assert recorder.names.count("stablehlo.add") == 2  # the add op and the reducer's scalar add
 
@@ -78,6 +78,6 @@ def test_every_shipped_visit_method_names_a_known_op():
 
 
 def test_module_round_trips_through_text():
-    module = load_module(GEMM_AND_VECTOR)
-    again = load_module(module_to_text(module))
+    module = load_module_text(GEMM_AND_VECTOR)
+    again = load_module_text(module_to_text(module))
     assert module_to_text(again) == module_to_text(module)

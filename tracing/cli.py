@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from hlo_trace.cli import OneLineCommand
 from hlo_trace.errors import UsageError
 from tracing.config import PipelineConfig, build_config, load_config_file
 
@@ -148,7 +149,8 @@ def _strategy_help() -> str:
     return ", ".join(strategy_names())
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(cls=OneLineCommand,
+               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--stage", "stage", type=int, default=0, show_default=True,
               help="Index of the pipeline stage to trace (0 holds the embeddings, the last one the final layer).")
 @click.option("--strategy", default="megatron", show_default=True,

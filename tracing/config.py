@@ -202,8 +202,12 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
     else:
         subs = tuple(_submesh(item) for item in submeshes)
     _validate_submeshes(subs, ids, mesh_shape)
-    if batch < 1:
-        raise PipelineConfigError(f"batch={batch}: expected a positive batch size")
+    if mesh_shape[0] * mesh_shape[1] > MAX_DEVICES:
+        raise PipelineConfigError(f"mesh {mesh_shape[0]}x{mesh_shape[1]}: more than "
+                                  f"{MAX_DEVICES} devices")
+    if not _is_int(batch) or not 1 <= batch <= MAX_SIZE:
+        raise PipelineConfigError(f"batch={batch!r}: expected a positive integer batch size "
+                                  f"up to {MAX_SIZE}")
     if isinstance(patches, bool) or not isinstance(patches, int) or patches < 1:
         raise PipelineConfigError(f"patches={patches!r}: expected a positive patch count")
     return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
@@ -221,11 +225,15 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
         data = tomllib.loads(source.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PipelineConfigError(f"{source}: not valid TOML ({exc})") from None
-    known = {"config", "shape", "strategy", "mesh_shape", "stage_ids", "submeshes", "dtype", "batch",
-             "patches"}
+    known = set(_TOML_TYPES)
     unknown = sorted(set(data) - known - ANALYSIS_KEYS)
     if unknown:
         raise PipelineConfigError(f"{source}: unknown keys {unknown}; expected some of {sorted(known)}")
+    for key, value in data.items():
+        if key in _TOML_TYPES:
+            accepts, expected = _TOML_TYPES[key]
+            if not accepts(value):
+                raise PipelineConfigError(f"{source}: {key} = {value!r}: expected {expected}")
     values = {"mesh" if key == "mesh_shape" else key: value for key, value in data.items()
               if key not in ANALYSIS_KEYS}
     values.update({key: value for key, value in overrides.items() if value is not None})
@@ -235,6 +243,40 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
         if not model_path.is_absolute():
             values["config"] = str(source.parent / model_path)
     return build_config(**values)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int_list(value, lengths: tuple[int, ...]) -> bool:
+    return isinstance(value, list) and len(value) in lengths and all(map(_is_int, value))
+
+
+#: Types of the pipeline TOML keys: (accepts(value), what the error says is expected). Checked
+#: before anything is converted, so that ``batch = 2.5`` is refused, never truncated to 2.
+_TOML_TYPES = {
+    "config": (lambda v: isinstance(v, str), "a string: full, tiny or a model TOML file"),
+    "shape": (lambda v: isinstance(v, str), 'a string FRAMES_WIDTH_HEIGHT, e.g. "204_640_360"'),
+    "strategy": (lambda v: isinstance(v, str), 'a strategy name string, e.g. "megatron"'),
+    "mesh_shape": (lambda v: isinstance(v, str) or _is_int_list(v, (2,)),
+                   'two integers [X, Y] or a string "XxY"'),
+    "stage_ids": (lambda v: isinstance(v, str) or (
+                      isinstance(v, list) and all(_is_int_list(p, (2,)) for p in v)),
+                  'a list of integer pairs [[first, last], ...] or a string "0-13,14-27"'),
+    "submeshes": (lambda v: isinstance(v, list) and all(_is_int_list(p, (2, 4)) for p in v),
+                  "a list of integer lists [nx, ny, loc_x, loc_y]"),
+    "dtype": (lambda v: isinstance(v, str), 'a string, e.g. "bfloat16"'),
+    "batch": (_is_int, "a positive integer"),
+    "patches": (_is_int, "a positive integer"),
+}
+
+#: Most virtual CPU devices one trace may ask for: XLA creates one host device (and its thread
+#: pool) each, so a mistyped mesh such as 1000x1000 must be refused, not attempted. 64x the
+#: study's 16 devices.
+MAX_DEVICES = 1024
+#: Largest size (batch) accepted: an int32 dimension; no traced tensor gets near it.
+MAX_SIZE = 2**31 - 1
 
 
 def _validate_stage_ids(ids: tuple[tuple[int, int], ...], depth: int) -> None:
@@ -268,25 +310,21 @@ def _validate_submeshes(subs: tuple[Submesh, ...], ids: tuple, mesh_shape: tuple
 
 
 def _pair(item, what: str) -> tuple[int, int]:
-    try:
-        first, last = (int(v) for v in item)
-    except (TypeError, ValueError):
-        raise PipelineConfigError(f"{what}: expected pairs [first, last], got {item!r}") from None
-    return first, last
+    if not isinstance(item, (list, tuple)) or len(item) != 2 or not all(map(_is_int, item)):
+        raise PipelineConfigError(f"{what}: expected pairs of integers [first, last], got {item!r}")
+    return item[0], item[1]
 
 
 def _mesh_from_list(item) -> tuple[int, int]:
-    x, y = _pair(item, "mesh_shape")
+    if not isinstance(item, (list, tuple)) or len(item) != 2 or not all(map(_is_int, item)):
+        raise PipelineConfigError(f"mesh_shape {item!r}: expected two integers [X, Y]")
+    x, y = item
     if min(x, y) < 1:
         raise PipelineConfigError(f"mesh_shape {item!r}: expected two positive sizes")
     return x, y
 
 
 def _submesh(item) -> Submesh:
-    try:
-        values = [int(v) for v in item]
-    except (TypeError, ValueError):
-        values = []
-    if len(values) not in (2, 4):
-        raise PipelineConfigError(f"submesh {item!r}: expected [nx, ny, loc_x, loc_y]")
-    return Submesh(*values)
+    if not isinstance(item, (list, tuple)) or len(item) not in (2, 4) or not all(map(_is_int, item)):
+        raise PipelineConfigError(f"submesh {item!r}: expected integers [nx, ny, loc_x, loc_y]")
+    return Submesh(*item)

@@ -45,16 +45,22 @@ class STDiT3Config:
     vae_downsample: int = 8  # pixels per latent cell along H and W
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         # A TOML list arrives as a list: freeze it so the config stays hashable.
-        object.__setattr__(self, "patch_size", tuple(int(p) for p in self.patch_size))
+        object.__setattr__(self, "patch_size", tuple(self.patch_size))
         problems = []
         for name in ("hidden_size", "depth", "num_heads", "in_channels", "out_channels",
-                     "caption_channels", "model_max_length", "frequency_embedding_size"):
-            if int(getattr(self, name)) <= 0:
+                     "caption_channels", "model_max_length", "frequency_embedding_size",
+                     "input_sq_size", "vae_downsample"):
+            if getattr(self, name) <= 0:
                 problems.append(f"{name}={getattr(self, name)} must be positive")
+        if not (self.mlp_ratio > 0 and self.norm_eps > 0):
+            problems.append(f"mlp_ratio={self.mlp_ratio} and norm_eps={self.norm_eps} must be positive")
         if len(self.patch_size) != 3 or min(self.patch_size) <= 0:
             problems.append(f"patch_size={self.patch_size} must be 3 positive ints")
-        if self.num_heads > 0 and self.hidden_size % self.num_heads:
+        if problems:  # the checks below divide by these sizes
+            raise ConfigError("invalid STDiT3 config: " + "; ".join(problems))
+        if self.hidden_size % self.num_heads:
             problems.append(
                 f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
         if self.head_dim % 2:
@@ -97,6 +103,35 @@ class STDiT3Config:
         d = dataclasses.asdict(self)
         d["patch_size"] = list(self.patch_size)
         return d
+
+
+#: Largest size a field may hold: an int32 dimension (torch's sizes beyond it fit no memory).
+MAX_SIZE = 2**31 - 1
+
+
+def _check_field_types(config: STDiT3Config) -> None:
+    """Each field has the type of its default: an int is an int (never a bool, never a float
+    that would be truncated), a float is a finite number, ``patch_size`` is 3 ints."""
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        default = spec.default
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+            expected = "true or false"
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_SIZE
+            expected = f"an integer up to {MAX_SIZE}"
+        elif isinstance(default, float):
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value))
+            expected = "a finite number"
+        else:  # patch_size
+            ok = (isinstance(value, (list, tuple)) and len(value) == 3
+                  and all(isinstance(v, int) and not isinstance(v, bool) and abs(v) <= MAX_SIZE
+                          for v in value))
+            expected = "a list of 3 integers"
+        if not ok:
+            raise ConfigError(f"invalid STDiT3 config: {spec.name}={value!r}: expected {expected}")
 
 
 CONFIGS: dict[str, STDiT3Config] = {

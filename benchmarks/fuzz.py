@@ -1,0 +1,589 @@
+"""Fuzz ``analyze-hlo`` and the configuration loaders with seeded mutations of the bundled inputs.
+
+Seeds: every dump in ``dumps/`` (StableHLO, MHLO, HLO text), every hardware TOML in
+``hardware/data/``, a model and a pipeline TOML of ``trace-stage``. Each case mutates one seed
+(bytes, lines, numbers, attributes, replica groups, element types, string escapes, nesting depth,
+option values) and runs it:
+
+* dumps and hardware files: ``analyze-hlo`` (``run_click`` on the real command) in a forked
+  child with its memory capped (``RLIMIT_AS``), its output in files and a wall-clock limit;
+* trace-stage TOMLs: the loaders ``tracing.config.load_config_file`` / ``get_config`` in the
+  same kind of child (a valid file must load, a bad one must raise a one-line UsageError;
+  nothing is traced).
+
+Every outcome falls in one class; the error promise is that only ``ok`` and ``usage`` occur:
+
+* ``ok``: exit 0, and a JSON report holds no negative, NaN or infinite number;
+* ``usage``: exit 2 and exactly one line ``Error: ...`` on stderr;
+* ``internal`` (exit 1), ``signal`` (died of a signal), ``hang`` (over the time limit),
+  ``messy`` (exit 2 but not one ``Error:`` line, or a traceback), ``bad-numbers`` (exit 0 with a
+  negative/NaN/inf number), ``other`` (any other exit code).
+
+    python3 benchmarks/fuzz.py --cases 3000 --seed 1 [--jobs 2] [--timeout 30] [--memory-mb 4000]
+
+Prints the count per class, per mutator, and the first examples of every failing class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import resource
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+GOOD_CLASSES = ("ok", "usage")
+
+# --------------------------------------------------------------------------------------------
+# Seeds
+# --------------------------------------------------------------------------------------------
+
+
+def dump_seeds() -> list[Path]:
+    dumps = REPO_ROOT / "dumps"
+    return sorted([*dumps.glob("*.mlir"), *dumps.glob("*/*.mlir"), *dumps.glob("*.hlo.txt")])
+
+
+def hardware_seeds() -> list[Path]:
+    return sorted((REPO_ROOT / "hardware" / "data").glob("*.toml"))
+
+
+#: A tiny STDiT3 dump that segments into blocks, for the hardware mutations (--hw FILE).
+HW_DUMP = REPO_ROOT / "dumps" / "stablehlo"
+MODEL_SEED = """hidden_size = 64
+depth = 2
+num_heads = 4
+mlp_ratio = 4.0
+patch_size = [1, 2, 2]
+caption_channels = 32
+model_max_length = 8
+qk_norm = true
+norm_eps = 1e-6
+"""
+PIPELINE_SEED = """config = "tiny"
+shape = "28_64_64"
+strategy = "megatron"
+mesh_shape = [2, 2]
+stage_ids = [[0, 0], [1, 1]]
+submeshes = [[2, 2, 0, 0], [2, 2, 0, 0]]
+dtype = "bfloat16"
+batch = 2
+"""
+
+# --------------------------------------------------------------------------------------------
+# Mutators: (text, rng) -> text. Each changes one thing; the name says what.
+# --------------------------------------------------------------------------------------------
+
+INTERESTING_NUMBERS = ["0", "-1", "1", "2", "3", "7", "-7", "65536", "2147483647", "2147483648",
+                       "4294967296", "9223372036854775807", "9223372036854775808",
+                       "18446744073709551616", "100000000000000000000", "1e400", "-0", "1.5"]
+ELEMENT_TYPES = ["f32", "bf16", "f16", "f64", "i1", "i8", "i32", "i64", "ui8", "ui64",
+                 "f8E4M3FN", "f8E5M2", "f4E2M1FN", "i2", "i4", "complex<f32>", "index"]
+NUMBER = re.compile(r"(?<![A-Za-z_#%@.])\d+")
+DIM = re.compile(r"tensor<((?:\d+x)+)")
+
+
+def flip_bytes(text: str, rng: random.Random) -> str:
+    data = bytearray(_encode(text))
+    for _ in range(rng.randint(1, 8)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def printable_noise(text: str, rng: random.Random) -> str:
+    position = rng.randrange(len(text))
+    noise = "".join(rng.choice("(){}[]<>:,=%@^\"x0123456789 ") for _ in range(rng.randint(1, 6)))
+    return text[:position] + noise + text[position:]
+
+
+def delete_line(text: str, rng: random.Random) -> str:
+    lines = text.splitlines()
+    del lines[rng.randrange(len(lines))]
+    return "\n".join(lines) + "\n"
+
+
+def duplicate_line(text: str, rng: random.Random) -> str:
+    lines = text.splitlines()
+    index = rng.randrange(len(lines))
+    lines.insert(rng.randrange(len(lines)), lines[index])
+    return "\n".join(lines) + "\n"
+
+
+def swap_lines(text: str, rng: random.Random) -> str:
+    lines = text.splitlines()
+    a, b = rng.randrange(len(lines)), rng.randrange(len(lines))
+    lines[a], lines[b] = lines[b], lines[a]
+    return "\n".join(lines) + "\n"
+
+
+def truncate(text: str, rng: random.Random) -> str:
+    return text[:rng.randrange(len(text))]
+
+
+def replace_number(text: str, rng: random.Random) -> str:
+    matches = list(NUMBER.finditer(text))
+    if not matches:
+        return text
+    for match in rng.sample(matches, min(len(matches), rng.randint(1, 3))):
+        text = text[:match.start()] + rng.choice(INTERESTING_NUMBERS) + text[match.end():]
+        break  # offsets of the other matches moved; one replacement per pass
+    return text
+
+
+def replace_dimension(text: str, rng: random.Random) -> str:
+    matches = list(DIM.finditer(text))
+    if not matches:
+        return text
+    match = rng.choice(matches)
+    dims = match.group(1)[:-1].split("x")
+    dims[rng.randrange(len(dims))] = rng.choice(["0", "1", "3", "1000000007", "4294967296",
+                                                 "9223372036854775807"])
+    return text[:match.start(1)] + "x".join(dims) + "x" + text[match.end(1):]
+
+
+def num_partitions(text: str, rng: random.Random) -> str:
+    value = rng.choice(["true", "false", "0 : i32", "-3 : i32", "4.5 : f32", '"4"', "[4]",
+                        "1 : i1", "4294967295 : ui32", "9223372036854775807 : i64",
+                        "2 : i32", "64 : i64", "unit"])
+    replaced, count = re.subn(r"mhlo\.num_partitions = [^,}]+",
+                              lambda _: f"mhlo.num_partitions = {value}", text, count=1)
+    return replaced if count else text.replace("num_partitions=", f"num_partitions={value}", 1)
+
+
+def replica_groups(text: str, rng: random.Random) -> str:
+    value = rng.choice([
+        "dense<> : tensor<0x4xi64>", "dense<> : tensor<0x0xi64>", "dense<> : tensor<4x0xi64>",
+        "dense<[[0, 0]]> : tensor<1x2xi64>", "dense<[[0, 99]]> : tensor<1x2xi64>",
+        "dense<[[-1, 1]]> : tensor<1x2xi64>", "dense<0> : tensor<1x1xi64>",
+        "dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>", "dense<[[0, 1, 2, 3, 4, 5, 6, 7]]> : tensor<1x8xi64>",
+        "dense<[[9223372036854775807, 0]]> : tensor<1x2xi64>"])
+    replaced, count = re.subn(r"replica_groups = dense<[^:]*> : tensor<[0-9x]+xi64>",
+                              lambda _: f"replica_groups = {value}", text, count=1)
+    return replaced if count else replace_number(text, rng)
+
+
+def element_type(text: str, rng: random.Random) -> str:
+    source = rng.choice(["xf32>", "xbf16>", "<f32>", "<bf16>", "xi32>", "xi64>"])
+    if source not in text:
+        return text
+    target = rng.choice(ELEMENT_TYPES)
+    prefix = source[0]
+    positions = [m.start() for m in re.finditer(re.escape(source), text)]
+    position = rng.choice(positions)
+    return text[:position] + f"{prefix}{target}>" + text[position + len(source):]
+
+
+def swap_op_name(text: str, rng: random.Random) -> str:
+    names = sorted(set(re.findall(r"\b(?:stablehlo|mhlo)\.[a-z_]+\b", text)))
+    if len(names) < 2:
+        return text
+    a, b = rng.sample(names, 2)
+    positions = [m.start() for m in re.finditer(re.escape(a) + r"\b", text)]
+    position = rng.choice(positions)
+    return text[:position] + b + text[position + len(a):]
+
+
+def bad_escape(text: str, rng: random.Random) -> str:
+    escape = rng.choice(["\\AF", "\\FF\\FE", "\\C3", "\\E2\\82", "\\00", "\\C3\\A9", "\\\\AF"])
+    marker = 'loc("' if 'loc("' in text else '"'
+    return text.replace(marker, marker + escape, 1)
+
+
+def nest_regions(text: str, rng: random.Random) -> str:
+    """A module of ``depth`` nested ``case`` regions (the depth kills parsers and recursive
+    walks); ignores the seed."""
+    return nested_module(rng.choice([50, 100, 200, 500, 1000, 2000, 5000]))
+
+
+def nested_module(depth: int) -> str:
+    """A module of ``depth`` nested ``case`` regions (thousands overflow the MLIR parser's stack)."""
+    lines = ["module {", "  func.func @main(%a: tensor<f32>, %i: tensor<i32>) -> tensor<f32> {"]
+    for d in range(depth, 0, -1):
+        lines.append(f'%v{d} = "stablehlo.case"(%i) ({{')
+    lines.append("stablehlo.return %a : tensor<f32>")
+    for d in range(1, depth + 1):
+        lines.append("}) : (tensor<i32>) -> tensor<f32>")
+        if d < depth:
+            lines.append(f"stablehlo.return %v{d} : tensor<f32>")
+    lines += [f"    return %v{depth} : tensor<f32>", "  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def call_chain(text: str, rng: random.Random) -> str:
+    """Private functions each calling the next twice (exponential if walked naively); ignores
+    the seed."""
+    depth = rng.choice([5, 10, 20, 25])
+    lines = ["module {"]
+    for d in range(depth):
+        lines += [f"  func.func private @f{d}(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {{",
+                  f"    %a = call @f{d + 1}(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32>",
+                  f"    %b = call @f{d + 1}(%a) : (tensor<4x4xf32>) -> tensor<4x4xf32>",
+                  "    return %b : tensor<4x4xf32>", "  }"]
+    lines += [f"  func.func private @f{depth}(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {{",
+              "    %y = stablehlo.dot %x, %x : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>",
+              "    return %y : tensor<4x4xf32>", "  }",
+              "  func.func @main(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {",
+              "    %y = call @f0(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32>",
+              "    return %y : tensor<4x4xf32>", "  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+DUMP_MUTATORS: dict[str, Callable[[str, random.Random], str]] = {
+    "flip-bytes": flip_bytes, "noise": printable_noise, "delete-line": delete_line,
+    "duplicate-line": duplicate_line, "swap-lines": swap_lines, "truncate": truncate,
+    "number": replace_number, "dimension": replace_dimension, "num-partitions": num_partitions,
+    "replica-groups": replica_groups, "element-type": element_type, "op-name": swap_op_name,
+    "escape": bad_escape, "nesting": nest_regions, "call-chain": call_chain,
+}
+
+TOML_VALUES = ['nan', 'inf', '-inf', '"nan GB/s"', '"1e400 GB/s"', '"1e-320 GB/s"', '"1e-320 us"',
+               '"-5 TFLOPS"', '"0 B"', '"1e30 TFLOPS"', '"5e-324 s"', '0', '-1', '1099511627776',
+               '"x"', 'true', '[1, 2]', '2.5', '"4x4"', '"0x0"', '"1099511627776x1"', '"3 MiB"',
+               '"100 GB/s"', '"mesh"', '"crossbar"', '"ring"', '"1 B"', '"1 KiB"', '"0.01 us"']
+
+
+def toml_value(text: str, rng: random.Random) -> str:
+    lines = text.splitlines()
+    keyed = [i for i, line in enumerate(lines) if re.match(r"^\s*[a-z_]+\s*=", line)]
+    index = rng.choice(keyed)
+    key = lines[index].split("=", 1)[0].strip()
+    lines[index] = f"{key} = {rng.choice(TOML_VALUES)}"
+    return "\n".join(lines) + "\n"
+
+
+def toml_delete_key(text: str, rng: random.Random) -> str:
+    lines = text.splitlines()
+    keyed = [i for i, line in enumerate(lines) if re.match(r"^\s*[a-z_]+\s*=", line)]
+    del lines[rng.choice(keyed)]
+    return "\n".join(lines) + "\n"
+
+
+def toml_tile_count(text: str, rng: random.Random) -> str:
+    count = rng.choice(["1099511627776", "1048577", "1048576", "65536", "0", "17"])
+    grid = rng.choice([f'"{count}x1"', '"4x4"', '"1024x1024"'])
+    text = re.sub(r"(?m)^(tile_count|chip_count)\s*=.*$", lambda m: f"{m[1]} = {count}", text)
+    return re.sub(r"(?m)^(tile_grid|topology_grid)\s*=.*$", lambda m: f"{m[1]} = {grid}", text)
+
+
+TOML_MUTATORS: dict[str, Callable[[str, random.Random], str]] = {
+    "toml-value": toml_value, "toml-delete": toml_delete_key, "toml-tiles": toml_tile_count,
+    "toml-noise": printable_noise, "toml-flip": flip_bytes,
+}
+
+OPTION_VALUES = {
+    "--link-bandwidth": ["nan", "inf", "-1", "0", "1e-320", "1e308", "5e-324", "100", "x"],
+    "--hop-latency": ["nan", "-1", "0", "1e308", "1"],
+    "--steps": ["0", "-1", "1", "30", "1000000", "1000001", "9" * 400],
+    "--blocks": ["0", "1", "28", "9" * 40],
+    "--format": ["json", "csv", "table", "xml"],
+    "--by": ["op", "category", "block", "row"],
+}
+
+
+def random_options(rng: random.Random) -> list[str]:
+    options = ["--format", "json"]
+    for name in rng.sample(sorted(OPTION_VALUES), rng.randint(0, 2)):
+        options += [name, rng.choice(OPTION_VALUES[name])]
+    if rng.random() < 0.1:
+        options.append("--bruck")
+    return options
+
+
+# --------------------------------------------------------------------------------------------
+# Cases and outcomes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input: a mutated file and how to run it."""
+
+    index: int
+    kind: str  # "dump", "hardware", "model", "pipeline"
+    mutator: str
+    seed_name: str
+    content: bytes
+    options: tuple[str, ...] = ()
+
+
+@dataclass
+class Outcome:
+    case: Case
+    klass: str
+    exit_code: int | None
+    seconds: float
+    stderr_tail: str = ""
+
+
+@dataclass
+class Tally:
+    by_class: Counter = field(default_factory=Counter)
+    by_mutator: dict[str, Counter] = field(default_factory=dict)
+    examples: dict[str, list[Outcome]] = field(default_factory=dict)
+
+    def add(self, outcome: Outcome) -> None:
+        self.by_class[outcome.klass] += 1
+        self.by_mutator.setdefault(outcome.case.mutator, Counter())[outcome.klass] += 1
+        if outcome.klass not in GOOD_CLASSES:
+            self.examples.setdefault(outcome.klass, []).append(outcome)
+
+    @property
+    def failures(self) -> int:
+        return sum(count for klass, count in self.by_class.items() if klass not in GOOD_CLASSES)
+
+
+def make_cases(count: int, seed: int) -> Iterator[Case]:
+    """``count`` cases drawn with ``random.Random(seed)``: 70% dumps, 20% hardware files,
+    10% trace-stage TOMLs."""
+    rng = random.Random(seed)
+    dumps = [(path, path.read_text()) for path in dump_seeds()]
+    hardware = [(path, path.read_text()) for path in hardware_seeds()]
+    for index in range(count):
+        roll = rng.random()
+        if roll < 0.7:
+            path, text = rng.choice(dumps)
+            name = rng.choice(sorted(DUMP_MUTATORS))
+            mutated = _mutate(DUMP_MUTATORS[name], text, rng)
+            if rng.random() < 0.3:  # sometimes two mutations
+                second = rng.choice(sorted(DUMP_MUTATORS))
+                mutated, name = _mutate(DUMP_MUTATORS[second], mutated, rng), f"{name}+{second}"
+            options = random_options(rng) if rng.random() < 0.3 else ["--format", "json"]
+            yield Case(index, "dump", name, path.name, _encode(mutated), tuple(options))
+        elif roll < 0.9:
+            path, text = rng.choice(hardware)
+            name = rng.choice(sorted(TOML_MUTATORS))
+            yield Case(index, "hardware", name, path.name, _encode(_mutate(TOML_MUTATORS[name], text, rng)))
+        else:
+            kind = rng.choice(["model", "pipeline"])
+            text = MODEL_SEED if kind == "model" else PIPELINE_SEED
+            name = rng.choice(["toml-value", "toml-delete", "toml-noise", "toml-flip"])
+            yield Case(index, kind, name, f"{kind}.toml", _encode(_mutate(TOML_MUTATORS[name], text, rng)))
+
+
+def _mutate(mutator: Callable[[str, random.Random], str], text: str,
+            rng: random.Random) -> str:
+    """A mutator applied where it has something to work on (an empty or one-line text stays)."""
+    if len(text.splitlines()) < 2:
+        return text
+    return mutator(text, rng)
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", errors="surrogateescape")
+
+
+# --------------------------------------------------------------------------------------------
+# Running a case in a forked, memory-capped child
+# --------------------------------------------------------------------------------------------
+
+
+def _child_main(case: Case, workdir: Path) -> int:
+    """What the forked child runs; returns its exit code."""
+    from hlo_analyzer.cli import analyze_command
+    from hlo_trace.cli import run_click
+    from hlo_trace.errors import UsageError
+
+    if case.kind == "dump":
+        dump = workdir / ("module_0001.SyncTensorsGraph.after_spmd-partitioning.txt"
+                          if case.seed_name.endswith(".txt") else f"module_{case.index}.mlir")
+        dump.write_bytes(case.content)
+        return run_click(analyze_command, [str(dump), *case.options])
+    if case.kind == "hardware":
+        toml = workdir / "hw.toml"
+        toml.write_bytes(case.content)
+        dump = _hardware_dump()
+        return run_click(analyze_command, [str(dump), "--hw", str(toml), "--format", "json"])
+    toml = workdir / f"{case.kind}.toml"
+    toml.write_bytes(case.content)
+    try:
+        if case.kind == "model":
+            from models.opensora.config import get_config
+
+            get_config(toml)
+        else:
+            from tracing.config import load_config_file
+
+            load_config_file(toml)
+    except UsageError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _hardware_dump() -> Path:
+    """A tiny dump whose 2x2 mesh fits every bundled system (tx8-16 has 16 chips)."""
+    return HW_DUMP / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
+
+
+def _run_child(case: Case, workdir: Path, memory_bytes: int) -> int:
+    """Fork; in the child: cap memory, send stdout/stderr to files, run the case, exit."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 70
+    try:
+        os.setpgid(0, 0)  # its own group: a hang is killed with all its children
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            handle = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(handle, fd)
+            os.close(handle)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the child's own streams
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        code = _child_main(case, workdir)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # an escape from run_click itself: count it as internal
+        code = 1
+    os._exit(code)
+
+
+def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> Outcome:
+    stderr = (workdir / "stderr").read_text(errors="replace") if (workdir / "stderr").exists() else ""
+    tail = "\n".join(stderr.strip().splitlines()[-3:])
+    if status is None:
+        return Outcome(case, "hang", None, seconds, tail)
+    if os.WIFSIGNALED(status):
+        return Outcome(case, "signal", -os.WTERMSIG(status), seconds, tail)
+    code = os.WEXITSTATUS(status)
+    if code == 0:
+        stdout = workdir / "stdout"
+        text = stdout.read_text(errors="replace") if stdout.exists() else ""
+        klass = "ok" if _numbers_sane(text) else "bad-numbers"
+        return Outcome(case, klass, 0, seconds, tail)
+    if code == 2:
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        one_line = len(lines) == 1 and lines[0].startswith("Error: ")
+        return Outcome(case, "usage" if one_line else "messy", 2, seconds, tail)
+    if code == 1:
+        return Outcome(case, "internal", 1, seconds, tail)
+    return Outcome(case, "other", code, seconds, tail)
+
+
+def _numbers_sane(text: str) -> bool:
+    """No negative, NaN or infinite number anywhere in a JSON report (non-JSON output: True)."""
+    if not text.lstrip().startswith("{"):
+        return True
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return False
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+                return False
+    return True
+
+
+def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 30.0,
+              memory_bytes: int = 4000 * 2**20,
+              report: Callable[[Outcome], None] | None = None) -> Tally:
+    """Run every case in a forked child, ``jobs`` at a time, each within ``timeout_s``."""
+    import hlo_analyzer.cli  # noqa: F401 - imported once here, inherited by every fork
+    import tracing.config  # noqa: F401
+
+    tally = Tally()
+    pending = list(cases)
+    running: dict[int, tuple[Case, Path, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="fuzz-") as root:
+        while pending or running:
+            while pending and len(running) < jobs:
+                case = pending.pop(0)
+                workdir = Path(root) / str(case.index)
+                workdir.mkdir()
+                running[_run_child(case, workdir, memory_bytes)] = (case, workdir, time.monotonic())
+            for pid, (case, workdir, started) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                elapsed = time.monotonic() - started
+                if not done and elapsed < timeout_s:
+                    continue
+                if not done:  # a hang: kill the child and everything it forked
+                    _kill_group(pid)
+                    status = None
+                outcome = classify(case, status, elapsed, workdir)
+                del running[pid]
+                tally.add(outcome)
+                if report:
+                    report(outcome)
+            time.sleep(0.005)
+    return tally
+
+
+def _kill_group(pid: int) -> None:
+    for target in (-pid, pid):
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
+    parser.add_argument("--memory-mb", type=int, default=4000, help="address-space cap per case")
+    parser.add_argument("--examples", type=int, default=3, help="examples shown per failing class")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="directory to save the inputs of failing cases into")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    cases = list(make_cases(args.cases, args.seed))
+    tally = run_cases(cases, jobs=args.jobs, timeout_s=args.timeout,
+                      memory_bytes=args.memory_mb * 2**20)
+    elapsed = time.perf_counter() - started
+    print(f"{len(cases)} cases (seed {args.seed}) in {elapsed:.0f} s, {args.jobs} at a time, "
+          f"{args.timeout:.0f} s and {args.memory_mb} MB each")
+    print("outcome classes:")
+    for klass in ("ok", "usage", "internal", "signal", "hang", "messy", "bad-numbers", "other"):
+        print(f"  {klass:12s} {tally.by_class.get(klass, 0):6d}")
+    kinds = Counter(case.kind for case in cases)
+    print("inputs: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())))
+    print("by mutator (ok/usage/other):")
+    for name, counter in sorted(tally.by_mutator.items()):
+        bad = sum(v for k, v in counter.items() if k not in GOOD_CLASSES)
+        print(f"  {name:32s} {counter.get('ok', 0):5d} {counter.get('usage', 0):5d} {bad:5d}")
+    for klass, outcomes in sorted(tally.examples.items()):
+        print(f"examples of {klass}:")
+        for outcome in outcomes[:args.examples]:
+            case = outcome.case
+            print(f"  #{case.index} {case.kind} {case.seed_name} {case.mutator} "
+                  f"{' '.join(case.options)} -> {outcome.exit_code} in {outcome.seconds:.1f} s: "
+                  f"{outcome.stderr_tail[-300:]!r}")
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                (args.keep / f"{klass}-{case.index}-{case.seed_name}").write_bytes(case.content)
+    print(f"failures (not ok/usage): {tally.failures}")
+    sys.exit(1 if tally.failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""``call_in_child``: run a function in a forked child so that a crash inside native code (a jaxlib
+parser CHECK failure, a stack overflow, a division by zero in a verifier) becomes one ``Error:``
+line naming the input instead of killing the command with a signal.
+
+The child inherits the parent's memory (``os.fork``, copy-on-write), runs the function, and sends
+its result or its exception back through a pipe (pickled); the parent re-raises a
+:class:`~hlo_trace.errors.UsageError` as is. A child that dies of a signal becomes a
+``UsageError`` that names the input and the signal. The cost on the happy path is one fork
+(~20 ms on a process that has jaxlib loaded) plus pickling the result: callers should return
+something small or already rendered (text), not live MLIR objects (they cannot cross processes).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hlo_trace.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_CHUNK = 1 << 20
+
+
+class ChildFailed(Exception):
+    """The child raised an exception that is not a usage error (a bug): its type, message and
+    traceback text, re-raised in the parent so that ``run_click`` reports an internal error."""
+
+
+class InputCrashed(UsageError):
+    """Native code crashed on the input (the child died of a signal)."""
+
+
+def call_in_child(function: Callable[..., T], *args: Any, origin: str,
+                  what: str = "reading it") -> T:
+    """``function(*args)`` run in a forked child; its return value, or its exception re-raised.
+
+    ``origin`` (usually the input file) and ``what`` word the error when the child dies of a
+    signal: ``"<origin>: jaxlib crashed (SIGABRT: Check failed: ...) while reading it"``.
+    Whatever the child writes to its standard error (logging, native warnings) is held back and
+    replayed here after it ends, unless it failed or crashed: then only the one line is said.
+    """
+    if not hasattr(os, "fork"):  # pragma: no cover - Windows: no isolation, run in process
+        return function(*args)
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as child_stderr:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns, whatever happens
+            try:
+                os.close(read_end)
+                _redirect_stderr(child_stderr.fileno())
+                if not os.environ.get("HLO_TRACE_DEBUG"):
+                    faulthandler.disable()  # a crash is reported by the parent, in one line
+                _child(function, args, write_end)
+            finally:
+                os._exit(1)
+        os.close(write_end)
+        try:
+            payload = _read_all(read_end)
+            _, status = os.waitpid(pid, 0)
+            pid = 0
+        finally:
+            os.close(read_end)
+            if pid:  # interrupted while the child runs: stop it, never leave it behind
+                _stop(pid)
+        child_stderr.seek(0)
+        held_back = child_stderr.read().decode("utf-8", errors="replace")
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number == signal.SIGKILL:  # the kernel's out-of-memory killer, or a user's kill -9
+            raise InputCrashed(f"{origin}: the analysis process was killed (SIGKILL, out of "
+                               f"memory?) while {what}")
+        raise InputCrashed(_crash_message(origin, what, number, _native_reason(held_back)))
+    if not payload:
+        raise InputCrashed(f"{origin}: the analysis process ended (exit status "
+                           f"{os.waitstatus_to_exitcode(status)}) without a result while {what}")
+    kind, value = pickle.loads(payload)
+    if kind == "ok":
+        if held_back:
+            sys.stderr.write(held_back)
+        return value
+    raise value  # an error is its one line: the parser's own log lines are not replayed
+
+
+def _redirect_stderr(fd: int) -> None:
+    """Send the child's standard error, native (fd 2) and Python's, to ``fd``."""
+    try:
+        os.dup2(fd, 2)
+    except OSError:
+        return
+    for name in ("stderr", "__stderr__"):
+        stream = getattr(sys, name, None)
+        try:
+            is_fd2 = stream is not None and stream.fileno() == 2
+        except (AttributeError, OSError, ValueError):  # a capture object without a file
+            is_fd2 = False
+        if not is_fd2 and name == "stderr":
+            # Python-level writes (pytest's capture, logging handlers) still land in a stream
+            # the parent never sees: point them at fd 2 too.
+            replacement = open(2, "w", closefd=False, errors="replace")  # noqa: SIM115
+            _retarget_logging(stream, replacement)
+            sys.stderr = replacement
+
+
+def _retarget_logging(old: Any, new: Any) -> None:
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+            handler.setStream(new)
+
+
+def _native_reason(text: str) -> str:
+    """The message of a native crash report: absl's ``F... file:line] message`` line, a C++
+    ``what(): message`` line, or nothing."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("F") and "] " in line and line[1:5].isdigit():
+            return line.split("] ", 1)[1][:_REASON_CHARS]
+        if line.startswith("what():"):
+            return line.removeprefix("what():").strip()[:_REASON_CHARS]
+    return ""
+
+
+#: A native message is cut to this length: it is a hint, the one line must stay readable.
+_REASON_CHARS = 200
+
+
+def _child(function: Callable[..., Any], args: tuple, write_end: int) -> None:
+    """Run ``function`` and write ``(kind, value)`` to the pipe, then leave without cleanup
+    (``os._exit``: the parent's atexit handlers and buffers are not the child's to run)."""
+    code = 0
+    try:
+        try:
+            message: tuple[str, Any] = ("ok", function(*args))
+        except UsageError as error:
+            message = ("raise", error)
+        except KeyboardInterrupt:
+            code = 130
+            message = ("raise", KeyboardInterrupt())
+        except BaseException as error:  # a bug: carry its traceback text to the parent
+            message = ("raise", ChildFailed(
+                f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+        try:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:  # an exception that does not pickle
+            data = pickle.dumps(("raise", ChildFailed(f"unpicklable result: {error}")))
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(data)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # even a broken pipe must not run the parent's code in the child
+        code = code or 1
+    os._exit(code)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, _CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _crash_message(origin: str, what: str, number: int, reason: str) -> str:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    detail = f"{name}: {reason}" if reason else name
+    return (f"{origin}: jaxlib crashed ({detail}) while {what}; the input is malformed in a way "
+            "its parser or verifier does not check")

@@ -1,0 +1,50 @@
+"""A seeded fuzz run in CI: a few hundred mutations of the bundled dumps, hardware files and
+trace-stage TOMLs (benchmarks/fuzz.py makes and runs them, each in a memory-capped forked child
+with a time limit). The error promise: every outcome is a report (with no negative, NaN or
+infinite number) or one ``Error:`` line with exit code 2; never a signal death, a hang, an
+internal error or a traceback. ``python3 benchmarks/fuzz.py --cases 3000`` is the long run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fuzz import GOOD_CLASSES, make_cases, run_cases
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+CASES = 240
+SEED = 20261122
+
+
+@pytest.mark.slow
+def test_seeded_mutations_end_in_a_report_or_one_error_line():
+    cases = list(make_cases(CASES, SEED))
+    # The seed draws every input kind and most mutators (a regression in one shows up here).
+    assert {case.kind for case in cases} == {"dump", "hardware", "model", "pipeline"}
+    tally = run_cases(cases, jobs=2, timeout_s=30.0, memory_bytes=4000 * 2**20)
+    assert sum(tally.by_class.values()) == CASES
+    failures = {klass: [(o.case.index, o.case.seed_name, o.case.mutator, o.stderr_tail[-200:])
+                        for o in outcomes[:3]]
+                for klass, outcomes in tally.examples.items()}
+    assert failures == {}, dict(tally.by_class)
+    assert set(tally.by_class) <= set(GOOD_CLASSES)
+    assert tally.by_class["ok"] > 0 and tally.by_class["usage"] > 0  # both paths exercised
+
+
+def test_a_few_mutations_through_the_real_console_command(tmp_path):
+    """The fuzzer runs the command in forked children; here a handful go through a fresh
+    ``python3 -m hlo_analyzer.cli`` process each, as a user runs it."""
+    for case in [c for c in make_cases(60, SEED) if c.kind == "dump"][:4]:
+        dump = tmp_path / f"module_{case.index}.mlir"
+        dump.write_bytes(case.content)
+        completed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump),
+                                    *case.options], cwd=REPO_ROOT, capture_output=True,
+                                   text=True, timeout=60)
+        assert completed.returncode in (0, 2), completed.stderr
+        if completed.returncode == 2:
+            lines = completed.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("Error: "), completed.stderr
