@@ -104,9 +104,9 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
                       bruck=bruck, timeline=timeline, timeline_pair=timeline_pair)
     if hardware is not None:
-        from hlo_analyzer.hw_mapping import load_system
+        from hardware import load_hardware
 
-        load_system(hardware)  # a bad hardware file fails before the dump is parsed
+        load_hardware(hardware)  # a bad hardware file fails before the dump is parsed
     from hlo_analyzer.control import parse_branch
 
     request = _Request(dump=dump, output_format=output_format, by=by, bruck=bruck,
