@@ -214,8 +214,7 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
     flops = FlopsVisitor()
     comm = CommVisitor(collective_time=collective_time, bruck=bruck, num_devices=num_devices)
     try:
-        flops.visit(module)
-        comm.visit(module)
+        flops.walk_with(module, comm)  # one walk: both walk alike (skip_scalar_bodies)
         control = resolve(flops.scopes, flops.call_sites, flops.structure_ops,
                           flops.walked_functions, _scope_costs(flops.rows, comm.rows), branch)
     except UnsupportedIRError as exc:
