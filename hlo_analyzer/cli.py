@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import math
 import sys
@@ -21,6 +23,25 @@ if TYPE_CHECKING:
     from hlo_analyzer.report import Report
 
 log = logging.getLogger("hlo_analyzer")
+
+
+def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]:
+    """Run ``function`` with Python's cyclic garbage collector paused. An analysis builds
+    millions of acyclic objects (op rows, shape tuples, liveness records) that reference
+    counting frees; the collector's repeated passes over them find nothing and cost 10% of the
+    run at 100k ops, more at 1M (benchmarks/analyze_speed.py)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return wrapper
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,6 +102,7 @@ log = logging.getLogger("hlo_analyzer")
                    "analysis), the first region, or region N of every conditional (for `if` 0 is "
                    "the true branch; jax's lax.cond lowers to `case` with the false branch first).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
+@without_cycle_collection
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float | None,
                     hardware: str | None, steps: int, pairs: int | None, execution: str,

@@ -84,13 +84,12 @@ class CommVisitor(IRVisitor):
     def bytes_per_device(self) -> float:
         return sum(row.comm_bytes_per_device for row in self.rows)
 
-    def visit_module(self, module: ir.Module) -> None:
+    def begin_module(self, module: ir.Module) -> None:
         if self.num_devices is None:
             self.num_devices = _module_num_partitions(module)
         self._meshes = {
             ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation.attributes["mesh"]
             for op in module.body.operations if op.operation.name == "sdy.mesh"}
-        super().visit_module(module)
 
     def visit_all_reduce(self, op: Any) -> None:
         if _is_annotation(op):

@@ -197,6 +197,7 @@ class MemoryVisitor(IRVisitor):
         super().__init__()
         self.inputs = list(inputs) if inputs is not None else None
         self.types = TypeTable()
+        self._type_bytes: dict[ir.Type, int] = {}
         self._scopes: list[_Scope] = []
         self._call_stack: list[str] = []  # callees being measured (a call cycle is not re-entered)
         self._callee_peaks: dict[str, int] = {}  # a callee's own peak, measured once
@@ -261,7 +262,7 @@ class MemoryVisitor(IRVisitor):
             return
         operation = node.operation
         extra = 0
-        if short_op_name(operation.name) not in SCALAR_BODY_OPS:
+        if len(operation.regions) and short_op_name(operation.name) not in SCALAR_BODY_OPS:
             for region in operation.regions:
                 for block in region.blocks:
                     extra = max(extra, self._body_peak(block))
@@ -272,10 +273,19 @@ class MemoryVisitor(IRVisitor):
         scope = self._scopes[-1]
         operation = node.operation
         position = scope.index
-        for value in _used_values(operation):
-            self._use(value, position, live_to_end)
+        used = _used_values(operation) if len(operation.regions) else operation.operands
+        if len(self._scopes) == 1 and not live_to_end:  # the hot path: a top-level op
+            values = scope.values
+            for value in used:
+                record = values.get(value)
+                if record is not None and record[2] < position:
+                    record[2] = position
+        else:
+            for value in used:
+                self._use(value, position, live_to_end)
+        values = scope.values
         for value in operation.results:
-            scope.define(value, self._bytes(value, node), position)
+            values[value] = [self._bytes(value, node), position, position]
         if extra_bytes:
             scope.transient[position] = extra_bytes
         scope.names.append(operation.name)
@@ -331,9 +341,14 @@ class MemoryVisitor(IRVisitor):
             log.info("sidecar inputs that the program does not take: %s", remaining)
 
     def _bytes(self, value: ir.Value, op: Any) -> int:
-        if not isinstance(value.type, ir.RankedTensorType):
-            return 0  # tokens, tuples of nothing
-        return self.types.nbytes(value, op)
+        value_type = value.type
+        nbytes = self._type_bytes.get(value_type)
+        if nbytes is None:
+            # tokens and tuples of nothing hold no bytes
+            nbytes = (self.types.nbytes(value, op)
+                      if isinstance(value_type, ir.RankedTensorType) else 0)
+            self._type_bytes[value_type] = nbytes
+        return nbytes
 
 
 def _used_values(operation: Any) -> list[ir.Value]:

@@ -128,7 +128,20 @@ class Report:
 
     # -- output ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        document = {
+        document = self._summary_dict()
+        document["ops"] = [_row_dict(row) for row in self.rows]
+        document.update(self._later_sections())
+        return document
+
+    def _later_sections(self) -> dict[str, Any]:
+        """The memory section (hlo_analyzer.memory) and the typed --hw sections."""
+        from hlo_analyzer.mapping_render import sections_dict
+
+        return self.extra | sections_dict(self.sections)
+
+    def _summary_dict(self) -> dict[str, Any]:
+        """Every section but ``ops`` and ``extra``."""
+        return {
             "source": self.source,
             "program": self.program,
             "notes": list(self.notes),
@@ -140,24 +153,19 @@ class Report:
             "by_category": self.by_category(),
             "unhandled": self.unhandled,
             "op_counts": self.op_counts,
-            "ops": [_row_dict(row) for row in self.rows],
         }
-        from hlo_analyzer.mapping_render import sections_dict
-
-        document.update(self.extra)  # the memory section (hlo_analyzer.memory)
-        document.update(sections_dict(self.sections))
-        return document
 
     def to_json(self) -> str:
-        """Indented JSON, but one line per op row: readable, and fast on 100k ops because the
-        row lines go through json's C encoder (indentation forces the pure-Python one)."""
-        document = self.to_dict()
-        rows = document.pop("ops")
+        """Indented JSON, but one line per op row: readable, and fast on 1M ops because each
+        distinct row goes once through json's C encoder (indentation forces the pure-Python
+        one) and the rows that repeat it differ only in their position (``_RowLines``)."""
+        document = self._summary_dict() | self._later_sections()
         head = json.dumps(document, indent=1, sort_keys=True)  # ends with "\n}"
-        encode = json.JSONEncoder(sort_keys=True).encode
-        row_lines = "".join(f"\n  {encode(row)}," for row in rows)
-        return head[:-2] + f',\n "ops": [{row_lines.rstrip(",")}\n ]\n}}\n'
-
+        if not self.rows:
+            return head[:-2] + ',\n "ops": [\n ]\n}\n'
+        lines = _RowLines()
+        body = ",\n  ".join([lines.line(row) for row in self.rows])
+        return f'{head[:-2]},\n "ops": [\n  {body}\n ]\n}}\n'
 
     def to_csv(self, by: str = "summary") -> str:
         buffer = io.StringIO()
@@ -207,8 +215,7 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
     flops = FlopsVisitor()
     comm = CommVisitor(collective_time=collective_time, bruck=bruck, num_devices=num_devices)
     try:
-        flops.visit(module)
-        comm.visit(module)
+        flops.walk_with(module, comm)  # one walk: both walk alike (skip_scalar_bodies)
         control = resolve(flops.scopes, flops.call_sites, flops.structure_ops,
                           flops.walked_functions, _scope_costs(flops.rows, comm.rows), branch)
     except UnsupportedIRError as exc:
@@ -291,6 +298,29 @@ def _row_dict(row: OpRow) -> dict[str, Any]:
     record = row._asdict()
     record["comm_bytes_per_device"] = _exact(row.comm_bytes_per_device)
     return record
+
+
+class _RowLines:
+    """One op row as a JSON line (keys sorted), encoded once per distinct row: a transformer's
+    layers repeat the same ops, shapes and locations, so most rows differ from one seen before
+    only in ``position``. The line of a new row is json's own encoding with a marker position,
+    split around it; later rows equal in every other field reuse the two halves."""
+
+    _MARKER = '"position": -1, '
+
+    def __init__(self) -> None:
+        self._encode = json.JSONEncoder(sort_keys=True).encode
+        self._halves: dict[tuple[Any, ...], tuple[str, str]] = {}
+
+    def line(self, row: OpRow) -> str:
+        key = row[1:]  # every field but position (equal floats and ints print alike: _exact)
+        halves = self._halves.get(key)
+        if halves is None:
+            text = self._encode(_row_dict(row._replace(position=-1)))
+            before, marker, after = text.partition(self._MARKER)
+            assert marker and self._MARKER not in after, text
+            halves = self._halves[key] = (before + '"position": ', ", " + after)
+        return f"{halves[0]}{row.position}{halves[1]}"
 
 
 def _shapes_text(shapes: list[list[int]]) -> str:

@@ -138,17 +138,24 @@ class TypeTable:
         from hlo_analyzer.rows import OpRow
 
         operation = op.operation
-        results = operation.results
-        return OpRow(
-            position=position,
-            op=operation.name,
-            location=self.location(op),
-            category=category,
-            operand_shapes=self.shapes(operation.operands, op),
-            result_shapes=self.shapes(results, op),
-            dtype=self.dtype(results[0]) if len(results) else "",
-            **measures,
-        )
+        known = self._types
+        operand_shapes = []
+        for value in operation.operands:
+            info = known.get(value.type)
+            if info is None:
+                info = self._info(value, op)
+            operand_shapes.append(info[0])
+        result_shapes = []
+        dtype = ""
+        for value in operation.results:
+            info = known.get(value.type)
+            if info is None:
+                info = self._info(value, op)
+            if not result_shapes:
+                dtype = info[1]
+            result_shapes.append(info[0])
+        return OpRow(position, operation.name, self.location(op), category,
+                     tuple(operand_shapes), tuple(result_shapes), dtype, **measures)
 
     def location(self, op: Any) -> str:
         location = op.operation.location

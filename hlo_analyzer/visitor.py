@@ -136,6 +136,8 @@ class IRVisitor:
         self._scheduled: set[str] = set()
         self._pending: deque[str] = deque()
         self._stack: list[tuple[Iterator[Any], int]] | None = None
+        self._followers: tuple[IRVisitor, ...] = ()
+        self._follow_cache: dict[str, tuple[Callable[[Any], Any], ...]] = {}
 
     # -- dispatch -------------------------------------------------------------------------------
     def visit(self, node: Any) -> Any:
@@ -155,6 +157,41 @@ class IRVisitor:
             method = getattr(self, "visit_" + short_op_name(name), self.generic_visit)
             self._method_cache[name] = method
         return method(node)
+
+    def _visit_operation_followed(self, node: Any) -> Any:
+        """Dispatch to this visitor, then to the followers' own ``visit_<opname>`` methods at the
+        same position and scope (see ``walk_with``)."""
+        result = self._visit_operation(node)
+        name = node.operation.name
+        methods = self._follow_cache.get(name)
+        if methods is None:
+            methods = self._follow_cache[name] = tuple(
+                method for follower in self._followers
+                if (method := _own_method(follower, "visit_" + short_op_name(name))) is not None)
+        for method in methods:
+            follower = method.__self__
+            follower.position, follower.scope = self.position, self.scope
+            method(node)
+        return result
+
+    def walk_with(self, module: ir.Module, *followers: IRVisitor) -> None:
+        """Walk ``module`` once for this visitor and ``followers`` together.
+
+        This visitor leads: its methods decide which regions and functions are walked and its
+        ``scopes``/``call_sites`` describe the walk. Each follower sees every op the leader
+        reaches, in the same order, with the leader's ``position`` and ``scope``, through the
+        ``visit_<opname>`` methods its own class writes (not ``generic_visit``, not the base
+        class's call handling). So followers must measure ops, not steer the walk: they get
+        the same rows as from their own walk when both walk alike (e.g. both
+        ``skip_scalar_bodies``), for one pass over the bindings instead of one each.
+        """
+        for follower in followers:
+            follower.begin_module(module)
+        self._followers, self._follow_cache = followers, {}
+        try:
+            self.visit_module(module)
+        finally:
+            self._followers = ()
 
     def generic_visit(self, node: Any) -> None:
         if isinstance(node, ir.Region):
@@ -198,6 +235,8 @@ class IRVisitor:
         assert stack is not None
         # The hot loop: skip visit()'s type tests, unless a subclass overrides visit().
         dispatch = self._visit_operation if type(self).visit is IRVisitor.visit else self.visit
+        if self._followers:
+            dispatch = self._visit_operation_followed
         while stack:
             operations, scope = stack[-1]
             depth = len(stack)
@@ -211,8 +250,12 @@ class IRVisitor:
                 stack.pop()
 
     # -- modules and calls ----------------------------------------------------------------------
+    def begin_module(self, module: ir.Module) -> None:
+        """Read what the visitor needs from ``module`` before its ops (a hook; nothing here)."""
+
     def visit_module(self, module: ir.Module) -> None:
         """Walk the public functions and, once each, every function they call."""
+        self.begin_module(module)
         functions = [op for op in module.body.operations if op.operation.name == "func.func"]
         self._symbols = {_symbol_name(op): op for op in functions}
         public = [op for op in functions if not _is_private(op)]
@@ -251,6 +294,14 @@ class IRVisitor:
             return
         self.call_sites.append(CallSite(self.scope, self.position, callee))
         self._schedule_function(callee)
+
+
+def _own_method(visitor: IRVisitor, name: str) -> Callable[[Any], Any] | None:
+    """``visitor``'s bound method ``name`` when a subclass of IRVisitor writes it, else None."""
+    method = getattr(visitor, name, None)
+    if method is None or getattr(IRVisitor, name, None) is getattr(type(visitor), name):
+        return None
+    return method
 
 
 def _region_operations(region: ir.Region) -> Iterator[Any]:

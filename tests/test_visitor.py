@@ -2,7 +2,7 @@
 
 import inspect
 
-from analyzer_samples import CALLS, GEMM_AND_VECTOR
+from analyzer_samples import CALLS, COLLECTIVES, GEMM_AND_VECTOR
 from jaxlib.mlir import ir
 
 from hlo_analyzer import CommVisitor, FlopsVisitor, IRVisitor, load_module_text
@@ -81,3 +81,21 @@ def test_module_round_trips_through_text():
     module = load_module_text(GEMM_AND_VECTOR)
     again = load_module_text(module_to_text(module))
     assert module_to_text(again) == module_to_text(module)
+
+
+def test_followers_see_the_walk_of_their_own():
+    """One shared walk (``walk_with``) gives the follower exactly the rows its own walk gives:
+    same ops, positions and scopes, on dumps with collectives (checked by the two-visitor
+    merge of ``analyze``, which relies on equal positions)."""
+    for source in ("dumps/stablehlo/tiny_28_64_64_ring_attention_2x2_stage1_pairs1-1.mlir",
+                   "dumps/mhlo/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir", COLLECTIVES):
+        module = load_module(source)
+        alone = CommVisitor()
+        alone.visit(module)
+        leader, follower = FlopsVisitor(), CommVisitor()
+        leader.walk_with(module, follower)
+        assert alone.rows, source
+        assert follower.rows == alone.rows
+        solo = FlopsVisitor()
+        solo.visit(module)
+        assert leader.rows == solo.rows and leader.scopes == solo.scopes
