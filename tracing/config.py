@@ -87,6 +87,8 @@ class PipelineConfig:
     dtype: str = "bfloat16"
     batch: int = 2
     patches: int = 1  # PipeFusion: > 1 traces a stage on one of this many height patches
+    ring_degree: int | None = None  # usp: ring degree over mesh axis y (None: the default)
+    ulysses_degree: int | None = None  # usp: Ulysses degree over mesh axis y
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -137,6 +139,8 @@ class PipelineConfig:
             "dtype": self.dtype,
             "batch": self.batch,
             "patches": self.patches,
+            "ring_degree": self.ring_degree,
+            "ulysses_degree": self.ulysses_degree,
         }
 
 
@@ -183,7 +187,8 @@ def normalize_dtype(name: str) -> str:
 def build_config(*, config: str = "tiny", shape: str | None = None, strategy: str = "megatron",
                  mesh: str | tuple[int, int] = "2x2", stage_ids: str | None = None,
                  submeshes: list | None = None, dtype: str = "bfloat16",
-                 batch: int = 2, patches: int = 1) -> PipelineConfig:
+                 batch: int = 2, patches: int = 1, ring_degree: int | None = None,
+                 ulysses_degree: int | None = None) -> PipelineConfig:
     """Build and validate a configuration from plain values (CLI strings or TOML values).
 
     ``stage_ids`` None means one stage holding all blocks.  Strategy-specific checks (heads,
@@ -206,10 +211,13 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
         raise PipelineConfigError(f"batch={batch}: expected a positive batch size")
     if isinstance(patches, bool) or not isinstance(patches, int) or patches < 1:
         raise PipelineConfigError(f"patches={patches!r}: expected a positive patch count")
+    for key, degree in (("ring_degree", ring_degree), ("ulysses_degree", ulysses_degree)):
+        if degree is not None and (not isinstance(degree, int) or degree < 1):
+            raise PipelineConfigError(f"{key}={degree!r}: expected a positive integer")
     return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
                           strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
                           submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch),
-                          patches=patches)
+                          patches=patches, ring_degree=ring_degree, ulysses_degree=ulysses_degree)
 
 
 def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
@@ -222,7 +230,7 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PipelineConfigError(f"{source}: not valid TOML ({exc})") from None
     known = {"config", "shape", "strategy", "mesh_shape", "stage_ids", "submeshes", "dtype", "batch",
-             "patches"}
+             "patches", "ring_degree", "ulysses_degree"}
     unknown = sorted(set(data) - known - ANALYSIS_KEYS)
     if unknown:
         raise PipelineConfigError(f"{source}: unknown keys {unknown}; expected some of {sorted(known)}")
