@@ -55,7 +55,7 @@ STRATEGIES: dict[str, StrategyInfo] = {info.name: info for info in (
                  "sequence parallel on y, all-to-all to heads (batch on x)"),
     StrategyInfo("ring_attention", "batch_x", ("collective_permute", "all_gather"),
                  "sequence parallel on y, K/V ring (batch on x)"),
-    StrategyInfo("usp", "batch_x", ("all_to_all", "collective_permute"),
+    StrategyInfo("usp", "batch_x", ("all_to_all", "collective_permute", "all_gather"),
                  "sequence parallel on y = ring x ulysses (batch on x)"),
     StrategyInfo("dp", "all", (), "data parallel: batch over all devices"),
 )}

@@ -107,6 +107,7 @@ ANNOTATION_POINTS: dict[str, str] = {
     # MultiHeadCrossAttention inputs and outputs in the residual layout
     "cross_in": "MultiHeadCrossAttention: (B, N, h) video-token input, before q_linear",
     "cross_cond": "MultiHeadCrossAttention: (1, B*TOKEN, h) caption input, before kv_linear",
+    "cross_kv": "MultiHeadCrossAttention: (1, B*TOKEN, 2h) fused caption K/V projection output",
     "cross_kernel_out": "MultiHeadCrossAttention: (1, heads, B*N, head_dim) kernel output",
     "cross_proj_out": "MultiHeadCrossAttention: (B, N, h) after proj",
     "mlp_in": "Mlp: (B, N, h) input, before fc1",
@@ -426,7 +427,8 @@ class MultiHeadCrossAttention(nn.Module):
         x, cond = self.annotate("cross_in", x), self.annotate("cross_cond", cond)
         q = self.q_linear(x).reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
         # each (1, heads, B*TOKEN, hd)
-        k, v = split_fused(self.kv_linear(cond), 2, self.num_heads, self.fused_layout)
+        kv = self.annotate("cross_kv", self.kv_linear(cond))
+        k, v = split_fused(kv, 2, self.num_heads, self.fused_layout)
         q = self.annotate("cross_q", q)
         k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
         mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)

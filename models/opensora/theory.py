@@ -424,8 +424,9 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
       self-attention; q and the output of both cross-attentions);
     * ring_attention: 2*(Y-1) collective-permutes of A/n (K and V of the split self-attention
       around the ring) and 4 all-gathers of C over Y (caption K and V of both cross-attentions);
-    * usp (Y = ring x ulysses): 8 all-to-alls over ulysses of A/n and 2*(ring-1)
-      collective-permutes of A/n;
+    * usp (Y = ring x ulysses): 8 all-to-alls over ulysses of A/n, 2*(ring-1)
+      collective-permutes of A/n and 4 all-gathers over ring of C/ulysses (caption K and V of
+      the local heads);
     * none, dp: nothing.
     """
     if strategy not in STRATEGY_TABLE:
@@ -459,10 +460,13 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
                                "caption K, V of 2 cross-attentions"))
     if strategy == "usp":
         ring, ulysses = usp_degrees(y_devices, ring, ulysses)
+        caption = q * dims.batch * dims.token * dims.hidden
         return (CollectiveTerm("all_to_all", 8, ulysses, local,
                                "q, k, v, out of the split attention; q, out of 2 cross"),
                 CollectiveTerm("collective_permute", 2 * (ring - 1), ring, local,
-                               "K, V around the ring"))
+                               "K, V around the ring"),
+                CollectiveTerm("all_gather", 2 * ATTENTIONS_PER_PAIR, ring, caption / ulysses,
+                               "caption K, V (local heads) of 2 cross-attentions"))
     return ()
 
 
@@ -475,17 +479,13 @@ def layout_bytes_by_kind(strategy: str, dims: BlockDims, mesh: tuple[int, int],
     return sums
 
 
-def caption_projection_split(strategy: str, mesh: tuple[int, int], ring: int | None = None,
-                             ulysses: int | None = None) -> int:
+def caption_projection_split(strategy: str, mesh: tuple[int, int]) -> int:
     """Over how many devices a layout splits the caption K/V projection (the rest repeat it):
     megatron all n (kv column-split); the batch_x layouts only y (each batch group on x
-    projects every caption, as the flattened cross-attention needs all of them); usp only its
-    Ulysses groups; dp and none 1."""
+    projects every caption, as the flattened cross-attention needs all of them); dp and none 1."""
     x_devices, y_devices = mesh
     if strategy == "megatron":
         return x_devices * y_devices
-    if strategy == "usp":
-        return usp_degrees(y_devices, ring, ulysses)[1]
     if strategy in ("dp", "none"):
         return 1
     return y_devices
@@ -497,7 +497,7 @@ def layout_gemm_flops_per_device(strategy: str, dims: BlockDims, mesh: tuple[int
     the caption K/V projection (4*B*TOKEN*h^2 per block) that the devices outside its split
     repeat: 2 * 4*B*TOKEN*h^2 * (1/split - 1/n)."""
     n = mesh[0] * mesh[1]
-    split = caption_projection_split(strategy, mesh, ring, ulysses)
+    split = caption_projection_split(strategy, mesh)
     caption = ATTENTIONS_PER_PAIR * 4 * dims.batch * dims.token * dims.hidden ** 2
     return block_gemm_flops(dims) / n + caption * (1 / split - 1 / n)
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
 from models.opensora.inputs import Geometry, geometry
+from models.opensora.parallel import STRATEGIES as STRATEGY_TABLE
 from models.opensora.token_order import FRAME_MAJOR, TokenOrder
 from tracing.config import MESH_AXES, PipelineConfig
 
@@ -213,6 +214,8 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: make a strategy available by its ``name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
+    if cls.name not in STRATEGY_TABLE:  # one table of strategies: models.opensora.parallel
+        raise ValueError(f"strategy {cls.name!r} is not in models.opensora.parallel.STRATEGIES")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls

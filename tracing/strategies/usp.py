@@ -7,7 +7,9 @@ q, k and v go from the sequence split to a head split over ``ulysses`` (all-to-a
 Ulysses group), keeping the sequence split over ``ring``; the attention is then a ring over the
 ``ring`` axis with the local heads (2*(ring-1) collective-permutes), and its output comes back
 with one all-to-all.  The cross-attention does the Ulysses exchange of ds_ulysses over
-``ulysses`` (queries and output, caption K/V projected for the local heads).  ring = 1 is
+``ulysses`` (queries and output); the caption K/V are projected for the local heads and a
+1/ring slice of the captions (``cross_kv`` split over both) and all-gathered over ``ring``, so
+the caption projection is split over all of y as in the other strategies.  ring = 1 is
 ds_ulysses' layout, ulysses = 1 ring_attention's self-attention.
 
 Degrees: ``--ring-degree`` / ``--ulysses-degree`` (or ``ring_degree`` / ``ulysses_degree`` in
@@ -52,6 +54,8 @@ class UnifiedSequenceParallel(SequenceParallel):
                        USP_AXES)
 
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
+        if point == "cross_kv":  # (1, B*TOKEN, 2h): caption rows over ring, heads over ulysses
+            return (None, "ring", "ulysses")
         spec = self.ulysses_specs(point, temporal, "ulysses", rest="ring")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 
