@@ -305,6 +305,7 @@ def test_space_major_exchange_is_in_the_spatial_attention(space_major_dumps, str
 @pytest.mark.parametrize("strategy, mesh, stage", [
     ("ds_ulysses", "2x2", "0"),  # the embeddings reorder frame-major patches to space-major
     ("ds_ulysses", "2x2", "1"),  # the final layer returns them to frame-major
+    ("ring_attention", "2x2", "0"),  # the raw caption (B, 1, TOKEN, C) is a stage-0 input
     ("ring_attention", "2x2", "1"),
     ("ring_attention", "2x4", "1"),
 ])

@@ -94,8 +94,8 @@ class RingAttention(SequenceParallel):
                                "axis y")
 
     def input_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
-        if name == "y":  # (1, B*TOKEN, h): each device projects its slice of the captions
-            return (None, "y", None)
+        if name == "y" and len(shape) == 3:  # the embedded (1, B*TOKEN, h) between stages:
+            return (None, "y", None)  # each device projects its slice of the captions
         return super().input_spec(name, shape)
 
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | None:
