@@ -165,13 +165,18 @@ def _dims_and_mesh(result: CaseResult):
 
 
 def theory_bytes_by_kind(result: CaseResult, depth: int) -> dict[str, float]:
-    """The layout formula's per-device bytes of one block pair x depth, by collective kind
-    (``models.opensora.theory.layout_bytes_by_kind``: the layout the tracer traces)."""
-    from models.opensora.theory import layout_bytes_by_kind
+    """The layout formula's per-device bytes of one block pair x depth plus the final layer's,
+    by collective kind (``models.opensora.theory``: the layout the tracer traces)."""
+    from models.opensora.config import get_config
+    from models.opensora.theory import final_layer_collectives, layout_bytes_by_kind
 
     dims, mesh = _dims_and_mesh(result)
-    return {kind: depth * volume
+    sums = {kind: depth * volume
             for kind, volume in layout_bytes_by_kind(result.strategy, dims, mesh).items()}
+    out_features = get_config(result.config).final_out_features
+    for term in final_layer_collectives(result.strategy, dims, mesh, out_features):
+        sums[term.kind] = sums.get(term.kind, 0.0) + term.bytes_per_device
+    return sums
 
 
 def theory_bytes_per_device(result: CaseResult, depth: int) -> float:

@@ -86,6 +86,15 @@ def test_layout_flops_repeat_only_the_caption_projection():
     assert 1.0006 < ratio < 1.001  # the 0.07% the study reports
 
 
+def test_final_layer_gathers_its_output_only_when_S_is_split():
+    # 204_640_360 on 2x8: T = 60 is no multiple of 8, S is: the (1, N, 32) bf16 output of one
+    # batch group is all-gathered over 8, 2*55200*32 * 7/8 bytes per device.
+    (term,) = theory.final_layer_collectives("ds_ulysses", REF, (2, 8), out_features=32)
+    assert term.kind == "all_gather" and term.bytes_per_device == 2 * N_REF * 32 * 7 / 8
+    assert theory.final_layer_collectives("ds_ulysses", BlockDims.of(FULL, 120, 920), (2, 8), 32) == ()
+    assert theory.final_layer_collectives("megatron", REF, (1, 16), 32) == ()
+
+
 def test_strategy_table_meshes():
     assert STRATEGY_NAMES == ("none", "megatron", "megatron_sp", "two_dimension", "ds_ulysses",
                               "ring_attention", "usp", "dp")

@@ -59,6 +59,7 @@ __all__ = [
     "default_mesh",
     "flops_per_device",
     "layer_activation_bytes",
+    "final_layer_collectives",
     "layout_bytes_by_kind",
     "layout_collectives",
     "layout_gemm_flops_per_device",
@@ -468,6 +469,23 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
                 CollectiveTerm("all_gather", 2 * ATTENTIONS_PER_PAIR, ring, caption / ulysses,
                                "caption K, V (local heads) of 2 cross-attentions"))
     return ()
+
+
+#: The strategies whose residual stream is split on tokens over y (ds_ulysses' layout).
+TOKEN_SPLIT_STRATEGIES = ("megatron_sp", "ds_ulysses", "ring_attention", "usp")
+
+
+def final_layer_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
+                            out_features: int) -> tuple[CollectiveTerm, ...]:
+    """Collectives of the final layer (once per model, in the last stage): a token-split layout
+    that splits S (space-major tokens: y does not divide T) all-gathers the final linear's
+    output, q*(B/X)*N*out_features bytes, over y, because the unpatchified video splits H*W
+    rows that are no tile of its (H, W) axes.  With T split the video stays split on T."""
+    x_devices, y_devices = mesh
+    if strategy not in TOKEN_SPLIT_STRATEGIES or dims.T % y_devices == 0:
+        return ()
+    out = dims.bytes_per_element * dims.batch * dims.N * out_features / x_devices
+    return (CollectiveTerm("all_gather", 1, y_devices, out, "final linear output, S split"),)
 
 
 def layout_bytes_by_kind(strategy: str, dims: BlockDims, mesh: tuple[int, int],
