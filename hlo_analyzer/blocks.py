@@ -21,6 +21,7 @@ cross_proj, fc1, fc2. The shape dictionary is a ``hardware.stdit.BlockShapes`` (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -189,28 +190,31 @@ def _mkn(graph: nx.DiGraph, node: int) -> tuple[int, int, int, int]:
     return graph.nodes[node]["dot_dims"]
 
 
-def _attention_shapes(graph: nx.DiGraph, attention: Attention, heads: int | None) -> dict[str, int]:
+def _attention_shapes(graph: nx.DiGraph, attention: Attention) -> dict[str, int]:
+    """Shapes of one attention: its (batch x heads) product, its own local head count, lengths."""
     m, k, n, batch = _mkn(graph, attention.scores[0])
-    if heads is None:
-        # The q RMSNorm runs on (B', heads, L, head_dim): its rsqrt has shape (B', heads, L, 1),
-        # so B' is its first dimension, whatever the attention GEMM flattened.
-        norm_shapes = [graph.nodes[p]["result_shapes"][0] for p in attention.q_norms]
-        batch_rows = norm_shapes[0][0] if norm_shapes and len(norm_shapes[0]) == 4 else batch
-        heads = max(1, batch // batch_rows)
+    # The q RMSNorm runs on (B', heads, L, head_dim): its rsqrt has shape (B', heads, L, 1), so
+    # B' is its first dimension, whatever the attention GEMM flattened.  The cross-attention has
+    # no q norm: OpenSora flattens all samples into one sequence, so its batch is 1 and every
+    # (batch x heads) entry is a head.
+    norm_shapes = [graph.nodes[p]["result_shapes"][0] for p in attention.q_norms]
+    batch_rows = norm_shapes[0][0] if norm_shapes and len(norm_shapes[0]) == 4 else 1
     # Ring attention has one score GEMM per K/V block passed round the ring: the key length of
     # the attention is their sum.
-    return {"batch": batch // heads, "heads": heads, "s_q": m,
+    return {"product": batch, "heads": max(1, batch // batch_rows), "s_q": m,
             "s_kv": n * len(attention.scores), "head_dim": k}
 
 
 def _pair_shapes(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int) -> BlockShapes:
-    spt = _attention_shapes(graph, spatial.self_attention, None)
-    # One N_A serves both attentions. When a strategy splits them differently (DS-Ulysses keeps
-    # the spatial heads whole and splits the temporal ones), B_tmp is chosen so that
-    # B_tmp * N_A is still the temporal attention's (batch x heads): that product is what the
-    # hardware mapping costs.
-    tmp = _attention_shapes(graph, temporal.self_attention, spt["heads"])
-    cro = _attention_shapes(graph, spatial.cross_attention, spt["heads"])
+    spt = _attention_shapes(graph, spatial.self_attention)
+    tmp = _attention_shapes(graph, temporal.self_attention)
+    cro = _attention_shapes(graph, spatial.cross_attention)
+    # One N_A serves the three attentions, which a strategy may split differently (DS-Ulysses
+    # keeps the heads of the local self-attention whole and splits those of the other one and
+    # of the cross-attention): N_A is the largest head count that divides all three, and each
+    # batch B_* = its (batch x heads) product / N_A, so B_* * N_A is every attention's
+    # product exactly -- what the hardware mapping costs.
+    heads = math.gcd(spt["heads"], tmp["heads"], cro["heads"])
     _, d_qkv, h_qkv, _ = _mkn(graph, spatial.self_attention.q_proj)
     _, d_o_spt, h_o_spt, _ = _mkn(graph, spatial.self_attention.out_proj)
     _, d_o_tmp, h_o_tmp, _ = _mkn(graph, temporal.self_attention.out_proj)
@@ -219,12 +223,12 @@ def _pair_shapes(graph: nx.DiGraph, spatial: Block, temporal: Block, pairs: int)
     _, d_fd, h_fd, _ = _mkn(graph, spatial.fc2)
     dtype = graph.nodes[spatial.self_attention.q_proj]["dtype"]
     return BlockShapes(
-        B_spt=spt["batch"], S_Q_spt=spt["s_q"], S_KV_spt=spt["s_kv"],
-        D_QKV=d_qkv, H_QKV=h_qkv, N_A=spt["heads"], H_A=spt["head_dim"],
+        B_spt=spt["product"] // heads, S_Q_spt=spt["s_q"], S_KV_spt=spt["s_kv"],
+        D_QKV=d_qkv, H_QKV=h_qkv, N_A=heads, H_A=spt["head_dim"],
         D_O_spt=d_o_spt, H_O_spt=h_o_spt,
-        B_tmp=tmp["batch"], S_Q_tmp=tmp["s_q"], S_KV_tmp=tmp["s_kv"],
+        B_tmp=tmp["product"] // heads, S_Q_tmp=tmp["s_q"], S_KV_tmp=tmp["s_kv"],
         D_O_tmp=d_o_tmp, H_O_tmp=h_o_tmp,
-        B_cro=cro["batch"], S_Q_cro=cro["s_q"], S_KV_cro=cro["s_kv"],
+        B_cro=cro["product"] // heads, S_Q_cro=cro["s_q"], S_KV_cro=cro["s_kv"],
         D_O_cro=d_o_cro, H_O_cro=h_o_cro,
         D_FU=d_fu, H_FU=h_fu, D_FD=d_fd, H_FD=h_fd,
         L=pairs, Q=ELEMENT_BYTES.get(dtype, 2),

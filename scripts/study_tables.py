@@ -23,18 +23,10 @@ from typing import Any
 
 from hardware.collectives import COLLECTIVE_KINDS as ALL_COLLECTIVE_KINDS
 from hlo_trace.atomic import atomic_write
+from models.opensora.parallel import STRATEGIES
 
 #: The table columns: every collective kind but broadcast, which no strategy emits.
 COLLECTIVE_KINDS = tuple(k for k in ALL_COLLECTIVE_KINDS if k != "collective_broadcast")
-#: The collectives each strategy's formula in hlo_analyzer.theory describes.
-THEORY_KINDS = {
-    "megatron": ("all_reduce",),
-    "two_dimension": ("all_gather", "reduce_scatter"),
-    "ds_ulysses": ("all_to_all",),
-    "ring_attention": ("collective_permute",),
-    "dp": (),
-    "none": (),
-}
 TERA, GIGA = 1e12, 1e9
 
 
@@ -144,7 +136,7 @@ def flops_table(results: list[CaseResult]) -> Table:
     holds the whole program, so its GEMM count is the model's; a parallel strategy's per-device
     count times its devices exceeds it by the work every device repeats (embeddings, norms that
     a strategy leaves unsplit), shown as a ratio."""
-    parallel = [s for s in THEORY_KINDS if s != "none"]
+    parallel = [s for s in STRATEGIES if s != "none"]
     strategies = [s for s in parallel if any(r.strategy == s for r in results)]
     headers = ["shape", "analytic GEMM TFLOP", "traced GEMM TFLOP (none)", "difference %",
                "traced vector TFLOP (none)"]
@@ -165,48 +157,80 @@ def flops_table(results: list[CaseResult]) -> Table:
     return headers, rows
 
 
-def theory_bytes_per_device(result: CaseResult, depth: int) -> float | None:
-    """The theory module's per-device bytes of one block pair x depth, on the case's devices."""
-    from hlo_analyzer.theory import BlockDims, communication_per_device
-    from hlo_trace.errors import UsageError
+def _dims_and_mesh(result: CaseResult):
     from models.opensora.config import get_config
-    from models.opensora.inputs import geometry
+    from models.opensora.theory import block_dims
 
-    if result.strategy == "none":
-        return 0.0
-    config = get_config(result.config)
-    geo = geometry(config, result.shape)
-    dims = BlockDims(T=geo.T, S=geo.S, hidden=config.hidden_size, heads=config.num_heads,
-                     token=config.model_max_length, mlp_ratio=int(config.mlp_ratio))
     x, y = (int(part) for part in result.mesh.split("x"))
-    mesh = (x, y) if result.strategy == "two_dimension" else None
+    return block_dims(get_config(result.config), result.shape), (x, y)
+
+
+def theory_bytes_by_kind(result: CaseResult, depth: int) -> dict[str, float]:
+    """The layout formula's per-device bytes of one block pair x depth plus the final layer's,
+    by collective kind (``models.opensora.theory``: the layout the tracer traces)."""
+    from models.opensora.config import get_config
+    from models.opensora.theory import final_layer_collectives, layout_bytes_by_kind
+
+    dims, mesh = _dims_and_mesh(result)
+    sums = {kind: depth * volume
+            for kind, volume in layout_bytes_by_kind(result.strategy, dims, mesh).items()}
+    out_features = get_config(result.config).final_out_features
+    for term in final_layer_collectives(result.strategy, dims, mesh, out_features):
+        sums[term.kind] = sums.get(term.kind, 0.0) + term.bytes_per_device
+    return sums
+
+
+def theory_bytes_per_device(result: CaseResult, depth: int) -> float:
+    """The layout formula's per-device bytes of one block pair x depth, all kinds."""
+    return sum(theory_bytes_by_kind(result, depth).values())
+
+
+def note_bytes_per_device(result: CaseResult, depth: int) -> float | None:
+    """The reference notes' formula for the strategy (another layout, see docs/model.md), x depth;
+    None where the notes have none (megatron_sp, none) or its split condition fails."""
+    from hlo_trace.errors import UsageError
+    from models.opensora.theory import NOTE_STRATEGIES, note_communication_per_device
+
+    if result.strategy not in NOTE_STRATEGIES:
+        return None
+    dims, mesh = _dims_and_mesh(result)
     try:
-        return depth * communication_per_device(result.strategy, dims, result.devices, mesh)
+        return depth * note_communication_per_device(result.strategy, dims, result.devices,
+                                                     mesh if mesh[0] > 1 else None)
     except UsageError:  # the formula's own split condition fails (dp with B=2 on 16 devices)
         return None
 
 
 def communication_table(results: list[CaseResult]) -> Table:
+    """Per-device bytes by collective kind, traced next to the layout formula (ratio of the
+    totals, and the largest per-kind deviation) and, labelled, the notes' formula."""
     from models.opensora.config import get_config
 
     headers = (["shape", "strategy", "mesh"] + [f"{kind} GB" for kind in COLLECTIVE_KINDS]
-               + ["traced total GB", "theory kinds", "traced in theory kinds GB", "theory GB",
-                  "traced / theory"])
+               + ["traced total GB", "layout kinds", "theory GB", "traced / theory",
+                  "worst kind traced / theory", "notes' formula GB"])
     rows = []
     for result in results:
         if not result.ok:
             rows.append([result.shape, result.strategy, result.mesh]
                         + [None] * (len(headers) - 3))
             continue
+        depth = get_config(result.config).depth
         by_kind = result.comm_bytes_by_kind()
-        kinds = THEORY_KINDS[result.strategy]
-        in_theory_kinds = sum(by_kind[kind] for kind in kinds)
-        theory = theory_bytes_per_device(result, get_config(result.config).depth)
+        theory = theory_bytes_by_kind(result, depth)
+        traced_total, theory_total = sum(by_kind.values()), sum(theory.values())
+        kinds = sorted(set(theory) | {k for k, v in by_kind.items() if v})
+        worst = max((by_kind.get(k, 0.0) / theory[k] if theory.get(k) else float("inf")
+                     for k in kinds if by_kind.get(k, 0.0) or theory.get(k)), default=1.0,
+                    key=lambda ratio: abs(ratio - 1.0))
+        note = note_bytes_per_device(result, depth)
         rows.append([result.shape, result.strategy, result.mesh]
                     + [by_kind[kind] / GIGA for kind in COLLECTIVE_KINDS]
-                    + [sum(by_kind.values()) / GIGA, "+".join(kinds) or "-",
-                       in_theory_kinds / GIGA, None if theory is None else theory / GIGA,
-                       in_theory_kinds / theory if theory else None])
+                    + [traced_total / GIGA, "+".join(STRATEGIES[result.strategy].kinds) or "-",
+                       theory_total / GIGA,
+                       traced_total / theory_total if theory_total else
+                       (1.0 if not traced_total else None),
+                       worst, None if note is None else note / GIGA])
     return headers, rows
 
 

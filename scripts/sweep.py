@@ -39,11 +39,15 @@ import click  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
+from models.opensora.parallel import default_mesh  # noqa: E402
 from scripts.study_tables import CaseResult, write_results  # noqa: E402
 
 log = logging.getLogger("sweep")
 
-STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "dp", "none")
+#: The study's strategies, in the order of the tables (the table of strategies is
+#: models.opensora.parallel; dp and none are the baselines).
+STRATEGIES = ("megatron", "megatron_sp", "two_dimension", "ds_ulysses", "ring_attention", "usp",
+              "dp", "none")
 #: Peak RSS of one full-size stage trace measured on the reference machine (3.6 GiB with the
 #: whole CPU compile, less since the capture stops after partitioning), rounded up: the budget
 #: per parallel job.
@@ -56,16 +60,9 @@ SUMMARY = "summary.md"
 
 
 def strategy_mesh(strategy: str, devices: int) -> str:
-    """The mesh a strategy runs on: the guidance batch B=2 can only be split in two, so the
-    strategies that split it put it on x (2 x n/2); megatron and dp split over all devices (the
-    brief's 1 x n); ``none`` is the one-device baseline."""
-    if strategy == "none":
-        return "1x1"
-    if strategy in ("two_dimension", "ds_ulysses", "ring_attention"):
-        if devices % 2:
-            raise UsageError(f"--devices {devices}: {strategy} needs an even device count (2 x n/2)")
-        return f"2x{devices // 2}"
-    return f"1x{devices}"
+    """The mesh a strategy runs on (``models.opensora.parallel``), as ``XxY``."""
+    x_devices, y_devices = default_mesh(strategy, devices)
+    return f"{x_devices}x{y_devices}"
 
 
 @dataclass(frozen=True)

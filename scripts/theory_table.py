@@ -3,7 +3,9 @@
 For each shape: the token geometry (T, S, N), the full-model GEMM TFLOPs of one forward pass
 (embeddings + all block pairs + final layer, from `models.opensora.flops`), the GEMM TFLOPs of one
 block pair, and the communication volume per device of one block pair under each parallel
-strategy on `--devices` devices (from `hlo_analyzer.theory`). Output is a markdown table.
+strategy on `--devices` devices: first the layout each strategy traces (on the study's mesh),
+then, labelled "notes:", the reference notes' formulas (from `models.opensora.theory`). Output is
+a markdown table.
 
 Run:  python3 scripts/theory_table.py [--devices 16] [--config full] [--shape 204_640_360 ...]
 """
@@ -19,25 +21,37 @@ if str(REPO_ROOT) not in sys.path:
 
 import click
 
-from hlo_analyzer.theory import (
-    STRATEGIES,
-    BlockDims,
-    DeviceCountError,
-    communication_per_device,
-    default_mesh,
-    layout_switch_per_device,
-)
 from hlo_trace.errors import UsageError
 from models.opensora.config import get_config
 from models.opensora.flops import gemm_flops
 from models.opensora.inputs import REFERENCE_SHAPES, geometry
+from models.opensora.parallel import STRATEGY_NAMES, default_mesh
+from models.opensora.theory import (
+    NOTE_STRATEGIES,
+    BlockDims,
+    DeviceCountError,
+    layout_bytes_by_kind,
+    layout_switch_per_device,
+    note_communication_per_device,
+)
+
+#: The layouts of the table: every strategy but the one-device baseline.
+LAYOUT_STRATEGIES = tuple(s for s in STRATEGY_NAMES if s != "none")
 
 UNITS = {"GB": 1e9, "MB": 1e6, "GiB": 2**30, "MiB": 2**20}
 
 
 def strategy_header(strategy: str, devices: int) -> str:
-    mesh = default_mesh(strategy, devices) if devices % 2 == 0 else None
-    return f"{strategy} ({mesh[0]}x{mesh[1]})" if mesh else strategy
+    x_devices, y_devices = default_mesh(strategy, devices)
+    return f"{strategy} ({x_devices}x{y_devices})"
+
+
+def layout_volume(strategy: str, dims: BlockDims, devices: int) -> float | None:
+    """Bytes per device per block pair of the traced layout; None where it cannot run (dp with
+    a batch the devices do not divide)."""
+    if strategy == "dp" and dims.batch % devices:
+        return None
+    return sum(layout_bytes_by_kind(strategy, dims, default_mesh(strategy, devices)).values())
 
 
 def build_table(config_name: str, shapes: list[str], devices: int, batch: int,
@@ -47,21 +61,23 @@ def build_table(config_name: str, shapes: list[str], devices: int, batch: int,
     scale = UNITS[unit]
     pairs = config.depth if scope == "backbone" else 1
     headers = ["shape", "T", "S", "N", "model GEMM TFLOPs", "block GEMM TFLOPs"]
-    headers += [f"{strategy_header(s, devices)} [{unit}]" for s in STRATEGIES]
+    headers += [f"{strategy_header(s, devices)} [{unit}]" for s in LAYOUT_STRATEGIES]
+    headers += [f"notes: {s} [{unit}]" for s in NOTE_STRATEGIES]
     headers.append(f"S<->T all-to-all [{unit}]")
     rows = []
     for shape in shapes:
         geo = geometry(config, shape)
         counts = gemm_flops(config, shape, batch=batch)
-        dims = BlockDims(T=geo.T, S=geo.S, batch=batch, hidden=config.hidden_size,
-                         heads=config.num_heads, token=config.model_max_length,
-                         mlp_ratio=int(config.mlp_ratio), bytes_per_element=bytes_per_element)
+        dims = BlockDims.of(config, geo.T, geo.S, batch, bytes_per_element)
         row = [shape, str(geo.T), str(geo.S), str(geo.N),
                f"{counts['forward']['total'] / 1e12:.2f}",
                f"{counts['per_block']['total'] / 1e12:.3f}"]
-        for strategy in STRATEGIES:
+        for strategy in LAYOUT_STRATEGIES:
+            volume = layout_volume(strategy, dims, devices)
+            row.append("n/a" if volume is None else f"{volume * pairs / scale:.3f}")
+        for strategy in NOTE_STRATEGIES:
             try:
-                volume = communication_per_device(strategy, dims, devices)
+                volume = note_communication_per_device(strategy, dims, devices)
                 row.append(f"{volume * pairs / scale:.3f}")
             except DeviceCountError:
                 row.append("n/a")  # e.g. dp cannot split B=2 over 16 devices
@@ -99,7 +115,7 @@ def main(devices: int, config_name: str, shapes: tuple[str, ...], batch: int,
     with --scope backbone) under megatron, two_dimension, ds_ulysses, ring_attention, usp and dp
     (n/a where the strategy cannot use that many devices), and the extra all-to-all that moves a
     sequence split between the spatial and temporal layouts (for sequence-parallel strategies).
-    Formulas and their derivations: hlo_analyzer/theory.py and docs/model.md.
+    Formulas and their derivations: models/opensora/theory.py and docs/model.md.
     """
     try:
         click.echo(build_table(config_name, list(shapes) or list(REFERENCE_SHAPES), devices,

@@ -2,7 +2,8 @@
 
 Tiny config: h=64, 4 heads of 16, mlp 256, TOKEN=8; shape 28_64_64: T=28*5//17=8 frames,
 latent 8x8 -> S=16 patches, N=128 tokens per sample; batch B=2 (dp: 4). All dumps are stage 1 of
-``--stage-ids 0-0,1-1`` (one spatial+temporal pair) on a 2x2 mesh (none: 1x1), in bf16 (Q=2).
+``--stage-ids 0-0,1-1`` (one spatial+temporal pair) on a 2x2 mesh (none: 1x1, usp: 2x4), in bf16
+(Q=2).
 """
 
 from pathlib import Path
@@ -39,12 +40,26 @@ EXPECTED = {
              "B_tmp": 32, "S_Q_tmp": 8, "S_KV_tmp": 8, "D_O_tmp": 64,
              "S_Q_cro": 256, "S_KV_cro": 16, "D_O_cro": 64, "H_FU": 256, "D_FD": 256},
     # tokens (batch on x, frame-major sequence on y) split 4 ways: the spatial attention is
-    # local, B*T/4 = 4 frames with all 4 heads; the temporal one all-to-alls to heads on y:
-    # (B*S/2 = 16) x (4/2 heads) = 32 attention batches, written B_tmp = 32 / N_A = 8;
-    # cross: 256/4 = 64 queries against all 16 keys. Weights whole.
-    "ds_ulysses": {"B_spt": 4, "S_Q_spt": 16, "H_QKV": 192, "N_A": 4, "D_O_spt": 64,
-                   "B_tmp": 8, "S_Q_tmp": 8, "S_KV_tmp": 8, "D_O_tmp": 64,
-                   "S_Q_cro": 64, "S_KV_cro": 16, "D_O_cro": 64, "H_FU": 256, "D_FD": 256},
+    # local, B*T/4 = 4 frames x 4 heads = 16; the temporal one all-to-alls to heads on y:
+    # (B*S/2 = 16) x (4/2 heads) = 32; the cross-attention all-to-alls its queries to heads
+    # too: 1 x 2 heads, the 128 queries of one sample (x) against all 16 keys.  One N_A serves
+    # all three: gcd(4, 2, 2) = 2 heads, so B_spt = 16/2, B_tmp = 32/2, B_cro = 2/2.
+    "ds_ulysses": {"B_spt": 8, "S_Q_spt": 16, "H_QKV": 192, "N_A": 2, "D_O_spt": 64,
+                   "B_tmp": 16, "S_Q_tmp": 8, "S_KV_tmp": 8, "D_O_tmp": 64,
+                   "S_Q_cro": 128, "S_KV_cro": 16, "D_O_cro": 64, "H_FU": 256, "D_FD": 256},
+    # tensor parallel over y (2) with the batch on x: as two_dimension (qkv 96, 2 heads, proj
+    # in 32, fc1 out 128), each attention sees its gathered sequence: spatial 8 frames,
+    # temporal 16 positions of one sample; cross: one sample's 128 queries, all 16 keys.
+    "megatron_sp": {"B_spt": 8, "S_Q_spt": 16, "H_QKV": 96, "N_A": 2, "D_O_spt": 32,
+                    "B_tmp": 16, "S_Q_tmp": 8, "S_KV_tmp": 8, "D_O_tmp": 32,
+                    "S_Q_cro": 128, "S_KV_cro": 16, "D_O_cro": 32, "H_FU": 128, "D_FD": 128},
+    # 2x4, y = ring 2 x ulysses 2, frame-major (T = 8 over 4): spatial local, B*T/8 = 2 frames
+    # x 4 heads = 8; temporal: heads to ulysses (2 of 4), T over the ring: (B*S/2 = 16) x 2
+    # heads = 32, query chunk 8/2 = 4, keys 4 per step x 2 steps; cross: 2 heads, queries over
+    # (x, ring) 256/4 = 64.  N_A = gcd(4, 2, 2) = 2: B_spt 4, B_tmp 16, B_cro 1.  Weights whole.
+    "usp": {"B_spt": 4, "S_Q_spt": 16, "H_QKV": 192, "N_A": 2, "D_O_spt": 64,
+            "B_tmp": 16, "S_Q_tmp": 4, "S_KV_tmp": 8, "D_O_tmp": 64,
+            "S_Q_cro": 64, "S_KV_cro": 16, "D_O_cro": 64, "H_FU": 256, "D_FD": 256},
     # as ds_ulysses, but the temporal attention keeps T split over y (4 local frames) and passes
     # K/V round a ring of 2: batch (B*S/2=16) x 4 heads = 64 = B_tmp * N_A with B_tmp = 16,
     # query length 4, key length 4 per step x 2 steps = 8.
@@ -52,7 +67,7 @@ EXPECTED = {
                        "B_tmp": 16, "S_Q_tmp": 4, "S_KV_tmp": 8, "D_O_tmp": 64,
                        "S_Q_cro": 64, "S_KV_cro": 16, "D_O_cro": 64, "H_FU": 256, "D_FD": 256},
 }
-MESH = {"dp": "2x2", "none": "1x1"}
+MESH = {"dp": "2x2", "none": "1x1", "usp": "2x4"}
 
 
 def dump_path(strategy: str, dialect: str = "stablehlo") -> Path:

@@ -61,17 +61,21 @@ def test_megatron_theory_is_six_all_reduces_per_pair_times_depth():
     assert theory_bytes_per_device(case, config.depth) == pytest.approx(expected)
 
 
-def test_communication_table_takes_the_theory_kinds_only():
+def test_communication_table_compares_every_kind_with_the_layout_formula():
     config = get_config("tiny")
     case = CaseResult("tiny", "28_64_64", "megatron", "1x4")
     theory = theory_bytes_per_device(case, config.depth)
-    case.stages = [_stage(0, {"all_reduce": theory / 2, "all_gather": 5e9}),
-                   _stage(0, {"all_reduce": theory / 2})]
-    headers, rows = communication_table([case])
-    row = dict(zip(headers, rows[0]))
+    case.stages = [_stage(0, {"all_reduce": theory / 2}), _stage(0, {"all_reduce": theory / 2})]
+    row = dict(zip(*(lambda h, r: (h, r[0]))(*communication_table([case]))))
     assert row["traced / theory"] == pytest.approx(1.0)
+    assert row["worst kind traced / theory"] == pytest.approx(1.0)
+    # A kind the layout does not have counts in the total and is the worst kind (no formula).
+    case.stages.append(_stage(0, {"all_gather": 5e9}))
+    row = dict(zip(*(lambda h, r: (h, r[0]))(*communication_table([case]))))
     assert row["all_gather GB"] == pytest.approx(5.0)
     assert row["traced total GB"] == pytest.approx(theory / 1e9 + 5.0)
+    assert row["traced / theory"] == pytest.approx((theory + 5e9) / theory)
+    assert row["worst kind traced / theory"] == float("inf")
 
 
 def test_unknown_strategy_is_a_usage_error(tmp_path):
@@ -80,8 +84,8 @@ def test_unknown_strategy_is_a_usage_error(tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True)
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == [
-        "Error: --strategies: unknown tp3d; expected some of megatron, two_dimension, ds_ulysses, "
-        "ring_attention, dp, none"]
+        "Error: --strategies: unknown tp3d; expected some of megatron, megatron_sp, two_dimension, "
+        "ds_ulysses, ring_attention, usp, dp, none"]
 
 
 def test_a_finished_study_is_not_rewritten_without_force(tmp_path):

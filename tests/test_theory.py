@@ -1,4 +1,4 @@
-"""The analytic per-strategy formulas (hlo_analyzer.theory) and the theory table script."""
+"""The analytic per-strategy formulas (models.opensora.theory) and the theory table script."""
 
 import subprocess
 import sys
@@ -6,24 +6,104 @@ from pathlib import Path
 
 import pytest
 
-from hlo_analyzer import theory
-from hlo_analyzer.theory import (
+from hlo_trace.errors import UsageError
+from models.opensora import theory
+from models.opensora.config import get_config
+from models.opensora.parallel import STRATEGY_NAMES, default_mesh
+from models.opensora.theory import (
     ACTIVATION_STRATEGIES,
-    STRATEGIES,
+    NOTE_STRATEGIES,
     BlockDims,
     DeviceCountError,
     UnknownStrategyError,
     activation_per_device,
     block_gemm_flops,
-    communication_per_device,
     flops_per_device,
     layer_activation_bytes,
+    layout_bytes_by_kind,
+    layout_collectives,
+    layout_gemm_flops_per_device,
 )
-from hlo_trace.errors import UsageError
+from models.opensora.theory import note_communication_per_device as communication_per_device
 
 REPO = Path(__file__).resolve().parent.parent
-REF = BlockDims(T=60, S=920)  # 204_640_360, B=2, h=1152, a=16, TOKEN=300, bf16
+FULL = get_config("full")
+REF = BlockDims.of(FULL, T=60, S=920)  # 204_640_360, B=2, h=1152, a=16, TOKEN=300, bf16
 N_REF = 60 * 920
+
+
+# -- the traced layouts, by hand (204_640_360, B=2, h=1152, TOKEN=300, bf16, 16 devices) -------
+A = 2 * 2 * N_REF * 1152  # bytes of the whole (B, N, h) activation: 254,361,600
+CAPTION = 2 * 2 * 300 * 1152  # bytes of one caption K or V (B*TOKEN, h): 1,382,400
+
+
+@pytest.mark.parametrize(("strategy", "mesh", "expected"), [
+    # 6 all-reduces of A over 16: 2*A*15/16 each.
+    ("megatron", (1, 16), {"all_reduce": 6 * 2 * A * 15 / 16}),
+    # 6 all-gathers + 6 reduce-scatters of the x-group's half A/2 over 8: A/2 * 7/8 each.
+    ("megatron_sp", (2, 8), {"all_gather": 6 * A / 2 * 7 / 8, "reduce_scatter": 6 * A / 2 * 7 / 8}),
+    # The same, plus 8 all-reduces over 8 of f32 (B/2, N, 1) statistics: 2 * 4*N * 7/8 each.
+    ("two_dimension", (2, 8), {"all_gather": 6 * A / 2 * 7 / 8, "reduce_scatter": 6 * A / 2 * 7 / 8,
+                               "all_reduce": 8 * 2 * 4 * N_REF * 7 / 8}),
+    # 8 all-to-alls over 8 of the device's A/16: A/16 * 7/8 each (= 111,283,200 in all).
+    ("ds_ulysses", (2, 8), {"all_to_all": 8 * A / 16 * 7 / 8}),
+    # K and V around a ring of 8: 2*7 permutes of A/16; 4 caption all-gathers over 8.
+    ("ring_attention", (2, 8), {"collective_permute": 14 * A / 16,
+                                "all_gather": 4 * CAPTION * 7 / 8}),
+    # ring 2 x ulysses 4: 8 all-to-alls over 4 of A/16, 2 permutes of A/16, 4 all-gathers over
+    # the ring (2) of the caption's local heads C/4.
+    ("usp", (2, 8), {"all_to_all": 8 * A / 16 * 3 / 4, "collective_permute": 2 * A / 16,
+                     "all_gather": 4 * CAPTION / 4 / 2}),
+    ("none", (1, 1), {}),
+])
+def test_layout_bytes_by_hand(strategy, mesh, expected):
+    got = layout_bytes_by_kind(strategy, REF, mesh)
+    assert got.keys() == expected.keys()
+    for kind, volume in expected.items():
+        assert got[kind] == pytest.approx(volume, rel=1e-12)
+    assert set(got) <= set(theory.STRATEGY_TABLE[strategy].kinds)
+
+
+def test_layout_collective_counts_and_usp_degrees():
+    terms = {t.kind: t for t in layout_collectives("usp", REF, (2, 8), ring=4, ulysses=2)}
+    assert terms["collective_permute"].count == 6 and terms["all_to_all"].group == 2
+    assert layout_bytes_by_kind("ds_ulysses", REF, (2, 8))["all_to_all"] == pytest.approx(111_283_200)
+    with pytest.raises(DeviceCountError, match="ring degree x Ulysses degree must equal the 8"):
+        layout_collectives("usp", REF, (2, 8), ring=3)
+    with pytest.raises(UnknownStrategyError, match="'tp'"):
+        layout_collectives("tp", REF, (2, 8))
+
+
+def test_layout_flops_repeat_only_the_caption_projection():
+    block = block_gemm_flops(REF)
+    assert layout_gemm_flops_per_device("megatron", REF, (1, 16)) == block / 16
+    # Caption K/V projection, 4*B*TOKEN*h^2 per block, split 8 ways instead of 16.
+    caption = 2 * 4 * 2 * 300 * 1152**2
+    for strategy in ("megatron_sp", "two_dimension", "ds_ulysses", "ring_attention", "usp"):
+        assert layout_gemm_flops_per_device(strategy, REF, (2, 8)) == pytest.approx(
+            block / 16 + caption * (1 / 8 - 1 / 16))
+    ratio = 16 * layout_gemm_flops_per_device("ds_ulysses", REF, (2, 8)) / block
+    assert 1.0006 < ratio < 1.001  # the 0.07% the study reports
+
+
+def test_final_layer_gathers_its_output_only_when_S_is_split():
+    # 204_640_360 on 2x8: T = 60 is no multiple of 8, S is: the (1, N, 32) bf16 output of one
+    # batch group is all-gathered over 8, 2*55200*32 * 7/8 bytes per device.
+    (term,) = theory.final_layer_collectives("ds_ulysses", REF, (2, 8), out_features=32)
+    assert term.kind == "all_gather" and term.bytes_per_device == 2 * N_REF * 32 * 7 / 8
+    assert theory.final_layer_collectives("ds_ulysses", BlockDims.of(FULL, 120, 920), (2, 8), 32) == ()
+    assert theory.final_layer_collectives("megatron", REF, (1, 16), 32) == ()
+
+
+def test_strategy_table_meshes():
+    assert STRATEGY_NAMES == ("none", "megatron", "megatron_sp", "two_dimension", "ds_ulysses",
+                              "ring_attention", "usp", "dp")
+    assert default_mesh("megatron", 16) == (1, 16) and default_mesh("none", 16) == (1, 1)
+    assert default_mesh("usp", 16) == (2, 8) and default_mesh("dp", 16) == (1, 16)
+    with pytest.raises(UsageError, match="even count"):
+        default_mesh("ds_ulysses", 15)
+    with pytest.raises(UnknownStrategyError, match="'single'"):
+        default_mesh("single", 16)
 
 
 def test_megatron_is_24_BTSh_alpha():
@@ -49,7 +129,7 @@ def test_ulysses_by_hand():
     elements = 2 * 4 * 2 * N_REF * 1152 + 2 * (2 * 2 * N_REF * 1152 + 2 * 2 * 300 * 1152)
     assert communication_per_device("ds_ulysses", REF, 16) == pytest.approx(elements * 2 * 15 / 16 / 16)
     # One self-attention of a (b, s, h) = (1, 1000, 8) layer at n=4 would be 8*alpha*bsh/n:
-    small = BlockDims(T=10, S=100, batch=1, hidden=8, heads=4, token=0)
+    small = BlockDims(T=10, S=100, batch=1, hidden=8, heads=4, token=0, mlp_ratio=4)
     per_attention = 8 * (3 / 4) * 1000 * 8 / 4
     assert communication_per_device("ds_ulysses", small, 4) == pytest.approx(
         2 * per_attention + 2 * per_attention / 2)  # a cross-attention moves only q and out
@@ -83,7 +163,7 @@ def test_block_flops_closed_form_matches_per_op_count():
     full = get_config("full")
     for shape in REFERENCE_SHAPES:
         geo = geometry(full, shape)
-        dims = BlockDims(T=geo.T, S=geo.S)
+        dims = BlockDims.of(full, geo.T, geo.S)
         assert block_gemm_flops(dims) == gemm_flops(full, shape)["per_block"]["total"]
         for strategy in ("megatron", "ds_ulysses", "ring_attention", "usp", "two_dimension"):
             assert flops_per_device(strategy, dims, 16) == block_gemm_flops(dims) / 16
@@ -151,11 +231,11 @@ def test_every_formula_cites_its_note():
                theory.comm_ds_ulysses, theory.comm_ring_attention, theory.comm_usp,
                theory.comm_dp, theory.layer_activation_bytes, theory.layout_switch_per_device):
         assert "note 00" in fn.__doc__.lower(), fn.__name__
-    assert set(STRATEGIES) == {"megatron", "two_dimension", "ds_ulysses", "ring_attention", "usp", "dp"}
+    assert set(NOTE_STRATEGIES) == {"megatron", "two_dimension", "ds_ulysses", "ring_attention", "usp", "dp"}
 
 
 def test_theory_does_not_import_torch():
-    code = "import sys, hlo_analyzer.theory; sys.exit('torch' in sys.modules)"
+    code = "import sys, models.opensora.theory; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO).returncode == 0
 
 

@@ -1,16 +1,15 @@
-"""Trace every strategy on the tiny config (2x2 mesh) and count the collectives in the dump.
+"""Trace every strategy on tiny shapes and compare the collectives of one block pair with the
+layout formula, derived by hand below.
 
 Each trace runs ``python3 -m tracing.cli`` in its own process (torch-xla fixes its device count
 per process); the dumps are made once per session.  The stage traced is stage 1 of
-``--stage-ids 0-0,1-1``: one block pair (block 1: a spatial and a temporal block) plus the final
-layer, so the counts below are per block pair unless said otherwise.
+``--stage-ids 0-0,1-1,2-2`` of a 3-pair tiny model (hidden 64, 4 heads, TOKEN 8): exactly one
+block pair, no embeddings, no final layer.
 
-Expected counts come from each strategy's design; what GSPMD adds beyond it is listed with the
-reason (EXTRAS), so a change in either shows up here.
-
-The default shape 28_64_64 has T = 8 and S = 16, so the sequence-parallel strategies split T
-(frame-major tokens).  17_64_64 has T = 5, which 2 does not divide, and S = 16: there they split S
-(space-major tokens), and the exchange moves from the temporal to the spatial attention.
+Shape 28_64_64: T = 8, S = 16, N = 128, B = 2, bf16.  A = q*B*N*h = 2*2*128*64 = 32768 bytes
+(the whole (B, N, h) activation), C = q*B*TOKEN*h = 2*2*8*64 = 2048 bytes (one caption K or V).
+The sequence-parallel strategies split T (frame-major tokens); 17_64_64 (T = 5, S = 16) makes
+them split S (space-major), and the exchange moves from the temporal to the spatial attention.
 """
 
 from __future__ import annotations
@@ -33,64 +32,55 @@ from hlo_analyzer.dataflow import build_dataflow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+TINY3_TOML = "hidden_size = 64\ndepth = 3\nnum_heads = 4\ncaption_channels = 32\nmodel_max_length = 8\n"
 TINY = ["--config", "tiny", "--mesh", "2x2", "--stage-ids", "0-0,1-1", "--stage", "1"]
-STRATEGY_ARGS = {
-    "megatron": [], "two_dimension": [], "ds_ulysses": [], "ring_attention": [],
-    "dp": ["--batch", "4"],  # the batch must split over the 4 devices
-    "none": ["--mesh", "1x1"],
-}
+A, C = 32768, 2048  # bytes of the (B, N, h) activation and of one caption K or V (see above)
 
-# What each strategy must produce in one block pair (2 self-attentions, 2 cross-attentions,
-# 2 MLPs), from its design.
-INTENDED = {
-    # one all-reduce after each self-attention, cross-attention and MLP: 3 per block
-    "megatron": {"all_reduce": 6},
-    # an all-gather of the hidden features before each column-split linear (qkv, cross q, fc1)
-    # and a reduce-scatter after each row-split one (proj, cross proj, fc2): 3 + 3 per block.
-    # The CPU backend of XLA never forms reduce-scatter ops: GSPMD writes each one as an
-    # all-reduce followed by a dynamic-slice of the device's part (checked below).
-    "two_dimension": {"all_gather": 6, "all_reduce": 6},
-    # the temporal attention's sequence is split: q, k, v go sequence -> heads and the output
-    # heads -> sequence (4 all-to-alls); the spatial and cross attentions are local
-    "ds_ulysses": {"all_to_all": 4},
-    # ring of 2 on y: ring-1 = 1 rotation of K and 1 of V in the temporal attention
-    "ring_attention": {"collective_permute": 2},
-    "dp": {},
-    "none": {},
+# name -> (strategy, trace-stage options, {kind: (count, bytes per device)} of one block pair).
+# Ring volumes per device (hardware.collectives): all-reduce 2M(g-1)/g, all-gather and
+# reduce-scatter M(g-1)/g of the full tensor M, all-to-all M(g-1)/g of the device's buffer M,
+# collective-permute M, over a group of g devices.
+CASES = {
+    # 6 all-reduces (after proj, cross proj, fc2 of both blocks) of A over 4: 2*A*3/4 each.
+    "megatron": ("megatron", ["--mesh", "2x2"], {"all_reduce": (6, 6 * 2 * A * 3 // 4)}),
+    # 6 all-gathers (before qkv, cross q, fc1) + 6 reduce-scatters (after proj, cross proj, fc2)
+    # of one batch group's A/2 over y = 2: A/2 * 1/2 each.
+    "megatron_sp": ("megatron_sp", ["--mesh", "2x2"],
+                    {"all_gather": (6, 6 * A // 4), "reduce_scatter": (6, 6 * A // 4)}),
+    # The same, plus the LayerNorm statistics of the hidden-split residual: mean and variance of
+    # norm1 and norm2 in both blocks, f32 (B/2, N, 1) = 512 bytes, all-reduced over 2: 512 each.
+    "two_dimension": ("two_dimension", ["--mesh", "2x2"],
+                      {"all_gather": (6, 6 * A // 4), "reduce_scatter": (6, 6 * A // 4),
+                       "all_reduce": (8, 8 * 512)}),
+    # q, k, v, out of the split (temporal) attention and q, out of both cross-attentions: 8
+    # all-to-alls over y = 2 of the device's A/4: A/4 * 1/2 each.
+    "ds_ulysses": ("ds_ulysses", ["--mesh", "2x2"], {"all_to_all": (8, 8 * A // 8)}),
+    # K and V once around the ring of 2: 2 permutes of A/4; caption K, V of both
+    # cross-attentions all-gathered over 2: C/2 each.
+    "ring_attention": ("ring_attention", ["--mesh", "2x2"],
+                       {"collective_permute": (2, 2 * A // 4), "all_gather": (4, 4 * C // 2)}),
+    # y = 4 = ring 2 x ulysses 2: 8 all-to-alls over 2 of A/8 (A/16 each); K, V once around the
+    # ring: 2 permutes of A/8; caption K, V of the local heads (C/2) gathered over the ring: C/4.
+    "usp": ("usp", ["--mesh", "2x4"],
+            {"all_to_all": (8, 8 * A // 16), "collective_permute": (2, 2 * A // 8),
+             "all_gather": (4, 4 * C // 4)}),
+    "dp": ("dp", ["--mesh", "2x2", "--batch", "4"], {}),  # the batch must split over 4 devices
+    "none": ("none", ["--mesh", "1x1"], {}),
 }
-
-# What GSPMD inserts beyond the design, and why.
-EXTRAS = {
-    "megatron": {
-        # OpenSora's fused qkv weight orders its rows (3, heads, head_dim): a contiguous column
-        # split gives a device q/k/v rows of different heads, so after the (local) qkv matmul
-        # GSPMD all-gathers the (B', L, 3h) output and slices out the device's heads; 1 per
-        # self-attention.
-        "all_gather": 2,
-        # the same for the cross-attention's fused kv (rows ordered (2, heads, head_dim)): GSPMD
-        # reshards the kv output with one all-to-all plus one collective-permute per
-        # cross-attention.
-        "all_to_all": 2, "collective_permute": 2,
-    },
-    "two_dimension": {
-        # the fused qkv row order, as for megatron (1 per self-attention) ...
-        "all_gather": 2,
-        # ... and the fused kv row order (1 all-to-all per cross-attention)
-        "all_to_all": 2,
-        # LayerNorm over hidden features split on y: mean and variance are each summed with an
-        # f32 all-reduce of (B*N/x, 1): 2 per norm, 2 norms per block, plus the final layer's
-        # norm (2) and its linear, whose input features are split (1 partial-sum all-reduce).
-        "all_reduce": 2 * 2 * 2 + 2 + 1,
-    },
-    "ds_ulysses": {
-        # the temporal block's qkv and proj linears flatten (B*S, T, h) to (B*S*T, h); T split
-        # under an unsplit S is not a contiguous tile of that axis, so GSPMD all-gathers T and
-        # runs these two linears on the whole sequence: 2 per temporal block.
-        "all_gather": 2,
-    },
-    "ring_attention": {"all_gather": 2},  # the same two linears as ds_ulysses
-    "dp": {},
-    "none": {},
+# GEMM FLOPs of the pair (B = 2): 56*B*N*h^2 + 8*B*TOKEN*h^2 + 4*B*N*h*(S+T)
+# + 8*(B*N)*(B*TOKEN)*h = 58720256 + 524288 + 1572864 + 2097152.
+PAIR_FLOPS = 62914560
+# The caption K/V projection, 4*B*TOKEN*h^2 per block, that the layouts split over y only.
+CAPTION_PROJECTION = 2 * 4 * 2 * 8 * 64 * 64
+#: devices x per-device GEMM FLOPs of each case (dp: batch 4 is another model size, not listed).
+DEVICE_FLOPS = {
+    "megatron": PAIR_FLOPS,
+    "megatron_sp": PAIR_FLOPS + CAPTION_PROJECTION,  # split 2 of 4: repeated twice
+    "two_dimension": PAIR_FLOPS + CAPTION_PROJECTION,
+    "ds_ulysses": PAIR_FLOPS + CAPTION_PROJECTION,
+    "ring_attention": PAIR_FLOPS + CAPTION_PROJECTION,
+    "usp": PAIR_FLOPS + CAPTION_PROJECTION,  # split 4 of 8: repeated twice
+    "none": PAIR_FLOPS,
 }
 
 
@@ -128,42 +118,71 @@ def trace(args: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="session")
-def tiny_dumps(tmp_path_factory) -> dict[str, Path]:
-    """One StableHLO dump per strategy (traced once per test session)."""
-    out = tmp_path_factory.mktemp("tiny_dumps")
+def pair_dumps(tmp_path_factory) -> dict[str, Path]:
+    """One StableHLO dump of one block pair per case (traced once per test session)."""
+    out = tmp_path_factory.mktemp("pair_dumps")
+    config = out / "tiny3.toml"
+    config.write_text(TINY3_TOML)
     dumps = {}
-    for strategy, extra in STRATEGY_ARGS.items():
-        result = trace([*TINY, "--strategy", strategy, *extra, "-o", str(out)])
+    for name, (strategy, options, _) in CASES.items():
+        result = trace(["--config", str(config), "--shape", "28_64_64", "--stage-ids",
+                        "0-0,1-1,2-2", "--stage", "1", "--strategy", strategy, *options,
+                        "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
-        mlir = sorted(out.glob(f"tiny_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
+        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
         assert len(mlir) == 1, result.stderr[-2000:]
-        dumps[strategy] = mlir[0]
+        dumps[name] = mlir[0]
     return dumps
 
 
 @pytest.mark.trace
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", list(STRATEGY_ARGS))
-def test_collectives_match_the_strategy(tiny_dumps, strategy):
-    counts = count_ops(load_module(tiny_dumps[strategy]))
-    expected = Counter(INTENDED[strategy]) + Counter(EXTRAS[strategy])
-    found = {kind: counts[kind] for kind in COLLECTIVES if counts[kind]}
-    assert found == dict(expected), f"{strategy}: found {found}, expected {dict(expected)}"
+@pytest.mark.parametrize("name", list(CASES))
+def test_pair_collectives_are_the_layout_formula(pair_dumps, name):
+    """Count and bytes per kind of one pair equal the hand derivation, and the theory module's
+    layout formula gives the same numbers."""
+    from hlo_analyzer.report import analyze
+    from models.opensora.config import STDiT3Config
+    from models.opensora.theory import block_dims, layout_bytes_by_kind, layout_collectives
+
+    strategy, options, expected = CASES[name]
+    found = {kind: (entry["count"], entry["bytes_per_device"])
+             for kind, entry in analyze(pair_dumps[name]).comm_by_kind().items()}
+    assert found == expected, f"{name}: found {found}, expected {expected}"
+    mesh = tuple(int(v) for v in options[options.index("--mesh") + 1].split("x"))
+    batch = int(options[options.index("--batch") + 1]) if "--batch" in options else 2
+    tiny3 = STDiT3Config(hidden_size=64, depth=3, num_heads=4, caption_channels=32,
+                         model_max_length=8)
+    dims = block_dims(tiny3, "28_64_64", batch=batch)
+    assert layout_bytes_by_kind(strategy, dims, mesh) == {
+        kind: float(volume) for kind, (_, volume) in expected.items()}
+    assert {t.kind: t.count for t in layout_collectives(strategy, dims, mesh)} == {
+        kind: count for kind, (count, _) in expected.items()}
 
 
 @pytest.mark.trace
 @pytest.mark.slow
-def test_two_dimension_reduce_scatters_are_all_reduce_plus_slice(tiny_dumps):
-    """Each of the 6 bf16 all-reduces after a row-split linear feeds a dynamic-slice (the
-    reduce-scatter pattern); the 11 others (f32 norm statistics, final linear) are plain sums."""
-    module = load_module(tiny_dumps["two_dimension"])
-    sliced = 0
-    main = next(op for op in module.body.operations if "main" in str(op.attributes["sym_name"]))
-    for op in main.regions[0].blocks[0].operations:
-        if op.operation.name.endswith("all_reduce"):
-            users = {use.owner.name for use in op.result.uses}
-            sliced += any(name.endswith("dynamic_slice") for name in users)
-    assert sliced == INTENDED["two_dimension"]["all_reduce"]
+@pytest.mark.parametrize("name", list(DEVICE_FLOPS))
+def test_pair_gemm_flops_repeat_only_the_caption_projection(pair_dumps, name):
+    from hlo_analyzer.report import analyze
+
+    _, options, _ = CASES[name]
+    x, y = (int(v) for v in options[options.index("--mesh") + 1].split("x"))
+    assert x * y * analyze(pair_dumps[name]).totals()["gemm_flops"] == DEVICE_FLOPS[name]
+
+
+@pytest.fixture(scope="session")
+def tiny_dumps(tmp_path_factory) -> dict[str, Path]:
+    """Stage-1 dumps of 0-0,1-1 on the tiny config (one pair and the final layer)."""
+    out = tmp_path_factory.mktemp("tiny_dumps")
+    dumps = {}
+    for strategy in ("megatron", "ds_ulysses", "ring_attention"):
+        result = trace([*TINY, "--strategy", strategy, "-o", str(out)])
+        assert result.returncode == 0, result.stderr[-2000:]
+        mlir = sorted(out.glob(f"tiny_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
+        assert len(mlir) == 1, result.stderr[-2000:]
+        dumps[strategy] = mlir[0]
+    return dumps
 
 
 @pytest.mark.trace
@@ -195,12 +214,37 @@ def test_mhlo_dialect(tmp_path):
 
 @pytest.mark.trace
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", list(STRATEGY_ARGS))
-def test_check_passes(strategy):
-    result = trace([*TINY, "--strategy", strategy, *STRATEGY_ARGS[strategy], "--check",
-                    "--dtype", "float32"])
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_check_passes(name, dtype):
+    strategy, options, _ = CASES[name]
+    result = trace([*TINY, "--strategy", strategy, *options, "--check", "--dtype", dtype])
     assert result.returncode == 0, result.stderr[-2000:]
     assert "check PASS" in result.stderr
+
+
+NEGATIVE_CONTROL = """
+import sys
+from tracing.check import run_check
+from tracing.config import build_config
+config = build_config(config="tiny", strategy="megatron", mesh="2x2", stage_ids="0-0,1-1",
+                      dtype="float32")
+report = run_check(config, 1, reorder_weights=False)
+print(max(report.errors.values()), report.passed)
+"""
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_check_fails_when_the_fused_weight_rows_are_not_reordered():
+    """Negative control: the traced model reads its fused qkv / kv rows head-major; given the
+    OpenSora-ordered weights unchanged, q, k and v get rows of the wrong parts and heads, and
+    the check must see it (far above the 1e-4 tolerance)."""
+    result = subprocess.run([sys.executable, "-c", NEGATIVE_CONTROL], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    error, passed = result.stdout.split()[-2:]
+    assert passed == "False" and float(error) > 1e-2
 
 
 # --- the sequence-parallel strategies in either token order ------------------------------------
@@ -229,9 +273,9 @@ def space_major_dumps(tmp_path_factory) -> dict[tuple[str, str], Path]:
 # * ds_ulysses: q, k, v go sequence -> heads (3 all-to-alls), the output heads -> sequence (1).
 # * ring_attention: ring-1 rotations of K and of V, one collective-permute each.
 SPLIT_ATTENTION = {
-    ("ds_ulysses", "2x2"): {"all_to_all": 4, "all_gather": 1},
-    ("ring_attention", "2x2"): {"collective_permute": 2 * (2 - 1), "all_gather": 1},
-    ("ring_attention", "2x4"): {"collective_permute": 2 * (4 - 1), "all_gather": 1},
+    ("ds_ulysses", "2x2"): {"all_to_all": 4},
+    ("ring_attention", "2x2"): {"collective_permute": 2 * (2 - 1)},
+    ("ring_attention", "2x4"): {"collective_permute": 2 * (4 - 1)},
 }
 
 
@@ -254,12 +298,6 @@ def test_space_major_exchange_is_in_the_spatial_attention(space_major_dumps, str
     module = load_module(space_major_dumps[strategy, mesh])
     assert self_attention_collectives(module) == {"spatial": SPLIT_ATTENTION[strategy, mesh],
                                                   "temporal": {}}
-    # As many of each kind in the whole stage as frame-major: the same exchange, moved to the
-    # spatial attention, and the same two EXTRAS all-gathers, now around the spatial qkv and proj.
-    counts = count_ops(module)
-    found = {kind: counts[kind] for kind in COLLECTIVES if counts[kind]}
-    expected = dict(SPLIT_ATTENTION[strategy, mesh], all_gather=EXTRAS[strategy]["all_gather"])
-    assert found == expected
 
 
 @pytest.mark.trace
@@ -267,6 +305,7 @@ def test_space_major_exchange_is_in_the_spatial_attention(space_major_dumps, str
 @pytest.mark.parametrize("strategy, mesh, stage", [
     ("ds_ulysses", "2x2", "0"),  # the embeddings reorder frame-major patches to space-major
     ("ds_ulysses", "2x2", "1"),  # the final layer returns them to frame-major
+    ("ring_attention", "2x2", "0"),  # the raw caption (B, 1, TOKEN, C) is a stage-0 input
     ("ring_attention", "2x2", "1"),
     ("ring_attention", "2x4", "1"),
 ])

@@ -39,7 +39,10 @@ class CheckReport:
 
 
 def run_check(config: PipelineConfig, stage_index: int, progress=lambda step: None,
-              seed: int = 0) -> CheckReport:
+              seed: int = 0, reorder_weights: bool = True) -> CheckReport:
+    """Compare the traced stage with the eager OpenSora-ordered reference.  The traced model
+    gets the reference's weights in its strategy's fused-row order; ``reorder_weights=False``
+    copies them unchanged (the negative control: the check must then fail)."""
     stage = stage_spec(config, stage_index)
     shapes = boundary_shapes(config, None)
     session = capture.prepare_process(config.submesh(stage_index).size)
@@ -66,7 +69,8 @@ def run_check(config: PipelineConfig, stage_index: int, progress=lambda step: No
         with torch.no_grad():
             expected = run_stage(reference, stage, inputs, config)
         traced = trace_stage(config, stage_index, shapes, materialize="values",
-                             reference=reference, reference_inputs=inputs, progress=progress)
+                             reference=reference, reference_inputs=inputs, progress=progress,
+                             reorder_weights=reorder_weights)
         progress("execute")
         torch_xla.sync()
         report = CheckReport(strategy=config.strategy, stage=stage_index,

@@ -176,6 +176,10 @@ def _strategy_help() -> str:
                    "height, its spatial attentions reading full-sequence stale K/V (docs/pipeline.md).")
 @click.option("--all-stages", is_flag=True,
               help="Trace every stage of the pipeline, one process each (same options but --stage).")
+@click.option("--ring-degree", type=int, default=None,
+              help="usp: ring degree over mesh axis y (ring x ulysses = y; default 2 when y is even).")
+@click.option("--ulysses-degree", type=int, default=None,
+              help="usp: Ulysses (all-to-all) degree over mesh axis y (default y / ring degree).")
 @click.option("--dialect", type=click.Choice(["stablehlo", "mhlo"]), default="stablehlo",
               show_default=True, help="MLIR dialect of the dump.")
 @click.option("-o", "--out", "out_dir", default="dumps", show_default=True,
@@ -188,7 +192,8 @@ def _strategy_help() -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Log details (cache hits, sizes) to stderr.")
 def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str | None,
          model_config: str, pipeline_file: str | None, devices: int | None, dtype: str, batch: int,
-         patches: int, all_stages: bool, dialect: str,
+         patches: int, all_stages: bool, ring_degree: int | None, ulysses_degree: int | None,
+         dialect: str,
          out_dir: str, shape_cache: str | None, force: bool, check: bool, verbose: bool) -> None:
     """Trace one pipeline stage of OpenSora STDiT3 with torch-xla SPMD on virtual CPU devices
     and write the per-device program after SPMD partitioning as MLIR, with a JSON sidecar
@@ -198,7 +203,8 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         options = dict(config=model_config, shape=shape, strategy=strategy, mesh=mesh,
-                       stage_ids=stage_ids, dtype=dtype, batch=batch, patches=patches)
+                       stage_ids=stage_ids, dtype=dtype, batch=batch, patches=patches,
+                       ring_degree=ring_degree, ulysses_degree=ulysses_degree)
         if pipeline_file is not None:
             ctx = click.get_current_context()
             explicit = {key: value for key, value in options.items()
@@ -249,7 +255,8 @@ def _trace_all_stages(config: PipelineConfig) -> int:
 
 
 _PARAM_OF = {"config": "model_config", "shape": "shape", "strategy": "strategy", "mesh": "mesh",
-             "stage_ids": "stage_ids", "dtype": "dtype", "batch": "batch", "patches": "patches"}
+             "stage_ids": "stage_ids", "dtype": "dtype", "batch": "batch", "patches": "patches",
+             "ring_degree": "ring_degree", "ulysses_degree": "ulysses_degree"}
 
 
 if __name__ == "__main__":

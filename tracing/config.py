@@ -87,6 +87,8 @@ class PipelineConfig:
     dtype: str = "bfloat16"
     batch: int = 2
     patches: int = 1  # PipeFusion: > 1 traces a stage on one of this many height patches
+    ring_degree: int | None = None  # usp: ring degree over mesh axis y (None: the default)
+    ulysses_degree: int | None = None  # usp: Ulysses degree over mesh axis y
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -137,6 +139,8 @@ class PipelineConfig:
             "dtype": self.dtype,
             "batch": self.batch,
             "patches": self.patches,
+            "ring_degree": self.ring_degree,
+            "ulysses_degree": self.ulysses_degree,
         }
 
 
@@ -183,7 +187,8 @@ def normalize_dtype(name: str) -> str:
 def build_config(*, config: str = "tiny", shape: str | None = None, strategy: str = "megatron",
                  mesh: str | tuple[int, int] = "2x2", stage_ids: str | None = None,
                  submeshes: list | None = None, dtype: str = "bfloat16",
-                 batch: int = 2, patches: int = 1) -> PipelineConfig:
+                 batch: int = 2, patches: int = 1, ring_degree: int | None = None,
+                 ulysses_degree: int | None = None) -> PipelineConfig:
     """Build and validate a configuration from plain values (CLI strings or TOML values).
 
     ``stage_ids`` None means one stage holding all blocks.  Strategy-specific checks (heads,
@@ -210,10 +215,13 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
                                   f"up to {MAX_SIZE}")
     if isinstance(patches, bool) or not isinstance(patches, int) or patches < 1:
         raise PipelineConfigError(f"patches={patches!r}: expected a positive patch count")
+    for key, degree in (("ring_degree", ring_degree), ("ulysses_degree", ulysses_degree)):
+        if degree is not None and (not isinstance(degree, int) or degree < 1):
+            raise PipelineConfigError(f"{key}={degree!r}: expected a positive integer")
     return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
                           strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
                           submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch),
-                          patches=patches)
+                          patches=patches, ring_degree=ring_degree, ulysses_degree=ulysses_degree)
 
 
 def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
@@ -269,6 +277,8 @@ _TOML_TYPES = {
     "dtype": (lambda v: isinstance(v, str), 'a string, e.g. "bfloat16"'),
     "batch": (_is_int, "a positive integer"),
     "patches": (_is_int, "a positive integer"),
+    "ring_degree": (_is_int, "a positive integer (usp)"),
+    "ulysses_degree": (_is_int, "a positive integer (usp)"),
 }
 
 #: Most virtual CPU devices one trace may ask for: XLA creates one host device (and its thread

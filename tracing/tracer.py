@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from models.opensora.inputs import geometry
 from tracing import capture
-from tracing.config import MESH_AXES, PipelineConfig
+from tracing.config import PipelineConfig
 from tracing.stages import StageSpec, run_stage, stage_parameters, stage_spec
-from tracing.strategies import Layout, Strategy, get_strategy
+from tracing.strategies import Strategy, get_strategy
+from tracing.strategies.base import stage_layout
 
 if TYPE_CHECKING:
     import torch
@@ -48,32 +48,24 @@ class TracedStage:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def make_layout(config: PipelineConfig, stage_index: int) -> Layout:
-    submesh = config.submesh(stage_index)
-    return Layout(model=config.model, geometry=geometry(config.model, config.shape),
-                  batch=config.batch, mesh_shape=submesh.shape)
-
-
-def make_mesh(mesh_shape: tuple[int, int]):
-    """The stage's mesh over this process's devices (ids 0..n-1, row-major over (x, y))."""
-    import numpy as np
-    import torch_xla.distributed.spmd as xs
-
-    count = mesh_shape[0] * mesh_shape[1]
-    return xs.Mesh(np.arange(count), mesh_shape, MESH_AXES)
+#: The layout of a stage (model, shape, batch, submesh, usp degrees): one definition, in base.
+make_layout = stage_layout
 
 
 def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dict], *,
                 materialize: str = "placeholder", reference: STDiT3 | None = None,
                 reference_inputs: dict[str, torch.Tensor] | None = None,
                 progress: Progress = lambda step: None,
-                stale_kv: dict[str, tuple[int, ...]] | None = None) -> TracedStage:
+                stale_kv: dict[str, tuple[int, ...]] | None = None,
+                reorder_weights: bool = True) -> TracedStage:
     """Build, shard and lazily run stage ``stage_index`` on the XLA device.
 
     ``materialize``: "placeholder" (compile only: replicated tensors hold no data) or "values"
     (copy parameters from ``reference`` and inputs from ``reference_inputs``, to execute).
     ``stale_kv``: PipeFusion stale K/V buffers (name -> shape, ``tracing.pipefusion``) for the
     spatial attentions of a stage traced on one patch; they become extra stage inputs.
+    ``reorder_weights``: bring the reference's fused projection rows into the strategy's order
+    (False only for the negative control of ``--check``, which must then fail).
     """
     import torch
     import torch_xla
@@ -98,12 +90,14 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
 
     progress("shard")
     started = time.perf_counter()
-    mesh = make_mesh(config.submesh(stage_index).shape)
+    mesh = strategy.make_mesh()
     device = torch_xla.device()
     reference_params = dict(reference.named_parameters()) if reference is not None else {}
     for name, param in stage_parameters(model, stage).items():
         spec = strategy.parameter_spec(name, tuple(param.shape))
         source = reference_params.get(name)
+        if source is not None and reorder_weights:
+            source = strategy.reference_parameter(name, source.detach())
         tensor = _device_tensor(tuple(param.shape), dtype, spec, mesh, device,
                                 source.detach() if source is not None else None)
         _replace_parameter(model, name, tensor)

@@ -61,6 +61,9 @@ __all__ = [
     "AnnotateFn",
     "Attention",
     "AttentionFn",
+    "BlockLinear",
+    "FUSED_LAYOUTS",
+    "FUSED_PROJECTIONS",
     "CaptionEmbedder",
     "LayerNorm",
     "Mlp",
@@ -75,6 +78,7 @@ __all__ = [
     "T2IFinalLayer",
     "TimestepEmbedder",
     "block_diagonal_mask",
+    "fused_rows_to_head_major",
     "no_annotation",
     "plain_attention",
 ]
@@ -99,8 +103,26 @@ ANNOTATION_POINTS: dict[str, str] = {
     "cross_v": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
     "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before proj",
     # Mlp
+    "attn_kernel_out": "Attention: (B', heads, L, head_dim) attention kernel output",
+    # MultiHeadCrossAttention inputs and outputs in the residual layout
+    "cross_in": "MultiHeadCrossAttention: (B, N, h) video-token input, before q_linear",
+    "cross_cond": "MultiHeadCrossAttention: (1, B*TOKEN, h) caption input, before kv_linear",
+    "cross_kv": "MultiHeadCrossAttention: (1, B*TOKEN, 2h) fused caption K/V projection output",
+    "cross_kernel_out": "MultiHeadCrossAttention: (1, heads, B*N, head_dim) kernel output",
+    "cross_proj_out": "MultiHeadCrossAttention: (B, N, h) after proj",
+    "mlp_in": "Mlp: (B, N, h) input, before fc1",
     "mlp_hidden": "Mlp: (B, N, mlp_ratio*h) after fc1 and GELU",
+    "mlp_out": "Mlp: (B, N, h) after fc2",
 }
+
+#: Row order of the fused qkv / kv projections.  OpenSora's weights order their rows
+#: (parts, heads, head_dim) ("opensora"); "head_major" orders them (heads, parts, head_dim), so a
+#: contiguous split of the rows hands every device whole heads of q, k and v.  A model with
+#: head-major projections computes the same function once its weights are reordered with
+#: `fused_rows_to_head_major`.
+FUSED_LAYOUTS = ("opensora", "head_major")
+#: The block parameters with fused rows and their number of parts.
+FUSED_PROJECTIONS = {"attn.qkv": 3, "cross_attn.kv_linear": 2}
 
 # Additive mask value for caption tokens of other samples. Finite (not -inf) so that a ring or
 # blockwise kernel that sees a block with no valid key does not produce NaN; large enough that
@@ -143,6 +165,41 @@ def block_diagonal_mask(batch: int, queries_per_sample: int, keys_per_sample: in
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     """adaLN modulation of OpenSora (t2i_modulate): x * (1 + scale) + shift."""
     return x * (1 + scale) + shift
+
+
+def fused_rows_to_head_major(tensor: Tensor, parts: int, heads: int) -> Tensor:
+    """Reorder the rows of a fused projection's weight (parts*h, h) or bias (parts*h,) from
+    OpenSora's (parts, heads, head_dim) order to (heads, parts, head_dim)."""
+    rest = tensor.shape[1:]
+    head_dim = tensor.shape[0] // (parts * heads)
+    return (tensor.reshape(parts, heads, head_dim, *rest).transpose(0, 1)
+            .reshape(tensor.shape))
+
+
+def split_fused(fused: Tensor, parts: int, heads: int, layout: str) -> tuple[Tensor, ...]:
+    """(B', L, parts*h) projection output -> `parts` tensors (B', heads, L, head_dim), reading
+    the rows in `layout` order (see FUSED_LAYOUTS)."""
+    batch, length, width = fused.shape
+    head_dim = width // (parts * heads)
+    if layout == "head_major":
+        return fused.reshape(batch, length, heads, parts, head_dim).permute(3, 0, 2, 1, 4).unbind(0)
+    if layout == "opensora":
+        return fused.reshape(batch, length, parts, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    raise ValueError(f"fused layout {layout!r}: expected one of {FUSED_LAYOUTS}")
+
+
+class BlockLinear(nn.Linear):
+    """nn.Linear on a 3-D input written as one einsum, ``abi,oi->abo`` + bias.
+
+    nn.Linear flattens (a, b, i) to (a*b, i); when a strategy splits b but not all of a, the
+    merged axis is no tile of the devices and GSPMD gathers the input and runs the product
+    unsplit on every device.  The einsum keeps both axes, so the same weights give the same
+    result and the product stays split.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.einsum("abi,oi->abo", x, self.weight)
+        return out + self.bias if self.bias is not None else out
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,30 +374,31 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = hidden // num_heads
         self.scale = self.head_dim ** -0.5
-        self.qkv = nn.Linear(hidden, 3 * hidden, bias=True)
+        self.qkv = BlockLinear(hidden, 3 * hidden, bias=True)
         self.q_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, eps) if qk_norm else nn.Identity()
         self.rope = RotaryEmbedding(self.head_dim) if rope else None
-        self.proj = nn.Linear(hidden, hidden, bias=True)
+        self.proj = BlockLinear(hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
         # PipeFusion: (k, v) of a patch -> full-sequence (k, v) (the stale buffer of the previous
         # step with the patch's fresh k, v written in); None: attend within x only.
         self.kv_hook: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+        self.fused_layout = "opensora"
 
     def forward(self, x: Tensor) -> Tensor:
         """(B', L, h) -> (B', L, h)."""
         x = self.annotate("attn_in", x)
         batch, length, hidden = x.shape
-        qkv = self.qkv(x).reshape(batch, length, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B', heads, L, hd)
+        # each (B', heads, L, hd)
+        q, k, v = split_fused(self.qkv(x), 3, self.num_heads, self.fused_layout)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
         if self.kv_hook is not None:
             k, v = self.kv_hook(k, v)
         q, k, v = self.annotate("q", q), self.annotate("k", k), self.annotate("v", v)
-        out = self.attention_fn(q, k, v, None, self.scale)
+        out = self.annotate("attn_kernel_out", self.attention_fn(q, k, v, None, self.scale))
         out = out.transpose(1, 2).reshape(batch, length, hidden)
         out = self.annotate("attn_out", out)
         return self.annotate("proj_out", self.proj(out))
@@ -355,26 +413,29 @@ class MultiHeadCrossAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = hidden // num_heads
         self.scale = self.head_dim ** -0.5
-        self.q_linear = nn.Linear(hidden, hidden, bias=True)
-        self.kv_linear = nn.Linear(hidden, 2 * hidden, bias=True)
-        self.proj = nn.Linear(hidden, hidden, bias=True)
+        self.q_linear = BlockLinear(hidden, hidden, bias=True)
+        self.kv_linear = BlockLinear(hidden, 2 * hidden, bias=True)
+        self.proj = BlockLinear(hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
+        self.fused_layout = "opensora"
 
     def forward(self, x: Tensor, cond: Tensor) -> Tensor:
         """x (B, N, h), cond (1, B*TOKEN, h) -> (B, N, h)."""
         batch, tokens, hidden = x.shape
         keys = cond.shape[1]
+        x, cond = self.annotate("cross_in", x), self.annotate("cross_cond", cond)
         q = self.q_linear(x).reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        kv = self.kv_linear(cond).reshape(1, keys, 2, self.num_heads, self.head_dim)
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # each (1, heads, B*TOKEN, hd)
+        # each (1, heads, B*TOKEN, hd)
+        kv = self.annotate("cross_kv", self.kv_linear(cond))
+        k, v = split_fused(kv, 2, self.num_heads, self.fused_layout)
         q = self.annotate("cross_q", q)
         k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
         mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
-        out = self.attention_fn(q, k, v, mask, self.scale)
+        out = self.annotate("cross_kernel_out", self.attention_fn(q, k, v, mask, self.scale))
         out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
         out = self.annotate("cross_out", out)
-        return self.proj(out.reshape(batch, tokens, hidden))
+        return self.annotate("cross_proj_out", self.proj(out.reshape(batch, tokens, hidden)))
 
 
 class Mlp(nn.Module):
@@ -382,14 +443,14 @@ class Mlp(nn.Module):
 
     def __init__(self, hidden: int, mlp_hidden: int) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(hidden, mlp_hidden, bias=True)
+        self.fc1 = BlockLinear(hidden, mlp_hidden, bias=True)
         self.act = nn.GELU(approximate="tanh")
-        self.fc2 = nn.Linear(mlp_hidden, hidden, bias=True)
+        self.fc2 = BlockLinear(mlp_hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = self.annotate("mlp_hidden", self.act(self.fc1(x)))
-        return self.fc2(hidden)
+        hidden = self.annotate("mlp_hidden", self.act(self.fc1(self.annotate("mlp_in", x))))
+        return self.annotate("mlp_out", self.fc2(hidden))
 
 
 class STDiT3Block(nn.Module):

@@ -1,6 +1,15 @@
 """Parallel strategies for tracing a stage; see :mod:`tracing.strategies.base` to add one."""
 
-from tracing.strategies import dp, ds_ulysses, megatron, none, ring_attention, two_dimension  # noqa: F401  (register)
+from tracing.strategies import (  # noqa: F401  (register)
+    dp,
+    ds_ulysses,
+    megatron,
+    megatron_sp,
+    none,
+    ring_attention,
+    two_dimension,
+    usp,
+)
 from tracing.strategies.base import (
                                 ALL_DEVICES,
                                 Layout,

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, ClassVar
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
 from models.opensora.inputs import Geometry, geometry
+from models.opensora.parallel import STRATEGIES as STRATEGY_TABLE
 from models.opensora.token_order import FRAME_MAJOR, TokenOrder
-from tracing.config import PipelineConfig
+from tracing.config import MESH_AXES, PipelineConfig
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,8 @@ class Layout:
     geometry: Geometry
     batch: int
     mesh_shape: tuple[int, int]
+    ring_degree: int | None = None  # usp only: ring x Ulysses degrees over mesh axis y
+    ulysses_degree: int | None = None
 
     @property
     def num_devices(self) -> int:
@@ -76,6 +79,11 @@ class Strategy:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    #: Row order of the fused qkv / kv projections the strategy traces (see
+    #: ``models.opensora.stdit3.FUSED_LAYOUTS``): head-major, so that a contiguous split of the
+    #: rows gives each device whole heads of q, k and v (OpenSora's own order would make GSPMD
+    #: re-lay out the projection output).  The reference weights are reordered to match.
+    fused_layout: ClassVar[str] = "head_major"
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -134,6 +142,26 @@ class Strategy:
 
     # Installation ---------------------------------------------------------------------------
 
+    def make_mesh(self):
+        """The stage's device mesh over ids 0..n-1, row-major over (x, y)."""
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+
+        x_devices, y_devices = self.layout.mesh_shape
+        return xs.Mesh(np.arange(x_devices * y_devices), (x_devices, y_devices), MESH_AXES)
+
+    def reference_parameter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A parameter of the OpenSora-ordered reference model, in this strategy's fused-row
+        order (``--check`` copies the reference weights through it)."""
+        from models.opensora.stdit3 import FUSED_PROJECTIONS, fused_rows_to_head_major
+
+        block_param = block_parameter_name(name)
+        module = block_param.rpartition(".")[0] if block_param else None
+        if self.fused_layout == "head_major" and module in FUSED_PROJECTIONS:
+            return fused_rows_to_head_major(tensor, FUSED_PROJECTIONS[module],
+                                            self.layout.model.num_heads)
+        return tensor
+
     def install(self, model: STDiT3, block_indices: range, mesh) -> None:
         """Set the annotation hooks (and kernels) of the stage's blocks; never edits the model."""
         for index in block_indices:
@@ -141,6 +169,7 @@ class Strategy:
                 hook = self._make_hook(mesh, block.temporal)
                 for module in (block, block.attn, block.cross_attn, block.mlp):
                     module.annotate = hook
+                block.attn.fused_layout = block.cross_attn.fused_layout = self.fused_layout
                 kernel = self.attention_fn(mesh, block.temporal)
                 if kernel is not None:
                     block.attn.attention_fn = kernel
@@ -185,6 +214,8 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: make a strategy available by its ``name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
+    if cls.name not in STRATEGY_TABLE:  # one table of strategies: models.opensora.parallel
+        raise ValueError(f"strategy {cls.name!r} is not in models.opensora.parallel.STRATEGIES")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls
@@ -214,7 +245,8 @@ def get_strategy(name: str, layout: Layout) -> Strategy:
 def stage_layout(config: PipelineConfig, stage_index: int) -> Layout:
     """The layout of stage ``stage_index``: the model, the shape and the stage's submesh."""
     return Layout(model=config.model, geometry=geometry(config.model, config.shape),
-                  batch=config.batch, mesh_shape=config.submesh(stage_index).shape)
+                  batch=config.batch, mesh_shape=config.submesh(stage_index).shape,
+                  ring_degree=config.ring_degree, ulysses_degree=config.ulysses_degree)
 
 
 def stage_token_order(config: PipelineConfig, stage_index: int) -> TokenOrder:

@@ -1,27 +1,28 @@
 """DeepSpeed-Ulysses sequence parallelism on an (X, Y) mesh: batch on X, sequence on Y.
 
-Video tokens are split along the sequence (N = T*S) over Y, and the guidance batch over X;
-weights are replicated.  Why the batch goes on X: every Linear flattens (B, N, h) to (B*N, h),
-and a split N under an unsplit B is not a contiguous tile of B*N, so GSPMD would all-gather
-around every Linear.
-
-For the same reason only the major factor of N can be split: a device holds a contiguous range
-of the token axis.  The split is chosen per layout (``choose_token_order``):
+Shared layout of the sequence-parallel strategies (``SequenceParallel``: ds_ulysses,
+ring_attention, usp, megatron_sp).  Video tokens are split along the sequence (N = T*S) over Y,
+the guidance batch over X; the residual stream x (B, N, h) is ``("x", Y, None)``.  A device holds
+a contiguous range of the token axis, i.e. a range of its *major* factor, so the order of the
+tokens is chosen per layout (``choose_token_order``):
 
 * T % Y == 0: frame-major tokens (token t*S + s), split T: each device holds whole frames;
-* else S % Y == 0: space-major tokens (token s*T + t), split S: each device holds whole time
-  series of S/Y spatial positions (OpenSora's own sequence parallelism splits S too);
+* else S % Y == 0: space-major tokens (token s*T + t), split S (as OpenSora's own sequence
+  parallelism does);
 * else: a StrategyError naming T, S and axis Y.
 
-The four reference shapes have T = 60, 120, 15, 30 and S = 920 or 3600: on a 2x8 mesh only
-T = 120 splits, every S does.  The attention over the split factor (temporal when T is split,
-spatial when S is) has its sequence split; the other one is local (its sequence is whole on every
-device, its batch B*S or B*T split over (X, Y)).  Around the split attention Ulysses exchanges
-the sequence split for a head split with all-to-alls before it (q, k, v) and back after it (the
-output); GSPMD inserts them only if both q/k/v (head-split) and the output (sequence-split) are
-marked.  The cross-attention's queries are split along the flattened B*N sequence (batch-major,
-in either token order) while every device holds all caption keys/values, so it needs no exchange
-either.
+The self-attention over the split factor has its sequence split; the other one is local (its
+batch B*major is split over (X, Y)).  The block linears are einsums (``BlockLinear``), so every
+projection runs on the local tokens only.
+
+ds_ulysses, layout choices (each one pinned with a mark):
+* split self-attention: q, k, v are computed sequence-split and resharded to a head split
+  (``Reshard``: one all-to-all each over Y); the kernel output is pinned head-split and the
+  output before ``proj`` sequence-split (one all-to-all back);
+* cross-attention (OpenSora's sequence-parallel cross-attention): the queries go from a token
+  split to a head split (all-to-all), the caption K/V are projected head-split (every device
+  projects the captions for its heads; weights replicated), the output comes back (all-to-all).
+  Per block pair: 4 + 4 all-to-alls over Y, nothing else.
 """
 
 from __future__ import annotations
@@ -30,15 +31,27 @@ from models.opensora.token_order import FRAME_MAJOR, SPACE_MAJOR, TokenOrder, ma
 from tracing.strategies.base import Layout, Reshard, Spec, Strategy, StrategyError, register
 from tracing.strategies.kernels import einsum_attention
 
-# A flattened batch-major token axis (B*N, or B*major, the batch of the local attention):
-# batch on x, the rest on y.
-TOKENS = ("x", "y")
-# (B, N, h), and (B*minor, major, h) of the split attention: batch on x, sequence on y.
-X_SEQ = ("x", "y", None)
-
 
 class SequenceParallel(Strategy):
     """Shared layout of the sequence-parallel strategies (batch on x, sequence on y)."""
+
+    #: Mesh axes that split the sequence (usp views y as ring x ulysses).
+    seq_axes: tuple[str, ...] = ("y",)
+
+    @property
+    def seq(self):
+        """The sequence split as a spec entry: one axis name or a tuple of them."""
+        return self.seq_axes[0] if len(self.seq_axes) == 1 else self.seq_axes
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """A flattened batch-major token axis (B*N, or B*major): batch on x, the rest on seq."""
+        return ("x",) + self.seq_axes
+
+    @property
+    def x_seq(self) -> Spec:
+        """(B, N, h), and (B*minor, major, h) of the split attention."""
+        return ("x", self.seq, None)
 
     @classmethod
     def choose_token_order(cls, layout: Layout) -> TokenOrder:
@@ -65,28 +78,54 @@ class SequenceParallel(Strategy):
         space-major)."""
         return temporal == major_axis_is_temporal(self.token_order)
 
+    def attention_layout(self, temporal: bool) -> Spec:
+        """(B', L, h) of a self-attention in the residual split: the sequence over y when it is
+        the split attention, else the batch B*major over (x, y)."""
+        return self.x_seq if self.sequence_split(temporal) else (self.tokens, None, None)
+
     def input_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
         if name == "x":
-            return X_SEQ
+            return self.x_seq
         if name in ("z", "t", "t_mlp"):
             return ("x",) + (None,) * (len(shape) - 1)
         return None
 
     def output_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
-        return X_SEQ if name == "x" else None
+        return self.x_seq if name == "x" else None
 
     def token_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | None:
-        """Specs of the points outside the self-attention kernel, shared by the strategies."""
-        if point in ("x", "mlp_hidden"):
-            return X_SEQ
+        """Specs of the residual-stream points, shared by the sequence-parallel strategies."""
+        if point in ("x", "mlp_in", "mlp_hidden", "mlp_out", "cross_in", "cross_proj_out"):
+            return self.x_seq
         if point in ("attn_in", "attn_out", "proj_out"):
-            return X_SEQ if self.sequence_split(temporal) else (TOKENS, None, None)
-        if point == "cross_q":  # (1, heads, B*N, hd)
-            return (None, None, TOKENS, None)
-        if point in ("cross_k", "cross_v"):  # every caption on every device
-            return (None, None, None, None)
+            return self.attention_layout(temporal)
         if point == "cross_out":  # (1, B*N, h)
-            return (None, TOKENS, None)
+            return (None, self.tokens, None)
+        return None
+
+    def ulysses_specs(self, point: str, temporal: bool, heads_axis, rest=None) -> Spec | Reshard | None:
+        """Ulysses exchange of the self- and cross-attention over ``heads_axis``: q, k, v of the
+        split attention and the cross-attention queries move from the sequence split to a head
+        split (``rest``: what still splits the sequence, e.g. usp's ring axis), the kernel
+        outputs stay head-split; the local attention keeps its batch split."""
+        split = self.sequence_split(temporal)
+        if point in ("q", "k", "v", "attn_kernel_out"):
+            if not split:
+                return (self.tokens, None, None, None)
+            head_split = ("x", heads_axis, rest, None)
+            if point == "attn_kernel_out":
+                return head_split
+            return Reshard(before=("x", None, self.seq, None), after=head_split)
+        cross_rows = "x" if rest is None else ("x", rest)
+        if point == "cross_q":  # (1, heads, B*N, hd): tokens -> heads
+            return Reshard(before=(None, None, self.tokens, None),
+                           after=(None, heads_axis, cross_rows, None))
+        if point == "cross_kernel_out":
+            return (None, heads_axis, cross_rows, None)
+        if point == "cross_cond":  # every caption on every device
+            return (None, None, None)
+        if point in ("cross_k", "cross_v"):  # projected for the local heads
+            return (None, heads_axis, None, None)
         return None
 
 
@@ -94,20 +133,19 @@ class SequenceParallel(Strategy):
 class DeepSpeedUlysses(SequenceParallel):
     name = "ds_ulysses"
     summary = ("sequence parallel (batch on x, T or S on y); all-to-all to heads around the "
-               "attention whose sequence is split")
+               "split self-attention and the cross-attention")
 
     def validate(self) -> None:
         super().validate()
         self.require_divisible("heads", self.layout.model.num_heads, self.layout.mesh_shape[1],
                                "axis y")
 
-    def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | None:
-        if point in ("q", "k", "v"):
-            # (B', heads, L, hd).  Split attention: heads on y (the all-to-all); other: local.
-            if self.sequence_split(temporal):  # sequence-split as computed, then to heads
-                return Reshard(before=("x", None, "y", None), after=("x", "y", None, None))
-            return (TOKENS, None, None, None)
-        return self.token_spec(point, shape, temporal)
+    def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
+        spec = self.ulysses_specs(point, temporal, "y")
+        return spec if spec is not None else self.token_spec(point, shape, temporal)
 
     def attention_fn(self, mesh, temporal: bool):
         return einsum_attention  # heads split on y: keep (batch, heads) apart
+
+    def cross_attention_fn(self, mesh):
+        return einsum_attention

@@ -1,7 +1,15 @@
 """Analytic per-strategy cost of one OpenSora STDiT3 block pair on n devices (inference forward).
 
-These are the formulas of the reference notes, written so that a traced and analyzed dump can be
-printed next to them. Sources:
+Two sets of communication formulas, labelled:
+
+* **layout** (``layout_collectives``, ``layout_bytes_by_kind``, ``layout_gemm_flops_per_device``):
+  the collectives of the layout each strategy of ``tracing/strategies`` actually traces, term by
+  term (kind, count, group, message); the traced dumps match them to the byte.
+* **notes** (``comm_*``, ``note_communication_per_device``): the reference notes' formulas, which
+  assume other layouts (Ulysses and ring over all n devices, every attention's K/V exchanged,
+  2-D weights split over X).  docs/model.md says once why the two differ.
+
+Sources of the notes' formulas:
 
 * note 000, "Comparison of Parallelism Methods in ViT" (`reference/000_...`): the per-layer
   activation-memory formulas (TP, Megatron-SP, DS-Ulysses, Ring) and the per-attention
@@ -17,19 +25,26 @@ and a temporal block, each with a self-attention, a cross-attention and an MLP. 
 sent per device, with the ring algorithms the analyzer also uses (all-reduce 2*M*(n-1)/n,
 all-gather / reduce-scatter M*(n-1)/n of the full tensor M, all-to-all M_local*(n-1)/n).
 
-This module must not import torch: `hlo_analyzer` works without it.
+This module imports neither torch nor the analyzer; the ring volumes come from their one home,
+``hardware.collectives.per_device_bytes``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hardware.collectives import per_device_bytes
 from hlo_trace.errors import UsageError
+from models.opensora.config import STDiT3Config
+from models.opensora.inputs import geometry
+from models.opensora.parallel import STRATEGIES as STRATEGY_TABLE
+from models.opensora.parallel import UnknownStrategyError, default_mesh
 
 __all__ = [
     "ACTIVATION_STRATEGIES",
-    "STRATEGIES",
+    "NOTE_STRATEGIES",
     "BlockDims",
+    "CollectiveTerm",
     "DeviceCountError",
     "UnknownStrategyError",
     "activation_per_device",
@@ -40,21 +55,22 @@ __all__ = [
     "comm_ring_attention",
     "comm_two_dimension",
     "comm_usp",
-    "communication_per_device",
+    "block_dims",
     "default_mesh",
     "flops_per_device",
     "layer_activation_bytes",
+    "final_layer_collectives",
+    "layout_bytes_by_kind",
+    "layout_collectives",
+    "layout_gemm_flops_per_device",
     "layout_switch_per_device",
+    "note_communication_per_device",
 ]
 
-# Strategy names as the tracer (`trace-stage --strategy`) spells them.
-STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "usp", "dp")
+# Strategies the reference notes give a communication formula for.
+NOTE_STRATEGIES = ("megatron", "two_dimension", "ds_ulysses", "ring_attention", "usp", "dp")
 # Strategies the activation-memory formulas of note 000 cover.
 ACTIVATION_STRATEGIES = ("none", "megatron", "megatron_sp", "ds_ulysses", "ring_attention")
-
-
-class UnknownStrategyError(UsageError):
-    """A strategy name that the theory module has no formula for."""
 
 
 class DeviceCountError(UsageError):
@@ -63,20 +79,35 @@ class DeviceCountError(UsageError):
 
 @dataclass(frozen=True)
 class BlockDims:
-    """Sizes of one STDiT3 block pair. Defaults: OpenSora v1.2, B=2, bf16."""
+    """Sizes of one STDiT3 block pair; build it from a model config with `block_dims`."""
 
     T: int
     S: int
-    batch: int = 2
-    hidden: int = 1152
-    heads: int = 16
-    token: int = 300
-    mlp_ratio: int = 4
+    batch: int
+    hidden: int
+    heads: int
+    token: int
+    mlp_ratio: int
     bytes_per_element: int = 2
 
     @property
     def N(self) -> int:
         return self.T * self.S
+
+    @classmethod
+    def of(cls, config: STDiT3Config, T: int, S: int, batch: int = 2,
+           bytes_per_element: int = 2) -> BlockDims:
+        """The block sizes of ``config`` (hidden, heads, TOKEN, MLP ratio) for T x S tokens."""
+        return cls(T=T, S=S, batch=batch, hidden=config.hidden_size, heads=config.num_heads,
+                   token=config.model_max_length, mlp_ratio=int(config.mlp_ratio),
+                   bytes_per_element=bytes_per_element)
+
+
+def block_dims(config: STDiT3Config, shape: str, batch: int = 2,
+               bytes_per_element: int = 2) -> BlockDims:
+    """The block sizes of ``config`` at video shape ``shape`` (F_W_H)."""
+    geo = geometry(config, shape)
+    return BlockDims.of(config, geo.T, geo.S, batch, bytes_per_element)
 
 
 def _require_devices(n: int) -> None:
@@ -271,9 +302,9 @@ def layout_switch_per_device(dims: BlockDims, n: int) -> float:
     return 2 * dims.bytes_per_element * dims.batch * dims.N * dims.hidden * (n - 1) / (n * n)
 
 
-def default_mesh(strategy: str, n: int) -> tuple[int, int] | None:
-    """The brief's mesh for 2-D strategies: (2, n/2). two_dimension: batch on X (B = 2 cannot be
-    split further), hidden on Y. usp: ring on X, Ulysses on Y. 1-D strategies: None."""
+def _note_mesh(strategy: str, n: int) -> tuple[int, int] | None:
+    """The notes' mesh for their 2-D formulas: (2, n/2). two_dimension: batch on X, hidden on Y;
+    usp: ring on X, Ulysses on Y. 1-D formulas: None."""
     if strategy not in ("two_dimension", "usp"):
         return None
     if n % 2:
@@ -283,11 +314,12 @@ def default_mesh(strategy: str, n: int) -> tuple[int, int] | None:
 
 def _check_strategy_and_mesh(strategy: str, dims: BlockDims, n: int,
                              mesh: tuple[int, int] | None) -> tuple[int, int] | None:
-    if strategy not in STRATEGIES:
+    if strategy not in NOTE_STRATEGIES:
         raise UnknownStrategyError(
-            f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+            f"no formula of the notes for strategy {strategy!r}: expected one of "
+            f"{', '.join(NOTE_STRATEGIES)}")
     _require_devices(n)
-    mesh = default_mesh(strategy, n) if mesh is None else tuple(mesh)
+    mesh = _note_mesh(strategy, n) if mesh is None else tuple(mesh)
     if mesh is not None and mesh[0] * mesh[1] != n:
         raise DeviceCountError(f"mesh {mesh[0]}x{mesh[1]} has {mesh[0] * mesh[1]} devices, not {n}")
     # The split conditions of each strategy, so that FLOPs and communication reject the same cases.
@@ -306,12 +338,12 @@ def _check_strategy_and_mesh(strategy: str, dims: BlockDims, n: int,
     return mesh
 
 
-def communication_per_device(strategy: str, dims: BlockDims, n: int,
-                             mesh: tuple[int, int] | None = None) -> float:
-    """Bytes sent per device for one block pair under `strategy` on n devices.
+def note_communication_per_device(strategy: str, dims: BlockDims, n: int,
+                                  mesh: tuple[int, int] | None = None) -> float:
+    """The reference notes' bytes per device for one block pair under `strategy` on n devices.
 
     `mesh` (X, Y) is used by two_dimension (X batch, Y hidden) and usp (X ring, Y Ulysses);
-    it defaults to `default_mesh`.
+    it defaults to (2, n/2).
     """
     mesh = _check_strategy_and_mesh(strategy, dims, n, mesh)
     if strategy == "megatron":
@@ -325,6 +357,167 @@ def communication_per_device(strategy: str, dims: BlockDims, n: int,
     if strategy == "usp":
         return comm_usp(dims, ulysses=mesh[1], ring=mesh[0])
     return comm_dp(dims, n)
+
+
+# --------------------------------------------------------------------------------------------
+# The traced layouts
+# --------------------------------------------------------------------------------------------
+
+#: Bytes of one float32 LayerNorm statistic (mean or variance) per token.
+F32_BYTES = 4
+#: Self-attentions and cross-attentions per block pair.
+ATTENTIONS_PER_PAIR = 2
+#: Linear pairs (column-split, row-split) per block: self-attention, cross-attention, MLP.
+LINEAR_PAIRS_PER_BLOCK = 3
+#: LayerNorms per block whose statistics a hidden-split residual sums over y (norm1, norm2),
+#: two statistics each (mean, variance).
+HIDDEN_SPLIT_NORM_STATISTICS = 2 * 2
+
+
+@dataclass(frozen=True)
+class CollectiveTerm:
+    """``count`` collectives of one kind per block pair, each over a group of ``group`` devices
+    with message ``message_bytes`` (as `hardware.collectives.per_device_bytes` takes it: the full
+    tensor for all-reduce, all-gather and reduce-scatter, the device's buffer for all-to-all,
+    the block sent for collective-permute)."""
+
+    kind: str
+    count: int
+    group: int
+    message_bytes: float
+    what: str
+
+    @property
+    def bytes_per_device(self) -> float:
+        return self.count * per_device_bytes(self.kind, self.group, self.message_bytes)
+
+
+def usp_degrees(y_devices: int, ring: int | None = None,
+                ulysses: int | None = None) -> tuple[int, int]:
+    """(ring, ulysses) over mesh axis y: given one, the other is y / it; given none, ring = 2
+    when y is even (else y).  A DeviceCountError when they do not multiply to y."""
+    if ring is None and ulysses is None:
+        ring = 2 if y_devices % 2 == 0 else y_devices
+    if ring is None:
+        ring = y_devices // ulysses if ulysses and y_devices % ulysses == 0 else 0
+    if ulysses is None:
+        ulysses = y_devices // ring if ring and y_devices % ring == 0 else 0
+    if ring < 1 or ulysses < 1 or ring * ulysses != y_devices:
+        raise DeviceCountError(
+            f"usp: ring degree x Ulysses degree must equal the {y_devices} devices of mesh axis "
+            f"y (got ring {ring or '?'} x ulysses {ulysses or '?'})")
+    return ring, ulysses
+
+
+def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
+                       ring: int | None = None, ulysses: int | None = None) -> tuple[CollectiveTerm, ...]:
+    """The collectives of one block pair of the layout ``tracing/strategies`` traces.
+
+    With q bytes per element, A = q*B*N*h the bytes of the whole (B, N, h) activation, mesh
+    (X, Y), n = X*Y, C = q*B*TOKEN*h the bytes of one caption K or V:
+
+    * megatron (1-D over n): 6 all-reduces of A (one after each attention and MLP);
+    * megatron_sp: 6 all-gathers of A/X over Y (before qkv, cross q, fc1) and 6 reduce-scatters
+      of A/X over Y (after proj, cross proj, fc2);
+    * two_dimension: the same 6 + 6, plus 8 all-reduces over Y of the float32 LayerNorm
+      statistics, 4*B*N/X bytes each (mean and variance of norm1 and norm2 of both blocks);
+    * ds_ulysses: 8 all-to-alls over Y of A/n (q, k, v and the output of the split
+      self-attention; q and the output of both cross-attentions);
+    * ring_attention: 2*(Y-1) collective-permutes of A/n (K and V of the split self-attention
+      around the ring) and 4 all-gathers of C over Y (caption K and V of both cross-attentions);
+    * usp (Y = ring x ulysses): 8 all-to-alls over ulysses of A/n, 2*(ring-1)
+      collective-permutes of A/n and 4 all-gathers over ring of C/ulysses (caption K and V of
+      the local heads);
+    * none, dp: nothing.
+    """
+    if strategy not in STRATEGY_TABLE:
+        raise UnknownStrategyError(
+            f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGY_TABLE)}")
+    x_devices, y_devices = mesh
+    n, q = x_devices * y_devices, dims.bytes_per_element
+    activation = q * dims.batch * dims.N * dims.hidden
+    local = activation / n
+    if strategy == "megatron":
+        return (CollectiveTerm("all_reduce", 6, n, activation, "after proj, cross proj, fc2"),)
+    if strategy in ("megatron_sp", "two_dimension"):
+        group_share = activation / x_devices
+        terms = (CollectiveTerm("all_gather", 2 * LINEAR_PAIRS_PER_BLOCK, y_devices, group_share,
+                                "before qkv, cross q, fc1"),
+                 CollectiveTerm("reduce_scatter", 2 * LINEAR_PAIRS_PER_BLOCK, y_devices,
+                                group_share, "after proj, cross proj, fc2"))
+        if strategy == "two_dimension":
+            stats = F32_BYTES * dims.batch * dims.N / x_devices
+            terms += (CollectiveTerm("all_reduce", 2 * HIDDEN_SPLIT_NORM_STATISTICS, y_devices,
+                                     stats, "LayerNorm mean and variance over the split hidden"),)
+        return terms
+    if strategy == "ds_ulysses":
+        return (CollectiveTerm("all_to_all", 8, y_devices, local,
+                               "q, k, v, out of the split attention; q, out of 2 cross"),)
+    if strategy == "ring_attention":
+        caption = q * dims.batch * dims.token * dims.hidden
+        return (CollectiveTerm("collective_permute", 2 * (y_devices - 1), y_devices,
+                               local, "K, V around the ring"),
+                CollectiveTerm("all_gather", 2 * ATTENTIONS_PER_PAIR, y_devices, caption,
+                               "caption K, V of 2 cross-attentions"))
+    if strategy == "usp":
+        ring, ulysses = usp_degrees(y_devices, ring, ulysses)
+        caption = q * dims.batch * dims.token * dims.hidden
+        return (CollectiveTerm("all_to_all", 8, ulysses, local,
+                               "q, k, v, out of the split attention; q, out of 2 cross"),
+                CollectiveTerm("collective_permute", 2 * (ring - 1), ring, local,
+                               "K, V around the ring"),
+                CollectiveTerm("all_gather", 2 * ATTENTIONS_PER_PAIR, ring, caption / ulysses,
+                               "caption K, V (local heads) of 2 cross-attentions"))
+    return ()
+
+
+#: The strategies whose residual stream is split on tokens over y (ds_ulysses' layout).
+TOKEN_SPLIT_STRATEGIES = ("megatron_sp", "ds_ulysses", "ring_attention", "usp")
+
+
+def final_layer_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
+                            out_features: int) -> tuple[CollectiveTerm, ...]:
+    """Collectives of the final layer (once per model, in the last stage): a token-split layout
+    that splits S (space-major tokens: y does not divide T) all-gathers the final linear's
+    output, q*(B/X)*N*out_features bytes, over y, because the unpatchified video splits H*W
+    rows that are no tile of its (H, W) axes.  With T split the video stays split on T."""
+    x_devices, y_devices = mesh
+    if strategy not in TOKEN_SPLIT_STRATEGIES or dims.T % y_devices == 0:
+        return ()
+    out = dims.bytes_per_element * dims.batch * dims.N * out_features / x_devices
+    return (CollectiveTerm("all_gather", 1, y_devices, out, "final linear output, S split"),)
+
+
+def layout_bytes_by_kind(strategy: str, dims: BlockDims, mesh: tuple[int, int],
+                         ring: int | None = None, ulysses: int | None = None) -> dict[str, float]:
+    """Bytes per device per block pair of the traced layout, by collective kind."""
+    sums: dict[str, float] = {}
+    for term in layout_collectives(strategy, dims, mesh, ring, ulysses):
+        sums[term.kind] = sums.get(term.kind, 0.0) + term.bytes_per_device
+    return sums
+
+
+def caption_projection_split(strategy: str, mesh: tuple[int, int]) -> int:
+    """Over how many devices a layout splits the caption K/V projection (the rest repeat it):
+    megatron all n (kv column-split); the batch_x layouts only y (each batch group on x
+    projects every caption, as the flattened cross-attention needs all of them); dp and none 1."""
+    x_devices, y_devices = mesh
+    if strategy == "megatron":
+        return x_devices * y_devices
+    if strategy in ("dp", "none"):
+        return 1
+    return y_devices
+
+
+def layout_gemm_flops_per_device(strategy: str, dims: BlockDims, mesh: tuple[int, int],
+                                 ring: int | None = None, ulysses: int | None = None) -> float:
+    """GEMM FLOPs of one block pair per device of the traced layout: the model's count / n plus
+    the caption K/V projection (4*B*TOKEN*h^2 per block) that the devices outside its split
+    repeat: 2 * 4*B*TOKEN*h^2 * (1/split - 1/n)."""
+    n = mesh[0] * mesh[1]
+    split = caption_projection_split(strategy, mesh)
+    caption = ATTENTIONS_PER_PAIR * 4 * dims.batch * dims.token * dims.hidden ** 2
+    return block_gemm_flops(dims) / n + caption * (1 / split - 1 / n)
 
 
 # --------------------------------------------------------------------------------------------
