@@ -163,7 +163,9 @@ def test_pair_view_charges_the_traced_shapes_not_the_dictionary(capsys):
     for label in ("qkv", "proj", "cross_q", "cross_kv", "cross_proj", "fc2"):
         [position] = document["blocks"]["labels"][0]["ops"][label]
         lhs, rhs = rows[position]["operand_shapes"]
-        m, k, n = math.prod(lhs[:-1]), lhs[-1], rhs[-1]  # the dumps' projections are plain dots
+        # The block linears are einsums x (.., k) . W (n, k) -> (.., n); a square W reads alike.
+        m, k = math.prod(lhs[:-1]), lhs[-1]
+        n = rhs[0] if rhs[-1] == k else rhs[-1]
         expected = gemm_auto_opt_mapper(Op(label, OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * m * k * n), chip)
         assert kernels[position]["pair"] == 0
         assert kernels[position]["latency_s"] == pytest.approx(expected.latency_s, rel=1e-12)

@@ -11,7 +11,7 @@ from tracing.strategies.base import stage_token_order
 
 FULL = get_config("full")
 TINY = get_config("tiny")
-SEQUENCE_PARALLEL = ("ds_ulysses", "ring_attention")
+SEQUENCE_PARALLEL = ("ds_ulysses", "megatron_sp", "ring_attention", "usp")  # split the tokens
 
 torch = pytest.importorskip("torch")
 
