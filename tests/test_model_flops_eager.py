@@ -1,23 +1,12 @@
-"""Analytic parameter and GEMM-FLOP counts, checked against hand derivations and measurements."""
+"""The analytic counts against FlopCounterMode on an eager forward (needs torch)."""
 
 import pytest
 
-from models.opensora.config import get_config
 from models.opensora.flops import gemm_flops, parameter_count
-
-FULL = get_config("full")
-TINY = get_config("tiny")
-
-# (shape, T, S) as the reference note (004) tabulates them.
-REFERENCE = [
-    ("204_640_360", 60, 920),
-    ("408_640_360", 120, 920),
-    ("51_1280_720", 15, 3600),
-    ("102_1280_720", 30, 3600),
-]
 
 torch = pytest.importorskip("torch")
 
+from test_model_flops import FULL, TINY
 from torch.utils.flop_counter import FlopCounterMode
 
 from models.opensora.inputs import make_inputs
