@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from hlo_analyzer.sections import BlocksSection, HardwareSections, MappingSection
@@ -37,7 +38,9 @@ def _system_dict(mapping: MappingSection) -> dict[str, Any]:
     return {"name": system.name, "chip": system.chip.name, "chips": system.chip_count,
             "dump_devices": mapping.system.devices, "topology": system.topology,
             "grid": f"{system.topology_rows}x{system.topology_cols}",
-            "link_bandwidth_bytes_per_s": system.link_bandwidth_bytes_per_s,
+            # a single chip has no network: infinite bandwidth, written as null (JSON has no inf)
+            "link_bandwidth_bytes_per_s": (None if math.isinf(system.link_bandwidth_bytes_per_s)
+                                           else system.link_bandwidth_bytes_per_s),
             "hop_latency_s": system.hop_latency_s, "assumed": mapping.system.assumption}
 
 

@@ -19,6 +19,9 @@ What becomes what (positions are the walk positions of ``OpRow.position`` and th
   constants are free. A group whose only large input is one GEMM's output (all of whose readers are
   in the group), whose output has that GEMM's shape and whose other inputs are at most
   ``EPILOGUE_SIDE_INPUT_ROWS`` rows of N (bias, scale, gate vectors) is that GEMM's epilogue.
+  A slice write (``select(pad(true), pad(update), buffer)``, XLA's lowering of torch's
+  ``slice_scatter``) reads and writes the update only: done in place, as
+  ``dynamic_update_slice``.
 * **collective**: timed on the system's chip-to-chip network (:func:`hardware.collective_time_s`).
 
 Ops run one after another (no overlap of compute and communication), so a program's latency is
@@ -375,6 +378,9 @@ def _fused_vector_works(graph: nx.DiGraph, rows: dict[int, OpRow], vector_nodes:
         entering, out_elements = _group_io(graph, members, constant)
         largest = max(vector_rows, key=lambda r: _elements(r.result_shapes[0]) if r.result_shapes else 0)
         result = largest.result_shapes[0] if largest.result_shapes else ()
+        update = _slice_write_update(graph, members, constant)
+        if update is not None:  # written in place: reads and writes the update only
+            entering, out_elements, result = [update], _elements(update[1]), update[1]
         name = "fusion(" + ",".join(dict.fromkeys(r.op.split(".", 1)[-1] for r in vector_rows)) + ")"
         positions = tuple(members)
         epilogue_of = _epilogue_target(graph, members, entering, out_elements, gemms, with_epilogue)
@@ -391,6 +397,27 @@ def _fused_vector_works(graph: nx.DiGraph, rows: dict[int, OpRow], vector_nodes:
         # A fused kernel runs once all its inputs are ready: at its last member.
         works.append(_Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
     return works, with_epilogue
+
+
+def _slice_write_update(graph: nx.DiGraph, members: list[int],
+                        constant: set[int]) -> tuple[int | None, tuple[int, ...]] | None:
+    """The update of a slice write, if the group is one: ``select(pad(true), pad(update),
+    buffer)``, how XLA lowers torch's ``slice_scatter`` (the PipeFusion stale K/V write,
+    tracing/pipefusion.py). A fused kernel writes the update into the buffer in place, as
+    ``dynamic_update_slice`` would, instead of reading and rewriting the whole buffer; the free
+    movement that follows (the transpose of K for the score GEMM) is its readers' business."""
+    computing = [n for n in members if graph.nodes[n]["name"] not in FREE_MOVEMENT_OPS]
+    if len(computing) != 1 or graph.nodes[computing[0]]["name"] != "select":
+        return None
+    mask, data = graph.nodes[computing[0]]["operands"][:2]
+    if mask is None or data is None:
+        return None
+    mask_node, data_node = graph.nodes[mask], graph.nodes[data]
+    if mask_node["name"] != "pad" or data_node["name"] != "pad" or \
+            mask_node["operands"][0] not in constant or \
+            list(mask_node["operand_shapes"][0]) != list(data_node["operand_shapes"][0]):
+        return None
+    return data_node["operands"][0], tuple(data_node["operand_shapes"][0])
 
 
 def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple[int | None, tuple[int, ...]]],

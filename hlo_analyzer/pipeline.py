@@ -54,7 +54,9 @@ class PipelinePlan:
 
 @dataclass(frozen=True)
 class StageAnalysis:
-    """One stage on its submesh; times per step, for the full latent and for one patch."""
+    """One stage on its submesh; times per step, for the full latent and for one patch.
+    ``comm_bytes_per_device`` is what one device of the stage sends in its own collectives over
+    a whole step (the M patches of a stage traced on one patch)."""
 
     stage: int
     dump: str
@@ -200,7 +202,8 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     return StageAnalysis(
         stage=index, dump=dump, strategy=strategy, devices=devices, block_pairs=pairs,
         traced_patches=traced, compute_s=compute_s, comm_s=comm_s,
-        comm_bytes_per_device=report.comm_bytes_per_device, full_s=full_s, patch_s=patch_s,
+        comm_bytes_per_device=report.comm_bytes_per_device * (plan.patches if traced > 1 else 1),
+        full_s=full_s, patch_s=patch_s,
         transfer_full_bytes=full_bytes, transfer_patch_bytes=patch_bytes,
         transfer_full_s=full_t, transfer_patch_s=patch_t, memory=memory)
 

@@ -8,8 +8,16 @@ denoising step unless a column says otherwise.
 Tables (markdown and CSV, same rows):
   flops            per shape: traced GEMM / vector TFLOPs next to the analytic GEMM count;
   communication    per shape x strategy: per-device bytes by collective kind next to theory;
-  latency          per shape x strategy: inference latency on the hardware system;
+  latency          per shape x strategy: inference latency on the hardware system, memory per
+                   device;
+  pipelines        per pipeline configuration x patch count M: PipeFusion latency,
+                   communication and memory per device (``analyze-pipeline``);
   block_ops_SHAPE  per strategy: latency and utilisation of each op of one block pair.
+
+Memory per device of a flat strategy: its stages run one after the other on the same chips, so a
+device keeps the weights of every stage and, at any time, the live values of one stage: the sum
+of the stages' weights plus the largest of their peak live bytes (``analyze-hlo``'s memory
+section). A pipeline's device belongs to one stage: the largest stage total.
 """
 
 from __future__ import annotations
@@ -28,10 +36,23 @@ from models.opensora.parallel import STRATEGIES
 #: The table columns: every collective kind but broadcast, which no strategy emits.
 COLLECTIVE_KINDS = tuple(k for k in ALL_COLLECTIVE_KINDS if k != "collective_broadcast")
 TERA, GIGA = 1e12, 1e9
+#: The latency-memory plot draws the chip's capacity as a line when it is at most this many times
+#: the largest memory plotted; beyond, only the legend states it.
+CAPACITY_LINE_SPAN = 4
+
+
+class _Outcome:
+    """Both kinds of case: results, or the one-line ``error`` that stopped them."""
+
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 @dataclass
-class CaseResult:
+class CaseResult(_Outcome):
     """One case of the sweep: its per-stage ``{"sidecar", "analysis"}`` documents, or its error."""
 
     config: str
@@ -40,10 +61,6 @@ class CaseResult:
     mesh: str
     stages: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
     @property
     def devices(self) -> int:
@@ -78,12 +95,47 @@ class CaseResult:
         return pair_view(self.stages[0]["analysis"])
 
     @property
+    def memory(self) -> dict[str, float]:
+        """Bytes per device over the whole model (module doc): weights, peak live, total."""
+        sections = [stage["analysis"]["memory"] for stage in self.stages]
+        weights = sum(section["weight_bytes"] for section in sections)
+        live = max(section["total_bytes"] - section["weight_bytes"] for section in sections)
+        return {"weight_bytes": weights, "live_bytes": live, "total_bytes": weights + live,
+                "capacity_bytes": sections[0]["capacity_bytes"]}
+
+    @property
     def trace_seconds(self) -> float:
         return sum(stage["sidecar"]["seconds_total"] for stage in self.stages)
 
     @property
     def peak_rss_bytes(self) -> int:
         return max(stage["sidecar"]["peak_rss_bytes"] for stage in self.stages)
+
+
+@dataclass
+class PipelineResult(_Outcome):
+    """One pipeline case of the sweep: its ``analyze-pipeline --format json`` document, or its
+    error."""
+
+    config: str
+    shape: str
+    stages: int
+    chips: int
+    strategy: str
+    patches: int
+    analysis: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.stages}x{self.chips}:{self.strategy}"
+
+    @property
+    def largest_stage_memory(self) -> dict[str, Any]:
+        """The memory section of the stage whose device holds the most."""
+        assert self.analysis is not None
+        return max((stage["memory"] for stage in self.analysis["stages"]),
+                   key=lambda memory: memory["total_bytes"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,12 +289,13 @@ def communication_table(results: list[CaseResult]) -> Table:
 def latency_table(results: list[CaseResult], steps: int) -> Table:
     headers = ["shape", "strategy", "mesh", f"latency s ({steps} steps)", "compute s", "comm s",
                "comm share %", "GEMM utilisation %", "GEMM time %", "vector time %",
-               "flash-attention time %", "error"]
+               "flash-attention time %", "memory GB/device", "fits in chip memory", "error"]
     rows = []
     for result in results:
         if not result.ok:
-            rows.append([result.shape, result.strategy, result.mesh] + [None] * 8 + [result.error])
+            rows.append([result.shape, result.strategy, result.mesh] + [None] * 10 + [result.error])
             continue
+        memory = result.memory
         latency = result.mapping_total("inference_latency_s")
         comm = result.mapping_total("inference_comm_s")
         share = result.block_mapping["time_share_by_type"]
@@ -250,7 +303,39 @@ def latency_table(results: list[CaseResult], steps: int) -> Table:
                      result.mapping_total("inference_compute_s"), comm, 100 * comm / latency,
                      100 * result.block_mapping["totals"]["gemm_utilization"],
                      100 * share.get("GEMM", 0.0), 100 * share.get("Vector", 0.0),
-                     100 * share.get("FlashAttention", 0.0), ""])
+                     100 * share.get("FlashAttention", 0.0), memory["total_bytes"] / GIGA,
+                     _fits(memory["total_bytes"], memory["capacity_bytes"]), ""])
+    return headers, rows
+
+
+def _fits(total_bytes: float, capacity_bytes: float | None) -> str | None:
+    return None if capacity_bytes is None else ("yes" if total_bytes <= capacity_bytes else "NO")
+
+
+def pipeline_table(pipelines: list[PipelineResult], steps: int) -> Table:
+    """One row per pipeline case: latency, communication and memory per device (the device of
+    the stage that holds the most; its parts beside the total)."""
+    headers = ["shape", "pipeline", "stages", "chips/stage", "strategy in stage", "M",
+               f"latency s ({steps} steps)", "pipelined step s", "warm-up step s",
+               "slowest stage per patch ms", "send per patch MB (stage 0)",
+               "comm GB/device per step", "weights GB/device", "stale K/V GB/device",
+               "peak live GB/device", "memory GB/device", "fits in chip memory", "error"]
+    rows = []
+    for result in pipelines:
+        head = [result.shape, result.label, result.stages, result.chips, result.strategy,
+                result.patches]
+        if not result.ok:
+            rows.append(head + [None] * 11 + [result.error])
+            continue
+        analysis, memory = result.analysis, result.largest_stage_memory
+        totals, stages = analysis["totals"], analysis["stages"]
+        rows.append(head + [
+            totals["inference_s"], totals["step_s"], totals["warmup_step_s"],
+            max(stage["patch_s"] for stage in stages) * 1e3,
+            stages[0]["transfer_patch_bytes"] / 1e6, totals["comm_bytes_per_device"] / GIGA,
+            memory["weight_bytes"] / GIGA, memory["stale_kv_bytes"] / GIGA,
+            memory["peak_live_bytes"] / GIGA, totals["memory_per_device_bytes"] / GIGA,
+            _fits(totals["memory_per_device_bytes"], memory["capacity_bytes"]), ""])
     return headers, rows
 
 
@@ -409,11 +494,62 @@ def _plot_time_share(cases: list[CaseResult], shape: str, out_dir: Path, plt) ->
         bottoms = [b + v for b, v in zip(bottoms, values)]
     axis.set_ylabel("inference latency, s")
     axis.set_title(f"{shape}: where the time goes on {cases[0].block_mapping['hardware']}")
+    return _finish(fig, axis, out_dir / f"time_share_{shape}.png", plt)
+
+
+def plot_latency_memory(results: list[CaseResult], pipelines: list[PipelineResult], shape: str,
+                        out_dir: Path) -> Path | None:
+    """Inference latency against memory per device at ``shape``: every flat strategy and every
+    pipeline configuration (one colour per configuration, its points labelled with M), with the
+    chip's memory capacity as a vertical line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    flat = [r for r in results if r.shape == shape and r.ok]
+    piped = [p for p in pipelines if p.shape == shape and p.ok]
+    if not flat and not piped:
+        return None
+    fig, axis = plt.subplots(figsize=(9, 5.5))
+    for result in flat:
+        x, y = result.memory["total_bytes"] / GIGA, result.mapping_total("inference_latency_s")
+        axis.scatter(x, y, marker="o", color="black")
+        axis.annotate(f"{result.strategy} {result.mesh}", (x, y), fontsize=7,
+                      xytext=(4, 2), textcoords="offset points")
+    for label in dict.fromkeys(p.label for p in piped):
+        series = sorted((p for p in piped if p.label == label), key=lambda p: p.patches)
+        xs = [p.analysis["totals"]["memory_per_device_bytes"] / GIGA for p in series]
+        ys = [p.analysis["totals"]["inference_s"] for p in series]
+        line, = axis.plot(xs, ys, marker="s", linestyle="--", label=f"pipeline {label}")
+        for point, x, y in zip(series, xs, ys):
+            axis.annotate(f"M={point.patches}", (x, y), fontsize=7, color=line.get_color(),
+                          xytext=(4, -8), textcoords="offset points")
+    capacities = {r.memory["capacity_bytes"] for r in flat} | {
+        p.largest_stage_memory["capacity_bytes"] for p in piped}
+    largest = max([r.memory["total_bytes"] for r in flat] + [
+        p.analysis["totals"]["memory_per_device_bytes"] for p in piped])
+    for capacity in filter(None, capacities):
+        if capacity <= CAPACITY_LINE_SPAN * largest:  # else the line would squash the points
+            axis.axvline(capacity / GIGA, color="red", linewidth=0.8, linestyle=":",
+                         label=f"chip memory {capacity / GIGA:.3g} GB")
+        else:
+            axis.plot([], [], " ", label=f"chip memory {capacity / GIGA:.3g} GB (off the chart)")
+    axis.scatter([], [], marker="o", color="black", label="flat strategy (its mesh)")
+    axis.set_yscale("log")
+    axis.set_xlabel("memory per device, GB (weights + stale K/V + peak live activations)")
+    axis.set_ylabel("inference latency, s (log)")
+    axis.set_title(f"{shape}: latency against memory per device")
+    return _finish(fig, axis, out_dir / f"latency_memory_{shape}.png", plt)
+
+
+def _finish(fig, axis, path: Path, plt) -> Path:
+    """Legend, layout, write the PNG and free the figure."""
     axis.legend(fontsize=8)
     fig.tight_layout()
-    path = _save(fig, out_dir / f"time_share_{shape}.png")
+    saved = _save(fig, path)
     plt.close(fig)
-    return path
+    return saved
 
 
 def _save(fig, path: Path) -> Path:
@@ -427,7 +563,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_results(results: list[CaseResult], run: dict[str, Any], out_dir: Path, *,
-                  plots: bool = True) -> list[Path]:
+                  plots: bool = True, pipelines: list[PipelineResult] = ()) -> list[Path]:
     """Write every table as NAME.md and NAME.csv, summary.md with all of them, run.json, and the
     plots; returns the written paths.  Tables are regenerated on every run (force)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -437,10 +573,14 @@ def write_results(results: list[CaseResult], run: dict[str, Any], out_dir: Path,
         "communication": ("Per-device communication of one denoising step, by collective (GB)",
                           communication_table(results)),
         "latency": (f"Latency on {run['hardware']}", latency_table(results, run["steps"])),
+        "pipelines": (f"Pipelines (PipeFusion) on {run['hardware']}",
+                      pipeline_table(list(pipelines), run["steps"])),
         f"block_ops_{detail_shape}": (f"One block pair at {detail_shape}, per op",
                                       block_ops_table(results, detail_shape)),
         "runs": ("Trace runs", runs_table(results)),
     }
+    if not pipelines:
+        del tables["pipelines"]
     written = []
     summary = [f"# Strategy study\n\nMade by `{run['command']}`.\n"]
     for name, (title, table) in tables.items():
@@ -455,6 +595,8 @@ def write_results(results: list[CaseResult], run: dict[str, Any], out_dir: Path,
     if plots:
         try:
             written += plot_results(results, detail_shape, out_dir / "plots")
+            written += filter(None, [plot_latency_memory(results, list(pipelines), detail_shape,
+                                                         out_dir / "plots")])
         except ImportError:
             import logging
 

@@ -10,7 +10,11 @@ rebuilds the tables.  A case that fails (e.g. dp cannot split a batch of 2 over 
 recorded with its one-line error, reported in the tables and skipped on later runs unless
 ``--retry-failed``.
 
-    python3 scripts/sweep.py                      # 4 shapes x 6 strategies on 16 devices, into study/
+Beside the flat strategies, pipeline cases (``scripts/study_pipelines.py``): P stages of C chips
+on disjoint submeshes, a strategy inside each, PipeFusion with M patches; every stage traced on
+one patch (``trace-stage --pipeline``), the set analyzed by ``analyze-pipeline``.
+
+    python3 scripts/sweep.py                      # 4 shapes x 8 strategies + pipelines, into study/
     python3 scripts/sweep.py -o results --force   # regenerate the committed study in results/
     python3 scripts/sweep.py --config tiny --devices 4 --shapes 28_64_64 -o /tmp/study
 """
@@ -40,7 +44,13 @@ from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
 from models.opensora.parallel import default_mesh  # noqa: E402
-from scripts.study_tables import CaseResult, write_results  # noqa: E402
+from scripts.study_pipelines import (  # noqa: E402
+    PipelineCase,
+    default_pipelines,
+    parse_pipelines,
+    split_pairs,
+)
+from scripts.study_tables import CaseResult, PipelineResult, write_results  # noqa: E402
 
 log = logging.getLogger("sweep")
 
@@ -115,8 +125,19 @@ class Paths:
     def analysis(self, case: Case, stage: int) -> Path:
         return self.analyses / f"{case.stage_name(stage)}.json"
 
-    def failure(self, case: Case) -> Path:
+    def failure(self, case: Case | PipelineCase) -> Path:
         return self.failures / f"{case.name}.txt"
+
+    @property
+    def pipelines(self) -> Path:
+        """Pipeline cases: their TOML files, stage dumps (``dumps/``) and analyses."""
+        return self.work / "pipelines"
+
+    def pipeline_file(self, case: PipelineCase) -> Path:
+        return self.pipelines / f"{case.name}.toml"
+
+    def pipeline_analysis(self, case: PipelineCase) -> Path:
+        return self.pipelines / "analyses" / f"{case.name}.json"
 
 
 class CaseFailed(Exception):
@@ -254,6 +275,56 @@ def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
     progress.show(f"{label}: done", advance=1)
 
 
+def run_pipeline_case(case: PipelineCase, paths: Paths, settings: Settings,
+                      progress: Progress) -> None:
+    """Write the case's pipeline file, trace every stage on one of its M patches (cached like
+    the flat cases' stages) and analyze the set with ``analyze-pipeline``."""
+    from tracing.config import load_config_file
+
+    plan = paths.pipeline_file(case)
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    if not plan.exists() or plan.read_text() != case.toml():
+        atomic_write(plan, case.toml(), force=True)
+    config = load_config_file(plan)
+    dump_dir = paths.pipelines / "dumps"
+    dumps = [dump_dir / f"{config.dump_name(stage)}.mlir" for stage in range(case.pipeline.stages)]
+    label = f"{case.shape} {case.pipeline.label} M={case.patches}"
+    for stage, dump in enumerate(dumps):
+        if dump.exists() and dump.with_suffix(".json").exists():
+            progress.show(f"{label} stage {stage}: cached", advance=1)
+            continue
+        progress.show(f"{label} stage {stage}: tracing")
+        try:
+            _run([sys.executable, "-m", "tracing.cli", "--pipeline", str(plan),
+                  "--stage", str(stage), "--dialect", settings.dialect, "-o", str(dump_dir),
+                  "--force"], f"trace stage {stage}")
+        except CaseFailed:
+            progress.show(f"{label}: failed", advance=case.pipeline.stages - stage)
+            raise
+        progress.show(f"{label} stage {stage}: done", advance=1)
+    analysis = paths.pipeline_analysis(case)
+    newest_dump = max(dump.stat().st_mtime for dump in dumps)
+    if analysis.exists() and analysis.stat().st_mtime >= max(newest_dump, plan.stat().st_mtime):
+        return
+    progress.show(f"{label}: analyzing")
+    analysis.parent.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "hlo_analyzer.pipeline_cli", str(plan), *map(str, dumps),
+          "--hw", settings.hardware, "--steps", str(settings.steps), "--format", "json",
+          "-o", str(analysis), "--force"], "analyze pipeline")
+
+
+def load_pipeline_case(case: PipelineCase, paths: Paths) -> PipelineResult:
+    """The cached analysis of a finished pipeline case (or its failure)."""
+    result = PipelineResult(case.config, case.shape, case.pipeline.stages, case.pipeline.chips,
+                            case.pipeline.strategy, case.patches)
+    failure = paths.failure(case)
+    if failure.exists():
+        result.error = failure.read_text().strip()
+    else:
+        result.analysis = json.loads(paths.pipeline_analysis(case).read_text())
+    return result
+
+
 def load_case(case: Case, paths: Paths, settings: Settings) -> CaseResult:
     """The cached per-stage sidecars and analyses of a finished case (or its failure)."""
     failure = paths.failure(case)
@@ -276,6 +347,26 @@ def default_stage_ids(config: str) -> str:
         return f"0-{depth - 1}"
     half = depth // 2
     return f"0-{half - 1},{half}-{depth - 1}"
+
+
+def plan_pipelines(model_config: str, shapes: list[str], devices: int, pipelines: str | None,
+                   patch_counts: str) -> list[PipelineCase]:
+    """Every pipeline configuration x patch count x shape of the study."""
+    from models.opensora.config import get_config
+
+    depth = get_config(model_config).depth
+    layouts = parse_pipelines(default_pipelines(devices, depth) if pipelines is None
+                              else pipelines, devices)
+    for layout in layouts:
+        split_pairs(depth, layout.stages)  # more stages than block pairs: one line, now
+    try:
+        counts = [int(part) for part in patch_counts.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise UsageError(f"--patches {patch_counts!r}: expected positive integers, e.g. 2,4,8")
+    return [PipelineCase(model_config, shape, layout, patches, depth)
+            for shape in shapes for layout in layouts for patches in dict.fromkeys(counts)]
 
 
 def _jobs_within_memory(jobs: int) -> int:
@@ -305,8 +396,14 @@ def machine_description() -> dict:
             "platform": platform.platform(), "versions": versions}
 
 
-def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
-          retry_failed: bool, progress: Progress) -> list[CaseResult]:
+def stage_steps(case: Case | PipelineCase, settings: Settings) -> int:
+    """The stages a case traces (the progress bar's unit)."""
+    return case.pipeline.stages if isinstance(case, PipelineCase) else settings.num_stages
+
+
+def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
+          retry_failed: bool, progress: Progress) -> list[CaseResult | PipelineResult]:
+    """Run every case not cached, flat and pipeline alike; their results in the same order."""
     for directory in (paths.dumps, paths.analyses, paths.failures):
         directory.mkdir(parents=True, exist_ok=True)
     pending = []
@@ -315,13 +412,17 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
         if failure.exists() and retry_failed:
             failure.unlink()
         if failure.exists():
-            progress.show(f"{case.name}: failed before, skipped", advance=settings.num_stages)
+            progress.show(f"{case.name}: failed before, skipped",
+                          advance=stage_steps(case, settings))
         else:
             pending.append(case)
 
-    def attempt(case: Case) -> None:
+    def attempt(case: Case | PipelineCase) -> None:
         try:
-            run_case(case, paths, settings, progress)
+            if isinstance(case, PipelineCase):
+                run_pipeline_case(case, paths, settings, progress)
+            else:
+                run_case(case, paths, settings, progress)
         except CaseFailed as error:
             atomic_write(paths.failure(case), f"{error}\n", force=True)
             progress.show(f"{case.name}: FAILED ({error}); skipped")
@@ -342,7 +443,8 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
         raise
     pool.shutdown(wait=True)
     progress.close()
-    return [load_case(case, paths, settings) for case in cases]
+    return [load_pipeline_case(case, paths) if isinstance(case, PipelineCase)
+            else load_case(case, paths, settings) for case in cases]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -356,6 +458,16 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
               help="Devices of the parallel strategies (none always runs on one).")
 @click.option("--stage-ids", default=None,
               help="Pipeline stages as block-pair ranges.  [default: two halves, 0-13,14-27 for full]")
+@click.option("--pipelines", default=None,
+              help="Pipeline configurations STAGESxCHIPS:STRATEGY, comma-separated, each on "
+                   "--devices chips, traced on one PipeFusion patch per stage ('' for none).  "
+                   "[default: 2 and 4 stages with ds_ulysses inside and one stage per chip "
+                   "with none: 2x8:ds_ulysses,4x4:ds_ulysses,16x1:none on 16 devices]")
+@click.option("--pipeline-shapes", default=None,
+              help="Shapes of the pipeline configurations, comma-separated.  [default: the "
+                   "first of --shapes]")
+@click.option("--patches", "patch_counts", default="2,4,8", show_default=True,
+              help="PipeFusion patch counts M of every pipeline configuration, comma-separated.")
 @click.option("--hw", "hardware", default="tx8-16", show_default=True,
               help="Hardware system to map every dump on (name or TOML path).")
 @click.option("--steps", default=30, show_default=True, type=click.IntRange(min=1),
@@ -376,7 +488,7 @@ def sweep(cases: list[Case], paths: Paths, settings: Settings, *, jobs: int,
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots (they need matplotlib).")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def main(model_config: str, shapes: str, strategies: str, devices: int, stage_ids: str | None,
-         hardware: str, steps: int, dialect: str, jobs: int, results_dir: str,
+         pipelines: str | None, pipeline_shapes: str | None, patch_counts: str, hardware: str, steps: int, dialect: str, jobs: int, results_dir: str,
          force: bool, work_dir: str | None, retry_failed: bool, no_plots: bool,
          verbose: bool) -> None:
     """Sweep shapes x strategies: trace each stage, analyze it, map it on a hardware system,
@@ -395,6 +507,9 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                              f"{', '.join(STRATEGIES)}")
         cases = [Case(model_config, shape, strategy, strategy_mesh(strategy, devices), stage_ids)
                  for shape in shapes.split(",") for strategy in strategies.split(",")]
+        pipeline_cases = plan_pipelines(
+            model_config, (pipeline_shapes or shapes).split(",")[:None if pipeline_shapes else 1],
+            devices, pipelines, patch_counts)
         results = Path(results_dir)
         if (results / SUMMARY).exists() and not force:
             raise UsageError(f"{results}: already holds a study ({SUMMARY}); pass --force to "
@@ -402,16 +517,21 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
         paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
                             steps=steps, dialect=dialect)
-        progress = Progress(total=len(cases) * num_stages)
-        outcomes = sweep(cases, paths, settings, jobs=_jobs_within_memory(jobs),
-                         retry_failed=retry_failed, progress=progress)
+        progress = Progress(total=sum(stage_steps(case, settings)
+                                      for case in [*cases, *pipeline_cases]))
+        everything = sweep([*cases, *pipeline_cases], paths, settings,
+                           jobs=_jobs_within_memory(jobs), retry_failed=retry_failed,
+                           progress=progress)
+        outcomes = everything[:len(cases)]
+        pipeline_outcomes = everything[len(cases):]
         run = {"command": "python3 scripts/sweep.py " + " ".join(sys.argv[1:]),
                "machine": machine_description(), "stage_ids": stage_ids, "hardware": hardware,
                "steps": steps, "devices": devices,
                "this_run_seconds": round(time.perf_counter() - started, 1),
                # what the cached traces cost when they were made (their sidecars' wall times)
                "trace_seconds_total": round(sum(o.trace_seconds for o in outcomes if o.ok), 1)}
-        written = write_results(outcomes, run, results, plots=not no_plots)
+        written = write_results(outcomes, run, results, plots=not no_plots,
+                                pipelines=pipeline_outcomes)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)
@@ -419,8 +539,8 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
         click.echo("Interrupted: the finished stages are cached and the interrupted one is not "
                    "marked failed; run the same command again to resume.", err=True)
         sys.exit(130)
-    failed = sum(1 for outcome in outcomes if outcome.error)
-    click.echo(f"{len(outcomes) - failed} cases done, {failed} failed (see the tables); wrote "
+    failed = sum(1 for outcome in everything if outcome.error)
+    click.echo(f"{len(everything) - failed} cases done, {failed} failed (see the tables); wrote "
                f"{len(written)} files into {results} in {time.perf_counter() - started:.1f} s",
                err=True)
 

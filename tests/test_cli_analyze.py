@@ -108,3 +108,12 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "no such file" in result.stderr
+
+
+def test_a_one_device_dump_on_one_chip_has_no_network_and_valid_json(capsys):
+    # A single chip has no chip-to-chip link: its bandwidth is infinite, written as null (JSON
+    # has no inf) instead of refusing the whole report.
+    dump = "dumps/stablehlo/tiny_28_64_64_none_1x1_stage1_pairs1-1.mlir"
+    assert run_click(analyze_command, [dump, "--hw", "tx8", "--format", "json"]) == 0
+    system = json.loads(capsys.readouterr().out)["mapping"]["system"]
+    assert (system["chips"], system["link_bandwidth_bytes_per_s"]) == (1, None)

@@ -107,10 +107,11 @@ def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
     pytest.importorskip("torch_xla")
     command = [sys.executable, "scripts/sweep.py", "--config", "tiny", "--shapes", "28_64_64",
                "--strategies", "megatron,dp,none", "--devices", "4", "--no-plots",
-               "-o", str(tmp_path)]
+               "--pipelines", "2x2:ds_ulysses", "--patches", "2,8", "-o", str(tmp_path)]
     first = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
-    assert "2 cases done, 1 failed" in first.stderr
+    # dp cannot split B = 2 over 4 devices; the tiny latent is 4 patch rows high, not 8.
+    assert "3 cases done, 2 failed" in first.stderr
     dumps = sorted((tmp_path / ".cache" / "dumps").glob("*.mlir"))
     assert [path.name for path in dumps] == [
         "tiny_28_64_64_megatron_1x4_stage0_pairs0-0.mlir",
@@ -128,6 +129,19 @@ def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
         latency = {row["strategy"]: row for row in csv.DictReader(handle)}
     assert "batch = 2 is not divisible by the 4 devices" in latency["dp"]["error"]
     assert float(latency["none"]["comm s"]) == 0.0
+
+    with open(tmp_path / "pipelines.csv") as handle:
+        pipelines = {row["M"]: row for row in csv.DictReader(handle)}
+    assert "patches = 8: expected 1..4" in pipelines["8"]["error"]
+    two = pipelines["2"]
+    # 1 unpipelined warm-up step and 29 pipelined steps (30 steps).
+    assert float(two["latency s (30 steps)"]) == pytest.approx(
+        float(two["warm-up step s"]) + 29 * float(two["pipelined step s"]), rel=1e-3)
+    assert float(two["stale K/V GB/device"]) > 0  # M > 1 keeps the full-sequence K/V
+    # 2 stages of 2 chips: ds_ulysses lays 2 chips out as 2 x 1.
+    patch_dumps = sorted(p.name for p in (tmp_path / ".cache" / "pipelines" / "dumps").glob("*.mlir"))
+    assert patch_dumps == ["tiny_28_64_64_ds_ulysses_2x1_stage0_pairs0-0_patch1of2.mlir",
+                           "tiny_28_64_64_ds_ulysses_2x1_stage1_pairs1-1_patch1of2.mlir"]
 
     refused = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     assert refused.returncode == 2 and "pass --force" in refused.stderr

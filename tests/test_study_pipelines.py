@@ -1,0 +1,100 @@
+"""The study's pipeline cases: stage splits, submesh layout, the pipeline file, and the table
+arithmetic of memory per device (hand-made analyses; the real tiny sweep is in test_sweep)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from hlo_trace.errors import UsageError
+from scripts.study_pipelines import (
+    PipelineCase,
+    PipelineShape,
+    default_pipelines,
+    parse_pipelines,
+    split_pairs,
+)
+from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
+
+
+def test_split_pairs_is_even_with_the_longer_stages_first():
+    assert split_pairs(28, 2) == ((0, 13), (14, 27))
+    assert split_pairs(28, 4) == ((0, 6), (7, 13), (14, 20), (21, 27))
+    # 28 = 12 x 2 + 4 x 1
+    sixteen = split_pairs(28, 16)
+    assert [last - first + 1 for first, last in sixteen] == [2] * 12 + [1] * 4
+    assert sixteen[-1] == (27, 27)
+    with pytest.raises(UsageError, match="3 pipeline stages for 2 block pairs"):
+        split_pairs(2, 3)
+
+
+def test_the_pipeline_file_puts_each_stage_on_its_strategy_mesh_side_by_side():
+    case = PipelineCase("full", "204_640_360", PipelineShape(2, 8, "ds_ulysses"), 4, depth=28)
+    data = tomllib.loads(case.toml())
+    # ds_ulysses lays 8 chips out as 2 x 4 (batch on x); two stages along y: a 2 x 8 mesh.
+    assert data["mesh_shape"] == [2, 8]
+    assert data["submeshes"] == [[2, 4, 0, 0], [2, 4, 0, 4]]
+    assert data["stage_ids"] == [[0, 13], [14, 27]]
+    assert (data["patches"], data["warmup_steps"], data["strategy"]) == (4, 1, "ds_ulysses")
+    assert case.name == "full_204_640_360_pp2x8_ds_ulysses_M4"
+    pure = PipelineCase("full", "204_640_360", PipelineShape(16, 1, "none"), 2, depth=28)
+    assert tomllib.loads(pure.toml())["submeshes"][15] == [1, 1, 0, 15]
+
+
+def test_pipeline_specs_are_checked():
+    assert parse_pipelines("2x8:ds_ulysses, 16x1:none", 16) == (
+        PipelineShape(2, 8, "ds_ulysses"), PipelineShape(16, 1, "none"))
+    assert parse_pipelines("", 16) == ()
+    with pytest.raises(UsageError, match="uses 8 chips; expected 16"):
+        parse_pipelines("2x4:ds_ulysses", 16)
+    with pytest.raises(UsageError, match="expected STAGESxCHIPS:STRATEGY"):
+        parse_pipelines("2x8", 16)
+    with pytest.raises(UsageError, match="none runs on 1 chip"):
+        parse_pipelines("2x8:none", 16)
+    with pytest.raises(UsageError, match="unknown strategy"):
+        parse_pipelines("2x8:tp3d", 16)
+    assert default_pipelines(16, 28) == "2x8:ds_ulysses,4x4:ds_ulysses,16x1:none"
+    assert default_pipelines(4, 2) == "2x2:ds_ulysses"  # tiny: 2 pairs, no 4-stage pipeline
+
+
+def _memory(weights: int, live: int, stale: int = 0) -> dict:
+    return {"weight_bytes": weights, "peak_live_bytes": live, "stale_kv_bytes": stale,
+            "scalar_bytes": 0, "total_bytes": weights + live + stale, "capacity_bytes": 10e9}
+
+
+def test_flat_memory_keeps_every_stage_weights_and_one_stage_live_values():
+    def stage(weights, live):
+        return {"sidecar": {}, "analysis": {
+            "memory": _memory(weights, live),
+            "mapping": {"totals": {"inference_latency_s": 2.0, "inference_comm_s": 0.5,
+                                   "inference_compute_s": 1.5, "gemm_utilization": 0.5},
+                        "kernels": [], "chip": "c", "system": {"name": "s"}}}}
+
+    case = CaseResult("full", "s", "megatron", "1x16",
+                      stages=[stage(3e9, 4e9), stage(2e9, 6e9)])
+    # 3 + 2 GB of weights, the larger live set 6 GB: 11 GB, above the 10 GB chip.
+    assert case.memory["total_bytes"] == pytest.approx(11e9)
+    headers, rows = latency_table([case], steps=30)
+    row = dict(zip(headers, rows[0]))
+    assert row["memory GB/device"] == pytest.approx(11.0)
+    assert row["fits in chip memory"] == "NO"
+
+
+def test_pipeline_row_reads_the_stage_that_holds_the_most():
+    stages = [{"patch_s": 0.2, "transfer_patch_bytes": 5e6, "memory": _memory(1e9, 2e9, 1e9)},
+              {"patch_s": 0.3, "transfer_patch_bytes": 0, "memory": _memory(1e9, 1e9, 1e9)}]
+    analysis = {"stages": stages, "totals": {
+        "inference_s": 9.0, "step_s": 0.3, "warmup_step_s": 0.3,
+        "memory_per_device_bytes": 4e9, "comm_bytes_per_device": 2e9}}
+    result = PipelineResult("full", "s", 2, 8, "ds_ulysses", 2, analysis=analysis)
+    headers, rows = pipeline_table([result], steps=30)
+    row = dict(zip(headers, rows[0]))
+    assert (row["pipeline"], row["M"]) == ("2x8:ds_ulysses", 2)
+    assert row["slowest stage per patch ms"] == pytest.approx(300.0)
+    assert row["send per patch MB (stage 0)"] == pytest.approx(5.0)
+    assert (row["weights GB/device"], row["stale K/V GB/device"], row["peak live GB/device"]) == (
+        pytest.approx(1.0), pytest.approx(1.0), pytest.approx(2.0))
+    assert row["memory GB/device"] == pytest.approx(4.0) and row["fits in chip memory"] == "yes"
+    failed = PipelineResult("full", "s", 2, 8, "ds_ulysses", 8, error="trace stage 0: no")
+    assert pipeline_table([failed], 30)[1][0][-1] == "trace stage 0: no"
