@@ -21,6 +21,7 @@ from hlo_analyzer import load_module  # noqa: E402
 from hlo_analyzer.blocks import segment_blocks  # noqa: E402
 from hlo_analyzer.memory import measure_memory, read_sidecar_inputs  # noqa: E402
 from hlo_analyzer.pipeline import analyze_pipeline, load_plan  # noqa: E402
+from hlo_analyzer.report import analyze  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = """config = "tiny"
@@ -80,8 +81,11 @@ def test_only_spatial_attentions_get_stale_buffers(traced):
 def test_pipeline_of_patch_stages(traced):
     plan, dumps = traced
     analysis = analyze_pipeline(load_plan(plan), [str(d) for d in dumps], "tx8-16")
-    for stage in analysis.stages:
+    for stage, dump in zip(analysis.stages, dumps):
         assert stage.traced_patches == 2
         assert stage.full_s == pytest.approx(2 * stage.patch_s)
+        # The dump holds one patch's collectives; a step runs both patches.
+        one_patch = analyze(load_module(str(dump))).comm_bytes_per_device
+        assert one_patch > 0 and stage.comm_bytes_per_device == 2 * one_patch
     # Per patch stage 0 sends its x patch 2*64*64*2 = 16384 B + t 256 + t_mlp 1536 + y 2048.
     assert analysis.stages[0].transfer_patch_bytes == 16384 + 256 + 1536 + 2048
