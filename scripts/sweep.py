@@ -252,7 +252,7 @@ class Settings:
     hardware: str
     steps: int
     dialect: str
-    timeline_shape: str | None = None  # the shape whose cases get a pair-0 timeline
+    timeline_shape: str | None = None  # the shape whose cases get a pair-0 timeline (for plots)
 
 
 def run_case(case: Case, paths: Paths, settings: Settings, progress: Progress) -> None:
@@ -547,7 +547,8 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                              "rewrite its tables, or -o another directory")
         paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
-                            steps=steps, dialect=dialect, timeline_shape=shapes.split(",")[0])
+                            steps=steps, dialect=dialect,
+                            timeline_shape=None if no_plots else shapes.split(",")[0])
         progress = Progress(total=sum(stage_steps(case, settings)
                                       for case in [*cases, *pipeline_cases]))
         everything = sweep([*cases, *pipeline_cases], paths, settings,

@@ -47,8 +47,8 @@ def cross_program(tmp_path_factory) -> Path:
 
 
 def test_cross_attention_by_hand_in_both_modes(capsys, cross_program):
-    """B = 2 samples of 1024 queries and 512 caption tokens, 2 heads of 32, f32, on one H100 (the
-    first chip of 8xh100): one FlashAttention-2 kernel at the 32 kernel's 0.25 of 989.472 TFLOPS
+    """B = 2 samples of 1024 queries and 512 caption tokens, 2 heads of 32, f32, on one H100:
+    one FlashAttention-2 kernel at the 32 kernel's 0.25 of 989.472 TFLOPS
     (132 SMs x 7.496 TFLOPS) = 247.368e12 FLOP/s, HBM at 0.78 x 3.35e12 = 2.613e12 B/s, plus the
     3 us kernel overhead (hardware/data/h100-sxm.toml):
 
@@ -59,8 +59,8 @@ def test_cross_attention_by_hand_in_both_modes(capsys, cross_program):
         1,572,864 B, the same; latency 4.085165 us.
     """
     peak = 132 * 7.496e12 * 0.25
-    per_sample = analyze_json(capsys, cross_program, "--hw", "8xh100", "--caption-tokens", 512)
-    every_key = analyze_json(capsys, cross_program, "--hw", "8xh100", "--caption-tokens", 512,
+    per_sample = analyze_json(capsys, cross_program, "--hw", "h100-sxm", "--caption-tokens", 512)
+    every_key = analyze_json(capsys, cross_program, "--hw", "h100-sxm", "--caption-tokens", 512,
                              "--cross-attention", "all")
     [mine] = flash_kernels(per_sample)
     [traced] = flash_kernels(every_key)
@@ -82,8 +82,8 @@ def test_per_sample_halves_the_cross_attention_on_tx8(capsys, cross_program):
     """On a TX8 chip the same attention is vector-bound (the f32 softmax over every score at
     1 TOPS): per sample it computes half the scores, so half the GEMM FLOPs and less time; the
     GEMM work alone bounds it below (268,435,456 FLOP / 128e12 = 2.097 us)."""
-    per_sample = analyze_json(capsys, cross_program, "--hw", "tx8-16", "--caption-tokens", 512)
-    every_key = analyze_json(capsys, cross_program, "--hw", "tx8-16", "--cross-attention", "all")
+    per_sample = analyze_json(capsys, cross_program, "--hw", "tx8", "--caption-tokens", 512)
+    every_key = analyze_json(capsys, cross_program, "--hw", "tx8", "--cross-attention", "all")
     [mine], [traced] = flash_kernels(per_sample), flash_kernels(every_key)
     assert mine["flops"] * 2 == traced["flops"] == 536_870_912
     assert 268_435_456 / 128e12 < mine["latency_s"] < traced["latency_s"]
@@ -92,7 +92,7 @@ def test_per_sample_halves_the_cross_attention_on_tx8(capsys, cross_program):
 
 def test_a_key_length_that_is_not_whole_samples_is_charged_as_traced(capsys, cross_program):
     # 1024 traced keys are not a multiple of 300: no per-sample split, the traced keys are charged
-    document = analyze_json(capsys, cross_program, "--hw", "8xh100", "--caption-tokens", 300)
+    document = analyze_json(capsys, cross_program, "--hw", "h100-sxm", "--caption-tokens", 300)
     [kernel] = flash_kernels(document)
     assert kernel["flops"] == 536_870_912 and kernel["name"] == "flash_attention"
     assert document["mapping"]["options"]["per_sample_attentions"] == 0
