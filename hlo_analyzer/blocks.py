@@ -95,11 +95,12 @@ class Segmentation:
 
 
 def segment_blocks(module: ir.Module, source: str = "<module>", *,
-                   graph: nx.DiGraph | None = None) -> Segmentation:
-    """Find the STDiT3 blocks of a stage dump (``graph``: its dataflow graph, if already built);
-    raises NotSTDiTError (one line) if it has none."""
+                   graph: nx.DiGraph | None = None,
+                   attentions: list[Attention] | None = None) -> Segmentation:
+    """Find the STDiT3 blocks of a stage dump (``graph``: its dataflow graph, ``attentions``: its
+    :func:`find_attentions`, if already built); raises NotSTDiTError (one line) if it has none."""
     graph = build_dataflow(module) if graph is None else graph
-    attentions = _find_attentions(graph)
+    attentions = find_attentions(graph) if attentions is None else attentions
     self_attentions = sorted((a for a in attentions if a.is_self), key=lambda a: a.q_proj)
     cross_attentions = sorted((a for a in attentions if not a.is_self), key=lambda a: a.q_proj)
     if not self_attentions:
@@ -153,7 +154,8 @@ def _gemms_after(graph: nx.DiGraph, nodes: list[int]) -> set[int]:
     return walk_until(graph, starts, backward=False, stop=lambda n: _is_gemm(graph, n))[0]
 
 
-def _find_attentions(graph: nx.DiGraph) -> list[Attention]:
+def find_attentions(graph: nx.DiGraph) -> list[Attention]:
+    """Every attention of the graph (step 1 of the module docstring), self- and cross-."""
     by_projections: dict[tuple[int, int], Attention] = {}
     softmax_outputs = after_exponential(graph)
     for node in sorted(graph.nodes):

@@ -87,6 +87,14 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
               show_default=True, help="Fraction of the DRAM bandwidth sustained (with --hw).")
 @click.option("--exp-ops", type=click.IntRange(min=1, max=MAX_COUNT), default=1, show_default=True,
               help="Vector operations charged per element of an exponential (with --hw).")
+@click.option("--cross-attention", type=click.Choice(["per-sample", "all"]), default="per-sample",
+              show_default=True,
+              help="How a cross-attention over flattened samples is charged (with --hw): per-sample = "
+                   "each query reads only its own sample's caption tokens, as OpenSora's "
+                   "block-diagonal kernel does; all = every traced (masked) key.")
+@click.option("--caption-tokens", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+              help="Caption tokens of one sample for --cross-attention per-sample.  [default: the "
+                   "sidecar's model_max_length; without either, the traced keys are charged]")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write a Chrome trace-event JSON of the mapped kernels (open it in Perfetto or "
                    "chrome://tracing; with --hw).")
@@ -106,7 +114,8 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float | None,
                     hardware: str | None, steps: int, pairs: int | None, execution: str,
-                    dram_efficiency: float, exp_ops: int, timeline: str | None,
+                    dram_efficiency: float, exp_ops: int, cross_attention: str,
+                    caption_tokens: int | None, timeline: str | None,
                     timeline_pair: int | None, sidecar: str | None, branch: str,
                     verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
@@ -136,6 +145,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        link_bandwidth=link_bandwidth, hop_latency=hop_latency,
                        hardware=hardware, steps=steps, pairs=pairs, sidecar=sidecar,
                        execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops,
+                       cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, want_timeline=timeline is not None)
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here.
@@ -164,6 +174,8 @@ class _Request:
     execution: str = "fused"
     dram_efficiency: float = 1.0
     exp_ops: int = 1
+    cross_attention: str = "per-sample"
+    caption_tokens: int | None = None
     timeline_pair: int | None = None
     want_timeline: bool = False
     branch: str | int = "max"
@@ -189,12 +201,18 @@ def _render(request: _Request) -> tuple[str, str | None]:
         report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
                          branch=request.branch)
     if request.hardware is not None:
-        from hlo_analyzer.hw_mapping import add_hardware_sections
+        from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar_caption_tokens
+        from hlo_analyzer.memory import sidecar_for
         from hlo_analyzer.op_mapping import MappingOptions
 
         log.info("mapping every op on %s", request.hardware)
+        caption_tokens = request.caption_tokens
+        if caption_tokens is None and request.cross_attention == "per-sample":
+            caption_tokens = read_sidecar_caption_tokens(request.sidecar or sidecar_for(dump))
         options = MappingOptions(execution=request.execution,
-                                 dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops)
+                                 dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
+                                 cross_attention=request.cross_attention,
+                                 caption_tokens=caption_tokens)
         with _as_usage_error(dump, f"cannot be mapped on {request.hardware}"):
             add_hardware_sections(
                 report, module, request.hardware, steps=request.steps, pairs=request.pairs,

@@ -2,9 +2,12 @@
 
 1. The system: ``hardware.systems.resolve_system`` (a chip name on an N-device dump is N chips on
    the chip's default network; ``--link-bandwidth``/``--hop-latency`` override it).
-2. Every op: ``hlo_analyzer.op_mapping.map_program`` on the dump's rows and dataflow graph. The
-   collectives' latencies go back into the report's rows, so the report's
-   ``totals.comm_latency_s`` is the one communication figure (per step, on this system).
+2. Every op: ``hlo_analyzer.op_mapping.map_program`` on the dump's rows and dataflow graph, with
+   the cross-attentions that ``hlo_analyzer.blocks.find_attentions`` finds (charged per sample
+   when the options ask for it; the caption length of one sample comes from the options or the
+   tracer's sidecar, :func:`sidecar_caption_tokens`). The collectives' latencies go back into the
+   report's rows, so the report's ``totals.comm_latency_s`` is the one communication figure (per
+   step, on this system).
 3. If the dump is an STDiT3 stage (``hlo_analyzer.blocks``), the kernels are grouped by block
    pair: each graph node belongs to the pair of the latest labelled GEMM (by walk position) among
    its ancestors, itself included. A pair is thus charged from its qkv projection up to the next
@@ -15,14 +18,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
+from typing import Any
 
 import networkx as nx
 from jaxlib.mlir import ir
 
 from hardware import build_stdit_block_ops, map_block
 from hardware.systems import resolve_system
-from hlo_analyzer.blocks import NotSTDiTError, Segmentation, segment_blocks
+from hlo_analyzer.blocks import (
+    Attention,
+    NotSTDiTError,
+    Segmentation,
+    find_attentions,
+    segment_blocks,
+)
 from hlo_analyzer.dataflow import build_dataflow
 from hlo_analyzer.op_mapping import (
     DEFAULT_OPTIONS,
@@ -43,7 +55,7 @@ from hlo_analyzer.sections import (
     MappingTotals,
     PairGroup,
 )
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import InputFileError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +127,31 @@ def _with_collective_latencies(report: Report, program: ProgramMapping) -> None:
                    for row in report.rows]
 
 
-def _segment(module: ir.Module, report: Report, graph: nx.DiGraph) -> Segmentation | None:
+def sidecar_caption_tokens(document: dict[str, Any]) -> int | None:
+    """Caption tokens of one sample (the model's ``model_max_length``) from a tracer sidecar's
+    ``pipeline.model``, or None if it has none."""
     try:
-        segmentation = segment_blocks(module, report.source, graph=graph)
+        tokens = document["pipeline"]["model"]["model_max_length"]
+    except (KeyError, TypeError):
+        return None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
+
+
+def read_sidecar_caption_tokens(path: str | Path | None) -> int | None:
+    """:func:`sidecar_caption_tokens` of the sidecar file at ``path`` (None: no sidecar)."""
+    if path is None:
+        return None
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
+    return sidecar_caption_tokens(document) if isinstance(document, dict) else None
+
+
+def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
+             attentions: list[Attention]) -> Segmentation | None:
+    try:
+        segmentation = segment_blocks(module, report.source, graph=graph, attentions=attentions)
     except NotSTDiTError as error:
         log.info("no block view: %s", error)
         return None
@@ -134,10 +168,15 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
                               link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
                               hop_latency_s=hop_latency_s)
     graph = build_dataflow(module)
-    program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options)
-    log.info("mapped %d kernels (%d distinct searches)", len(program.ops), program.distinct_mappings)
+    attentions = find_attentions(graph)
+    cross_values = {v for attention in attentions if not attention.is_self for v in attention.values}
+    program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,
+                          cross_values=cross_values)
+    log.info("mapped %d kernels (%d distinct searches); cross-attention: %s (%d kernels per sample)",
+             len(program.ops), program.distinct_mappings, program.cross_attention,
+             program.per_sample_attentions)
     _with_collective_latencies(report, program)
-    segmentation = _segment(module, report, graph)
+    segmentation = _segment(module, report, graph, attentions)
     if segmentation is None and pairs is not None:
         raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
     blocks = blocks_section(segmentation) if segmentation is not None else None
@@ -155,4 +194,5 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     report.sections = HardwareSections(blocks=blocks, mapping=mapping)
 
 
-__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "pair_owners"]
+__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "pair_owners",
+           "read_sidecar_caption_tokens", "sidecar_caption_tokens"]

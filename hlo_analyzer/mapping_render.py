@@ -68,7 +68,10 @@ def mapping_dict(mapping: MappingSection) -> dict[str, Any]:
         "system": _system_dict(mapping),
         "model": model_assumptions(mapping.system.system).as_dict(),
         "execution": options.execution,
-        "options": {"dram_efficiency": options.dram_efficiency, "exp_ops": options.exp_ops},
+        "options": {"dram_efficiency": options.dram_efficiency, "exp_ops": options.exp_ops,
+                    "cross_attention": mapping.program.cross_attention,
+                    "caption_tokens": options.caption_tokens,
+                    "per_sample_attentions": mapping.program.per_sample_attentions},
         "distinct_mappings": mapping.program.distinct_mappings,
         "kernels": kernel_records(mapping),
         "pairs": [{"pair": g.pair, "latency_s": g.latency_s, "kernels": g.kernels,
@@ -144,12 +147,23 @@ def blocks_lines(blocks: BlocksSection) -> list[str]:
     return lines
 
 
+def _cross_attention_text(mapping: MappingSection) -> str:
+    program, options = mapping.program, mapping.options
+    if program.cross_attention == "per-sample":
+        return (f"per-sample ({options.caption_tokens} caption tokens per sample; "
+                f"{program.per_sample_attentions} attention kernel(s) charged per sample)")
+    if options.cross_attention == "per-sample":
+        return "all traced keys (per-sample asked, but the caption length is unknown: no sidecar, no --caption-tokens)"
+    return "all traced keys"
+
+
 def mapping_lines(mapping: MappingSection) -> list[str]:
     totals = mapping.totals
     lines = ["", f"Mapping on {mapping.system.system.name}: {mapping.system.assumption}",
              f"  execution: {mapping.options.execution}; DRAM efficiency {mapping.options.dram_efficiency:g}, "
              f"{mapping.options.exp_ops} vector op(s) per exp; {len(mapping.program.ops)} kernels, "
              f"{mapping.program.distinct_mappings} distinct",
+             f"  cross-attention: {_cross_attention_text(mapping)}",
              f"  one step (this program, one device)  {seconds(totals.step_latency_s)}"]
     from hardware import model_assumptions
 

@@ -10,6 +10,17 @@ What becomes what (positions are the walk positions of ``OpRow.position`` and th
   non-GEMM ops with an ``exponential`` (the softmax) -> value GEMM" with matching shapes becomes one
   ``FlashAttention`` op: heads = the GEMMs' batch, ``S_KV`` = the sum of the score GEMMs' N (ring
   attention has one score GEMM per K/V block), the absorbed vector ops' FLOPs its softmax work.
+  **Per-sample cross-attention** (``MappingOptions.cross_attention``, default ``per-sample``):
+  OpenSora flattens the queries of all samples into one sequence and the caption tokens of all
+  samples into another and masks the cross terms block-diagonally; its real kernel (xformers'
+  block-diagonal mask) reads only each sample's own caption tokens. A cross-attention (one whose
+  value GEMM the caller names in ``cross_values``: ``hlo_analyzer.blocks`` finds attentions whose
+  q and k/v come from different projections) whose key length is ``k > 1`` times
+  ``caption_tokens`` is charged as ``k`` samples, each of ``S_Q / k`` queries against its own
+  ``caption_tokens`` keys (all ``S_Q`` queries against ``caption_tokens`` keys when ``S_Q`` does
+  not split in ``k``): the same queries, ``1/k`` of the score and value FLOPs and of the softmax
+  work. ``all`` charges the traced (masked) ``k * caption_tokens`` keys. A chip without a fused
+  attention kernel runs the traced GEMMs and softmax in either mode.
 * **vector**: element-wise ops and reductions. ``eager``: one kernel per op; an element-wise op's
   rows are its result's leading dims, a reduction's rows its result elements (each reads one row).
   ``fused``: ops joined by data dependencies with no GEMM, collective or other unfusable op between
@@ -34,7 +45,7 @@ many identical blocks costs one search per distinct shape. Data movement outside
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,10 +65,13 @@ from hlo_analyzer.dataflow import SOFTMAX_SPAN_LIMIT, after_exponential, walk_un
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 
-__all__ = ["DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions", "ProgramMapping",
-           "map_program"]
+__all__ = ["CROSS_ATTENTION_MODES", "DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions",
+           "ProgramMapping", "map_program"]
 
 EXECUTION_MODES = ("fused", "eager")
+#: How a cross-attention over the flattened samples is charged (module docstring); the first is
+#: the default, docs/hardware.md says why.
+CROSS_ATTENTION_MODES = ("per-sample", "all")
 GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND = "gemm", "vector", "flash_attention", "collective"
 #: The kinds of mapped op, which are also the timeline's compute tracks.
 KINDS = (GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND)
@@ -82,12 +96,17 @@ class MappingOptions:
     ``execution``: ``fused`` or ``eager`` (module docstring). ``dram_efficiency``: the fraction of
     the DRAM bandwidth sustained (1.0 = the datasheet figure; docs/hardware-model.md).
     ``exp_ops``: vector operations charged per element of an ``exponential`` (1 = as cheap as an
-    add; a vector unit without a hardware exp may need several).
+    add; a vector unit without a hardware exp may need several). ``cross_attention``: one of
+    ``CROSS_ATTENTION_MODES``; ``per-sample`` needs ``caption_tokens``, the caption (key) tokens of
+    one sample (the tracer's sidecar has it as ``model_max_length``); without it the traced key
+    length is charged and the mapping says so (``ProgramMapping.cross_attention``).
     """
 
     execution: str = "fused"
     dram_efficiency: float = 1.0
     exp_ops: int = 1
+    cross_attention: str = CROSS_ATTENTION_MODES[0]
+    caption_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTION_MODES:
@@ -96,6 +115,16 @@ class MappingOptions:
             raise ValueError(f"dram_efficiency must be in (0, 1], got {self.dram_efficiency}")
         if self.exp_ops < 1:
             raise ValueError(f"exp_ops must be at least 1, got {self.exp_ops}")
+        if self.cross_attention not in CROSS_ATTENTION_MODES:
+            raise ValueError(f"cross_attention must be one of {', '.join(CROSS_ATTENTION_MODES)}, "
+                             f"got {self.cross_attention!r}")
+        if self.caption_tokens is not None and self.caption_tokens < 1:
+            raise ValueError(f"caption_tokens must be at least 1, got {self.caption_tokens}")
+
+    @property
+    def per_sample_keys(self) -> int | None:
+        """Keys per sample of a cross-attention when charged per sample, else None."""
+        return self.caption_tokens if self.cross_attention == "per-sample" else None
 
 
 DEFAULT_OPTIONS = MappingOptions()
@@ -127,6 +156,10 @@ class ProgramMapping:
     execution: str
     ops: tuple[MappedOp, ...]
     distinct_mappings: int        # searches actually run (the rest came from the cache)
+    #: The cross-attention mode applied: ``per-sample`` when it was asked for and the caption
+    #: length is known, else ``all``; and how many attention kernels were charged per sample.
+    cross_attention: str = "all"
+    per_sample_attentions: int = 0
 
     @property
     def latency_s(self) -> float:
@@ -155,6 +188,7 @@ class _Work:
     epilogue: Op | None = None
     batch: int = 1
     collective: tuple[str, int, int, tuple[int, ...] | None] | None = None
+    per_sample: bool = False      # a cross-attention charged per sample
 
 
 # -- shapes ------------------------------------------------------------------------------------------
@@ -237,14 +271,39 @@ def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows:
                  f"q {heads}x{s_q}x{head_dim}, kv {heads}x{s_kv}x{head_dim}", op=op)
 
 
-def _attentions(graph: nx.DiGraph, rows: dict[int, OpRow], is_gemm: set[int], exp_ops: int) -> list[_Work]:
+def _per_sample(work: _Work, keys_per_sample: int) -> _Work | None:
+    """The cross-attention ``work`` with each query reading only its own sample's keys, or None
+    when its key length is not several samples of ``keys_per_sample`` (module docstring)."""
+    assert work.op is not None
+    q, kv, _ = work.op.input_shapes
+    _, heads, s_q, head_dim = q
+    s_kv = kv[2]
+    samples = s_kv // keys_per_sample
+    if samples < 2 or s_kv % keys_per_sample:
+        return None
+    groups = samples if s_q % samples == 0 else 1
+    q_shape = (groups, heads, s_q // groups, head_dim)
+    kv_shape = (groups, heads, keys_per_sample, head_dim)
+    op = Op(work.op.name, OpType.FLASH_ATTENTION, (q_shape, kv_shape, kv_shape), None, q_shape,
+            4 * heads * s_q * keys_per_sample * head_dim, work.op.bytes_per_element,
+            vector_flops=work.op.vector_flops // samples)
+    shapes = (f"q {heads}x{s_q}x{head_dim}, kv {heads}x{keys_per_sample}x{head_dim} per sample x {samples} "
+              f"(traced kv {heads}x{s_kv}x{head_dim})")
+    return replace(work, name=f"{work.name}(per-sample)", shapes=shapes, op=op, per_sample=True)
+
+
+def _attentions(graph: nx.DiGraph, rows: dict[int, OpRow], is_gemm: set[int], options: MappingOptions,
+                cross_values: Collection[int]) -> list[_Work]:
     works: list[_Work] = []
     claimed: set[int] = set()
+    keys_per_sample = options.per_sample_keys
     for node in sorted(is_gemm):
-        work = _attention_work(graph, node, is_gemm, rows, claimed, exp_ops)
+        work = _attention_work(graph, node, is_gemm, rows, claimed, options.exp_ops)
         if work is not None:
-            works.append(work)
             claimed |= set(work.positions)
+            if keys_per_sample is not None and node in cross_values:
+                work = _per_sample(work, keys_per_sample) or work
+            works.append(work)
     return works
 
 
@@ -507,9 +566,10 @@ def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:
     return replace(chip, dram_bandwidth_bytes_per_s=chip.dram_bandwidth_bytes_per_s * options.dram_efficiency)
 
 
-def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: MappingOptions) -> list[_Work]:
+def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: MappingOptions,
+           cross_values: Collection[int]) -> list[_Work]:
     is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in graph.nodes[p]}
-    attentions = _attentions(graph, rows, is_gemm, options.exp_ops) if chip.fused_attention_kernel else []
+    attentions = _attentions(graph, rows, is_gemm, options, cross_values) if chip.fused_attention_kernel else []
     claimed = {p for work in attentions for p in work.positions}
     gemms = {p: w for p in sorted(is_gemm - claimed)
              if (w := _gemm_work(p, graph.nodes[p], rows[p])) is not None}
@@ -524,14 +584,18 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
 
 
 def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system: SystemSpec,
-                options: MappingOptions = DEFAULT_OPTIONS) -> ProgramMapping:
+                options: MappingOptions = DEFAULT_OPTIONS, *, cross_values: Collection[int] = ()) -> ProgramMapping:
     """Map every op of a program (its report rows and dataflow graph) on ``chip``; collectives on
-    ``system``. See the module docstring for what becomes what."""
+    ``system``. ``cross_values``: value-GEMM positions of the program's cross-attentions (charged
+    per sample when ``options`` ask for it). See the module docstring for what becomes what."""
     chip = _chip_for(chip, options)
     launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
         if options.execution == "eager" else 0.0
     mapper = _Mapper(chip, system, launch_s or 0.0)
     by_position = {row.position: row for row in rows}
-    mapped = tuple(mapper(work) for work in _works(graph, by_position, chip, options))
+    works = _works(graph, by_position, chip, options, frozenset(cross_values))
+    mapped = tuple(mapper(work) for work in works)
     return ProgramMapping(chip=chip.name, execution=options.execution, ops=mapped,
-                          distinct_mappings=len(mapper.cache) + len(mapper.comm_cache))
+                          distinct_mappings=len(mapper.cache) + len(mapper.comm_cache),
+                          cross_attention="all" if options.per_sample_keys is None else "per-sample",
+                          per_sample_attentions=sum(1 for work in works if work.per_sample))

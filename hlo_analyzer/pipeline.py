@@ -160,8 +160,9 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
                    following: dict[str, Any] | None, plan: PipelinePlan,
                    system: Any, hardware: str) -> StageAnalysis:
     from hardware.pipeline import transfer_time_s
-    from hlo_analyzer.hw_mapping import add_hardware_sections
+    from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
     from hlo_analyzer.mlir import load_module
+    from hlo_analyzer.op_mapping import MappingOptions
     from hlo_analyzer.report import analyze
 
     strategy = str(sidecar.get("strategy", {}).get("name", "?"))
@@ -174,7 +175,8 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     pairs = int(last) - int(first) + 1
     module = load_module(dump)
     report = analyze(module, name=dump)
-    add_hardware_sections(report, module, hardware, steps=1, pairs=pairs)
+    add_hardware_sections(report, module, hardware, steps=1, pairs=pairs,
+                          options=MappingOptions(caption_tokens=sidecar_caption_tokens(sidecar)))
     assert report.sections.mapping is not None and report.sections.blocks is not None
     totals = report.sections.mapping.totals
     compute_s, comm_s = totals.inference_compute_s, totals.inference_comm_s

@@ -6,9 +6,11 @@ Every stage is one case step, run as two subprocesses that are the project's own
 process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json``.  Their outputs, kept in
 the work directory (``results/.cache`` by default), are the cache: a rerun skips every stage whose
 analysis exists, so an interrupted sweep resumes where it stopped and a finished one only
-rebuilds the tables.  A case that fails (e.g. dp cannot split a batch of 2 over 16 devices) is
-recorded with its one-line error, reported in the tables and skipped on later runs unless
-``--retry-failed``.
+rebuilds the tables.  For the first shape, each case also caches the timeline of block pair 0
+of its stage-0 dump (``--timeline``), made only when missing, from which
+``scripts/study_gantt.py`` draws one Gantt chart per strategy.  A case that fails (e.g. dp
+cannot split a batch of 2 over 16 devices) is recorded with its one-line error, reported in the
+tables and skipped on later runs unless ``--retry-failed``.
 
 Beside the flat strategies, pipeline cases (``scripts/study_pipelines.py``): P stages of C chips
 on disjoint submeshes, a strategy inside each, PipeFusion with M patches; every stage traced on
@@ -44,6 +46,7 @@ from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
 from models.opensora.parallel import default_mesh  # noqa: E402
+from scripts.study_gantt import GanttCase, write_gantt_plots  # noqa: E402
 from scripts.study_pipelines import (  # noqa: E402
     PipelineCase,
     default_pipelines,
@@ -138,6 +141,14 @@ class Paths:
 
     def pipeline_analysis(self, case: PipelineCase) -> Path:
         return self.pipelines / "analyses" / f"{case.name}.json"
+
+    @property
+    def timelines(self) -> Path:
+        return self.work / "timelines"
+
+    def timeline(self, case: Case) -> Path:
+        """The trace-event timeline of block pair 0 of the case's stage-0 dump."""
+        return self.timelines / f"{case.stage_name(0)}.pair0.json"
 
 
 class CaseFailed(Exception):
@@ -241,6 +252,7 @@ class Settings:
     hardware: str
     steps: int
     dialect: str
+    timeline_shape: str | None = None  # the shape whose cases get a pair-0 timeline (for plots)
 
 
 def run_case(case: Case, paths: Paths, settings: Settings, progress: Progress) -> None:
@@ -252,6 +264,25 @@ def run_case(case: Case, paths: Paths, settings: Settings, progress: Progress) -
         except CaseFailed:
             progress.show(f"{case.name}: failed", advance=settings.num_stages - stage)
             raise
+    if case.shape == settings.timeline_shape:
+        _run_timeline(case, paths, settings, progress)
+
+
+def _run_timeline(case: Case, paths: Paths, settings: Settings, progress: Progress) -> None:
+    """Cache the timeline of block pair 0 of the stage-0 dump unless it is newer than the dump
+    (a separate step, so that cached analyses are never redone for it). A failure is logged,
+    not the case's: the tables do not need the timeline."""
+    dump, timeline = paths.dump(case, 0), paths.timeline(case)
+    if timeline.exists() and timeline.stat().st_mtime >= dump.stat().st_mtime:
+        return
+    progress.show(f"{case.shape} {case.strategy} ({case.mesh}): timeline of pair 0")
+    try:
+        # the report (a short summary table) goes to the step's captured stdout
+        _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", settings.hardware,
+              "--steps", str(settings.steps), "--timeline", str(timeline), "--timeline-pair", "0",
+              "--force"], "timeline of stage 0")
+    except CaseFailed as error:
+        log.warning("%s: no Gantt chart: %s", case.name, error)
 
 
 def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
@@ -404,7 +435,7 @@ def stage_steps(case: Case | PipelineCase, settings: Settings) -> int:
 def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
           retry_failed: bool, progress: Progress) -> list[CaseResult | PipelineResult]:
     """Run every case not cached, flat and pipeline alike; their results in the same order."""
-    for directory in (paths.dumps, paths.analyses, paths.failures):
+    for directory in (paths.dumps, paths.analyses, paths.failures, paths.timelines):
         directory.mkdir(parents=True, exist_ok=True)
     pending = []
     for case in cases:
@@ -516,7 +547,8 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                              "rewrite its tables, or -o another directory")
         paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
-                            steps=steps, dialect=dialect)
+                            steps=steps, dialect=dialect,
+                            timeline_shape=None if no_plots else shapes.split(",")[0])
         progress = Progress(total=sum(stage_steps(case, settings)
                                       for case in [*cases, *pipeline_cases]))
         everything = sweep([*cases, *pipeline_cases], paths, settings,
@@ -532,6 +564,11 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                "trace_seconds_total": round(sum(o.trace_seconds for o in outcomes if o.ok), 1)}
         written = write_results(outcomes, run, results, plots=not no_plots,
                                 pipelines=pipeline_outcomes)
+        if not no_plots:
+            written += write_gantt_plots(
+                [GanttCase(c.shape, c.strategy, c.mesh, paths.timeline(c))
+                 for c, outcome in zip(cases, outcomes) if outcome.ok and paths.timeline(c).exists()],
+                results / "plots")
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)

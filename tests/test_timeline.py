@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from trace_events import check_trace_events
 
 from hlo_analyzer.cli import analyze_command
 from hlo_trace.cli import run_click
@@ -40,20 +41,7 @@ def durations_by_track(trace: dict) -> dict[str, float]:
 
 def test_trace_event_format_and_no_overlap_on_a_track(capsys, tmp_path):
     trace, _ = timeline(capsys, tmp_path)
-    events = trace["traceEvents"]
-    assert events and all({"name", "ph", "ts", "dur", "pid", "tid"} <= set(e) for e in events)
-    complete = [e for e in events if e["ph"] == "X"]
-    assert complete and all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
-    assert all("shapes" in e["args"] for e in complete)
-    by_track = defaultdict(list)
-    for event in complete:
-        by_track[(event["pid"], event["tid"])].append(event)
-    for track in by_track.values():
-        track.sort(key=lambda e: e["ts"])
-        for before, after in zip(track, track[1:]):
-            assert before["ts"] + before["dur"] <= after["ts"] + 1e-6, (before["name"], after["name"])
-    named = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    assert {"GEMM", "vector", "flash-attention", "DRAM", "NoC", "chip-to-chip network"} <= named
+    check_trace_events(trace)
 
 
 def test_track_durations_are_the_report_totals(capsys, tmp_path):
