@@ -206,6 +206,9 @@ def _render(request: _Request) -> tuple[str, str | None]:
     with _as_usage_error(dump, "cannot be measured"):
         report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
                          branch=request.branch, followers=(memory,), types=types)
+    with _as_usage_error(dump, "memory cannot be measured"):
+        add_memory_section(report, memory, sidecar_path, hardware=request.hardware)
+    del memory  # its liveness tables hold every value of the program: free them before output
     if request.hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar_caption_tokens
         from hlo_analyzer.memory import sidecar_for
@@ -232,8 +235,6 @@ def _render(request: _Request) -> tuple[str, str | None]:
 
         assert report.sections.mapping is not None
         timeline_text = timeline_json(report.sections.mapping, pair=request.timeline_pair)
-    with _as_usage_error(dump, "memory cannot be measured"):
-        add_memory_section(report, memory, sidecar_path, hardware=request.hardware)
     check_numbers(report)
     if request.output_format == "json":
         return report.to_json(), timeline_text

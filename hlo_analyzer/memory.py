@@ -163,18 +163,22 @@ LIVE_TO_END = 1 << 62
 class _Liveness:
     """Liveness bookkeeping of one region: value -> [bytes, first index, last index], indices
     counting the region's ops in order. ``outer`` holds the enclosing regions' tables, innermost
-    first, each with the index of the op (in it) that holds this region."""
+    first, each with the index of the op (in it) that holds this region.
+
+    Values are keyed by ``hash(value)``: the bindings hash a value by its MLIR pointer, unique
+    among the values of the (live) module, and an int key does not keep the value's Python
+    object, nor the op object it holds, alive: a 1M-op program would keep 1M of each."""
 
     def __init__(self, outer: tuple[tuple[_Liveness, int], ...]) -> None:
         self.index = 0
         self.last_position = -1  # walk position of the op recorded last
-        self.values: dict[ir.Value, list[int]] = {}
+        self.values: dict[int, list[int]] = {}
         self.transient: dict[int, int] = {}
         self.names: list[str] = []
         self.outer = outer
 
     def define(self, value: ir.Value, nbytes: int, position: int) -> None:
-        self.values[value] = [nbytes, position, position]
+        self.values[hash(value)] = [nbytes, position, position]
 
     def peak(self) -> tuple[int, int]:
         """(peak bytes, position of the peak) over this region's positions."""
@@ -270,10 +274,10 @@ class MemoryVisitor(IRVisitor):
         index = table.index
         values = table.values
         for value in facts.operands:
-            record = values.get(value)
+            record = values.get(hash(value))
             if record is None:
                 if table.outer:
-                    _use_outer(value, table.outer)
+                    _use_outer(hash(value), table.outer)
             elif live_to_end:
                 record[2] = LIVE_TO_END
             elif record[2] < index:
@@ -283,7 +287,7 @@ class MemoryVisitor(IRVisitor):
             nbytes = type_bytes.get(value_type)
             if nbytes is None:
                 nbytes = self._bytes(value_type, node)
-            values[value] = [nbytes, index, index]
+            values[hash(value)] = [nbytes, index, index]
         table.names.append(node.operation.name)
         table.index = index + 1
         table.last_position = self.position
@@ -390,11 +394,11 @@ class MemoryVisitor(IRVisitor):
         return nbytes
 
 
-def _use_outer(value: ir.Value, outer: tuple[tuple[_Liveness, int], ...]) -> None:
-    """Mark ``value`` used by the op holding the current region, in the innermost enclosing
-    region that defines it (a body reads it while that op runs)."""
+def _use_outer(key: int, outer: tuple[tuple[_Liveness, int], ...]) -> None:
+    """Mark the value ``key`` used by the op holding the current region, in the innermost
+    enclosing region that defines it (a body reads it while that op runs)."""
     for table, index in outer:
-        record = table.values.get(value)
+        record = table.values.get(key)
         if record is not None:
             if record[2] < index:
                 record[2] = index

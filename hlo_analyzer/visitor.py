@@ -184,7 +184,9 @@ class IRVisitor:
         try:
             self.visit_module(module)
         finally:
-            self._followers = ()
+            # Drop every reference to the followers (the caches hold their bound methods), so
+            # that they are freed with their last user even while garbage collection is off.
+            self._followers, self._follow_cache = (), {}
             for follower in followers:
                 follower.following = False
                 follower._symbols = self._symbols
