@@ -13,6 +13,13 @@ a child process, timed end to end (process start, parse, analysis, JSON) with th
 RSS; targets < 15 s and < 1.5 GiB. It needs a few GiB: run it under ``flock /tmp/heavy.lock``.
 
     python3 benchmarks/analyze_speed.py [--ops 100000] [--million]
+
+Last measured (shared 2-core machine, noisy; branch speed, one walk for FLOPs, comm and memory):
+100k ops 1.48-1.64 s against a 0.43-0.53 s baseline, 2.8-3.5x (before: 2.02-2.08 s, 3.6-4.1x);
+1M ops 20.0 s and 1.46 GiB (before: 27.9 s, 1.38 GiB). Neither target is met. The floor: parse is
+~0.45 s of the baseline, and reading every op's operands, results, their types and location
+through the bindings (which rows and liveness need) costs ~0.25-0.3 s more at 100k ops, so an
+inline loop doing only that and the rows is already ~0.53 s after the parse (~2x before any JSON).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import math
+import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -184,8 +185,10 @@ class _Request:
 def _render(request: _Request) -> tuple[str, str | None]:
     """Load, measure, map and render: the report as text, and the timeline JSON when asked
     (runs in the forked child)."""
+    from hlo_analyzer.memory import MemoryVisitor, add_memory_section, sidecar_inputs
     from hlo_analyzer.mlir import load_module, use_fresh_context
     from hlo_analyzer.report import analyze
+    from hlo_analyzer.tensors import TypeTable
 
     use_fresh_context()  # the parent's context (if any) has a thread pool that did not fork
     link: Callable | None = None
@@ -196,10 +199,16 @@ def _render(request: _Request) -> tuple[str, str | None]:
     dump = request.dump
     log.info("loading %s", dump)
     module = load_module(dump)
-    log.info("counting FLOPs and collectives")
+    sidecar_path, inputs = sidecar_inputs(dump, request.sidecar)
+    types = TypeTable()
+    memory = MemoryVisitor(inputs, types)
+    log.info("counting FLOPs, collectives and memory")
     with _as_usage_error(dump, "cannot be measured"):
         report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
-                         branch=request.branch)
+                         branch=request.branch, followers=(memory,), types=types)
+    with _as_usage_error(dump, "memory cannot be measured"):
+        add_memory_section(report, memory, sidecar_path, hardware=request.hardware)
+    del memory  # its liveness tables hold every value of the program: free them before output
     if request.hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar_caption_tokens
         from hlo_analyzer.memory import sidecar_for
@@ -226,11 +235,6 @@ def _render(request: _Request) -> tuple[str, str | None]:
 
         assert report.sections.mapping is not None
         timeline_text = timeline_json(report.sections.mapping, pair=request.timeline_pair)
-    from hlo_analyzer.memory import add_memory_section
-
-    with _as_usage_error(dump, "memory cannot be measured"):
-        add_memory_section(report, module, dump, sidecar=request.sidecar,
-                           hardware=request.hardware)
     check_numbers(report)
     if request.output_format == "json":
         return report.to_json(), timeline_text
@@ -239,17 +243,22 @@ def _render(request: _Request) -> tuple[str, str | None]:
     return report.to_table(request.by), timeline_text
 
 
+#: The measures of an op row that must be finite and non-negative.
+ROW_MEASURES = ("flops", "comm_bytes", "comm_bytes_per_device", "comm_latency_s")
+
+
 def check_numbers(report: Report) -> None:
     """Refuse to print a report holding a negative, NaN or infinite number: such a value comes
     from input sizes or hardware values beyond any real machine, never from a real measurement,
     and NaN/Infinity are not even valid JSON."""
-    for row in report.rows:
-        for name in ("flops", "comm_bytes", "comm_bytes_per_device", "comm_latency_s"):
-            _check_number(getattr(row, name), f"op {row.op} at {row.location or '?'}: {name}",
-                          report.source)
-    document = report.to_dict()
-    del document["ops"]  # the rows are checked above
-    _check_tree(document, "", report.source)
+    # Rows repeat a few values: check the distinct ones, and name the first bad row if any.
+    if not all(_is_in_range(value) for name in ROW_MEASURES
+               for value in set(map(operator.attrgetter(name), report.rows))):
+        for row in report.rows:
+            for name in ROW_MEASURES:
+                _check_number(getattr(row, name), f"op {row.op} at {row.location or '?'}: {name}",
+                              report.source)
+    _check_tree(report.to_dict(with_ops=False), "", report.source)
 
 
 def _check_tree(value: Any, where: str, source: str) -> None:
@@ -264,11 +273,16 @@ def _check_tree(value: Any, where: str, source: str) -> None:
 
 
 def _check_number(value: Any, where: str, source: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+    if not _is_in_range(value):
         raise UsageError(f"{source}: {where} = {value}: out of range (the input's sizes or the "
                          "hardware values are beyond any real machine)")
+
+
+def _is_in_range(value: Any) -> bool:
+    """False for a negative, NaN or infinite number; True for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    return not (value < 0 or (isinstance(value, float) and not math.isfinite(value)))
 
 
 @contextmanager

@@ -71,14 +71,15 @@ class CommVisitor(IRVisitor):
     skip_scalar_bodies = True
 
     def __init__(self, collective_time: CollectiveTime | None = None, bruck: bool = False,
-                 num_devices: int | None = None) -> None:
+                 num_devices: int | None = None, types: TypeTable | None = None) -> None:
         super().__init__()
         self.collective_time = collective_time
         self.bruck = bruck
         self.num_devices = num_devices
         self.rows: list[OpRow] = []
-        self.types = TypeTable()
+        self.types = types if types is not None else TypeTable()
         self._meshes: dict[str, Any] = {}
+        self._groups: dict[ir.Attribute, tuple[int, int, tuple[int, ...]]] = {}
 
     @property
     def bytes_per_device(self) -> float:
@@ -156,6 +157,18 @@ class CommVisitor(IRVisitor):
             replica_group=first_group, comm_latency_s=latency, scope=self.scope))
 
     def _group_size(self, op: Any) -> tuple[int, int, tuple[int, ...]]:
+        """(group size, number of groups, first group) of the op's ``replica_groups``, worked
+        out once per distinct attribute (MLIR uniques them: a dump repeats a few)."""
+        attributes = op.operation.attributes
+        attribute = attributes["replica_groups"] if "replica_groups" in attributes else None
+        groups = self._groups.get(attribute) if attribute is not None else None
+        if groups is None:
+            groups = self._read_group_size(op)
+            if attribute is not None:
+                self._groups[attribute] = groups
+        return groups
+
+    def _read_group_size(self, op: Any) -> tuple[int, int, tuple[int, ...]]:
         attributes = op.operation.attributes
         if "replica_groups" in attributes and stablehlo.ReplicaGroupMeshAxesAttr.isinstance(
                 attributes["replica_groups"]):

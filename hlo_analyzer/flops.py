@@ -91,13 +91,13 @@ class FlopsVisitor(IRVisitor):
 
     skip_scalar_bodies = True
 
-    def __init__(self) -> None:
+    def __init__(self, types: TypeTable | None = None) -> None:
         super().__init__()
         self.rows: list[OpRow] = []
         self.unhandled: Counter[str] = Counter()
         self.op_counts: Counter[str] = Counter()
         self.custom_calls: Counter[str] = Counter()
-        self.types = TypeTable()
+        self.types = types if types is not None else TypeTable()
 
     @property
     def gemm_flops(self) -> int:
@@ -114,26 +114,22 @@ class FlopsVisitor(IRVisitor):
 
     # -- GEMM -----------------------------------------------------------------------------------
     def visit_dot(self, op: Any) -> None:
-        operation = op.operation
-        lhs = self.types.shape(operation.operands[0], op)
-        result = self.types.shape(operation.results[0], op)
+        lhs, result = self._operand_shape(op, 0), self._result_shape(op, 0)
         contract = lhs[-1] if lhs else 1
         self._record(op, GEMM, 2 * contract * num_elements(result))
 
     def visit_dot_general(self, op: Any) -> None:
         operation = op.operation
         dims = _dialect(operation).DotDimensionNumbers(operation.attributes["dot_dimension_numbers"])
-        lhs = self.types.shape(operation.operands[0], op)
-        result = self.types.shape(operation.results[0], op)
+        lhs, result = self._operand_shape(op, 0), self._result_shape(op, 0)
         contract = math.prod(lhs[d] for d in dims.lhs_contracting_dimensions)
         self._record(op, GEMM, 2 * contract * num_elements(result))
 
     def visit_convolution(self, op: Any) -> None:
         operation = op.operation
         dims = _dialect(operation).ConvDimensionNumbers(operation.attributes["dimension_numbers"])
-        lhs = self.types.shape(operation.operands[0], op)
-        kernel = self.types.shape(operation.operands[1], op)
-        result = self.types.shape(operation.results[0], op)
+        lhs, kernel = self._operand_shape(op, 0), self._operand_shape(op, 1)
+        result = self._result_shape(op, 0)
         spatial = len(dims.kernel_spatial_dimensions)
         attributes = operation.attributes
         strides = _int_attribute(attributes, "window_strides", [1] * spatial)
@@ -153,16 +149,14 @@ class FlopsVisitor(IRVisitor):
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
-        result = self.types.shape(op.operation.results[0], op)
-        self._record(op, VECTOR, num_elements(result))
+        self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
 
     def visit_reduce(self, op: Any) -> None:
-        operation = op.operation
-        inputs = len(operation.operands) // 2  # operands are (inputs..., init values...)
+        inputs = len(self.types.facts(op).operands) // 2  # (inputs..., init values...)
         flops = 0
         for index in range(inputs):
-            in_elements = num_elements(self.types.shape(operation.operands[index], op))
-            out_elements = num_elements(self.types.shape(operation.results[index], op))
+            in_elements = num_elements(self._operand_shape(op, index))
+            out_elements = num_elements(self._result_shape(op, index))
             flops += in_elements - out_elements
         self._record(op, VECTOR, flops)
 
@@ -170,25 +164,25 @@ class FlopsVisitor(IRVisitor):
         operation = op.operation
         window = math.prod(_int_array(operation.attributes["window_dimensions"]))
         inputs = len(operation.operands) // 2
-        flops = sum(num_elements(self.types.shape(operation.results[i], op)) * window for i in range(inputs))
+        flops = sum(num_elements(self._result_shape(op, i)) * window for i in range(inputs))
         self._record(op, VECTOR, flops)
 
     def visit_batch_norm_training(self, op: Any) -> None:
         """Per element: mean (1), variance (subtract, square-accumulate: 2), normalise
         (subtract, multiply by rsqrt: 2), scale and offset (2) = 7."""
         self._record(op, VECTOR, BATCH_NORM_TRAINING_FLOPS_PER_ELEMENT * num_elements(
-            self.types.shape(op.operation.operands[0], op)))
+            self._operand_shape(op, 0)))
 
     def visit_batch_norm_inference(self, op: Any) -> None:
         """Per element: subtract mean, multiply by rsqrt(var), scale, offset = 4."""
         self._record(op, VECTOR, BATCH_NORM_INFERENCE_FLOPS_PER_ELEMENT * num_elements(
-            self.types.shape(op.operation.operands[0], op)))
+            self._operand_shape(op, 0)))
 
     def visit_scatter(self, op: Any) -> None:
-        operation = op.operation
-        inputs = (len(operation.operands) - 1) // 2  # (inputs..., indices, updates...)
-        updates = operation.operands[inputs + 1:]
-        self._record(op, VECTOR, sum(num_elements(self.types.shape(u, op)) for u in updates))
+        operand_types = self.types.facts(op).operand_types
+        inputs = (len(operand_types) - 1) // 2  # (inputs..., indices, updates...)
+        updates = operand_types[inputs + 1:]
+        self._record(op, VECTOR, sum(num_elements(self.types.info(u, op)[0]) for u in updates))
 
     # -- no FLOPs -------------------------------------------------------------------------------
     def _visit_data_movement(self, op: Any) -> None:
@@ -508,6 +502,12 @@ class FlopsVisitor(IRVisitor):
 
 
     # -- helpers --------------------------------------------------------------------------------
+    def _operand_shape(self, op: Any, index: int) -> tuple[int, ...]:
+        return self.types.info(self.types.facts(op).operand_types[index], op)[0]
+
+    def _result_shape(self, op: Any, index: int) -> tuple[int, ...]:
+        return self.types.info(self.types.facts(op).result_types[index], op)[0]
+
     def _record(self, op: Any, category: str, flops: int) -> None:
         self.op_counts[op.operation.name] += 1
         self.rows.append(self.types.op_row(op, self.position, category, flops=int(flops),

@@ -43,7 +43,7 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.tensors import TypeTable
-from hlo_analyzer.visitor import SCALAR_BODY_OPS, IRVisitor, short_op_name
+from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import InputFileError
 
 log = logging.getLogger(__name__)
@@ -156,24 +156,32 @@ def global_shape(local: tuple[int, ...], sharding: str | None) -> tuple[int, ...
     return tuple(size * tiles[axis] for axis, size in enumerate(local))
 
 
-class _Scope:
-    """Liveness bookkeeping of one block: value -> (bytes, first position, last position)."""
+#: Last use of a value that a ``return`` hands back: it stays live to the end of its region.
+LIVE_TO_END = 1 << 62
 
-    def __init__(self) -> None:
+
+class _Liveness:
+    """Liveness bookkeeping of one region: value -> [bytes, first index, last index], indices
+    counting the region's ops in order. ``outer`` holds the enclosing regions' tables, innermost
+    first, each with the index of the op (in it) that holds this region.
+
+    Values are keyed by ``hash(value)``: the bindings hash a value by its MLIR pointer, unique
+    among the values of the (live) module, and an int key does not keep the value's Python
+    object, nor the op object it holds, alive: a 1M-op program would keep 1M of each."""
+
+    def __init__(self, outer: tuple[tuple[_Liveness, int], ...]) -> None:
         self.index = 0
-        self.values: dict[ir.Value, list[int]] = {}
+        self.last_position = -1  # walk position of the op recorded last
+        self.values: dict[int, list[int]] = {}
         self.transient: dict[int, int] = {}
         self.names: list[str] = []
+        self.outer = outer
 
     def define(self, value: ir.Value, nbytes: int, position: int) -> None:
-        self.values[value] = [nbytes, position, position]
-
-    def use(self, value: ir.Value, position: int) -> None:
-        record = self.values[value]
-        record[2] = max(record[2], position)
+        self.values[hash(value)] = [nbytes, position, position]
 
     def peak(self) -> tuple[int, int]:
-        """(peak bytes, position of the peak) over this block's positions."""
+        """(peak bytes, position of the peak) over this region's positions."""
         count = max(self.index, 1)
         delta = [0] * (count + 1)
         for nbytes, first, last in self.values.values():
@@ -189,50 +197,56 @@ class _Scope:
 
 
 class MemoryVisitor(IRVisitor):
-    """Weights, stage inputs and the peak of live activations of the entry function."""
+    """Weights, stage inputs and the peak of live activations of the entry function.
+
+    Each op is recorded in the liveness table of the region it sits in (one per walked scope);
+    the peaks of nested regions and called functions are added to the ops that hold them after
+    the walk, innermost first (``result``). So the visitor walks like the others and can follow
+    them (``IRVisitor.walk_with``) in one walk of the module.
+    """
 
     skip_scalar_bodies = True
 
-    def __init__(self, inputs: Sequence[InputSignature] | None = None) -> None:
+    def __init__(self, inputs: Sequence[InputSignature] | None = None,
+                 types: TypeTable | None = None) -> None:
         super().__init__()
         self.inputs = list(inputs) if inputs is not None else None
-        self.types = TypeTable()
+        self.types = types if types is not None else TypeTable()
         self._type_bytes: dict[ir.Type, int] = {}
-        self._scopes: list[_Scope] = []
-        self._call_stack: list[str] = []  # callees being measured (a call cycle is not re-entered)
-        self._callee_peaks: dict[str, int] = {}  # a callee's own peak, measured once
-        self._entry_seen = False
+        self._tables: dict[int, _Liveness] = {}  # scope -> its table
+        self._table_scope = -1
+        self._table: _Liveness | None = None
+        self._bodies: dict[str, _Liveness] = {}  # function -> table of its body
+        self._calls: list[tuple[_Liveness, int, str]] = []  # (table, index of the call, callee)
+        self._entry: Any = None  # the entry function's func.func op
+        self._entry_table: _Liveness | None = None
         self.weight_bytes = self.weight_arguments = 0
         self.input_bytes = self.input_arguments = self.scalar_bytes = self.stale_kv_bytes = 0
-        self.peak_live_bytes = self.peak_position = 0
-        self.peak_op = ""
 
     def result(self, capacity_bytes: float | None = None) -> MemoryUsage:
+        peak_live_bytes = peak_position = 0
+        peak_op = ""
+        entry = self._entry_table
+        if entry is not None:
+            peaks = self._peaks(entry)
+            peak_live_bytes, peak_position = peaks[id(entry)]
+            if entry.names:
+                peak_op = entry.names[min(peak_position, len(entry.names) - 1)]
         return MemoryUsage(
             weight_bytes=self.weight_bytes, weight_arguments=self.weight_arguments,
             input_bytes=self.input_bytes, input_arguments=self.input_arguments,
             scalar_bytes=self.scalar_bytes,
             weights_source=FROM_SIDECAR if self.inputs is not None else ALL_ARGUMENTS,
-            peak_live_bytes=self.peak_live_bytes, peak_position=self.peak_position,
-            peak_op=self.peak_op, stale_kv_bytes=self.stale_kv_bytes,
+            peak_live_bytes=peak_live_bytes, peak_position=peak_position,
+            peak_op=peak_op, stale_kv_bytes=self.stale_kv_bytes,
             capacity_bytes=capacity_bytes)
 
-    # -- the entry function ---------------------------------------------------------------------
+    # -- ops ------------------------------------------------------------------------------------
     def visit_func(self, op: Any) -> None:
         """The first function reached is the entry (``visit_module`` starts at public ones)."""
-        if self._entry_seen:
-            return
-        self._entry_seen = True
-        block = op.operation.regions[0].blocks[0]
-        scope = _Scope()
-        self._scopes.append(scope)
-        self._classify_arguments(op, block, scope)
-        for inner in block.operations:
-            self.visit(inner)
-        self._scopes.pop()
-        self.peak_live_bytes, self.peak_position = scope.peak()
-        if scope.names:
-            self.peak_op = scope.names[min(self.peak_position, len(scope.names) - 1)]
+        if self._entry is None:
+            self._entry = op
+        super().generic_visit(op)  # walks the body (unless following: the leader walks)
 
     def visit_return(self, op: Any) -> None:
         """Returned values stay live to the end of their block."""
@@ -240,83 +254,113 @@ class MemoryVisitor(IRVisitor):
 
     def visit_call(self, op: Any) -> None:
         """A call holds the callee's temporaries while it runs."""
-        callee = ir.FlatSymbolRefAttr(op.operation.attributes["callee"]).value
-        function = self._symbols.get(callee)
-        extra = 0
-        if callee in self._callee_peaks:
-            extra = self._callee_peaks[callee]
-        elif function is not None and callee not in self._call_stack:
-            self._call_stack.append(callee)
-            try:
-                extra = self._body_peak(function.operation.regions[0].blocks[0])
-            finally:
-                self._call_stack.pop()
-            self._callee_peaks[callee] = extra
-        self._record(op, extra_bytes=extra)
+        self._record_calling(op, ir.FlatSymbolRefAttr(op.operation.attributes["callee"]).value)
+        super().visit_call(op)
 
     def generic_visit(self, node: Any) -> None:
-        if isinstance(node, (ir.Region, ir.Block)):
-            super().generic_visit(node)
+        if not isinstance(node, (ir.Region, ir.Block)):
+            self._record(node)  # an op with regions holds their temporaries: see result()
+        super().generic_visit(node)
+
+    # -- liveness -------------------------------------------------------------------------------
+    def _record(self, node: Any, *, live_to_end: bool = False) -> None:
+        """Record the op in its region's table: its operands used now, its results defined."""
+        if self.scope != self._table_scope:
+            self._table, self._table_scope = self._table_for(self.scope), self.scope
+        table = self._table
+        if table is None:  # module-level ops outside functions (e.g. sdy.mesh)
             return
-        if not self._scopes:  # module-level ops outside functions (e.g. sdy.mesh)
-            return
-        operation = node.operation
-        extra = 0
-        if len(operation.regions) and short_op_name(operation.name) not in SCALAR_BODY_OPS:
-            for region in operation.regions:
-                for block in region.blocks:
-                    extra = max(extra, self._body_peak(block))
-        self._record(node, extra_bytes=extra)
+        facts = self.types.facts(node)
+        index = table.index
+        values = table.values
+        for value in facts.operands:
+            record = values.get(hash(value))
+            if record is None:
+                if table.outer:
+                    _use_outer(hash(value), table.outer)
+            elif live_to_end:
+                record[2] = LIVE_TO_END
+            elif record[2] < index:
+                record[2] = index
+        type_bytes = self._type_bytes
+        for value, value_type in zip(facts.results, facts.result_types):
+            nbytes = type_bytes.get(value_type)
+            if nbytes is None:
+                nbytes = self._bytes(value_type, node)
+            values[hash(value)] = [nbytes, index, index]
+        table.names.append(node.operation.name)
+        table.index = index + 1
+        table.last_position = self.position
 
-    # -- helpers --------------------------------------------------------------------------------
-    def _record(self, node: Any, *, extra_bytes: int = 0, live_to_end: bool = False) -> None:
-        scope = self._scopes[-1]
-        operation = node.operation
-        position = scope.index
-        used = _used_values(operation) if len(operation.regions) else operation.operands
-        if len(self._scopes) == 1 and not live_to_end:  # the hot path: a top-level op
-            values = scope.values
-            for value in used:
-                record = values.get(value)
-                if record is not None and record[2] < position:
-                    record[2] = position
-        else:
-            for value in used:
-                self._use(value, position, live_to_end)
-        values = scope.values
-        for value in operation.results:
-            values[value] = [self._bytes(value, node), position, position]
-        if extra_bytes:
-            scope.transient[position] = extra_bytes
-        scope.names.append(operation.name)
-        scope.index += 1
+    def _record_calling(self, op: Any, callee: str) -> None:
+        self._record(op)
+        if self._table is not None:
+            self._calls.append((self._table, self._table.index - 1, callee))
 
-    def _use(self, value: ir.Value, position: int, live_to_end: bool) -> None:
-        """Mark ``value`` used by the op now running in the innermost scope that defines it."""
-        for depth in range(len(self._scopes) - 1, -1, -1):
-            scope = self._scopes[depth]
-            if value in scope.values:
-                at = scope.index if depth < len(self._scopes) - 1 else position
-                scope.use(value, 1 << 62 if live_to_end and depth == len(self._scopes) - 1 else at)
-                return
+    def _table_for(self, scope: int) -> _Liveness | None:
+        """The table of ``scope``, made on its first op; None outside functions."""
+        table = self._tables.get(scope)
+        if table is not None:
+            return table
+        info = self.scopes[scope]
+        if info.parent < 0:  # a root scope holds only its func.func (or module-level ops)
+            return None
+        parent = self._tables.get(info.parent)
+        if parent is None:  # a function's body
+            table = _Liveness(())
+            if info.owner_name == "func":
+                self._bodies.setdefault(info.function, table)
+                if (self._entry_table is None and self._entry is not None
+                        and self.scopes[info.parent].function == info.function
+                        and info.function == _function_name(self._entry)):
+                    self._entry_table = table
+                    self._classify_arguments(self._entry, table)
+        else:  # a nested region, walked right after the op that holds it
+            assert parent.last_position == info.owner, (scope, info)
+            table = _Liveness(((parent, parent.index - 1),) + parent.outer)
+        self._tables[scope] = table
+        return table
 
-    def _body_peak(self, block: ir.Block) -> int:
-        """Peak of a nested body's own temporaries (its arguments alias the op's operands)."""
-        scope = _Scope()
-        self._scopes.append(scope)
-        try:
-            for inner in block.operations:
-                self.visit(inner)
-        finally:
-            self._scopes.pop()
-        return scope.peak()[0]
+    def _peaks(self, entry: _Liveness) -> dict[int, tuple[int, int]]:
+        """(peak bytes, its index) of ``entry`` and of every table it holds, nested regions and
+        callees first (iteratively: nesting of any depth); a region's peak is charged to the op
+        holding it as a transient, the largest of its regions, as is a callee's peak."""
+        held: dict[int, list[tuple[int, _Liveness]]] = {}
+        for table in self._tables.values():
+            if table.outer:
+                outer, index = table.outer[0]
+                held.setdefault(id(outer), []).append((index, table))
+        for table, index, callee in self._calls:
+            body = self._bodies.get(callee)
+            if body is not None:
+                held.setdefault(id(table), []).append((index, body))
+        peaks: dict[int, tuple[int, int]] = {}
+        started: set[int] = set()
+        stack = [entry]
+        while stack:
+            table = stack[-1]
+            inner = held.get(id(table), ())
+            if id(table) not in started:
+                started.add(id(table))
+                stack.extend(child for _, child in inner if id(child) not in started)
+                continue
+            stack.pop()
+            if id(table) in peaks:
+                continue
+            for index, child in inner:  # a child still in progress is a call cycle: nothing
+                extra = peaks.get(id(child), (0, 0))[0]
+                if extra > table.transient.get(index, 0):
+                    table.transient[index] = extra
+            peaks[id(table)] = table.peak()
+        return peaks
 
-    def _classify_arguments(self, function: Any, block: ir.Block, scope: _Scope) -> None:
+    def _classify_arguments(self, function: Any, table: _Liveness) -> None:
+        block = function.operation.regions[0].blocks[0]
         remaining = ([(s.shape, s.dtype, s.name.startswith(STALE_KV_PREFIX)) for s in self.inputs]
                      if self.inputs is not None else None)
         shardings = _argument_shardings(function)
         for index, argument in enumerate(block.arguments):
-            nbytes = self._bytes(argument, function)
+            nbytes = self._bytes(argument.type, function)
             shape = self.types.shape(argument, function) if nbytes else ()
             if not shape:
                 self.scalar_bytes += nbytes
@@ -332,7 +376,7 @@ class MemoryVisitor(IRVisitor):
                     remaining.remove(match)
                     self.input_bytes += nbytes
                     self.input_arguments += 1
-                    scope.define(argument, nbytes, 0)
+                    table.define(argument, nbytes, 0)
                     continue
             self.weight_bytes += nbytes
             self.weight_arguments += 1
@@ -340,27 +384,29 @@ class MemoryVisitor(IRVisitor):
             # XLA drops parameters a program never reads (t passes through a middle stage).
             log.info("sidecar inputs that the program does not take: %s", remaining)
 
-    def _bytes(self, value: ir.Value, op: Any) -> int:
-        value_type = value.type
+    def _bytes(self, value_type: ir.Type, op: Any) -> int:
         nbytes = self._type_bytes.get(value_type)
         if nbytes is None:
             # tokens and tuples of nothing hold no bytes
-            nbytes = (self.types.nbytes(value, op)
+            nbytes = (self.types.type_nbytes(value_type, op)
                       if isinstance(value_type, ir.RankedTensorType) else 0)
             self._type_bytes[value_type] = nbytes
         return nbytes
 
 
-def _used_values(operation: Any) -> list[ir.Value]:
-    """Operands of ``operation`` and of every op nested in its regions (free values included)."""
-    values = list(operation.operands)
-    if short_op_name(operation.name) in SCALAR_BODY_OPS:
-        return values
-    for region in operation.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                values.extend(_used_values(inner.operation))
-    return values
+def _use_outer(key: int, outer: tuple[tuple[_Liveness, int], ...]) -> None:
+    """Mark the value ``key`` used by the op holding the current region, in the innermost
+    enclosing region that defines it (a body reads it while that op runs)."""
+    for table, index in outer:
+        record = table.values.get(key)
+        if record is not None:
+            if record[2] < index:
+                record[2] = index
+            return
+
+
+def _function_name(function_op: Any) -> str:
+    return ir.StringAttr(function_op.operation.attributes["sym_name"]).value
 
 
 def _argument_shardings(function: Any) -> list[str | None]:
@@ -383,18 +429,23 @@ def measure_memory(module: ir.Module, inputs: Sequence[InputSignature] | None = 
     return visitor.result(capacity_bytes)
 
 
-def add_memory_section(report: Any, module: ir.Module, dump: str, *, sidecar: str | None = None,
-                       hardware: str | None = None) -> MemoryUsage:
-    """Measure ``module`` and add the ``memory`` section to ``report``; the capacity is the DRAM
-    of ``hardware``'s chip when the description gives one."""
+def sidecar_inputs(dump: str, sidecar: str | None = None
+                   ) -> tuple[Path | None, list[InputSignature] | None]:
+    """The sidecar of ``dump`` (``sidecar`` if given, else ``sidecar_for(dump)``) and its inputs."""
     sidecar_path = Path(sidecar) if sidecar else sidecar_for(dump)
-    inputs = read_sidecar_inputs(sidecar_path) if sidecar_path else None
+    return sidecar_path, read_sidecar_inputs(sidecar_path) if sidecar_path else None
+
+
+def add_memory_section(report: Any, visitor: MemoryVisitor, sidecar_path: Path | None, *,
+                       hardware: str | None = None) -> MemoryUsage:
+    """Add the ``memory`` section measured by ``visitor`` (after its walk) to ``report``; the
+    capacity is the DRAM of ``hardware``'s chip when the description gives one."""
     capacity = None
     if hardware is not None:
         from hardware import as_system, load_hardware
 
         capacity = as_system(load_hardware(hardware)).chip.dram_capacity_bytes
-    usage = measure_memory(module, inputs, capacity_bytes=capacity)
+    usage = visitor.result(capacity)
     report.extra["memory"] = usage.to_dict() | {
         "sidecar": str(sidecar_path) if sidecar_path else None}
     return usage

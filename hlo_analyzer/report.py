@@ -7,6 +7,7 @@ import io
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ from hlo_analyzer.flops import FlopsVisitor
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.sections import HardwareSections
+from hlo_analyzer.tensors import TypeTable
+from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import UnsupportedIRError
 
 PER_DEVICE = "per-device"
@@ -39,6 +42,17 @@ GLOBAL_NOTE = (
     "--xla_dump_hlo_pass_re=spmd-partitioning' (file *after_spmd-partitioning*.txt).")
 
 
+class _Sums:
+    """Running totals of one category (``Report._category_sums``)."""
+
+    __slots__ = ("ops", "flops", "comm_bytes", "latency")
+
+    def __init__(self) -> None:
+        self.ops = self.flops = 0
+        self.comm_bytes: float = 0
+        self.latency: float | None = 0
+
+
 @dataclass
 class Report:
     """Everything one analysis found. ``sections`` holds what ``--hw`` adds (block pairs,
@@ -58,61 +72,72 @@ class Report:
     notes: tuple[str, ...] = ()
 
     # -- totals ---------------------------------------------------------------------------------
-    def _sum(self, category: str, attribute: str) -> float:
-        """Sum of one measure over the category's rows, each times its execution count."""
-        return sum(getattr(row, attribute) * row.count for row in self.rows
-                   if row.category == category)
+    def _category_sums(self) -> dict[str, _Sums]:
+        """Per category, in one pass over the rows, each row times its execution count."""
+        sums = {category: _Sums() for category in CATEGORIES}
+        latency: float | None = 0
+        comm_rows = 0
+        for row in self.rows:
+            entry = sums[row.category]
+            count = row.count
+            entry.ops += count
+            entry.flops += row.flops * count
+            entry.comm_bytes += row.comm_bytes_per_device * count
+            if row.category == COMM:
+                comm_rows += 1
+                latency = (None if latency is None or row.comm_latency_s is None
+                           else latency + row.comm_latency_s * count)
+        sums[COMM].latency = latency if comm_rows else None
+        return sums
 
     @property
     def gemm_flops(self) -> int:
-        return int(self._sum(GEMM, "flops"))
+        return int(self._category_sums()[GEMM].flops)
 
     @property
     def vector_flops(self) -> int:
-        return int(self._sum(VECTOR, "flops"))
+        return int(self._category_sums()[VECTOR].flops)
 
     @property
     def comm_bytes_per_device(self) -> float:
-        return self._sum(COMM, "comm_bytes_per_device")
+        return self._category_sums()[COMM].comm_bytes
 
     @property
     def comm_latency_s(self) -> float | None:
-        rows = [row for row in self.rows if row.category == COMM]
-        if not rows or any(row.comm_latency_s is None for row in rows):
-            return None
-        return sum(row.comm_latency_s * row.count for row in rows)
+        return self._category_sums()[COMM].latency
 
     def totals(self) -> dict[str, Any]:
+        return self._totals(self._category_sums())
+
+    def _totals(self, sums: dict[str, _Sums]) -> dict[str, Any]:
+        gemm_flops, vector_flops = int(sums[GEMM].flops), int(sums[VECTOR].flops)
+        comm_bytes = sums[COMM].comm_bytes
         totals: dict[str, Any] = {
-            "gemm_flops": self.gemm_flops,
-            "vector_flops": self.vector_flops,
-            "total_flops": self.gemm_flops + self.vector_flops,
-            "comm_bytes_per_device": _exact(self.comm_bytes_per_device),
-            "comm_ops": sum(row.count for row in self.rows if row.category == COMM),
-            "comm_latency_s": self.comm_latency_s,
+            "gemm_flops": gemm_flops,
+            "vector_flops": vector_flops,
+            "total_flops": gemm_flops + vector_flops,
+            "comm_bytes_per_device": _exact(comm_bytes),
+            "comm_ops": sums[COMM].ops,
+            "comm_latency_s": sums[COMM].latency,
         }
         if self.num_devices and self.program == PER_DEVICE:
             # SPMD: every device runs this same program, so the mesh does num_devices times it.
             totals["mesh"] = {
                 "devices": self.num_devices,
-                "gemm_flops": self.gemm_flops * self.num_devices,
-                "vector_flops": self.vector_flops * self.num_devices,
-                "comm_bytes": _exact(self.comm_bytes_per_device * self.num_devices),
+                "gemm_flops": gemm_flops * self.num_devices,
+                "vector_flops": vector_flops * self.num_devices,
+                "comm_bytes": _exact(comm_bytes * self.num_devices),
             }
         return totals
 
     def by_category(self) -> list[dict[str, Any]]:
-        summary = []
-        for category in CATEGORIES:
-            rows = [row for row in self.rows if row.category == category]
-            summary.append({
-                "category": category,
-                "ops": sum(row.count for row in rows),
-                "flops": sum(row.flops * row.count for row in rows),
-                "comm_bytes_per_device": _exact(sum(row.comm_bytes_per_device * row.count
-                                                    for row in rows)),
-            })
-        return summary
+        return self._by_category(self._category_sums())
+
+    @staticmethod
+    def _by_category(sums: dict[str, _Sums]) -> list[dict[str, Any]]:
+        return [{"category": category, "ops": sums[category].ops, "flops": sums[category].flops,
+                 "comm_bytes_per_device": _exact(sums[category].comm_bytes)}
+                for category in CATEGORIES]
 
     def comm_by_kind(self) -> dict[str, dict[str, float]]:
         kinds: dict[str, dict[str, float]] = {}
@@ -127,9 +152,11 @@ class Report:
         return dict(sorted(kinds.items()))
 
     # -- output ---------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, with_ops: bool = True) -> dict[str, Any]:
+        """The JSON document as a dict (without the ``ops`` rows if ``with_ops`` is false)."""
         document = self._summary_dict()
-        document["ops"] = [_row_dict(row) for row in self.rows]
+        if with_ops:
+            document["ops"] = [_row_dict(row) for row in self.rows]
         document.update(self._later_sections())
         return document
 
@@ -141,16 +168,17 @@ class Report:
 
     def _summary_dict(self) -> dict[str, Any]:
         """Every section but ``ops`` and ``extra``."""
+        sums = self._category_sums()
         return {
             "source": self.source,
             "program": self.program,
             "notes": list(self.notes),
-            "totals": self.totals(),
+            "totals": self._totals(sums),
             "loops": [_loop_dict(loop) for loop in self.loops],
             "conditionals": [asdict(conditional) for conditional in self.conditionals],
             "custom_calls": self.custom_calls,
             "comm_by_kind": self.comm_by_kind(),
-            "by_category": self.by_category(),
+            "by_category": self._by_category(sums),
             "unhandled": self.unhandled,
             "op_counts": self.op_counts,
         }
@@ -199,23 +227,29 @@ class Report:
 
 def analyze(source: ir.Module | str | os.PathLike | bytes, *,
             collective_time: CollectiveTime | None = None, bruck: bool = False,
-            name: str | None = None, branch: str | int = "max") -> Report:
+            name: str | None = None, branch: str | int = "max",
+            followers: Sequence[IRVisitor] = (), types: TypeTable | None = None) -> Report:
     """Measure a module (or load one from a path, or from content given as bytes, first) with
     the FLOPs and comm visitors.
 
     ``collective_time(kind, group_size, comm_bytes) -> seconds`` turns collectives into latency
     (e.g. ``RingLink`` or a hardware system model); without it latencies are ``None``.
     ``branch`` picks the branch of each conditional that is counted (``hlo_analyzer.control``).
+    ``followers`` are more visitors that walk alike (``skip_scalar_bodies``; e.g. a
+    ``MemoryVisitor``, a ``DataflowVisitor``), measured in the same walk
+    (``IRVisitor.walk_with``); made with the same ``types``, they read each op's values once.
     """
     module = source if isinstance(source, ir.Module) else load_module(source)
     if name is None:
         name = str(source) if isinstance(source, (str, os.PathLike)) else "<module>"
     num_devices = _module_num_partitions(module)
 
-    flops = FlopsVisitor()
-    comm = CommVisitor(collective_time=collective_time, bruck=bruck, num_devices=num_devices)
+    types = types if types is not None else TypeTable()
+    flops = FlopsVisitor(types)
+    comm = CommVisitor(collective_time=collective_time, bruck=bruck, num_devices=num_devices,
+                       types=types)
     try:
-        flops.walk_with(module, comm)  # one walk: both walk alike (skip_scalar_bodies)
+        flops.walk_with(module, comm, *followers)  # one walk: all walk alike
         control = resolve(flops.scopes, flops.call_sites, flops.structure_ops,
                           flops.walked_functions, _scope_costs(flops.rows, comm.rows), branch)
     except UnsupportedIRError as exc:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxlib.mlir import ir
 
+from hlo_analyzer.rows import OpRow
 from hlo_trace.errors import UnsupportedIRError
 
 #: Bytes per element of the common element types (kept for callers that want a whole-byte size
@@ -59,7 +60,11 @@ def shape_of(value: ir.Value, op: Any = None) -> tuple[int, ...]:
     Raises UnsupportedIRError for a dynamic dimension: FLOPs and bytes of such a program depend on
     run-time sizes, and guessing them would give a wrong number that looks right.
     """
-    value_type = value.type
+    return type_shape(value.type, op)
+
+
+def type_shape(value_type: ir.Type, op: Any = None) -> tuple[int, ...]:
+    """Static shape of a value of type ``value_type`` (see ``shape_of``)."""
     if not isinstance(value_type, ir.RankedTensorType):
         if isinstance(value_type, ir.ShapedType):  # unranked tensor
             raise UnsupportedIRError(f"{_where(op)}: unranked tensor {value_type}; static shapes only")
@@ -72,7 +77,10 @@ def shape_of(value: ir.Value, op: Any = None) -> tuple[int, ...]:
 
 
 def element_type_name(value: ir.Value) -> str:
-    value_type = value.type
+    return type_element_name(value.type)
+
+
+def type_element_name(value_type: ir.Type) -> str:
     if isinstance(value_type, ir.ShapedType):
         return str(value_type.element_type)
     return str(value_type)
@@ -80,7 +88,11 @@ def element_type_name(value: ir.Value) -> str:
 
 def value_bits(value: ir.Value, op: Any = None) -> int:
     """Bits of one element of ``value`` (see ``element_bits``)."""
-    value_type = value.type
+    return type_bits(value.type, op)
+
+
+def type_bits(value_type: ir.Type, op: Any = None) -> int:
+    """Bits of one element of a value of type ``value_type`` (see ``element_bits``)."""
     element_type = value_type.element_type if isinstance(value_type, ir.ShapedType) else value_type
     try:
         return element_bits(element_type)
@@ -96,66 +108,94 @@ def tensor_bytes(value: ir.Value, op: Any = None) -> int:
     return packed_bytes(num_elements(shape_of(value, op)), value_bits(value, op))
 
 
+class OpFacts(NamedTuple):
+    """An op's operands and results with their MLIR types, as read from the bindings."""
+
+    operands: tuple[ir.Value, ...]
+    operand_types: tuple[ir.Type, ...]
+    results: tuple[ir.Value, ...]
+    result_types: tuple[ir.Type, ...]
+
+
 class TypeTable:
-    """Shape, element type and size per MLIR type, each worked out once.
+    """Shape, element type and size per MLIR type, each worked out once; an op's operands and
+    results read once however many visitors ask.
 
     MLIR uniques types in their context, so a transformer dump has a few hundred distinct types
     for 100k values; reading shape and dtype through the bindings costs ~4 us, a lookup 0.2 us.
-    Locations are likewise uniqued and formatted once.
+    Locations are likewise uniqued and formatted once. Visitors that walk together
+    (``IRVisitor.walk_with``) share one table, so that each op's values cross the bindings once:
+    ``facts(op)`` keeps the last op's.
     """
 
     def __init__(self) -> None:
         self._types: dict[ir.Type, tuple[tuple[int, ...], str]] = {}
-        self._bits: dict[ir.Type, int] = {}
+        self._bytes: dict[ir.Type, int] = {}
         self._locations: dict[ir.Attribute, str] = {}
+        self._last: tuple[Any, OpFacts | None] = (None, None)
+
+    def facts(self, op: Any) -> OpFacts:
+        """``op``'s operands, results and their types (read once for consecutive asks)."""
+        last_op, facts = self._last
+        if op is last_op and facts is not None:
+            return facts
+        operation = op.operation
+        operands = tuple(operation.operands)
+        results = tuple(operation.results)
+        facts = OpFacts(operands, tuple([value.type for value in operands]),
+                        results, tuple([value.type for value in results]))
+        self._last = (op, facts)
+        return facts
 
     def shape(self, value: ir.Value, op: Any = None) -> tuple[int, ...]:
-        return self._info(value, op)[0]
+        return self.info(value.type, op)[0]
 
     def shapes(self, values: Any, op: Any = None) -> tuple[tuple[int, ...], ...]:
-        """Shapes of all ``values`` (an op's operands or results): the hot path of every row."""
+        """Shapes of all ``values`` (e.g. an op's operands or results)."""
+        return self.type_shapes([value.type for value in values], op)
+
+    def type_shapes(self, types: Any, op: Any = None) -> tuple[tuple[int, ...], ...]:
+        """Shapes of values of these ``types``: the hot path of every row."""
         known = self._types
         shapes = []
-        for value in values:
-            info = known.get(value.type)
+        for value_type in types:
+            info = known.get(value_type)
             if info is None:
-                info = self._info(value, op)
+                info = self.info(value_type, op)
             shapes.append(info[0])
         return tuple(shapes)
 
     def dtype(self, value: ir.Value) -> str:
-        return self._info(value, None)[1]
+        return self.info(value.type, None)[1]
 
     def nbytes(self, value: ir.Value, op: Any = None) -> int:
-        shape = self._info(value, op)[0]
-        bits = self._bits.get(value.type)
-        if bits is None:
-            bits = self._bits[value.type] = value_bits(value, op)
-        return packed_bytes(num_elements(shape), bits)
+        return self.type_nbytes(value.type, op)
 
-    def op_row(self, op: Any, position: int, category: str, **measures: Any) -> Any:
+    def type_nbytes(self, value_type: ir.Type, op: Any = None) -> int:
+        """Bytes of a value of type ``value_type`` (sub-byte elements packed)."""
+        nbytes = self._bytes.get(value_type)
+        if nbytes is None:
+            shape = self.info(value_type, op)[0]
+            nbytes = self._bytes[value_type] = packed_bytes(num_elements(shape),
+                                                            type_bits(value_type, op))
+        return nbytes
+
+    def op_row(self, op: Any, position: int, category: str, **measures: Any) -> OpRow:
         """An ``OpRow`` for ``op`` with its shapes, dtype and location filled in."""
-        from hlo_analyzer.rows import OpRow
-
-        operation = op.operation
+        facts = self.facts(op)
+        operand_shapes = self.type_shapes(facts.operand_types, op)
         known = self._types
-        operand_shapes = []
-        for value in operation.operands:
-            info = known.get(value.type)
-            if info is None:
-                info = self._info(value, op)
-            operand_shapes.append(info[0])
         result_shapes = []
         dtype = ""
-        for value in operation.results:
-            info = known.get(value.type)
+        for value_type in facts.result_types:
+            info = known.get(value_type)
             if info is None:
-                info = self._info(value, op)
+                info = self.info(value_type, op)
             if not result_shapes:
                 dtype = info[1]
             result_shapes.append(info[0])
-        return OpRow(position, operation.name, self.location(op), category,
-                     tuple(operand_shapes), tuple(result_shapes), dtype, **measures)
+        return OpRow(position, op.operation.name, self.location(op), category,
+                     operand_shapes, tuple(result_shapes), dtype, **measures)
 
     def location(self, op: Any) -> str:
         location = op.operation.location
@@ -165,11 +205,12 @@ class TypeTable:
             text = self._locations[key] = format_location(location)
         return text
 
-    def _info(self, value: ir.Value, op: Any) -> tuple[tuple[int, ...], str]:
-        value_type = value.type
+    def info(self, value_type: ir.Type, op: Any = None) -> tuple[tuple[int, ...], str]:
+        """(shape, element type name) of a value of type ``value_type``."""
         info = self._types.get(value_type)
         if info is None:
-            info = self._types[value_type] = (shape_of(value, op), element_type_name(value))
+            info = self._types[value_type] = (type_shape(value_type, op),
+                                              type_element_name(value_type))
         return info
 
 

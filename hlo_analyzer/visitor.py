@@ -137,7 +137,10 @@ class IRVisitor:
         self._pending: deque[str] = deque()
         self._stack: list[tuple[Iterator[Any], int]] | None = None
         self._followers: tuple[IRVisitor, ...] = ()
-        self._follow_cache: dict[str, tuple[Callable[[Any], Any], ...]] = {}
+        # op name -> (this visitor's method, (follower, its method) for each follower)
+        self._follow_cache: dict[str, tuple[Callable[[Any], Any],
+                                            tuple[tuple[IRVisitor, Callable[[Any], Any]], ...]]] = {}
+        self.following = False  # True while a leader walks for this visitor (``walk_with``)
 
     # -- dispatch -------------------------------------------------------------------------------
     def visit(self, node: Any) -> Any:
@@ -158,42 +161,48 @@ class IRVisitor:
             self._method_cache[name] = method
         return method(node)
 
-    def _visit_operation_followed(self, node: Any) -> Any:
-        """Dispatch to this visitor, then to the followers' own ``visit_<opname>`` methods at the
-        same position and scope (see ``walk_with``)."""
-        result = self._visit_operation(node)
-        name = node.operation.name
-        methods = self._follow_cache.get(name)
-        if methods is None:
-            methods = self._follow_cache[name] = tuple(
-                method for follower in self._followers
-                if (method := _own_method(follower, "visit_" + short_op_name(name))) is not None)
-        for method in methods:
-            follower = method.__self__
-            follower.position, follower.scope = self.position, self.scope
-            method(node)
-        return result
-
     def walk_with(self, module: ir.Module, *followers: IRVisitor) -> None:
         """Walk ``module`` once for this visitor and ``followers`` together.
 
-        This visitor leads: its methods decide which regions and functions are walked and its
-        ``scopes``/``call_sites`` describe the walk. Each follower sees every op the leader
-        reaches, in the same order, with the leader's ``position`` and ``scope``, through the
-        ``visit_<opname>`` methods its own class writes (not ``generic_visit``, not the base
-        class's call handling). So followers must measure ops, not steer the walk: they get
-        the same rows as from their own walk when both walk alike (e.g. both
-        ``skip_scalar_bodies``), for one pass over the bindings instead of one each.
+        This visitor leads: its methods decide which regions and functions are walked, and its
+        records of the walk (``scopes``, ``call_sites``, ``structure_ops``,
+        ``walked_functions``) are shared with the followers (the same objects). Each follower
+        sees every op the leader reaches, in the same order, with the leader's ``position`` and
+        ``scope``, through the method its own walk would dispatch to (its ``visit_<opname>`` or
+        its ``generic_visit``); while it follows, the base class's walking (scheduling regions
+        and callees) is left to the leader. So a follower gets the same results as from its own
+        walk when both walk alike (e.g. both ``skip_scalar_bodies``), for one pass over the
+        bindings instead of one each.
         """
         for follower in followers:
+            follower.following = True
+            follower.scopes, follower.call_sites = self.scopes, self.call_sites
+            follower.structure_ops = self.structure_ops
+            follower.walked_functions = self.walked_functions
             follower.begin_module(module)
         self._followers, self._follow_cache = followers, {}
         try:
             self.visit_module(module)
         finally:
-            self._followers = ()
+            # Drop every reference to the followers (the caches hold their bound methods), so
+            # that they are freed with their last user even while garbage collection is off.
+            self._followers, self._follow_cache = (), {}
+            for follower in followers:
+                follower.following = False
+                follower._symbols = self._symbols
+
+    def _follower_methods(self, name: str) -> tuple[tuple[IRVisitor, Callable[[Any], Any]], ...]:
+        """(follower, bound method) for each follower with work to do on ops named ``name``."""
+        methods = []
+        for follower in self._followers:
+            method = getattr(follower, "visit_" + short_op_name(name), follower.generic_visit)
+            if getattr(method, "__func__", None) not in _WALK_ONLY:
+                methods.append((follower, method))
+        return tuple(methods)
 
     def generic_visit(self, node: Any) -> None:
+        if self.following:  # the leader walks
+            return
         if isinstance(node, ir.Region):
             self._schedule(_region_operations(node), self.scope)
         elif isinstance(node, ir.Block):
@@ -236,7 +245,7 @@ class IRVisitor:
         # The hot loop: skip visit()'s type tests, unless a subclass overrides visit().
         dispatch = self._visit_operation if type(self).visit is IRVisitor.visit else self.visit
         if self._followers:
-            dispatch = self._visit_operation_followed
+            dispatch = self._visit_followed
         while stack:
             operations, scope = stack[-1]
             depth = len(stack)
@@ -248,6 +257,21 @@ class IRVisitor:
                 self.scope = scope
             else:
                 stack.pop()
+
+    def _visit_followed(self, node: Any) -> None:
+        """Dispatch ``node`` to this visitor, then to each follower at the same position."""
+        self.position += 1
+        name = node.operation.name
+        followed = self._follow_cache.get(name)
+        if followed is None:
+            followed = self._follow_cache[name] = (
+                getattr(self, "visit_" + short_op_name(name), self.generic_visit),
+                self._follower_methods(name))
+        followed[0](node)
+        position, scope = self.position, self.scope
+        for follower, follower_method in followed[1]:
+            follower.position, follower.scope = position, scope
+            follower_method(node)
 
     # -- modules and calls ----------------------------------------------------------------------
     def begin_module(self, module: ir.Module) -> None:
@@ -290,18 +314,10 @@ class IRVisitor:
         self.generic_visit(op)
 
     def _record_call(self, op: Any, callee: str) -> None:
-        if callee not in self._symbols:
+        if self.following or callee not in self._symbols:
             return
         self.call_sites.append(CallSite(self.scope, self.position, callee))
         self._schedule_function(callee)
-
-
-def _own_method(visitor: IRVisitor, name: str) -> Callable[[Any], Any] | None:
-    """``visitor``'s bound method ``name`` when a subclass of IRVisitor writes it, else None."""
-    method = getattr(visitor, name, None)
-    if method is None or getattr(IRVisitor, name, None) is getattr(type(visitor), name):
-        return None
-    return method
 
 
 def _region_operations(region: ir.Region) -> Iterator[Any]:
@@ -322,3 +338,7 @@ def _is_private(function_op: Any) -> bool:
 
 def _flat_symbol(attribute: ir.Attribute) -> str:
     return ir.FlatSymbolRefAttr(attribute).value
+
+
+#: Base-class methods that only steer the walk: a follower has nothing to do in them.
+_WALK_ONLY = frozenset({IRVisitor.generic_visit, IRVisitor.visit_call, IRVisitor.visit_composite})
