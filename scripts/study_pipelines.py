@@ -15,6 +15,7 @@ sit side by side along y, so stage k holds columns ``k*ny .. (k+1)*ny - 1`` of a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,10 +69,12 @@ class PipelineCase:
     def toml(self) -> str:
         """The pipeline file: the tracer's keys plus ``patches`` and ``warmup_steps``."""
         nx, ny, _, _ = self.submeshes()[0]
+        # a model file named in a pipeline file is read relative to that file: make it absolute
+        config = str(Path(self.config).resolve()) if self.config.endswith(".toml") else self.config
         lines = [
             f"# Study pipeline {self.pipeline.label}, M = {self.patches} "
             "(written by scripts/sweep.py)",
-            f'config = "{self.config}"',
+            f"config = {json.dumps(config)}",
             f'shape = "{self.shape}"',
             f'strategy = "{self.pipeline.strategy}"',
             f"mesh_shape = [{nx}, {ny * self.pipeline.stages}]",

@@ -4,6 +4,7 @@ arithmetic of memory per device (hand-made analyses; the real tiny sweep is in t
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,8 @@ def test_the_pipeline_file_puts_each_stage_on_its_strategy_mesh_side_by_side():
     assert data["stage_ids"] == [[0, 13], [14, 27]]
     assert (data["patches"], data["warmup_steps"], data["strategy"]) == (4, 1, "ds_ulysses")
     assert case.name == "full_204_640_360_pp2x8_ds_ulysses_M4"
+    own = PipelineCase("models/mine.toml", "28_64_64", PipelineShape(2, 8, "ds_ulysses"), 2, 28)
+    assert tomllib.loads(own.toml())["config"] == str(Path("models/mine.toml").resolve())
     pure = PipelineCase("full", "204_640_360", PipelineShape(16, 1, "none"), 2, depth=28)
     assert tomllib.loads(pure.toml())["submeshes"][15] == [1, 1, 0, 15]
 
