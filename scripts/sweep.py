@@ -538,9 +538,9 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                              f"{', '.join(STRATEGIES)}")
         cases = [Case(model_config, shape, strategy, strategy_mesh(strategy, devices), stage_ids)
                  for shape in shapes.split(",") for strategy in strategies.split(",")]
-        pipeline_cases = plan_pipelines(
-            model_config, (pipeline_shapes or shapes).split(",")[:None if pipeline_shapes else 1],
-            devices, pipelines, patch_counts)
+        piped_shapes = pipeline_shapes.split(",") if pipeline_shapes else shapes.split(",")[:1]
+        pipeline_cases = plan_pipelines(model_config, piped_shapes, devices, pipelines,
+                                        patch_counts)
         results = Path(results_dir)
         if (results / SUMMARY).exists() and not force:
             raise UsageError(f"{results}: already holds a study ({SUMMARY}); pass --force to "

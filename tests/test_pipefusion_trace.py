@@ -24,21 +24,15 @@ from hlo_analyzer.pipeline import analyze_pipeline, load_plan  # noqa: E402
 from hlo_analyzer.report import analyze  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PIPELINE = """config = "tiny"
-shape = "28_64_64"
-strategy = "megatron"
-mesh_shape = [2, 4]
-stage_ids = [[0, 0], [1, 1]]
-submeshes = [[2, 2, 0, 0], [2, 2, 0, 2]]
-patches = 2
-"""
+#: The bundled tiny two-stage pipeline with M = 2 (docs/pipeline.md).
+PIPELINE = REPO_ROOT / "dumps" / "pipeline" / "tiny_2x2_stages.toml"
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipefusion")
     plan = out / "pipeline.toml"
-    plan.write_text(PIPELINE)
+    plan.write_text(PIPELINE.read_text())
     subprocess.run([sys.executable, "-m", "tracing.cli", "--pipeline", str(plan), "--all-stages",
                     "-o", str(out)], cwd=REPO_ROOT, check=True, capture_output=True)
     dumps = [out / "tiny_28_64_64_megatron_2x2_stage0_pairs0-0_patch1of2.mlir",
