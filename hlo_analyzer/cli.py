@@ -7,8 +7,9 @@ import gc
 import logging
 import math
 import operator
+import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hlo_analyzer.comm import RingLink
+from hlo_trace.atomic import check_target
 from hlo_trace.cli import MAX_COUNT, OneLineCommand, PositiveFinite, emit, run_click
 from hlo_trace.errors import UsageError
-from hlo_trace.isolate import call_in_child
+from hlo_trace.isolate import ChildTask, call_in_child, start_in_child
 
 if TYPE_CHECKING:
     from hlo_analyzer.report import Report
@@ -147,14 +149,17 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        hardware=hardware, steps=steps, pairs=pairs, sidecar=sidecar,
                        execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops,
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
-                       timeline_pair=timeline_pair, want_timeline=timeline is not None)
+                       timeline_pair=timeline_pair, timeline=timeline, output=output,
+                       force=force, parallel=run_in_parallel(dump))
+    for target in (timeline, output):
+        if target is not None:
+            check_target(target, force=force)  # before the work, not after
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
-    # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here.
-    text, timeline_text = call_in_child(_render, request, origin=dump,
-                                        what="parsing and measuring it")
-    if timeline is not None:
-        emit(timeline_text, timeline, force=force)
-    emit(text, output, force=force)
+    # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The
+    # child writes the output files itself (a 1M-op report is 230 MB: not sent through a pipe).
+    text = call_in_child(_render, request, origin=dump, what="parsing and measuring it")
+    if text is not None:
+        emit(text, None)
     return 0
 
 
@@ -178,37 +183,26 @@ class _Request:
     cross_attention: str = "per-sample"
     caption_tokens: int | None = None
     timeline_pair: int | None = None
-    want_timeline: bool = False
+    timeline: str | None = None  # write the timeline there
+    output: str | None = None  # write the report there (else it is returned)
+    force: bool = False
     branch: str | int = "max"
+    parallel: bool = False  # memory measured in a second process (run_in_parallel)
 
 
-def _render(request: _Request) -> tuple[str, str | None]:
-    """Load, measure, map and render: the report as text, and the timeline JSON when asked
-    (runs in the forked child)."""
-    from hlo_analyzer.memory import MemoryVisitor, add_memory_section, sidecar_inputs
+def _render(request: _Request) -> str | None:
+    """Load, measure, map and render (runs in the forked child): the report and the timeline
+    are written to their files; the report's text is returned when it goes to stdout."""
     from hlo_analyzer.mlir import load_module, use_fresh_context
-    from hlo_analyzer.report import analyze
-    from hlo_analyzer.tensors import TypeTable
 
-    use_fresh_context()  # the parent's context (if any) has a thread pool that did not fork
-    link: Callable | None = None
-    if request.link_bandwidth is not None and request.hardware is None:
-        hop_latency = 1.0 if request.hop_latency is None else request.hop_latency
-        link = RingLink(bandwidth_bytes_per_s=request.link_bandwidth * 1e9,
-                        hop_latency_s=hop_latency * 1e-6, bruck=request.bruck)
+    # The parent's context (if any) has a thread pool that did not fork; this one has none, so
+    # that the module it parses can be read by a process forked from this one (_start_memory).
+    use_fresh_context(threads=False)
     dump = request.dump
     log.info("loading %s", dump)
     module = load_module(dump)
-    sidecar_path, inputs = sidecar_inputs(dump, request.sidecar)
-    types = TypeTable()
-    memory = MemoryVisitor(inputs, types)
     log.info("counting FLOPs, collectives and memory")
-    with _as_usage_error(dump, "cannot be measured"):
-        report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
-                         branch=request.branch, followers=(memory,), types=types)
-    with _as_usage_error(dump, "memory cannot be measured"):
-        add_memory_section(report, memory, sidecar_path, hardware=request.hardware)
-    del memory  # its liveness tables hold every value of the program: free them before output
+    report = _measure(module, request)
     if request.hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar_caption_tokens
         from hlo_analyzer.memory import sidecar_for
@@ -229,18 +223,99 @@ def _render(request: _Request) -> tuple[str, str | None]:
                 link_bandwidth_bytes_per_s=None if request.link_bandwidth is None
                 else request.link_bandwidth * 1e9,
                 hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
-    timeline_text = None
-    if request.want_timeline:
+    check_numbers(report)
+    if request.timeline is not None:
         from hlo_analyzer.timeline import timeline_json
 
         assert report.sections.mapping is not None
-        timeline_text = timeline_json(report.sections.mapping, pair=request.timeline_pair)
-    check_numbers(report)
+        emit(timeline_json(report.sections.mapping, pair=request.timeline_pair),
+             request.timeline, force=request.force)
     if request.output_format == "json":
-        return report.to_json(), timeline_text
-    if request.output_format == "csv":
-        return report.to_csv(request.by), timeline_text
-    return report.to_table(request.by), timeline_text
+        text: str | Iterable[str] = report.json_pieces()
+    elif request.output_format == "csv":
+        text = report.to_csv(request.by)
+    else:
+        text = report.to_table(request.by)
+    if request.output is None:
+        return text if isinstance(text, str) else "".join(text)
+    emit(text, request.output, force=request.force)
+    return None
+
+
+def _measure(module: Any, request: _Request) -> Report:
+    """FLOPs, collectives and memory of ``module``: the memory in the same walk, or at the same
+    time in a forked child (``request.parallel``)."""
+    from hlo_analyzer.memory import (
+        MemoryVisitor,
+        add_memory_section,
+        chip_capacity,
+        sidecar_inputs,
+    )
+    from hlo_analyzer.report import analyze
+    from hlo_analyzer.tensors import TypeTable
+
+    link: Callable | None = None
+    if request.link_bandwidth is not None and request.hardware is None:
+        hop_latency = 1.0 if request.hop_latency is None else request.hop_latency
+        link = RingLink(bandwidth_bytes_per_s=request.link_bandwidth * 1e9,
+                        hop_latency_s=hop_latency * 1e-6, bruck=request.bruck)
+    dump = request.dump
+    sidecar_path, inputs = sidecar_inputs(dump, request.sidecar)
+    capacity = chip_capacity(request.hardware)
+    types = TypeTable()
+    task = _start_memory(module, inputs, capacity, dump) if request.parallel else None
+    memory = MemoryVisitor(inputs, types) if task is None else None
+    try:
+        with _as_usage_error(dump, "cannot be measured"):
+            report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
+                             branch=request.branch, followers=(memory,) if memory else (),
+                             types=types)
+        if task is not None:
+            usage = task.result()
+        else:
+            assert memory is not None
+            with _as_usage_error(dump, "memory cannot be measured"):
+                usage = memory.result(capacity)
+    finally:
+        if task is not None:
+            task.cancel()
+    add_memory_section(report, usage, sidecar_path)
+    return report
+
+
+#: Dumps from this size up have their memory measured in a second process, beside the rest
+#: of the analysis, when the machine has a second core: the liveness walk is a third of the
+#: analysis, the fork ~5 ms (benchmarks/analyze_speed.py). ~10k ops of StableHLO text.
+PARALLEL_MIN_BYTES = 1_000_000
+
+
+def run_in_parallel(dump: str) -> bool:
+    """Whether to measure ``dump``'s memory in a second process (``PARALLEL_MIN_BYTES``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    try:
+        return cores >= 2 and os.path.getsize(dump) >= PARALLEL_MIN_BYTES
+    except OSError:  # the loader says what is wrong with the file
+        return False
+
+
+def _start_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -> ChildTask:
+    """The memory of ``module`` measured in a forked child (it shares the parsed module)."""
+    return start_in_child(_measure_memory, module, inputs, capacity, dump, origin=dump,
+                          what="measuring its memory")
+
+
+def _measure_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -> Any:
+    from hlo_analyzer.memory import measure_memory
+    from hlo_trace.errors import UnsupportedIRError
+
+    with _as_usage_error(dump, "memory cannot be measured"):
+        try:
+            return measure_memory(module, inputs, capacity_bytes=capacity)
+        except UnsupportedIRError as exc:
+            raise UnsupportedIRError(f"{dump}: {exc}") from None
 
 
 #: The measures of an op row that must be finite and non-negative.

@@ -436,16 +436,17 @@ def sidecar_inputs(dump: str, sidecar: str | None = None
     return sidecar_path, read_sidecar_inputs(sidecar_path) if sidecar_path else None
 
 
-def add_memory_section(report: Any, visitor: MemoryVisitor, sidecar_path: Path | None, *,
-                       hardware: str | None = None) -> MemoryUsage:
-    """Add the ``memory`` section measured by ``visitor`` (after its walk) to ``report``; the
-    capacity is the DRAM of ``hardware``'s chip when the description gives one."""
-    capacity = None
-    if hardware is not None:
-        from hardware import as_system, load_hardware
+def chip_capacity(hardware: str | None) -> float | None:
+    """DRAM bytes of ``hardware``'s chip when the description gives one (None without --hw)."""
+    if hardware is None:
+        return None
+    from hardware import as_system, load_hardware
 
-        capacity = as_system(load_hardware(hardware)).chip.dram_capacity_bytes
-    usage = visitor.result(capacity)
+    return as_system(load_hardware(hardware)).chip.dram_capacity_bytes
+
+
+def add_memory_section(report: Any, usage: MemoryUsage, sidecar_path: Path | None) -> None:
+    """Add the ``memory`` section (``usage``, measured with ``sidecar_path``'s inputs) to
+    ``report``."""
     report.extra["memory"] = usage.to_dict() | {
         "sidecar": str(sidecar_path) if sidecar_path else None}
-    return usage

@@ -61,13 +61,19 @@ def default_context() -> ir.Context:
     return context
 
 
-def use_fresh_context() -> None:
+def use_fresh_context(*, threads: bool = True) -> None:
     """Give this thread a new default context (after ``os.fork``: the parent's context keeps a
-    thread pool whose threads did not fork, so it must not be used, nor destroyed, here)."""
+    thread pool whose threads did not fork, so it must not be used, nor destroyed, here).
+
+    ``threads=False`` turns MLIR's multithreading off in it (no thread pool: a module it holds
+    can be read in a process forked from this one; the parser verifies functions one by one)."""
     old = getattr(_thread_state, "context", None)
     if old is not None:
         _forked_away.append(old)  # kept alive: its destructor would join threads that are gone
-    _thread_state.context = new_context()
+    context = new_context()
+    if not threads:
+        context.enable_multithreading(False)
+    _thread_state.context = context
 
 
 _forked_away: list[ir.Context] = []

@@ -7,7 +7,7 @@ import errno
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import click
 
@@ -87,16 +87,16 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
-def emit(text: str, output: str | None, *, force: bool = False) -> None:
-    """A command's report: to ``output`` atomically (refusing to overwrite without ``force``),
-    or to standard output."""
+def emit(text: str | Iterable[str], output: str | None, *, force: bool = False) -> None:
+    """A command's report (text, or text in pieces): to ``output`` atomically (refusing to
+    overwrite without ``force``), or to standard output."""
     if output:
         from hlo_trace.atomic import atomic_write
 
         atomic_write(output, text, force=force)
         click.echo(f"wrote {output}", err=True)
     else:
-        click.echo(text, nl=False)
+        click.echo(text if isinstance(text, str) else "".join(text), nl=False)
 
 
 def _one_line(message: str) -> str:

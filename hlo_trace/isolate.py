@@ -1,6 +1,7 @@
 """``call_in_child``: run a function in a forked child so that a crash inside native code (a jaxlib
 parser CHECK failure, a stack overflow, a division by zero in a verifier) becomes one ``Error:``
-line naming the input instead of killing the command with a signal.
+line naming the input instead of killing the command with a signal. ``start_in_child`` starts one
+that runs beside the caller (a second core), collected later.
 
 The child inherits the parent's memory (``os.fork``, copy-on-write), runs the function, and sends
 its result or its exception back through a pipe (pickled); the parent re-raises a
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from hlo_trace.errors import UsageError
 
@@ -50,48 +51,85 @@ def call_in_child(function: Callable[..., T], *args: Any, origin: str,
     Whatever the child writes to its standard error (logging, native warnings) is held back and
     replayed here after it ends, unless it failed or crashed: then only the one line is said.
     """
-    if not hasattr(os, "fork"):  # pragma: no cover - Windows: no isolation, run in process
-        return function(*args)
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as child_stderr:
+    return start_in_child(function, *args, origin=origin, what=what).result()
+
+
+def start_in_child(function: Callable[..., T], *args: Any, origin: str,
+                   what: str = "reading it") -> ChildTask[T]:
+    """``function(*args)`` started in a forked child that runs while this process goes on; its
+    ``ChildTask.result()`` waits for it (see ``call_in_child`` for the errors). The child sees
+    this process's memory as it is now (copy-on-write): e.g. a parsed module, walked by the
+    child and by this process at once, on two cores."""
+    return ChildTask(function, args, origin, what)
+
+
+class ChildTask(Generic[T]):
+    """A forked child running one function (``start_in_child``). ``result()`` collects it once;
+    ``cancel()`` stops it if it still runs (so a caller that fails first leaves nothing behind)."""
+
+    def __init__(self, function: Callable[..., T], args: tuple, origin: str, what: str) -> None:
+        self._origin, self._what = origin, what
+        self._pid = 0
+        if not hasattr(os, "fork"):  # pragma: no cover - Windows: no isolation, run in process
+            self._value = function(*args)
+            return
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by result()/cancel()
         pid = os.fork()
         if pid == 0:  # the child: never returns, whatever happens
             try:
                 os.close(read_end)
-                _redirect_stderr(child_stderr.fileno())
+                _redirect_stderr(self._stderr.fileno())
                 if not os.environ.get("HLO_TRACE_DEBUG"):
                     faulthandler.disable()  # a crash is reported by the parent, in one line
                 _child(function, args, write_end)
             finally:
                 os._exit(1)
         os.close(write_end)
+        self._pid, self._read_end = pid, read_end
+
+    def result(self) -> T:
+        """Wait for the child: its return value, or its exception (or crash) raised here."""
+        if not self._pid:
+            return self._value
         try:
-            payload = _read_all(read_end)
-            _, status = os.waitpid(pid, 0)
-            pid = 0
+            payload = _read_all(self._read_end)
+            _, status = os.waitpid(self._pid, 0)
+            self._pid = 0
         finally:
-            os.close(read_end)
-            if pid:  # interrupted while the child runs: stop it, never leave it behind
-                _stop(pid)
-        child_stderr.seek(0)
-        held_back = child_stderr.read().decode("utf-8", errors="replace")
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        if number == signal.SIGKILL:  # the kernel's out-of-memory killer, or a user's kill -9
-            raise InputCrashed(f"{origin}: the analysis process was killed (SIGKILL, out of "
-                               f"memory?) while {what}")
-        raise InputCrashed(_crash_message(origin, what, number, _native_reason(held_back)))
-    if not payload:
-        raise InputCrashed(f"{origin}: the analysis process ended (exit status "
-                           f"{os.waitstatus_to_exitcode(status)}) without a result while {what}")
-    kind, value = pickle.loads(payload)
-    if kind == "ok":
-        if held_back:
-            sys.stderr.write(held_back)
-        return value
-    raise value  # an error is its one line: the parser's own log lines are not replayed
+            self.cancel()  # interrupted while the child runs: stop it, never leave it behind
+        self._stderr.seek(0)
+        held_back = self._stderr.read().decode("utf-8", errors="replace")
+        self._stderr.close()
+        origin, what = self._origin, self._what
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            if number == signal.SIGKILL:  # the kernel's out-of-memory killer, or a kill -9
+                raise InputCrashed(f"{origin}: the analysis process was killed (SIGKILL, out of "
+                                   f"memory?) while {what}")
+            raise InputCrashed(_crash_message(origin, what, number, _native_reason(held_back)))
+        if not payload:
+            raise InputCrashed(f"{origin}: the analysis process ended (exit status "
+                               f"{os.waitstatus_to_exitcode(status)}) without a result while "
+                               f"{what}")
+        kind, value = pickle.loads(payload)
+        if kind == "ok":
+            if held_back:
+                sys.stderr.write(held_back)
+            return value
+        raise value  # an error is its one line: the parser's own log lines are not replayed
+
+    def cancel(self) -> None:
+        """Stop the child if it still runs (a no-op after ``result()``)."""
+        if self._pid:
+            _stop(self._pid)
+            self._pid = 0
+            self._stderr.close()
+        if getattr(self, "_read_end", -1) >= 0:
+            os.close(self._read_end)
+            self._read_end = -1
 
 
 def _redirect_stderr(fd: int) -> None:
