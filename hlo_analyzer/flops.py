@@ -152,7 +152,7 @@ class FlopsVisitor(IRVisitor):
         self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
 
     def visit_reduce(self, op: Any) -> None:
-        inputs = len(self.types.facts(op).operands) // 2  # (inputs..., init values...)
+        inputs = len(self.types.value_types(op)[0]) // 2  # (inputs..., init values...)
         flops = 0
         for index in range(inputs):
             in_elements = num_elements(self._operand_shape(op, index))
@@ -179,7 +179,7 @@ class FlopsVisitor(IRVisitor):
             self._operand_shape(op, 0)))
 
     def visit_scatter(self, op: Any) -> None:
-        operand_types = self.types.facts(op).operand_types
+        operand_types = self.types.value_types(op)[0]
         inputs = (len(operand_types) - 1) // 2  # (inputs..., indices, updates...)
         updates = operand_types[inputs + 1:]
         self._record(op, VECTOR, sum(num_elements(self.types.info(u, op)[0]) for u in updates))
@@ -503,10 +503,10 @@ class FlopsVisitor(IRVisitor):
 
     # -- helpers --------------------------------------------------------------------------------
     def _operand_shape(self, op: Any, index: int) -> tuple[int, ...]:
-        return self.types.info(self.types.facts(op).operand_types[index], op)[0]
+        return self.types.info(self.types.value_types(op)[0][index], op)[0]
 
     def _result_shape(self, op: Any, index: int) -> tuple[int, ...]:
-        return self.types.info(self.types.facts(op).result_types[index], op)[0]
+        return self.types.info(self.types.value_types(op)[1][index], op)[0]
 
     def _record(self, op: Any, category: str, flops: int) -> None:
         self.op_counts[op.operation.name] += 1

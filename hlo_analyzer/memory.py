@@ -212,6 +212,7 @@ class MemoryVisitor(IRVisitor):
         super().__init__()
         self.inputs = list(inputs) if inputs is not None else None
         self.types = types if types is not None else TypeTable()
+        self.types.reads_values = True  # liveness reads every op's values
         self._type_bytes: dict[ir.Type, int] = {}
         self._tables: dict[int, _Liveness] = {}  # scope -> its table
         self._table_scope = -1
