@@ -85,6 +85,17 @@ XLA_TRANSCENDENTAL_OPS = frozenset({
 
 _DIALECT_ATTRIBUTES = {"stablehlo": stablehlo, "mhlo": mhlo}
 
+#: Element-wise ops whose operands all have the result's shape, by their verifier: StableHLO's
+#: (and MHLO's) ``UnaryElementwiseOp`` and ``BinaryElementwiseOp`` classes and ``compare`` carry
+#: the ``SameOperandsAndResultShape`` trait (stablehlo/dialect/StablehloOps.td). ``select`` and
+#: ``clamp`` are not among them (a scalar predicate or bound), nor are chlo's ops.
+SAME_SHAPE_OPS = frozenset(f"{dialect}.{name}" for dialect in ("stablehlo", "mhlo") for name in (
+    "add", "subtract", "multiply", "divide", "remainder", "power", "atan2", "maximum", "minimum",
+    "and", "or", "xor", "compare", "negate", "abs", "sign", "not", "exponential",
+    "exponential_minus_one", "log", "log_plus_one", "logistic", "rsqrt", "sqrt", "cbrt", "tanh",
+    "sine", "cosine", "tan", "floor", "ceil", "round_nearest_even", "round_nearest_afz",
+    "is_finite"))
+
 
 class FlopsVisitor(IRVisitor):
     """Counts GEMM and vector FLOPs per op; see the module docstring for the rules."""
@@ -149,6 +160,13 @@ class FlopsVisitor(IRVisitor):
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
+        operation = op.operation
+        if operation.name in SAME_SHAPE_OPS:  # operand shapes are the result's: not read
+            result = self.types.info(self.types.result_types(op)[0], op)[0]
+            self.op_counts[operation.name] += 1
+            self.rows.append(self.types.op_row(op, self.position, VECTOR, same_shape=True,
+                                               flops=num_elements(result), scope=self.scope))
+            return
         self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
 
     def visit_reduce(self, op: Any) -> None:

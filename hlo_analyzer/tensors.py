@@ -206,10 +206,32 @@ class TypeTable:
                                                             type_bits(value_type, op))
         return nbytes
 
-    def op_row(self, op: Any, position: int, category: str, **measures: Any) -> OpRow:
-        """An ``OpRow`` for ``op`` with its shapes, dtype and location filled in."""
-        operand_types, result_types = self.value_types(op)
-        operand_shapes = self.type_shapes(operand_types, op)
+    def result_types(self, op: Any) -> tuple[ir.Type, ...]:
+        """The types of ``op``'s results alone (``value_types`` without the operands)."""
+        last_op, types = self._last_types
+        if op is last_op and types is not None:
+            return types[1]
+        if self.reads_values:
+            return self.facts(op).result_types
+        operation = op.operation
+        results = operation.results
+        return ((operation.result.type,) if len(results) == 1
+                else tuple([value.type for value in results]))
+
+    def op_row(self, op: Any, position: int, category: str, *, same_shape: bool = False,
+               **measures: Any) -> OpRow:
+        """An ``OpRow`` for ``op`` with its shapes, dtype and location filled in.
+
+        ``same_shape``: the op's verifier guarantees that every operand has the result's shape
+        (StableHLO's ``SameOperandsAndResultShape`` trait; static, as the result's is): the
+        operand shapes are the result's, and the operands are only counted (~2 us less)."""
+        operation = op.operation
+        if same_shape:
+            result_types = self.result_types(op)
+            operand_shapes = None
+        else:
+            operand_types, result_types = self.value_types(op)
+            operand_shapes = self.type_shapes(operand_types, op)
         known = self._types
         result_shapes = []
         dtype = ""
@@ -220,7 +242,9 @@ class TypeTable:
             if not result_shapes:
                 dtype = info[1]
             result_shapes.append(info[0])
-        return OpRow(position, op.operation.name, self.location(op), category,
+        if operand_shapes is None:
+            operand_shapes = (result_shapes[0],) * len(operation.operands)
+        return OpRow(position, operation.name, self.location(op), category,
                      operand_shapes, tuple(result_shapes), dtype, **measures)
 
     def location(self, op: Any) -> str:
