@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Iterator
 
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
@@ -79,6 +80,18 @@ def use_fresh_context(*, threads: bool = True) -> None:
 _forked_away: list[ir.Context] = []
 
 
+def _stripped_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` (ended by ``\n`` or ``\r``, as MLIR's lexer ends a comment),
+    stripped, one at a time: a 100 MB dump is not split whole to find its first line."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        for line in text[start:end].split("\r"):
+            yield line.strip()
+        start = end + 1
+
+
 def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
     """Tell MLIR text, MLIR bytecode and HLO text apart by their first meaningful line."""
     if data.startswith(_MLIR_BYTECODE_MAGIC):
@@ -87,8 +100,7 @@ def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputFileError(f"{origin}: not UTF-8 text and not MLIR bytecode") from None
-    for raw_line in text.splitlines():
-        line = raw_line.strip()
+    for line in _stripped_lines(text):
         if not line or line.startswith(("//", "#")):
             continue
         if line.startswith("HloModule"):

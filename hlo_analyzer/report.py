@@ -70,10 +70,16 @@ class Report:
     conditionals: tuple[ConditionalInfo, ...] = ()
     custom_calls: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    _sums: tuple[list[OpRow], int, dict[str, _Sums]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     # -- totals ---------------------------------------------------------------------------------
     def _category_sums(self) -> dict[str, _Sums]:
-        """Per category, in one pass over the rows, each row times its execution count."""
+        """Per category, in one pass over the rows, each row times its execution count (kept
+        until ``rows`` is replaced: checking and rendering a report both need them)."""
+        cached = self._sums
+        if cached is not None and cached[0] is self.rows and cached[1] == len(self.rows):
+            return cached[2]
         sums = {category: _Sums() for category in CATEGORIES}
         latency: float | None = 0
         comm_rows = 0
@@ -88,6 +94,7 @@ class Report:
                 latency = (None if latency is None or row.comm_latency_s is None
                            else latency + row.comm_latency_s * count)
         sums[COMM].latency = latency if comm_rows else None
+        self._sums = (self.rows, len(self.rows), sums)
         return sums
 
     @property
