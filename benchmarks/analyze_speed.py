@@ -29,6 +29,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -124,7 +125,12 @@ MILLION_TARGET_RSS_GIB = 1.5
 
 
 def million_case(tmp: Path) -> None:
-    """The 1M-op module through the real CLI in a child process: wall time and peak RSS."""
+    """The 1M-op module through the real CLI in a child process: wall time and memory.
+
+    The analysis runs in forked processes that share the parsed module (copy-on-write), so the
+    largest process's peak RSS understates what the machine gives: the figure held against the
+    target is the peak of the processes' proportional set sizes summed (``Pss`` of
+    /proc/PID/smaps_rollup, shared pages split among their sharers), sampled every 250 ms (reading smaps costs CPU the analysis needs)."""
     text = synthetic_module(MILLION_OPS)
     dump = tmp / "million.mlir"
     dump.write_text(text)
@@ -132,15 +138,52 @@ def million_case(tmp: Path) -> None:
     command = [sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--format", "json",
                "-o", str(tmp / "million.json")]
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent,
-                            capture_output=True, text=True)
+    process = subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_pss = [0]
+    sampler = threading.Thread(target=_sample_pss, args=(process, peak_pss), daemon=True)
+    sampler.start()
+    _, stderr = process.communicate()
     elapsed = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"analyze-hlo failed on the 1M-op module: {result.stderr.strip()}")
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"analyze-hlo failed on the 1M-op module: {stderr.strip()}")
     rss_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 ** 2
+    pss_gib = peak_pss[0] / 1024 ** 3
     print(f"1M-op module ({dump.stat().st_size / 1e6:.0f} MB): analyze-hlo --format json "
-          f"{elapsed:.1f} s (target < {MILLION_TARGET_S:.0f} s), peak RSS {rss_gib:.2f} GiB "
-          f"(target < {MILLION_TARGET_RSS_GIB} GiB)")
+          f"{elapsed:.1f} s (target < {MILLION_TARGET_S:.0f} s); memory of all its processes "
+          f"{pss_gib:.2f} GiB (target < {MILLION_TARGET_RSS_GIB} GiB; largest process's "
+          f"peak RSS {rss_gib:.2f} GiB)")
+
+
+def _sample_pss(process: subprocess.Popen, peak: list[int]) -> None:
+    """Keep in ``peak[0]`` the largest sum of Pss bytes over ``process`` and its descendants."""
+    while process.poll() is None:
+        total = sum(_pss_bytes(pid) for pid in _process_tree(process.pid))
+        peak[0] = max(peak[0], total)
+        time.sleep(0.25)
+
+
+def _process_tree(pid: int) -> list[int]:
+    pids, index = [pid], 0
+    while index < len(pids):
+        try:
+            children = Path(f"/proc/{pids[index]}/task/{pids[index]}/children").read_text()
+        except OSError:
+            children = ""
+        pids.extend(int(child) for child in children.split())
+        index += 1
+    return pids
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def main() -> None:

@@ -327,8 +327,8 @@ def check_numbers(report: Report) -> None:
     from input sizes or hardware values beyond any real machine, never from a real measurement,
     and NaN/Infinity are not even valid JSON."""
     # Rows repeat a few values: check the distinct ones, and name the first bad row if any.
-    if not all(_is_in_range(value) for name in ROW_MEASURES
-               for value in set(map(operator.attrgetter(name), report.rows))):
+    distinct = set(map(operator.attrgetter(*ROW_MEASURES), report.rows))  # one pass
+    if not all(_is_in_range(value) for values in distinct for value in values):
         for row in report.rows:
             for name in ROW_MEASURES:
                 _check_number(getattr(row, name), f"op {row.op} at {row.location or '?'}: {name}",
