@@ -160,12 +160,13 @@ class FlopsVisitor(IRVisitor):
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
-        operation = op.operation
-        if operation.name in SAME_SHAPE_OPS:  # operand shapes are the result's: not read
+        name = self.op_name
+        if name in SAME_SHAPE_OPS:  # operand shapes are the result's: not read
             result = self.types.info(self.types.result_types(op)[0], op)[0]
-            self.op_counts[operation.name] += 1
+            self.op_counts[name] += 1
             self.rows.append(self.types.op_row(op, self.position, VECTOR, same_shape=True,
-                                               flops=num_elements(result), scope=self.scope))
+                                               name=name, flops=num_elements(result),
+                                               scope=self.scope))
             return
         self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
 
@@ -204,7 +205,7 @@ class FlopsVisitor(IRVisitor):
 
     # -- no FLOPs -------------------------------------------------------------------------------
     def _visit_data_movement(self, op: Any) -> None:
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
 
     def visit_custom_call(self, op: Any) -> None:
         """No FLOPs counted (the target's work is opaque), but always listed with its target."""
@@ -216,25 +217,25 @@ class FlopsVisitor(IRVisitor):
 
     def visit_composite(self, op: Any) -> None:
         """Measured through its decomposition (walked as a call)."""
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
         super().visit_composite(op)
 
     def visit_call(self, op: Any) -> None:
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
         super().visit_call(op)
 
     def _visit_neutral(self, op: Any) -> None:
         """Annotations and wrappers with no work of their own; regions (if any) are walked."""
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
         super().generic_visit(op)
 
     def _visit_structure(self, op: Any) -> None:
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
         super().generic_visit(op)
 
     def _visit_collective(self, op: Any) -> None:
         """Communication is CommVisitor's to measure; here it only must not count as unknown."""
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
 
     # -- element-wise (written out, delegating) --------------------------------------
     def visit_add(self, op: Any) -> None:
@@ -481,7 +482,7 @@ class FlopsVisitor(IRVisitor):
         self._visit_structure(op)
 
     def visit_async_start(self, op: Any) -> None:
-        self.op_counts[op.operation.name] += 1
+        self.op_counts[self.op_name] += 1
         super().visit_async_start(op)
 
     def visit_async_done(self, op: Any) -> None:
@@ -527,9 +528,9 @@ class FlopsVisitor(IRVisitor):
         return self.types.info(self.types.value_types(op)[1][index], op)[0]
 
     def _record(self, op: Any, category: str, flops: int) -> None:
-        self.op_counts[op.operation.name] += 1
-        self.rows.append(self.types.op_row(op, self.position, category, flops=int(flops),
-                                           scope=self.scope))
+        self.op_counts[self.op_name] += 1
+        self.rows.append(self.types.op_row(op, self.position, category, name=self.op_name,
+                                           flops=int(flops), scope=self.scope))
 
 
 def _dialect(operation: Any) -> Any:

@@ -219,8 +219,9 @@ class TypeTable:
                 else tuple([value.type for value in results]))
 
     def op_row(self, op: Any, position: int, category: str, *, same_shape: bool = False,
-               **measures: Any) -> OpRow:
-        """An ``OpRow`` for ``op`` with its shapes, dtype and location filled in.
+               name: str | None = None, **measures: Any) -> OpRow:
+        """An ``OpRow`` for ``op`` (named ``name``, if the caller has read it) with its shapes,
+        dtype and location filled in.
 
         ``same_shape``: the op's verifier guarantees that every operand has the result's shape
         (StableHLO's ``SameOperandsAndResultShape`` trait; static, as the result's is): the
@@ -244,7 +245,7 @@ class TypeTable:
             result_shapes.append(info[0])
         if operand_shapes is None:
             operand_shapes = (result_shapes[0],) * len(operation.operands)
-        return OpRow(position, operation.name, self.location(op), category,
+        return OpRow(position, name or operation.name, self.location(op), category,
                      operand_shapes, tuple(result_shapes), dtype, **measures)
 
     def location(self, op: Any) -> str:

@@ -126,6 +126,7 @@ class IRVisitor:
 
     def __init__(self) -> None:
         self.position = -1
+        self.op_name = ""  # the full name of the op being visited (read once per op)
         self._method_cache: dict[str, Callable[[Any], Any]] = {}
         self._symbols: dict[str, Any] = {}
         self.scopes: list[Scope] = [Scope(-1, "", -1, "", 0)]
@@ -154,7 +155,7 @@ class IRVisitor:
 
     def _visit_operation(self, node: Any) -> Any:
         self.position += 1
-        name = node.operation.name
+        name = self.op_name = node.operation.name
         method = self._method_cache.get(name)
         if method is None:
             method = getattr(self, "visit_" + short_op_name(name), self.generic_visit)
@@ -261,7 +262,7 @@ class IRVisitor:
     def _visit_followed(self, node: Any) -> None:
         """Dispatch ``node`` to this visitor, then to each follower at the same position."""
         self.position += 1
-        name = node.operation.name
+        name = self.op_name = node.operation.name
         followed = self._follow_cache.get(name)
         if followed is None:
             followed = self._follow_cache[name] = (
@@ -270,7 +271,7 @@ class IRVisitor:
         followed[0](node)
         position, scope = self.position, self.scope
         for follower, follower_method in followed[1]:
-            follower.position, follower.scope = position, scope
+            follower.position, follower.scope, follower.op_name = position, scope, name
             follower_method(node)
 
     # -- modules and calls ----------------------------------------------------------------------
