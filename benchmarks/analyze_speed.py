@@ -14,12 +14,14 @@ RSS; targets < 15 s and < 1.5 GiB. It needs a few GiB: run it under ``flock /tmp
 
     python3 benchmarks/analyze_speed.py [--ops 100000] [--million]
 
-Last measured (shared 2-core machine, noisy; branch speed, one walk for FLOPs, comm and memory):
-100k ops 1.48-1.64 s against a 0.43-0.53 s baseline, 2.8-3.5x (before: 2.02-2.08 s, 3.6-4.1x);
-1M ops 20.0 s and 1.46 GiB (before: 27.9 s, 1.38 GiB). Neither target is met. The floor: parse is
-~0.45 s of the baseline, and reading every op's operands, results, their types and location
-through the bindings (which rows and liveness need) costs ~0.25-0.3 s more at 100k ops, so an
-inline loop doing only that and the rows is already ~0.53 s after the parse (~2x before any JSON).
+Last measured (shared 2-core machine, noisy): 100k ops 1.22-1.32 s against a 0.53-0.61 s
+baseline, 2.1-2.4x (3.4x at the start of the session that moved the memory walk to a second
+process, 1.69 s); 1M ops 14.3-15.6 s (20.0 s before), 1.0-1.2 GiB of Pss for all processes.
+Neither time target is met reliably. Where the time goes at 100k ops: the parse (~0.45 s, the
+baseline's bulk) and, on two cores at once, the FLOPs/comm walk (~0.52 s) and the memory walk
+(~0.45 s), then ~0.1 s of JSON. Each walk is mostly the bindings: reading an op's operands costs
+~1.5 us, a value's type ~0.5 us, its location ~0.4 us, its name ~0.2 us; these reads alone are
+~0.35 s of each walk. At 1M ops jaxlib's parser alone takes ~6.3 s (superlinear: 14x for 10x).
 """
 
 from __future__ import annotations
