@@ -27,55 +27,104 @@ _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
 
 
 class DataflowVisitor(IRVisitor):
-    """Builds ``self.graph``: one node per op, an edge from each producer to each consumer."""
+    """Builds ``self.graph``: one node per op, an edge from each producer to each consumer.
+
+    It walks like the measuring visitors (``skip_scalar_bodies``), so it can follow them in one
+    walk (``IRVisitor.walk_with``; ``hlo_analyzer.report.analyze(..., followers=...)``) and
+    number its nodes with the same positions as the report's rows; made with their ``types``, it
+    reads each op's values once for all of them. Values are keyed by ``hash(value)`` (the
+    bindings hash a value by its MLIR pointer, as ``hlo_analyzer.memory`` does), which keeps no
+    value object alive. The walk records nodes and edges; ``graph`` assembles them (in walk
+    order) on first use.
+    """
 
     skip_scalar_bodies = True
 
-    def __init__(self) -> None:
+    def __init__(self, types: TypeTable | None = None) -> None:
         super().__init__()
-        self.graph = nx.DiGraph()
-        #: node -> producers of its operands (the ``operands`` attribute), for fast backward walks
-        self.graph.graph["producers"] = {}
-        self.types = TypeTable()
-        self._producer: dict[ir.Value, int] = {}
-        self._arguments: dict[ir.Value, int] = {}
+        self.types = types if types is not None else TypeTable()
+        self.types.reads_values = True  # producers are found by the operand values
+        self._nodes: list[tuple[int, dict[str, Any]]] = []
+        self._producers: dict[int, list[int]] = {}  # node -> producers of its operands
+        self._producer: dict[int, int] = {}
+        self._arguments: dict[int, int] = {}
+        self._short_names: dict[str, str] = {}
+        self._dims: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
+        self._graph: nx.DiGraph | None = None
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
+        the producers of its operands, for fast backward walks."""
+        if self._graph is None:
+            graph = self._graph = nx.DiGraph(producers=self._producers)
+            graph.add_nodes_from(self._nodes)
+            graph.add_edges_from((producer, node) for node, producers in self._producers.items()
+                                 for producer in producers)
+        return self._graph
 
     def generic_visit(self, node: Any) -> None:
-        if isinstance(node, (ir.Region, ir.Block)) or node.operation.name == "func.func":
+        if isinstance(node, (ir.Region, ir.Block)):
             super().generic_visit(node)
             return
         operation = node.operation
+        full_name = operation.name
+        name = self._short_names.get(full_name)
+        if name is None:
+            name = self._short_names[full_name] = short_op_name(full_name)
+        if full_name == "func.func":
+            super().generic_visit(node)
+            return
         position = self.position
-        producers = [self._producer.get(value) for value in operation.operands]
-        name = short_op_name(operation.name)
+        types = self.types
+        facts = types.facts(node)
+        producer_of = self._producer.get
+        producers = [producer_of(hash(value)) for value in facts.operands]
+        operand_shapes = types.type_shapes(types.value_types(node)[0], node)
+        result_shapes = types.type_shapes(facts.result_types, node)
         attributes: dict[str, Any] = {
             "name": name,
-            "op": operation.name,
+            "op": full_name,
             "operands": producers,
             "arguments": [None if producer is not None else self._argument(value)
-                          for producer, value in zip(producers, operation.operands)],
-            "operand_shapes": self.types.shapes(operation.operands, node),
-            "result_shapes": self.types.shapes(operation.results, node),
-            "dtype": self.types.dtype(operation.results[0]) if len(operation.results) else "",
+                          for producer, value in zip(producers, facts.operands)],
+            "operand_shapes": operand_shapes,
+            "result_shapes": result_shapes,
+            "dtype": types.info(facts.result_types[0], node)[1] if facts.result_types else "",
         }
-        if name in GEMM_OPS:
-            attributes["dot_dims"] = dot_dims(node, attributes["operand_shapes"],
-                                              attributes["result_shapes"][0])
-        elif name == "convolution":
-            attributes["dot_dims"] = conv_dims(node, attributes["operand_shapes"],
-                                               attributes["result_shapes"][0])
-        self.graph.add_node(position, **attributes)
-        self.graph.graph["producers"][position] = [p for p in producers if p is not None]
-        for producer in producers:
-            if producer is not None:
-                self.graph.add_edge(producer, position)
-        for value in operation.results:
-            self._producer[value] = position
+        if name in GEMM_OPS or name == "convolution":
+            attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
+        self._nodes.append((position, attributes))
+        self._producers[position] = [p for p in producers if p is not None]
+        producer = self._producer
+        for value in facts.results:
+            producer[hash(value)] = position
         super().generic_visit(node)
 
-
     def _argument(self, value: ir.Value) -> int:
-        return self._arguments.setdefault(value, len(self._arguments))
+        return self._arguments.setdefault(hash(value), len(self._arguments))
+
+    def _gemm_dims(self, op: Any, name: str, operand_shapes: tuple,
+                   result_shape: tuple) -> tuple[int, int, int, int]:
+        """:func:`dot_dims` or :func:`conv_dims`, once per distinct op name, dimension numbers
+        and shapes (the attributes are uniqued in their context, so equal ones are one key)."""
+        attributes = op.operation.attributes
+        numbers = tuple(attributes[key] for key in _GEMM_DIMENSION_ATTRIBUTES[name]
+                        if key in attributes)
+        key = (name, numbers, operand_shapes, result_shape)
+        dims = self._dims.get(key)
+        if dims is None:
+            measure = conv_dims if name == "convolution" else dot_dims
+            dims = self._dims[key] = measure(op, operand_shapes, result_shape)
+        return dims
+
+
+#: The attributes that, with the operand shapes, decide a GEMM's (M, K, N, batch).
+_GEMM_DIMENSION_ATTRIBUTES = {
+    "dot": (),
+    "dot_general": ("dot_dimension_numbers",),
+    "convolution": ("dimension_numbers", "feature_group_count"),
+}
 
 
 def dot_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int, int, int, int]:
