@@ -187,10 +187,14 @@ def after_exponential(graph: nx.DiGraph) -> frozenset[int]:
         producers = graph.graph["producers"]
         names = dict(graph.nodes(data="name"))
         reached: set[int] = set()
-        for node in sorted(graph.nodes):
-            if names[node] == "exponential" or any(
-                    p in reached and names[p] not in GEMM_OPS for p in producers[node]):
+        for node in sorted(names):
+            if names[node] == "exponential":
                 reached.add(node)
+                continue
+            for p in producers[node]:
+                if p in reached and names[p] not in GEMM_OPS:
+                    reached.add(node)
+                    break
         cached = graph.graph["after_exponential"] = frozenset(reached)
     return cached
 

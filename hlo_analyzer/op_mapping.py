@@ -343,6 +343,10 @@ class _Groups:
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
 
+    def add(self, node: int) -> None:
+        """A new node, alone in its group."""
+        self.parent[node] = node
+
     def find(self, node: int) -> int:
         root = node
         while self.parent.setdefault(root, root) != root:
@@ -373,25 +377,31 @@ def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list
     floating: set[int] = set()
     depth: dict[int, int] = {}
     groups = _Groups()
-    for node in sorted(graph.nodes):
-        attributes = graph.nodes[node]
+    attributes_of = dict(graph.nodes(data=True))
+    for node in sorted(attributes_of):
+        attributes = attributes_of[node]
         operands = attributes["operands"]
         name = attributes["name"]
-        if name in CONSTANT_OPS or (operands and all(p in constant for p in operands)
-                                    and name in FREE_MOVEMENT_OPS):
+        movement = name in FREE_MOVEMENT_OPS
+        if name in CONSTANT_OPS or (movement and operands and all(p in constant for p in operands)):
             constant.add(node)
             continue
         inputs = [p for p in operands if p is not None and p not in constant]
-        depth[node] = max((depth[p] + (0 if p in fusable else 1) for p in inputs), default=0)
-        if node not in vector_nodes and name not in FREE_MOVEMENT_OPS:
+        node_depth = 0  # the most unfusable ops on a path from the inputs
+        for p in inputs:
+            through = depth[p] if p in fusable else depth[p] + 1
+            if through > node_depth:
+                node_depth = through
+        depth[node] = node_depth
+        if not movement and node not in vector_nodes:
             continue
         fusable.add(node)
-        groups.find(node)
+        groups.add(node)
         is_floating = all(p in floating for p in inputs)
         if is_floating:
             floating.add(node)
         for p in inputs:
-            if p in fusable and (p in floating) == is_floating and depth[p] == depth[node]:
+            if p in fusable and (p in floating) == is_floating and depth[p] == node_depth:
                 groups.union(p, node)
     floating_groups: dict[int, list[int]] = {}
     for node in floating:
