@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
     from hlo_analyzer.report import Report
+    from hlo_analyzer.sections import MappingSection
 
 log = logging.getLogger("hlo_analyzer")
 
@@ -341,7 +343,27 @@ def check_numbers(report: Report) -> None:
             for name in ROW_MEASURES:
                 _check_number(getattr(row, name), f"op {row.op} at {row.location or '?'}: {name}",
                               report.source)
-    _check_tree(report.to_dict(with_ops=False), "", report.source)
+    # The mapping's kernels likewise: their distinct values, then the tree for the name if bad.
+    _check_tree(report.to_dict(with_ops=False, with_kernels=False), "", report.source)
+    mapping = report.sections.mapping
+    if mapping is not None and not _kernels_in_range(mapping):
+        _check_tree(report.to_dict(with_ops=False), "", report.source)
+
+
+def _kernels_in_range(mapping: MappingSection) -> bool:
+    """Whether every number of the mapped kernels (each field of each ``MappedOp``, the
+    elements of its tuples, and its block pair) is in range, each distinct value checked once."""
+    from hlo_analyzer.op_mapping import MappedOp
+
+    ops = mapping.program.ops
+    values = set(mapping.pair_of)
+    for field in dataclasses.fields(MappedOp):
+        for value in set(map(operator.attrgetter(field.name), ops)):
+            if isinstance(value, tuple):
+                values.update(value)
+            else:
+                values.add(value)
+    return all(map(_is_in_range, values))
 
 
 def _check_tree(value: Any, where: str, source: str) -> None:
