@@ -48,7 +48,8 @@ class DataflowVisitor(IRVisitor):
         self._producers: dict[int, list[int]] = {}  # node -> producers of its operands
         self._producer: dict[int, int] = {}
         self._arguments: dict[int, int] = {}
-        self._short_names: dict[str, str] = {}
+        #: (op name, operand types, result types) -> what ``_signature`` reads off them
+        self._signatures: dict[tuple[Any, ...], tuple[str, tuple, tuple, str]] = {}
         self._dims: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
         self._graph: nx.DiGraph | None = None
 
@@ -67,39 +68,46 @@ class DataflowVisitor(IRVisitor):
         if isinstance(node, (ir.Region, ir.Block)):
             super().generic_visit(node)
             return
-        operation = node.operation
-        full_name = operation.name
-        name = self._short_names.get(full_name)
-        if name is None:
-            name = self._short_names[full_name] = short_op_name(full_name)
+        full_name = self.op_name  # set by the walk (IRVisitor)
         if full_name == "func.func":
             super().generic_visit(node)
             return
         position = self.position
-        types = self.types
-        facts = types.facts(node)
+        facts = self.types.facts(node)
+        operand_types, result_types = self.types.value_types(node)
+        key = (full_name, operand_types, result_types)
+        signature = self._signatures.get(key)
+        if signature is None:
+            signature = self._signatures[key] = self._signature(node, full_name, operand_types, result_types)
+        name, operand_shapes, result_shapes, dtype = signature
         producer_of = self._producer.get
         producers = [producer_of(hash(value)) for value in facts.operands]
-        operand_shapes = types.type_shapes(types.value_types(node)[0], node)
-        result_shapes = types.type_shapes(facts.result_types, node)
+        if None in producers:
+            arguments = [None if producer is not None else self._argument(value)
+                         for producer, value in zip(producers, facts.operands)]
+            known = [p for p in producers if p is not None]
+        else:
+            arguments, known = [None] * len(producers), list(producers)
         attributes: dict[str, Any] = {
-            "name": name,
-            "op": full_name,
-            "operands": producers,
-            "arguments": [None if producer is not None else self._argument(value)
-                          for producer, value in zip(producers, facts.operands)],
-            "operand_shapes": operand_shapes,
-            "result_shapes": result_shapes,
-            "dtype": types.info(facts.result_types[0], node)[1] if facts.result_types else "",
+            "name": name, "op": full_name, "operands": producers, "arguments": arguments,
+            "operand_shapes": operand_shapes, "result_shapes": result_shapes, "dtype": dtype,
         }
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
         self._nodes.append((position, attributes))
-        self._producers[position] = [p for p in producers if p is not None]
+        self._producers[position] = known
         producer = self._producer
         for value in facts.results:
             producer[hash(value)] = position
         super().generic_visit(node)
+
+    def _signature(self, op: Any, full_name: str, operand_types: tuple[ir.Type, ...],
+                   result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str]:
+        """(short name, operand shapes, result shapes, dtype) of ops with this name and types."""
+        types = self.types
+        return (short_op_name(full_name), types.type_shapes(operand_types, op),
+                types.type_shapes(result_types, op),
+                types.info(result_types[0], op)[1] if result_types else "")
 
     def _argument(self, value: ir.Value) -> int:
         return self._arguments.setdefault(hash(value), len(self._arguments))
