@@ -59,7 +59,10 @@ class DataflowVisitor(IRVisitor):
         the producers of its operands, for fast backward walks."""
         if self._graph is None:
             graph = self._graph = nx.DiGraph(producers=self._producers)
-            graph.add_nodes_from(self._nodes)
+            graph.add_nodes_from([node for node, _ in self._nodes])
+            nodes = graph.nodes
+            for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs
+                nodes[node].update(attributes)
             graph.add_edges_from((producer, node) for node, producers in self._producers.items()
                                  for producer in producers)
         return self._graph
