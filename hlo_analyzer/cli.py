@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import itertools
 import logging
 import math
 import operator
@@ -352,18 +353,20 @@ def check_numbers(report: Report) -> None:
 
 def _kernels_in_range(mapping: MappingSection) -> bool:
     """Whether every number of the mapped kernels (each field of each ``MappedOp``, the
-    elements of its tuples, and its block pair) is in range, each distinct value checked once."""
+    elements of its tuples, and its block pair) is in range: the distinct combinations of the
+    fields that repeat (kernels of one signature), the positions by their least."""
     from hlo_analyzer.op_mapping import MappedOp
 
     ops = mapping.program.ops
-    values = set(mapping.pair_of)
-    for field in dataclasses.fields(MappedOp):
-        for value in set(map(operator.attrgetter(field.name), ops)):
-            if isinstance(value, tuple):
-                values.update(value)
-            else:
-                values.add(value)
-    return all(map(_is_in_range, values))
+    if not ops:
+        return True
+    varying = ("position", "positions")
+    repeating = [field.name for field in dataclasses.fields(MappedOp) if field.name not in varying]
+    distinct = set(map(operator.attrgetter(*repeating), ops))  # one pass
+    least = min(min(map(operator.attrgetter("position"), ops)),
+                min(itertools.chain.from_iterable(map(operator.attrgetter("positions"), ops)), default=0))
+    return (_is_in_range(least) and all(map(_is_in_range, set(mapping.pair_of)))
+            and all(_is_in_range(value) for values in distinct for value in values))
 
 
 def _check_tree(value: Any, where: str, source: str) -> None:

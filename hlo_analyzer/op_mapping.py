@@ -406,14 +406,23 @@ class _Signatures:
 
 
 class _Groups:
-    """Union-find of fusable nodes (fused mode)."""
+    """Union-find of fusable nodes (fused mode). A group's root is its least node, so a node's
+    parent is never greater than the node."""
 
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
 
-    def add(self, node: int) -> None:
-        """A new node, alone in its group."""
-        self.parent[node] = node
+    def add(self, node: int, joining: Sequence[int] = ()) -> None:
+        """A new node (greater than every node added before), in one group with the nodes
+        ``joining`` (alone if none)."""
+        if len(joining) == 1:  # the common case
+            self.parent[node] = self.find(joining[0])
+            return
+        roots = {self.find(other) for other in joining}
+        root = min(roots, default=node)
+        self.parent[node] = root
+        for other in roots:
+            self.parent[other] = root
 
     def find(self, node: int) -> int:
         root = node
@@ -427,6 +436,18 @@ class _Groups:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
+
+    def members(self) -> list[list[int]]:
+        """Every group, as its nodes in increasing order (one pass: in increasing order a
+        node's parent has its root already)."""
+        parent = self.parent
+        root_of: dict[int, int] = {}
+        groups: dict[int, list[int]] = {}
+        for node in sorted(parent):
+            up = parent[node]
+            root = root_of[node] = node if up == node else root_of[up]
+            groups.setdefault(root, []).append(node)
+        return list(groups.values())
 
 
 def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
@@ -444,6 +465,8 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
     constant: set[int] = set()
     fusable: set[int] = set()
     floating: set[int] = set()
+    #: the most unfusable ops on a path from the inputs to a fusable node; for an unfusable
+    #: node, one more (what it adds to the paths through it)
     depth: dict[int, int] = {}
     groups = _Groups()
     for node in sorted(attributes_of):
@@ -451,26 +474,21 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
         operands = attributes["operands"]
         name = attributes["name"]
         movement = name in FREE_MOVEMENT_OPS
-        if name in CONSTANT_OPS or (movement and operands and all(p in constant for p in operands)):
+        if name in CONSTANT_OPS or (movement and operands and constant.issuperset(operands)):
             constant.add(node)
             continue
-        inputs = [p for p in operands if p is not None and p not in constant]
-        node_depth = 0  # the most unfusable ops on a path from the inputs
-        for p in inputs:
-            through = depth[p] if p in fusable else depth[p] + 1
-            if through > node_depth:
-                node_depth = through
-        depth[node] = node_depth
+        inputs = [p for p in operands if p in depth]  # neither a constant nor an argument
+        node_depth = max(map(depth.__getitem__, inputs), default=0)
         if not movement and node not in vector_nodes:
+            depth[node] = node_depth + 1
             continue
+        depth[node] = node_depth
         fusable.add(node)
-        groups.add(node)
-        is_floating = all(p in floating for p in inputs)
+        is_floating = floating.issuperset(inputs)
         if is_floating:
             floating.add(node)
-        for p in inputs:
-            if p in fusable and (p in floating) == is_floating and depth[p] == node_depth:
-                groups.union(p, node)
+        groups.add(node, [p for p in inputs if p in fusable and (p in floating) == is_floating
+                          and depth[p] == node_depth])
     floating_groups: dict[int, list[int]] = {}
     for node in floating:
         floating_groups.setdefault(groups.find(node), []).append(node)
@@ -478,10 +496,7 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
         readers = {r for node in nodes for r in graph.successors(node)} - set(nodes)
         if len(readers) == 1 and (reader := readers.pop()) in fusable:
             groups.union(nodes[0], reader)
-    members: dict[int, list[int]] = {}
-    for node in fusable:
-        members.setdefault(groups.find(node), []).append(node)
-    return [sorted(nodes) for nodes in members.values() if vector_nodes.intersection(nodes)], constant
+    return [nodes for nodes in groups.members() if not vector_nodes.isdisjoint(nodes)], constant
 
 
 def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
