@@ -19,6 +19,7 @@ import networkx as nx
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
+from hlo_analyzer.flops import SAME_SHAPE_OPS
 from hlo_analyzer.tensors import TypeTable
 from hlo_analyzer.visitor import IRVisitor, short_op_name
 
@@ -67,21 +68,28 @@ class DataflowVisitor(IRVisitor):
                                  for producer in producers)
         return self._graph
 
+    def visit_region(self, region: ir.Region) -> None:
+        IRVisitor.generic_visit(self, region)
+
+    def visit_block(self, block: ir.Block) -> None:
+        IRVisitor.generic_visit(self, block)
+
+    def visit_func(self, op: Any) -> None:
+        """A function is no node: its body is walked."""
+        IRVisitor.generic_visit(self, op)
+
     def generic_visit(self, node: Any) -> None:
-        if isinstance(node, (ir.Region, ir.Block)):
-            super().generic_visit(node)
-            return
         full_name = self.op_name  # set by the walk (IRVisitor)
-        if full_name == "func.func":
-            super().generic_visit(node)
-            return
         position = self.position
-        facts = self.types.facts(node)
-        operand_types, result_types = self.types.value_types(node)
-        key = (full_name, operand_types, result_types)
+        types = self.types
+        facts = types.facts(node)
+        if full_name in SAME_SHAPE_OPS:  # the operands have the result's shape: not read
+            key: tuple[Any, ...] = (full_name, len(facts.operands), facts.result_types)
+        else:
+            key = (full_name, *types.value_types(node))
         signature = self._signatures.get(key)
         if signature is None:
-            signature = self._signatures[key] = self._signature(node, full_name, operand_types, result_types)
+            signature = self._signatures[key] = self._signature(node, *key)
         name, operand_shapes, result_shapes, dtype = signature
         producer_of = self._producer.get
         producers = [producer_of(hash(value)) for value in facts.operands]
@@ -102,14 +110,18 @@ class DataflowVisitor(IRVisitor):
         producer = self._producer
         for value in facts.results:
             producer[hash(value)] = position
-        super().generic_visit(node)
+        if not self.following:  # (following, the leader walks the regions)
+            IRVisitor.generic_visit(self, node)
 
-    def _signature(self, op: Any, full_name: str, operand_types: tuple[ir.Type, ...],
+    def _signature(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
                    result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str]:
-        """(short name, operand shapes, result shapes, dtype) of ops with this name and types."""
+        """(short name, operand shapes, result shapes, dtype) of ops with this name, operand
+        types (or count, for ``SAME_SHAPE_OPS``) and result types."""
         types = self.types
-        return (short_op_name(full_name), types.type_shapes(operand_types, op),
-                types.type_shapes(result_types, op),
+        result_shapes = types.type_shapes(result_types, op)
+        operand_shapes = ((result_shapes[0],) * operands if isinstance(operands, int)
+                          else types.type_shapes(operands, op))
+        return (short_op_name(full_name), operand_shapes, result_shapes,
                 types.info(result_types[0], op)[1] if result_types else "")
 
     def _argument(self, value: ir.Value) -> int:
