@@ -136,41 +136,62 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
 
 
 # -- finding the pieces ---------------------------------------------------------------------------
-def _is_gemm(graph: nx.DiGraph, node: int) -> bool:
+def _gemm_nodes(graph: nx.DiGraph) -> frozenset[int]:
+    """The graph's GEMM nodes (cached on the graph)."""
     gemms = graph.graph.get("gemms")
     if gemms is None:
         gemms = graph.graph["gemms"] = frozenset(n for n, name in graph.nodes(data="name") if name in GEMM_OPS)
-    return node in gemms
+    return gemms
 
 
 def _gemms_before(graph: nx.DiGraph, node: int, operand: int, *,
                   limit: int | None = None) -> tuple[set[int], set[int]]:
     producer = graph.nodes[node]["operands"][operand]
-    return walk_until(graph, [producer], backward=True, stop=lambda n: _is_gemm(graph, n), limit=limit)
+    return walk_until(graph, [producer], backward=True, stop=_gemm_nodes(graph).__contains__, limit=limit)
 
 
 def _gemms_after(graph: nx.DiGraph, nodes: list[int]) -> set[int]:
     starts = [s for node in nodes for s in graph.successors(node)]
-    return walk_until(graph, starts, backward=False, stop=lambda n: _is_gemm(graph, n))[0]
+    return walk_until(graph, starts, backward=False, stop=_gemm_nodes(graph).__contains__)[0]
+
+
+class _Projections:
+    """The GEMMs an operand of a node reaches back to (and the nodes passed on the way), walked
+    once per producer: the q, k and v paths of an attention often start at one node."""
+
+    def __init__(self, graph: nx.DiGraph) -> None:
+        self.graph = graph
+        self.is_gemm = _gemm_nodes(graph).__contains__
+        self.walks: dict[int | None, tuple[set[int], set[int]]] = {}
+
+    def before(self, node: int, operand: int) -> tuple[set[int], set[int]]:
+        """(GEMMs reached, nodes passed); the sets are shared: do not change them."""
+        producer = self.graph.nodes[node]["operands"][operand]
+        walk = self.walks.get(producer)
+        if walk is None:
+            walk = self.walks[producer] = walk_until(self.graph, [producer], backward=True, stop=self.is_gemm)
+        return walk
 
 
 def find_attentions(graph: nx.DiGraph) -> list[Attention]:
     """Every attention of the graph (step 1 of the module docstring), self- and cross-."""
     by_projections: dict[tuple[int, int], Attention] = {}
     softmax_outputs = after_exponential(graph)
-    for node in sorted(graph.nodes):
-        if not _is_gemm(graph, node) or graph.nodes[node]["operands"][0] not in softmax_outputs:
+    projections = _Projections(graph)
+    nodes = graph.nodes
+    for node in sorted(_gemm_nodes(graph)):
+        if nodes[node]["operands"][0] not in softmax_outputs:
             continue
         scores, passed = _gemms_before(graph, node, 0, limit=SOFTMAX_SPAN_LIMIT)
-        if not scores or not any(graph.nodes[p]["name"] == "exponential" for p in passed):
+        if not scores or not any(nodes[p]["name"] == "exponential" for p in passed):
             continue
         q_side, k_side, q_path = set(), set(), set()
         for score in scores:
-            q_gemms, q_passed = _gemms_before(graph, score, 0)
+            q_gemms, q_passed = projections.before(score, 0)
             q_side |= q_gemms
             q_path |= q_passed
-            k_side |= _gemms_before(graph, score, 1)[0]
-        v_side = _gemms_before(graph, node, 1)[0]
+            k_side |= projections.before(score, 1)[0]
+        v_side = projections.before(node, 1)[0]
         if len(q_side) != 1 or len(k_side) != 1 or k_side != v_side:
             continue  # not an attention: a product fed by several projections
         key = (q_side.pop(), k_side.pop())
@@ -178,7 +199,7 @@ def find_attentions(graph: nx.DiGraph) -> list[Attention]:
         attention.values.append(node)
         attention.scores.extend(s for s in sorted(scores) if s not in attention.scores)
         attention.q_norms = sorted(set(attention.q_norms) | {
-            p for p in q_path if graph.nodes[p]["name"] == "rsqrt"})
+            p for p in q_path if nodes[p]["name"] == "rsqrt"})
     return list(by_projections.values())
 
 

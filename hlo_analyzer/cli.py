@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import itertools
 import logging
 import math
 import operator
@@ -23,7 +25,10 @@ from hlo_trace.errors import UsageError
 from hlo_trace.isolate import ChildTask, call_in_child, start_in_child
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from hlo_analyzer.report import Report
+    from hlo_analyzer.sections import MappingSection
 
 log = logging.getLogger("hlo_analyzer")
 
@@ -202,7 +207,7 @@ def _render(request: _Request) -> str | None:
     log.info("loading %s", dump)
     module = load_module(dump)
     log.info("counting FLOPs, collectives and memory")
-    report = _measure(module, request)
+    report, graph = _measure(module, request)
     if request.hardware is not None:
         from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar_caption_tokens
         from hlo_analyzer.memory import sidecar_for
@@ -219,7 +224,7 @@ def _render(request: _Request) -> str | None:
         with _as_usage_error(dump, f"cannot be mapped on {request.hardware}"):
             add_hardware_sections(
                 report, module, request.hardware, steps=request.steps, pairs=request.pairs,
-                options=options,
+                options=options, graph=graph,
                 link_bandwidth_bytes_per_s=None if request.link_bandwidth is None
                 else request.link_bandwidth * 1e9,
                 hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
@@ -242,9 +247,10 @@ def _render(request: _Request) -> str | None:
     return None
 
 
-def _measure(module: Any, request: _Request) -> Report:
+def _measure(module: Any, request: _Request) -> tuple[Report, nx.DiGraph | None]:
     """FLOPs, collectives and memory of ``module``: the memory in the same walk, or at the same
-    time in a forked child (``request.parallel``)."""
+    time in a forked child (``request.parallel``); with ``--hw``, the dataflow graph that the
+    mapping needs, built in the same walk."""
     from hlo_analyzer.memory import (
         MemoryVisitor,
         add_memory_section,
@@ -265,11 +271,16 @@ def _measure(module: Any, request: _Request) -> Report:
     types = TypeTable()
     task = _start_memory(module, inputs, capacity, dump) if request.parallel else None
     memory = MemoryVisitor(inputs, types) if task is None else None
+    dataflow = None
+    if request.hardware is not None:
+        from hlo_analyzer.dataflow import DataflowVisitor
+
+        dataflow = DataflowVisitor(types)
     try:
         with _as_usage_error(dump, "cannot be measured"):
             report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
-                             branch=request.branch, followers=(memory,) if memory else (),
-                             types=types)
+                             branch=request.branch, types=types,
+                             followers=tuple(v for v in (memory, dataflow) if v is not None))
         if task is not None:
             usage = task.result()
         else:
@@ -280,7 +291,7 @@ def _measure(module: Any, request: _Request) -> Report:
         if task is not None:
             task.cancel()
     add_memory_section(report, usage, sidecar_path)
-    return report
+    return report, None if dataflow is None else dataflow.graph
 
 
 #: Dumps from this size up have their memory measured in a second process, beside the rest
@@ -333,7 +344,29 @@ def check_numbers(report: Report) -> None:
             for name in ROW_MEASURES:
                 _check_number(getattr(row, name), f"op {row.op} at {row.location or '?'}: {name}",
                               report.source)
-    _check_tree(report.to_dict(with_ops=False), "", report.source)
+    # The mapping's kernels likewise: their distinct values, then the tree for the name if bad.
+    _check_tree(report.to_dict(with_ops=False, with_kernels=False), "", report.source)
+    mapping = report.sections.mapping
+    if mapping is not None and not _kernels_in_range(mapping):
+        _check_tree(report.to_dict(with_ops=False), "", report.source)
+
+
+def _kernels_in_range(mapping: MappingSection) -> bool:
+    """Whether every number of the mapped kernels (each field of each ``MappedOp``, the
+    elements of its tuples, and its block pair) is in range: the distinct combinations of the
+    fields that repeat (kernels of one signature), the positions by their least."""
+    from hlo_analyzer.op_mapping import MappedOp
+
+    ops = mapping.program.ops
+    if not ops:
+        return True
+    varying = ("position", "positions")
+    repeating = [field.name for field in dataclasses.fields(MappedOp) if field.name not in varying]
+    distinct = set(map(operator.attrgetter(*repeating), ops))  # one pass
+    least = min(min(map(operator.attrgetter("position"), ops)),
+                min(itertools.chain.from_iterable(map(operator.attrgetter("positions"), ops)), default=0))
+    return (_is_in_range(least) and all(map(_is_in_range, set(mapping.pair_of)))
+            and all(_is_in_range(value) for values in distinct for value in values))
 
 
 def _check_tree(value: Any, where: str, source: str) -> None:

@@ -19,6 +19,7 @@ import networkx as nx
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
+from hlo_analyzer.flops import SAME_SHAPE_OPS
 from hlo_analyzer.tensors import TypeTable
 from hlo_analyzer.visitor import IRVisitor, short_op_name
 
@@ -27,55 +28,126 @@ _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
 
 
 class DataflowVisitor(IRVisitor):
-    """Builds ``self.graph``: one node per op, an edge from each producer to each consumer."""
+    """Builds ``self.graph``: one node per op, an edge from each producer to each consumer.
+
+    It walks like the measuring visitors (``skip_scalar_bodies``), so it can follow them in one
+    walk (``IRVisitor.walk_with``; ``hlo_analyzer.report.analyze(..., followers=...)``) and
+    number its nodes with the same positions as the report's rows; made with their ``types``, it
+    reads each op's values once for all of them. Values are keyed by ``hash(value)`` (the
+    bindings hash a value by its MLIR pointer, as ``hlo_analyzer.memory`` does), which keeps no
+    value object alive. The walk records nodes and edges; ``graph`` assembles them (in walk
+    order) on first use.
+    """
 
     skip_scalar_bodies = True
 
-    def __init__(self) -> None:
+    def __init__(self, types: TypeTable | None = None) -> None:
         super().__init__()
-        self.graph = nx.DiGraph()
-        #: node -> producers of its operands (the ``operands`` attribute), for fast backward walks
-        self.graph.graph["producers"] = {}
-        self.types = TypeTable()
-        self._producer: dict[ir.Value, int] = {}
-        self._arguments: dict[ir.Value, int] = {}
+        self.types = types if types is not None else TypeTable()
+        self.types.reads_values = True  # producers are found by the operand values
+        self._nodes: list[tuple[int, dict[str, Any]]] = []
+        self._producers: dict[int, list[int]] = {}  # node -> producers of its operands
+        self._producer: dict[int, int] = {}
+        self._arguments: dict[int, int] = {}
+        #: (op name, operand types, result types) -> what ``_signature`` reads off them
+        self._signatures: dict[tuple[Any, ...], tuple[str, tuple, tuple, str]] = {}
+        self._dims: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
+        self._graph: nx.DiGraph | None = None
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
+        the producers of its operands, for fast backward walks."""
+        if self._graph is None:
+            graph = self._graph = nx.DiGraph(producers=self._producers)
+            graph.add_nodes_from([node for node, _ in self._nodes])
+            nodes = graph.nodes
+            for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs
+                nodes[node].update(attributes)
+            graph.add_edges_from((producer, node) for node, producers in self._producers.items()
+                                 for producer in producers)
+        return self._graph
+
+    def visit_region(self, region: ir.Region) -> None:
+        IRVisitor.generic_visit(self, region)
+
+    def visit_block(self, block: ir.Block) -> None:
+        IRVisitor.generic_visit(self, block)
+
+    def visit_func(self, op: Any) -> None:
+        """A function is no node: its body is walked."""
+        IRVisitor.generic_visit(self, op)
 
     def generic_visit(self, node: Any) -> None:
-        if isinstance(node, (ir.Region, ir.Block)) or node.operation.name == "func.func":
-            super().generic_visit(node)
-            return
-        operation = node.operation
+        full_name = self.op_name  # set by the walk (IRVisitor)
         position = self.position
-        producers = [self._producer.get(value) for value in operation.operands]
-        name = short_op_name(operation.name)
+        types = self.types
+        facts = types.facts(node)
+        if full_name in SAME_SHAPE_OPS:  # the operands have the result's shape: not read
+            key: tuple[Any, ...] = (full_name, len(facts.operands), facts.result_types)
+        else:
+            key = (full_name, *types.value_types(node))
+        signature = self._signatures.get(key)
+        if signature is None:
+            signature = self._signatures[key] = self._signature(node, *key)
+        name, operand_shapes, result_shapes, dtype = signature
+        producer_of = self._producer.get
+        producers = [producer_of(hash(value)) for value in facts.operands]
+        if None in producers:
+            arguments = [None if producer is not None else self._argument(value)
+                         for producer, value in zip(producers, facts.operands)]
+            known = [p for p in producers if p is not None]
+        else:
+            arguments, known = [None] * len(producers), list(producers)
         attributes: dict[str, Any] = {
-            "name": name,
-            "op": operation.name,
-            "operands": producers,
-            "arguments": [None if producer is not None else self._argument(value)
-                          for producer, value in zip(producers, operation.operands)],
-            "operand_shapes": self.types.shapes(operation.operands, node),
-            "result_shapes": self.types.shapes(operation.results, node),
-            "dtype": self.types.dtype(operation.results[0]) if len(operation.results) else "",
+            "name": name, "op": full_name, "operands": producers, "arguments": arguments,
+            "operand_shapes": operand_shapes, "result_shapes": result_shapes, "dtype": dtype,
         }
-        if name in GEMM_OPS:
-            attributes["dot_dims"] = dot_dims(node, attributes["operand_shapes"],
-                                              attributes["result_shapes"][0])
-        elif name == "convolution":
-            attributes["dot_dims"] = conv_dims(node, attributes["operand_shapes"],
-                                               attributes["result_shapes"][0])
-        self.graph.add_node(position, **attributes)
-        self.graph.graph["producers"][position] = [p for p in producers if p is not None]
-        for producer in producers:
-            if producer is not None:
-                self.graph.add_edge(producer, position)
-        for value in operation.results:
-            self._producer[value] = position
-        super().generic_visit(node)
+        if name in GEMM_OPS or name == "convolution":
+            attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
+        self._nodes.append((position, attributes))
+        self._producers[position] = known
+        producer = self._producer
+        for value in facts.results:
+            producer[hash(value)] = position
+        if not self.following:  # (following, the leader walks the regions)
+            IRVisitor.generic_visit(self, node)
 
+    def _signature(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
+                   result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str]:
+        """(short name, operand shapes, result shapes, dtype) of ops with this name, operand
+        types (or count, for ``SAME_SHAPE_OPS``) and result types."""
+        types = self.types
+        result_shapes = types.type_shapes(result_types, op)
+        operand_shapes = ((result_shapes[0],) * operands if isinstance(operands, int)
+                          else types.type_shapes(operands, op))
+        return (short_op_name(full_name), operand_shapes, result_shapes,
+                types.info(result_types[0], op)[1] if result_types else "")
 
     def _argument(self, value: ir.Value) -> int:
-        return self._arguments.setdefault(value, len(self._arguments))
+        return self._arguments.setdefault(hash(value), len(self._arguments))
+
+    def _gemm_dims(self, op: Any, name: str, operand_shapes: tuple,
+                   result_shape: tuple) -> tuple[int, int, int, int]:
+        """:func:`dot_dims` or :func:`conv_dims`, once per distinct op name, dimension numbers
+        and shapes (the attributes are uniqued in their context, so equal ones are one key)."""
+        attributes = op.operation.attributes
+        numbers = tuple(attributes[key] for key in _GEMM_DIMENSION_ATTRIBUTES[name]
+                        if key in attributes)
+        key = (name, numbers, operand_shapes, result_shape)
+        dims = self._dims.get(key)
+        if dims is None:
+            measure = conv_dims if name == "convolution" else dot_dims
+            dims = self._dims[key] = measure(op, operand_shapes, result_shape)
+        return dims
+
+
+#: The attributes that, with the operand shapes, decide a GEMM's (M, K, N, batch).
+_GEMM_DIMENSION_ATTRIBUTES = {
+    "dot": (),
+    "dot_general": ("dot_dimension_numbers",),
+    "convolution": ("dimension_numbers", "feature_group_count"),
+}
 
 
 def dot_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int, int, int, int]:
@@ -138,10 +210,14 @@ def after_exponential(graph: nx.DiGraph) -> frozenset[int]:
         producers = graph.graph["producers"]
         names = dict(graph.nodes(data="name"))
         reached: set[int] = set()
-        for node in sorted(graph.nodes):
-            if names[node] == "exponential" or any(
-                    p in reached and names[p] not in GEMM_OPS for p in producers[node]):
+        for node in sorted(names):
+            if names[node] == "exponential":
                 reached.add(node)
+                continue
+            for p in producers[node]:
+                if p in reached and names[p] not in GEMM_OPS:
+                    reached.add(node)
+                    break
         cached = graph.graph["after_exponential"] = frozenset(reached)
     return cached
 

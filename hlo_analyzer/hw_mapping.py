@@ -162,12 +162,14 @@ def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
 def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, steps: int = 30,
                           pairs: int | None = None, options: MappingOptions = DEFAULT_OPTIONS,
                           link_bandwidth_bytes_per_s: float | None = None,
-                          hop_latency_s: float | None = None) -> None:
-    """Map every op of ``module`` on ``hardware`` and put the typed sections into ``report``."""
+                          hop_latency_s: float | None = None, graph: nx.DiGraph | None = None) -> None:
+    """Map every op of ``module`` on ``hardware`` and put the typed sections into ``report``.
+    ``graph``: the module's dataflow graph if already built (a ``DataflowVisitor`` that followed
+    the report's walk), else it is built here."""
     resolved = resolve_system(hardware, report.num_devices or 1,
                               link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
                               hop_latency_s=hop_latency_s)
-    graph = build_dataflow(module)
+    graph = build_dataflow(module) if graph is None else graph
     attentions = find_attentions(graph)
     cross_values = {v for attention in attentions if not attention.is_self for v in attention.values}
     program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,

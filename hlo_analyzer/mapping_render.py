@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import operator
+from collections.abc import Callable
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 from hlo_analyzer.sections import BlocksSection, HardwareSections, MappingSection
@@ -23,6 +27,11 @@ def blocks_dict(blocks: BlocksSection) -> dict[str, Any]:
         "labels": [{"index": b.index, "kind": b.kind, "ops": {label: list(p) for label, p in b.ops}}
                    for b in blocks.blocks],
     }
+
+
+#: Stands for the kernel list in the document that ``Report.to_json`` encodes; :func:`splice_kernels`
+#: puts the list's text in its place.
+KERNELS_PLACEHOLDER = "\0kernels"
 
 
 def kernel_records(mapping: MappingSection) -> list[dict[str, Any]]:
@@ -56,7 +65,8 @@ def _reference_dict(mapping: MappingSection) -> dict[str, Any] | None:
                     for m in reference.mappings]}
 
 
-def mapping_dict(mapping: MappingSection) -> dict[str, Any]:
+def mapping_dict(mapping: MappingSection, *, kernels: bool = True) -> dict[str, Any]:
+    """The mapping section; with ``kernels`` false the kernel list is ``KERNELS_PLACEHOLDER``."""
     totals = mapping.totals
     options = mapping.options
     from hardware import model_assumptions
@@ -73,7 +83,7 @@ def mapping_dict(mapping: MappingSection) -> dict[str, Any]:
                     "caption_tokens": options.caption_tokens,
                     "per_sample_attentions": mapping.program.per_sample_attentions},
         "distinct_mappings": mapping.program.distinct_mappings,
-        "kernels": kernel_records(mapping),
+        "kernels": kernel_records(mapping) if kernels else KERNELS_PLACEHOLDER,
         "pairs": [{"pair": g.pair, "latency_s": g.latency_s, "kernels": g.kernels,
                    "seconds_by_kind": dict(g.seconds_by_kind)} for g in mapping.pairs],
         "reference": _reference_dict(mapping),
@@ -91,13 +101,142 @@ def mapping_dict(mapping: MappingSection) -> dict[str, Any]:
     }
 
 
-def sections_dict(sections: HardwareSections) -> dict[str, Any]:
+def sections_dict(sections: HardwareSections, *, kernels: bool = True) -> dict[str, Any]:
+    """The ``--hw`` sections (``kernels`` false: the kernel list left as a placeholder)."""
     document: dict[str, Any] = {}
     if sections.blocks is not None:
         document["blocks"] = blocks_dict(sections.blocks)
     if sections.mapping is not None:
-        document["mapping"] = mapping_dict(sections.mapping)
+        document["mapping"] = mapping_dict(sections.mapping, kernels=kernels)
     return document
+
+
+def splice_kernels(text: str, sections: HardwareSections) -> str:
+    """``text``, ``json.dumps(document, indent=1, sort_keys=True)`` of a document whose kernel
+    list is the placeholder (``sections_dict(..., kernels=False)``), with the list written in
+    its place exactly as that call would have written it (the pure-Python encoder that
+    indentation needs costs seconds on 100k kernels; :func:`indented_records_json` does not)."""
+    if sections.mapping is None:
+        return text
+    marker = '"kernels": ' + json.dumps(KERNELS_PLACEHOLDER)
+    start = text.index(marker)
+    assert text.find(marker, start + 1) < 0, "the kernel placeholder appears twice"
+    level = start - (text.rindex("\n", 0, start) + 1)
+    records = indented_records_json(kernel_records(sections.mapping), level)
+    return f'{text[:start]}"kernels": {records}{text[start + len(marker):]}'
+
+
+def indented_records_json(records: list[dict[str, Any]], level: int) -> str:
+    """A list of flat dicts exactly as ``json.dumps(..., indent=1, sort_keys=True)`` writes it
+    as a value ``level`` spaces deep (the indentation of its key's line), fast
+    (:class:`_IndentedRecords`)."""
+    return _IndentedRecords(level).text(records)
+
+
+def _float_json(value: float) -> str:
+    """A float as json writes it (``allow_nan``: NaN and infinities as JavaScript spells them)."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+def _true_false(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _null(value: None) -> str:
+    return "null"
+
+
+_INT = frozenset({int})
+
+
+class _StringTexts(dict[str, str]):
+    """str -> its JSON text, encoded on first use (kernels repeat a few names and shapes)."""
+
+    def __missing__(self, value: str) -> str:
+        text = self[value] = encode_basestring_ascii(value)
+        return text
+
+
+class _FloatTexts(dict[float, str]):
+    """float -> its JSON text, written on first use (kernels repeat a few latencies). Zeros
+    are not kept: 0.0 and -0.0 are one key but two texts."""
+
+    def __missing__(self, value: float) -> str:
+        text = _float_json(value)
+        if value:
+            self[value] = text
+        return text
+
+
+class _IndentedRecords:
+    """A list of flat dicts as ``json.dumps(indent=1, sort_keys=True)`` writes it nested
+    ``level`` spaces deep: strings, numbers, booleans, None and lists of ints written directly,
+    anything else through json itself (re-indented to its depth).
+
+    A dict is one ``%`` template per distinct (keys, value types), filled with each value's text;
+    the texts of strings and floats are kept, as most values repeat."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self._getters: dict[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
+        self._layouts: dict[tuple[Any, ...], tuple[str, tuple[Callable[[Any], str], ...]]] = {}
+        self._writers: dict[type, Callable[[Any], str]] = {
+            str: _StringTexts().__getitem__, int: int.__repr__, float: _FloatTexts().__getitem__,
+            bool: _true_false, type(None): _null, list: self._list}
+        items = "\n" + " " * (level + 3)
+        self._list_text = ("[" + items, "," + items, "\n" + " " * (level + 2) + "]")
+
+    def text(self, records: list[dict[str, Any]]) -> str:
+        if not records:
+            return "[]"
+        pad = "\n" + " " * (self.level + 1)
+        return "[" + pad + ("," + pad).join(map(self._record, records)) + "\n" + " " * self.level + "]"
+
+    def _record(self, record: dict[str, Any]) -> str:
+        keys = tuple(record)
+        getter = self._getters.get(keys)
+        if getter is None:
+            getter = self._getters[keys] = _values_getter(sorted(keys))
+        values = getter(record)
+        types = tuple(map(type, values))
+        layout = self._layouts.get((keys, types))
+        if layout is None:
+            layout = self._layouts[(keys, types)] = self._layout(sorted(keys), types)
+        template, writers = layout
+        return template % tuple(map(operator.call, writers, values))
+
+    def _layout(self, keys: list[str], types: tuple[type, ...]) -> tuple[str, tuple[Callable[[Any], str], ...]]:
+        """The ``%`` template of a dict with these (sorted) keys and value types, and the writer
+        of each value."""
+        if not keys:
+            return "{}", ()
+        pad = "\n" + " " * (self.level + 2)
+        lines = [pad + encode_basestring_ascii(key).replace("%", "%%") + ": %s" for key in keys]
+        template = "{" + ",".join(lines) + "\n" + " " * (self.level + 1) + "}"
+        return template, tuple(self._writers.get(kind, self._nested) for kind in types)
+
+    def _list(self, value: list[Any]) -> str:
+        """A list value: of ints written directly, of anything else through json."""
+        if not value or not set(map(type, value)) <= _INT:
+            return self._nested(value)
+        opening, separator, closing = self._list_text
+        return opening + separator.join(map(int.__repr__, value)) + closing
+
+    def _nested(self, value: Any) -> str:
+        """Any value as json writes it at the depth of a dict's value."""
+        return json.dumps(value, indent=1, sort_keys=True).replace("\n", "\n" + " " * (self.level + 2))
+
+
+def _values_getter(keys: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A function giving a dict's values for ``keys``, in that order, as a tuple."""
+    if len(keys) == 1:
+        key = keys[0]
+        return lambda record: (record[key],)
+    return operator.itemgetter(*keys) if keys else lambda record: ()
 
 
 # -- rows for --by block / --by kernel ------------------------------------------------------------------

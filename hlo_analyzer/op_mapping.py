@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 
@@ -175,9 +175,9 @@ class ProgramMapping:
         return sum(op.flops for op in self.ops if op.kind in (GEMM_KIND, FLASH_KIND))
 
 
-@dataclass(frozen=True)
-class _Work:
-    """One thing to map: an Op for the chip, or a collective for the network."""
+class _Work(NamedTuple):
+    """One thing to map: an Op for the chip, or a collective for the network (internal: a
+    NamedTuple, built once per kernel several times faster than a frozen dataclass)."""
 
     position: int
     positions: tuple[int, ...]
@@ -212,13 +212,13 @@ def _elements(shape: Sequence[int]) -> int:
 
 
 # -- GEMMs and attention --------------------------------------------------------------------------------
-def _gemm_work(node: int, attributes: dict[str, Any], row: OpRow) -> _Work | None:
-    m, k, n, batch = attributes["dot_dims"]
+def _gemm_op(dims: tuple[int, int, int, int], row: OpRow) -> tuple[Op, str] | None:
+    """The Op of one GEMM instance and the shapes text, or None for an empty GEMM."""
+    m, k, n, batch = dims
     if min(m, k, n, batch) <= 0:
         return None
     op = Op(row.op, OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * m * k * n, _bytes(row.dtype))
-    return _Work(node, (node,), row.op, GEMM_KIND, _shapes_text(row.operand_shapes, row.result_shapes),
-                 op=op, batch=batch)
+    return op, _shapes_text(row.operand_shapes, row.result_shapes)
 
 
 def _softmax_path(graph: nx.DiGraph, start: int | None, is_gemm: set[int]) -> tuple[set[int], set[int]]:
@@ -289,7 +289,7 @@ def _per_sample(work: _Work, keys_per_sample: int) -> _Work | None:
             vector_flops=work.op.vector_flops // samples)
     shapes = (f"q {heads}x{s_q}x{head_dim}, kv {heads}x{keys_per_sample}x{head_dim} per sample x {samples} "
               f"(traced kv {heads}x{s_kv}x{head_dim})")
-    return replace(work, name=f"{work.name}(per-sample)", shapes=shapes, op=op, per_sample=True)
+    return work._replace(name=f"{work.name}(per-sample)", shapes=shapes, op=op, per_sample=True)
 
 
 def _attentions(graph: nx.DiGraph, rows: dict[int, OpRow], is_gemm: set[int], options: MappingOptions,
@@ -297,7 +297,12 @@ def _attentions(graph: nx.DiGraph, rows: dict[int, OpRow], is_gemm: set[int], op
     works: list[_Work] = []
     claimed: set[int] = set()
     keys_per_sample = options.per_sample_keys
+    softmax_outputs = after_exponential(graph)
+    nodes = graph.nodes
     for node in sorted(is_gemm):
+        operands = nodes[node]["operands"]
+        if operands[0] not in softmax_outputs and operands[1] not in softmax_outputs:
+            continue  # no softmax output among its operands: not a value GEMM
         work = _attention_work(graph, node, is_gemm, rows, claimed, options.exp_ops)
         if work is not None:
             claimed |= set(work.positions)
@@ -326,7 +331,9 @@ def _rows_of(row_name: str, result: Sequence[int]) -> int:
     return max(1, _elements(result[:-1]))
 
 
-def _eager_vector_work(node: int, row: OpRow, exp_ops: int) -> _Work | None:
+def _eager_vector_op(row: OpRow, exp_ops: int) -> tuple[Op, str, str] | None:
+    """(Op, kernel name, shapes text) of one element-wise op or reduction run alone, or None
+    for an empty result."""
     result = row.result_shapes[0] if row.result_shapes else ()
     if _elements(result) == 0:
         return None
@@ -334,14 +341,88 @@ def _eager_vector_work(node: int, row: OpRow, exp_ops: int) -> _Work | None:
     inputs = [s for s in row.operand_shapes if _elements(s) > 1] or [result]
     op = _vector_op(short, inputs, _rows_of(short, result), _elements(result), _vector_flops(row, exp_ops),
                     _bytes(row.dtype))
-    return _Work(node, (node,), short, VECTOR_KIND, _shapes_text(row.operand_shapes, row.result_shapes), op=op)
+    return op, short, _shapes_text(row.operand_shapes, row.result_shapes)
+
+
+_MISSING = object()
+
+
+class _Signatures:
+    """Ops and shapes texts by op signature, each made once per program: a transformer repeats
+    a few dozen distinct kernels thousands of times. A GEMM's signature is its op name, shapes,
+    dtype and (M, K, N, batch); an element-wise op's its op name, shapes, dtype and FLOPs; a
+    fused kernel's the arguments of its Op. The options enter through ``exp_ops`` (fixed here)
+    and the chip (the ``_Mapper``'s, which caches the mappings by the Ops' signatures)."""
+
+    def __init__(self, exp_ops: int) -> None:
+        self.exp_ops = exp_ops
+        self._gemms: dict[tuple[Any, ...], tuple[Op, str] | None] = {}
+        self._vectors: dict[tuple[Any, ...], tuple[Op, str, str] | None] = {}
+        self._vector_ops: dict[tuple[Any, ...], Op] = {}
+        self._texts: dict[tuple[Any, ...], str] = {}
+        self._names: dict[tuple[str, ...], str] = {}
+
+    def gemm(self, node: int, dims: tuple[int, int, int, int], row: OpRow) -> _Work | None:
+        key = (dims, row.op, row.dtype, row.operand_shapes, row.result_shapes)
+        made = self._gemms.get(key, _MISSING)
+        if made is _MISSING:
+            made = self._gemms[key] = _gemm_op(dims, row)
+        if made is None:
+            return None
+        op, shapes = made  # type: ignore[misc]
+        return _Work(node, (node,), row.op, GEMM_KIND, shapes, op=op, batch=dims[3])
+
+    def eager_vector(self, node: int, row: OpRow) -> _Work | None:
+        key = (row.op, row.operand_shapes, row.result_shapes, row.dtype, row.flops)
+        made = self._vectors.get(key, _MISSING)
+        if made is _MISSING:
+            made = self._vectors[key] = _eager_vector_op(row, self.exp_ops)
+        if made is None:
+            return None
+        op, name, shapes = made  # type: ignore[misc]
+        return _Work(node, (node,), name, VECTOR_KIND, shapes, op=op)
+
+    def vector_op(self, name: str, inputs: tuple[tuple[int, ...], ...], rows: int, out_elements: int,
+                  flops: int, bytes_per_element: int) -> Op:
+        key = (name, inputs, rows, out_elements, flops, bytes_per_element)
+        op = self._vector_ops.get(key)
+        if op is None:
+            op = self._vector_ops[key] = _vector_op(name, inputs, rows, out_elements, flops, bytes_per_element)
+        return op
+
+    def shapes_text(self, operands: tuple[tuple[int, ...], ...], results: tuple[tuple[int, ...], ...]) -> str:
+        key = (operands, results)
+        text = self._texts.get(key)
+        if text is None:
+            text = self._texts[key] = _shapes_text(operands, results)
+        return text
+
+    def fusion_name(self, ops: tuple[str, ...]) -> str:
+        """``fusion(a,b,...)`` of the distinct short names of the vector ops ``ops``."""
+        name = self._names.get(ops)
+        if name is None:
+            name = self._names[ops] = "fusion(" + ",".join(dict.fromkeys(op.split(".", 1)[-1] for op in ops)) + ")"
+        return name
 
 
 class _Groups:
-    """Union-find of fusable nodes (fused mode)."""
+    """Union-find of fusable nodes (fused mode). A group's root is its least node, so a node's
+    parent is never greater than the node."""
 
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
+
+    def add(self, node: int, joining: Sequence[int] = ()) -> None:
+        """A new node (greater than every node added before), in one group with the nodes
+        ``joining`` (alone if none)."""
+        if len(joining) == 1:  # the common case
+            self.parent[node] = self.find(joining[0])
+            return
+        roots = {self.find(other) for other in joining}
+        root = min(roots, default=node)
+        self.parent[node] = root
+        for other in roots:
+            self.parent[other] = root
 
     def find(self, node: int) -> int:
         root = node
@@ -356,8 +437,21 @@ class _Groups:
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
 
+    def members(self) -> list[list[int]]:
+        """Every group, as its nodes in increasing order (one pass: in increasing order a
+        node's parent has its root already)."""
+        parent = self.parent
+        root_of: dict[int, int] = {}
+        groups: dict[int, list[int]] = {}
+        for node in sorted(parent):
+            up = parent[node]
+            root = root_of[node] = node if up == node else root_of[up]
+            groups.setdefault(root, []).append(node)
+        return list(groups.values())
 
-def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list[int]], set[int]]:
+
+def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
+                   vector_nodes: set[int]) -> tuple[list[list[int]], set[int]]:
     """Groups of fusable nodes (vector ops and free movement, no constants) with no unfusable op
     on any path between two members, and the constant nodes (constants and free movement of
     constants only).
@@ -371,28 +465,30 @@ def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list
     constant: set[int] = set()
     fusable: set[int] = set()
     floating: set[int] = set()
+    #: the most unfusable ops on a path from the inputs to a fusable node; for an unfusable
+    #: node, one more (what it adds to the paths through it)
     depth: dict[int, int] = {}
     groups = _Groups()
-    for node in sorted(graph.nodes):
-        attributes = graph.nodes[node]
+    for node in sorted(attributes_of):
+        attributes = attributes_of[node]
         operands = attributes["operands"]
         name = attributes["name"]
-        if name in CONSTANT_OPS or (operands and all(p in constant for p in operands)
-                                    and name in FREE_MOVEMENT_OPS):
+        movement = name in FREE_MOVEMENT_OPS
+        if name in CONSTANT_OPS or (movement and operands and constant.issuperset(operands)):
             constant.add(node)
             continue
-        inputs = [p for p in operands if p is not None and p not in constant]
-        depth[node] = max((depth[p] + (0 if p in fusable else 1) for p in inputs), default=0)
-        if node not in vector_nodes and name not in FREE_MOVEMENT_OPS:
+        inputs = [p for p in operands if p in depth]  # neither a constant nor an argument
+        node_depth = max(map(depth.__getitem__, inputs), default=0)
+        if not movement and node not in vector_nodes:
+            depth[node] = node_depth + 1
             continue
+        depth[node] = node_depth
         fusable.add(node)
-        groups.find(node)
-        is_floating = all(p in floating for p in inputs)
+        is_floating = floating.issuperset(inputs)
         if is_floating:
             floating.add(node)
-        for p in inputs:
-            if p in fusable and (p in floating) == is_floating and depth[p] == depth[node]:
-                groups.union(p, node)
+        groups.add(node, [p for p in inputs if p in fusable and (p in floating) == is_floating
+                          and depth[p] == node_depth])
     floating_groups: dict[int, list[int]] = {}
     for node in floating:
         floating_groups.setdefault(groups.find(node), []).append(node)
@@ -400,78 +496,83 @@ def _fusion_groups(graph: nx.DiGraph, vector_nodes: set[int]) -> tuple[list[list
         readers = {r for node in nodes for r in graph.successors(node)} - set(nodes)
         if len(readers) == 1 and (reader := readers.pop()) in fusable:
             groups.union(nodes[0], reader)
-    members: dict[int, list[int]] = {}
-    for node in fusable:
-        members.setdefault(groups.find(node), []).append(node)
-    return [sorted(nodes) for nodes in members.values() if vector_nodes.intersection(nodes)], constant
+    return [nodes for nodes in groups.members() if not vector_nodes.isdisjoint(nodes)], constant
 
 
-def _group_io(graph: nx.DiGraph, members: list[int], constant: set[int]) -> tuple[list[tuple[int | None, tuple[int, ...]]], int]:
+def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
+              constant: set[int]) -> tuple[list[tuple[int | None, tuple[int, ...]]], int]:
     """(tensors entering the group: (producer, shape), elements of the tensors leaving it)."""
     inside = set(members)
     entering: dict[Any, tuple[int | None, tuple[int, ...]]] = {}
     out_elements = 0
+    successors = graph.successors
     for node in members:
-        attributes = graph.nodes[node]
-        for producer, argument, shape in zip(attributes["operands"], attributes["arguments"],
-                                             attributes["operand_shapes"]):
+        attributes = attributes_of[node]
+        for index, producer in enumerate(attributes["operands"]):
             if producer in inside or producer in constant:
                 continue
-            key = producer if producer is not None else ("argument", argument)
-            entering[key] = (producer, tuple(shape))
-        successors = set(graph.successors(node))
-        if not successors or successors - inside:
-            out_elements += sum(_elements(s) for s in attributes["result_shapes"])
+            key = producer if producer is not None else ("argument", attributes["arguments"][index])
+            entering[key] = (producer, tuple(attributes["operand_shapes"][index]))
+        readers = set(successors(node))
+        if not readers or not readers <= inside:
+            out_elements += sum(map(_elements, attributes["result_shapes"]))
     return list(entering.values()), out_elements
 
 
-def _fused_vector_works(graph: nx.DiGraph, rows: dict[int, OpRow], vector_nodes: set[int],
-                        gemms: dict[int, _Work], exp_ops: int) -> tuple[list[_Work], dict[int, _Work]]:
+def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
+                        vector_nodes: set[int], gemms: dict[int, _Work],
+                        signatures: _Signatures) -> tuple[list[_Work], dict[int, _Work]]:
     """Fused vector kernels, and GEMMs that took a group as their epilogue (by GEMM position)."""
     works: list[_Work] = []
     with_epilogue: dict[int, _Work] = {}
-    groups, constant = _fusion_groups(graph, vector_nodes)
+    exp_ops = signatures.exp_ops
+    groups, constant = _fusion_groups(graph, attributes_of, vector_nodes)
     for members in sorted(groups):
         vector_rows = [rows[n] for n in members if n in vector_nodes]
-        flops = sum(_vector_flops(r, exp_ops) for r in vector_rows)
-        entering, out_elements = _group_io(graph, members, constant)
-        largest = max(vector_rows, key=lambda r: _elements(r.result_shapes[0]) if r.result_shapes else 0)
+        flops = sum([_vector_flops(r, exp_ops) for r in vector_rows])
+        entering, out_elements = _group_io(graph, attributes_of, members, constant)
+        largest = max(vector_rows, key=_result_elements)
         result = largest.result_shapes[0] if largest.result_shapes else ()
-        update = _slice_write_update(graph, members, constant)
+        update = _slice_write_update(attributes_of, members, constant)
         if update is not None:  # written in place: reads and writes the update only
             entering, out_elements, result = [update], _elements(update[1]), update[1]
-        name = "fusion(" + ",".join(dict.fromkeys(r.op.split(".", 1)[-1] for r in vector_rows)) + ")"
+        name = signatures.fusion_name(tuple([r.op for r in vector_rows]))
         positions = tuple(members)
         epilogue_of = _epilogue_target(graph, members, entering, out_elements, gemms, with_epilogue)
-        shapes = _shapes_text([s for _, s in entering], [result])
+        inputs = tuple([s for _, s in entering])
+        shapes = signatures.shapes_text(inputs, (result,))
         if epilogue_of is not None:
             gemm = gemms[epilogue_of]
             m, n = gemm.op.output_shape
             epilogue = Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.op.bytes_per_element)
-            with_epilogue[epilogue_of] = replace(gemm, positions=tuple(sorted(gemm.positions + positions)),
-                                                 name=f"{gemm.name}+{name}", epilogue=epilogue)
+            with_epilogue[epilogue_of] = gemm._replace(positions=tuple(sorted(gemm.positions + positions)),
+                                                       name=f"{gemm.name}+{name}", epilogue=epilogue)
             continue
-        op = _vector_op(name, [s for _, s in entering], _rows_of(largest.op.split(".", 1)[-1], result),
-                        out_elements or _elements(result), flops, _bytes(largest.dtype))
+        op = signatures.vector_op(name, inputs, _rows_of(largest.op.split(".", 1)[-1], result),
+                                  out_elements or _elements(result), flops, _bytes(largest.dtype))
         # A fused kernel runs once all its inputs are ready: at its last member.
         works.append(_Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
     return works, with_epilogue
 
 
-def _slice_write_update(graph: nx.DiGraph, members: list[int],
+def _result_elements(row: OpRow) -> int:
+    return _elements(row.result_shapes[0]) if row.result_shapes else 0
+
+
+def _slice_write_update(attributes_of: dict[int, dict[str, Any]], members: list[int],
                         constant: set[int]) -> tuple[int | None, tuple[int, ...]] | None:
     """The update of a slice write, if the group is one: ``select(pad(true), pad(update),
     buffer)``, how XLA lowers torch's ``slice_scatter`` (the PipeFusion stale K/V write,
     tracing/pipefusion.py). A fused kernel writes the update into the buffer in place, as
     ``dynamic_update_slice`` would, instead of reading and rewriting the whole buffer; the free
     movement that follows (the transpose of K for the score GEMM) is its readers' business."""
-    computing = [n for n in members if graph.nodes[n]["name"] not in FREE_MOVEMENT_OPS]
-    if len(computing) != 1 or graph.nodes[computing[0]]["name"] != "select":
+    computing = [n for n in members if attributes_of[n]["name"] not in FREE_MOVEMENT_OPS]
+    if len(computing) != 1 or attributes_of[computing[0]]["name"] != "select":
         return None
-    mask, data = graph.nodes[computing[0]]["operands"][:2]
+    mask, data = attributes_of[computing[0]]["operands"][:2]
     if mask is None or data is None:
         return None
-    mask_node, data_node = graph.nodes[mask], graph.nodes[data]
+    mask_node, data_node = attributes_of[mask], attributes_of[data]
     if mask_node["name"] != "pad" or data_node["name"] != "pad" or \
             mask_node["operands"][0] not in constant or \
             list(mask_node["operand_shapes"][0]) != list(data_node["operand_shapes"][0]):
@@ -535,6 +636,16 @@ class _Mapper:
         self.launch_s = launch_s
         self.cache: dict[tuple, Mapping] = {}
         self.comm_cache: dict[tuple, float] = {}
+        self._by_identity: dict[tuple[int, int], tuple[Op, Op | None, Mapping]] = {}
+
+    def _mapping(self, op: Op, epilogue: Op | None) -> Mapping:
+        key = _signature(op, epilogue)
+        if key not in self.cache:
+            try:
+                self.cache[key] = map_op(op, self.chip, epilogue=epilogue)
+            except MappingError:
+                self.cache[key] = _bound_mapping(op, self.chip)
+        return self.cache[key]
 
     def __call__(self, work: _Work) -> MappedOp:
         if work.collective is not None:
@@ -546,13 +657,13 @@ class _Mapper:
             return MappedOp(work.position, work.positions, work.name, work.kind, work.shapes, seconds,
                             0.0, 0.0, 0.0, 0.0, "network", 0)
         assert work.op is not None
-        key = _signature(work.op, work.epilogue)
-        if key not in self.cache:
-            try:
-                self.cache[key] = map_op(work.op, self.chip, epilogue=work.epilogue)
-            except MappingError:
-                self.cache[key] = _bound_mapping(work.op, self.chip)
-        mapping = self.cache[key]
+        # Works share their Op objects (``_Signatures``): look those up by identity first (the
+        # entry holds the Ops, so their ids stay theirs), then by signature.
+        known = self._by_identity.get((id(work.op), id(work.epilogue)))
+        if known is None:
+            known = self._by_identity[(id(work.op), id(work.epilogue))] = (
+                work.op, work.epilogue, self._mapping(work.op, work.epilogue))
+        mapping = known[2]
         b = work.batch
         flops = mapping.flops * b
         return MappedOp(work.position, work.positions, work.name, work.kind, work.shapes,
@@ -568,17 +679,19 @@ def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:
 
 def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: MappingOptions,
            cross_values: Collection[int]) -> list[_Work]:
-    is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in graph.nodes[p]}
+    attributes_of = dict(graph.nodes(data=True))
+    signatures = _Signatures(options.exp_ops)
+    is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in attributes_of[p]}
     attentions = _attentions(graph, rows, is_gemm, options, cross_values) if chip.fused_attention_kernel else []
     claimed = {p for work in attentions for p in work.positions}
     gemms = {p: w for p in sorted(is_gemm - claimed)
-             if (w := _gemm_work(p, graph.nodes[p], rows[p])) is not None}
+             if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
     vector_nodes = {p for p, r in rows.items() if r.category == VECTOR and p not in claimed and p in graph}
     if options.execution == "fused":
-        vectors, with_epilogue = _fused_vector_works(graph, rows, vector_nodes, gemms, options.exp_ops)
+        vectors, with_epilogue = _fused_vector_works(graph, attributes_of, rows, vector_nodes, gemms, signatures)
         gemms.update(with_epilogue)
     else:
-        vectors = [w for p in sorted(vector_nodes) if (w := _eager_vector_work(p, rows[p], options.exp_ops))]
+        vectors = [w for p in sorted(vector_nodes) if (w := signatures.eager_vector(p, rows[p]))]
     collectives = [w for r in rows.values() if r.category == COMM and (w := _collective_work(r))]
     return sorted([*attentions, *gemms.values(), *vectors, *collectives], key=lambda w: w.position)
 

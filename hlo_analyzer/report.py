@@ -159,19 +159,20 @@ class Report:
         return dict(sorted(kinds.items()))
 
     # -- output ---------------------------------------------------------------------------------
-    def to_dict(self, with_ops: bool = True) -> dict[str, Any]:
-        """The JSON document as a dict (without the ``ops`` rows if ``with_ops`` is false)."""
+    def to_dict(self, with_ops: bool = True, with_kernels: bool = True) -> dict[str, Any]:
+        """The JSON document as a dict (without the ``ops`` rows if ``with_ops`` is false; with
+        the mapping's kernel list as a placeholder string if ``with_kernels`` is false)."""
         document = self._summary_dict()
         if with_ops:
             document["ops"] = [_row_dict(row) for row in self.rows]
-        document.update(self._later_sections())
+        document.update(self._later_sections(with_kernels))
         return document
 
-    def _later_sections(self) -> dict[str, Any]:
+    def _later_sections(self, with_kernels: bool = True) -> dict[str, Any]:
         """The memory section (hlo_analyzer.memory) and the typed --hw sections."""
         from hlo_analyzer.mapping_render import sections_dict
 
-        return self.extra | sections_dict(self.sections)
+        return self.extra | sections_dict(self.sections, kernels=with_kernels)
 
     def _summary_dict(self) -> dict[str, Any]:
         """Every section but ``ops`` and ``extra``."""
@@ -197,9 +198,12 @@ class Report:
         """The JSON document in pieces (to be written as they come: a 1M-op report is 230 MB).
         Indented, but one line per op row: readable, and fast on 1M ops because each distinct
         row goes once through json's C encoder (indentation forces the pure-Python one) and the
-        rows that repeat it differ only in their position (``_RowLines``)."""
-        document = self._summary_dict() | self._later_sections()
-        head = json.dumps(document, indent=1, sort_keys=True)  # ends with "\n}"
+        rows that repeat it differ only in their position (``_RowLines``); the mapping's kernels
+        likewise skip that encoder (``mapping_render.splice_kernels``)."""
+        from hlo_analyzer.mapping_render import splice_kernels
+
+        document = self.to_dict(with_ops=False, with_kernels=False)
+        head = splice_kernels(json.dumps(document, indent=1, sort_keys=True), self.sections)  # ends with "\n}"
         if not self.rows:
             yield head[:-2] + ',\n "ops": [\n ]\n}\n'
             return
