@@ -19,8 +19,7 @@ import networkx as nx
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
-from hlo_analyzer.flops import SAME_SHAPE_OPS
-from hlo_analyzer.tensors import TypeTable
+from hlo_analyzer.tensors import SAME_SHAPE_OPS, TypeTable
 from hlo_analyzer.visitor import IRVisitor, short_op_name
 
 GEMM_OPS = frozenset({"dot", "dot_general"})

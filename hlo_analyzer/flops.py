@@ -49,7 +49,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
 from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow
-from hlo_analyzer.tensors import TypeTable, num_elements
+from hlo_analyzer.tensors import SAME_SHAPE_OPS, TypeTable, num_elements
 from hlo_analyzer.visitor import IRVisitor
 
 BRIEF_VECTOR_OPS = ("add", "subtract", "multiply", "divide", "rsqrt", "negate", "exponential")
@@ -85,16 +85,6 @@ XLA_TRANSCENDENTAL_OPS = frozenset({
 
 _DIALECT_ATTRIBUTES = {"stablehlo": stablehlo, "mhlo": mhlo}
 
-#: Element-wise ops whose operands all have the result's shape, by their verifier: StableHLO's
-#: (and MHLO's) ``UnaryElementwiseOp`` and ``BinaryElementwiseOp`` classes and ``compare`` carry
-#: the ``SameOperandsAndResultShape`` trait (stablehlo/dialect/StablehloOps.td). ``select`` and
-#: ``clamp`` are not among them (a scalar predicate or bound), nor are chlo's ops.
-SAME_SHAPE_OPS = frozenset(f"{dialect}.{name}" for dialect in ("stablehlo", "mhlo") for name in (
-    "add", "subtract", "multiply", "divide", "remainder", "power", "atan2", "maximum", "minimum",
-    "and", "or", "xor", "compare", "negate", "abs", "sign", "not", "exponential",
-    "exponential_minus_one", "log", "log_plus_one", "logistic", "rsqrt", "sqrt", "cbrt", "tanh",
-    "sine", "cosine", "tan", "floor", "ceil", "round_nearest_even", "round_nearest_afz",
-    "is_finite"))
 
 
 class FlopsVisitor(IRVisitor):
@@ -160,15 +150,11 @@ class FlopsVisitor(IRVisitor):
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
-        name = self.op_name
-        if name in SAME_SHAPE_OPS:  # operand shapes are the result's: not read
+        if self.op_name in SAME_SHAPE_OPS:  # the operands are not read (see SAME_SHAPE_OPS)
             result = self.types.info(self.types.result_types(op)[0], op)[0]
-            self.op_counts[name] += 1
-            self.rows.append(self.types.op_row(op, self.position, VECTOR, same_shape=True,
-                                               name=name, flops=num_elements(result),
-                                               scope=self.scope))
-            return
-        self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
+        else:
+            result = self._result_shape(op, 0)
+        self._record(op, VECTOR, num_elements(result))
 
     def visit_reduce(self, op: Any) -> None:
         inputs = len(self.types.value_types(op)[0]) // 2  # (inputs..., init values...)

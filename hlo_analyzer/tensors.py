@@ -108,6 +108,18 @@ def tensor_bytes(value: ir.Value, op: Any = None) -> int:
     return packed_bytes(num_elements(shape_of(value, op)), value_bits(value, op))
 
 
+#: Element-wise ops whose operands all have the result's shape, by their verifier: StableHLO's
+#: (and MHLO's) ``UnaryElementwiseOp`` and ``BinaryElementwiseOp`` classes and ``compare`` carry
+#: the ``SameOperandsAndResultShape`` trait (stablehlo/dialect/StablehloOps.td). ``select`` and
+#: ``clamp`` are not among them (a scalar predicate or bound), nor are chlo's ops.
+SAME_SHAPE_OPS = frozenset(f"{dialect}.{name}" for dialect in ("stablehlo", "mhlo") for name in (
+    "add", "subtract", "multiply", "divide", "remainder", "power", "atan2", "maximum", "minimum",
+    "and", "or", "xor", "compare", "negate", "abs", "sign", "not", "exponential",
+    "exponential_minus_one", "log", "log_plus_one", "logistic", "rsqrt", "sqrt", "cbrt", "tanh",
+    "sine", "cosine", "tan", "floor", "ceil", "round_nearest_even", "round_nearest_afz",
+    "is_finite"))
+
+
 class OpFacts(NamedTuple):
     """An op's operands and results, and the results' MLIR types, as read from the bindings."""
 
@@ -218,16 +230,14 @@ class TypeTable:
         return ((operation.result.type,) if len(results) == 1
                 else tuple([value.type for value in results]))
 
-    def op_row(self, op: Any, position: int, category: str, *, same_shape: bool = False,
-               name: str | None = None, **measures: Any) -> OpRow:
+    def op_row(self, op: Any, position: int, category: str, *, name: str | None = None,
+               **measures: Any) -> OpRow:
         """An ``OpRow`` for ``op`` (named ``name``, if the caller has read it) with its shapes,
-        dtype and location filled in.
-
-        ``same_shape``: the op's verifier guarantees that every operand has the result's shape
-        (StableHLO's ``SameOperandsAndResultShape`` trait; static, as the result's is): the
-        operand shapes are the result's, and the operands are only counted (~2 us less)."""
+        dtype and location filled in. The operands of ``SAME_SHAPE_OPS`` are only counted: their
+        shapes are the result's (~2 us less)."""
         operation = op.operation
-        if same_shape:
+        name = name or operation.name
+        if name in SAME_SHAPE_OPS:
             result_types = self.result_types(op)
             operand_shapes = None
         else:
@@ -245,7 +255,7 @@ class TypeTable:
             result_shapes.append(info[0])
         if operand_shapes is None:
             operand_shapes = (result_shapes[0],) * len(operation.operands)
-        return OpRow(position, name or operation.name, self.location(op), category,
+        return OpRow(position, name, self.location(op), category,
                      operand_shapes, tuple(result_shapes), dtype, **measures)
 
     def location(self, op: Any) -> str:

@@ -1,4 +1,4 @@
-"""``flops.SAME_SHAPE_OPS``: the analyzer writes these ops' operand shapes as their result's
+"""``tensors.SAME_SHAPE_OPS``: the analyzer writes these ops' operand shapes as their result's
 without reading the operands, which is right only if the verifier guarantees it. For every op in
 the list, a well-formed instance parses and an instance whose operands have another shape than
 the result is refused by jaxlib's verifier; and the rows of such ops carry the shapes read."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from hlo_analyzer import load_module_text
-from hlo_analyzer.flops import SAME_SHAPE_OPS
 from hlo_analyzer.report import analyze
+from hlo_analyzer.tensors import SAME_SHAPE_OPS
 from hlo_trace.errors import InputFileError
 
 UNARY = {"negate", "abs", "sign", "not", "exponential", "exponential_minus_one", "log",
