@@ -93,45 +93,43 @@ class CommVisitor(IRVisitor):
             for op in module.body.operations if op.operation.name == "sdy.mesh"}
 
     def visit_all_reduce(self, op: Any) -> None:
-        if _is_annotation(op):
+        if _is_annotation(self.op_name):
             return
-        operands = op.operation.operands
-        comm_bytes = sum(self.types.nbytes(v, op) for v in operands)
+        comm_bytes = self._operand_bytes(op)
         groups = self._group_size(op)
         kind = "reduce_scatter" if self._is_sliced_apart(op, groups[0]) else "all_reduce"
         self._record(op, kind, comm_bytes, groups=groups)
 
     def _is_sliced_apart(self, op: Any, group_size: int) -> bool:
         """True when every user keeps exactly 1/group_size of the result with a dynamic_slice."""
-        results = op.operation.results
+        results = self.types.row_shapes(op, self.op_name).results
         if len(results) != 1 or group_size <= 1:
             return False
-        whole = num_elements(self.types.shape(results[0], op))
-        users = [use.owner for use in results[0].uses]
+        whole = num_elements(results[0])
+        users = [use.owner for use in op.operation.result.uses]
         return bool(users) and all(
             user.name.endswith(".dynamic_slice")
             and num_elements(self.types.shape(user.results[0], user)) * group_size == whole
             for user in users)
 
     def visit_all_gather(self, op: Any) -> None:
-        if _is_annotation(op):
+        if _is_annotation(self.op_name):
             return
         results = op.operation.results
         self._record(op, "all_gather", sum(self.types.nbytes(v, op) for v in results))
 
     def visit_reduce_scatter(self, op: Any) -> None:
-        if _is_annotation(op):
+        if _is_annotation(self.op_name):
             return
         self._record(op, "reduce_scatter", self.types.nbytes(op.operation.operands[0], op))
 
     def visit_all_to_all(self, op: Any) -> None:
-        if _is_annotation(op):
+        if _is_annotation(self.op_name):
             return
-        operands = op.operation.operands
-        self._record(op, "all_to_all", sum(self.types.nbytes(v, op) for v in operands))
+        self._record(op, "all_to_all", self._operand_bytes(op))
 
     def visit_collective_permute(self, op: Any) -> None:
-        if _is_annotation(op):
+        if _is_annotation(self.op_name):
             return
         # A pair whose source is its target moves nothing (GSPMD emits them for edge shards).
         pairs = [tuple(int(d) for d in pair) for pair in _dense_groups(op, "source_target_pairs")
@@ -141,9 +139,14 @@ class CommVisitor(IRVisitor):
                      groups=groups)
 
     def visit_collective_broadcast(self, op: Any) -> None:
-        if _is_annotation(op):
+        if _is_annotation(self.op_name):
             return
         self._record(op, "collective_broadcast", self.types.nbytes(op.operation.operands[0], op))
+
+    def _operand_bytes(self, op: Any) -> int:
+        """Bytes of all of ``op``'s operands (their types read once with the results')."""
+        types = self.types
+        return sum([types.type_nbytes(value_type, op) for value_type in types.value_types(op)[0]])
 
     def _record(self, op: Any, kind: str, comm_bytes: int,
                 groups: tuple[int, int, tuple[int, ...]] | None = None) -> None:
@@ -269,9 +272,9 @@ def _device_ids(attribute: Any) -> list[int]:
     return [int(d) for d in attribute]
 
 
-def _is_annotation(op: Any) -> bool:
+def _is_annotation(name: str) -> bool:
     """Shardy's collectives (``sdy.all_gather`` ...) describe a sharding, they send nothing."""
-    return op.operation.name.startswith("sdy.")
+    return name.startswith("sdy.")
 
 
 def _dense_groups(op: Any, attribute_name: str) -> np.ndarray:

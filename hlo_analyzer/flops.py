@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
 from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow
-from hlo_analyzer.tensors import SAME_SHAPE_OPS, TypeTable, num_elements
+from hlo_analyzer.tensors import TypeTable, num_elements
 from hlo_analyzer.visitor import IRVisitor
 
 BRIEF_VECTOR_OPS = ("add", "subtract", "multiply", "divide", "rsqrt", "negate", "exponential")
@@ -96,9 +97,16 @@ class FlopsVisitor(IRVisitor):
         super().__init__()
         self.rows: list[OpRow] = []
         self.unhandled: Counter[str] = Counter()
-        self.op_counts: Counter[str] = Counter()
+        self._counts_without_row: Counter[str] = Counter()  # ops with no row (op_counts)
+        self._contracting: dict[ir.Attribute, tuple[int, ...]] = {}  # dot_dimension_numbers
         self.custom_calls: Counter[str] = Counter()
         self.types = types if types is not None else TypeTable()
+
+    @property
+    def op_counts(self) -> Counter[str]:
+        """How many ops of each name the walk met and knows, with a row or without one (data
+        movement, structure, calls, collectives)."""
+        return Counter(map(attrgetter("op"), self.rows)) + self._counts_without_row
 
     @property
     def gemm_flops(self) -> int:
@@ -121,9 +129,13 @@ class FlopsVisitor(IRVisitor):
 
     def visit_dot_general(self, op: Any) -> None:
         operation = op.operation
-        dims = _dialect(operation).DotDimensionNumbers(operation.attributes["dot_dimension_numbers"])
+        attribute = operation.attributes["dot_dimension_numbers"]
+        contracting = self._contracting.get(attribute)  # MLIR uniques attributes: a few per dump
+        if contracting is None:
+            dims = _dialect(operation).DotDimensionNumbers(attribute)
+            contracting = self._contracting[attribute] = tuple(dims.lhs_contracting_dimensions)
         lhs, result = self._operand_shape(op, 0), self._result_shape(op, 0)
-        contract = math.prod(lhs[d] for d in dims.lhs_contracting_dimensions)
+        contract = math.prod([lhs[d] for d in contracting])
         self._record(op, GEMM, 2 * contract * num_elements(result))
 
     def visit_convolution(self, op: Any) -> None:
@@ -150,11 +162,7 @@ class FlopsVisitor(IRVisitor):
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
-        if self.op_name in SAME_SHAPE_OPS:  # the operands are not read (see SAME_SHAPE_OPS)
-            result = self.types.info(self.types.result_types(op)[0], op)[0]
-        else:
-            result = self._result_shape(op, 0)
-        self._record(op, VECTOR, num_elements(result))
+        self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
 
     def visit_reduce(self, op: Any) -> None:
         inputs = len(self.types.value_types(op)[0]) // 2  # (inputs..., init values...)
@@ -191,7 +199,7 @@ class FlopsVisitor(IRVisitor):
 
     # -- no FLOPs -------------------------------------------------------------------------------
     def _visit_data_movement(self, op: Any) -> None:
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
 
     def visit_custom_call(self, op: Any) -> None:
         """No FLOPs counted (the target's work is opaque), but always listed with its target."""
@@ -203,25 +211,25 @@ class FlopsVisitor(IRVisitor):
 
     def visit_composite(self, op: Any) -> None:
         """Measured through its decomposition (walked as a call)."""
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
         super().visit_composite(op)
 
     def visit_call(self, op: Any) -> None:
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
         super().visit_call(op)
 
     def _visit_neutral(self, op: Any) -> None:
         """Annotations and wrappers with no work of their own; regions (if any) are walked."""
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
         super().generic_visit(op)
 
     def _visit_structure(self, op: Any) -> None:
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
         super().generic_visit(op)
 
     def _visit_collective(self, op: Any) -> None:
         """Communication is CommVisitor's to measure; here it only must not count as unknown."""
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
 
     # -- element-wise (written out, delegating) --------------------------------------
     def visit_add(self, op: Any) -> None:
@@ -468,7 +476,7 @@ class FlopsVisitor(IRVisitor):
         self._visit_structure(op)
 
     def visit_async_start(self, op: Any) -> None:
-        self.op_counts[self.op_name] += 1
+        self._counts_without_row[self.op_name] += 1
         super().visit_async_start(op)
 
     def visit_async_done(self, op: Any) -> None:
@@ -508,15 +516,14 @@ class FlopsVisitor(IRVisitor):
 
     # -- helpers --------------------------------------------------------------------------------
     def _operand_shape(self, op: Any, index: int) -> tuple[int, ...]:
-        return self.types.info(self.types.value_types(op)[0][index], op)[0]
+        return self.types.row_shapes(op, self.op_name).operands[index]
 
     def _result_shape(self, op: Any, index: int) -> tuple[int, ...]:
-        return self.types.info(self.types.value_types(op)[1][index], op)[0]
+        return self.types.row_shapes(op, self.op_name).results[index]
 
     def _record(self, op: Any, category: str, flops: int) -> None:
-        self.op_counts[self.op_name] += 1
-        self.rows.append(self.types.op_row(op, self.position, category, name=self.op_name,
-                                           flops=int(flops), scope=self.scope))
+        self.rows.append(self.types.compute_row(op, self.position, category, self.op_name,
+                                                int(flops), self.scope))
 
 
 def _dialect(operation: Any) -> Any:

@@ -259,9 +259,11 @@ class MemoryVisitor(IRVisitor):
         super().visit_call(op)
 
     def generic_visit(self, node: Any) -> None:
-        if not isinstance(node, (ir.Region, ir.Block)):
+        if isinstance(node, (ir.Region, ir.Block)):
+            super().generic_visit(node)
+        else:
             self._record(node)  # an op with regions holds their temporaries: see result()
-        super().generic_visit(node)
+            self.walk_regions(node)
 
     # -- liveness -------------------------------------------------------------------------------
     def _record(self, node: Any, *, live_to_end: bool = False) -> None:
@@ -289,7 +291,7 @@ class MemoryVisitor(IRVisitor):
             if nbytes is None:
                 nbytes = self._bytes(value_type, node)
             values[hash(value)] = [nbytes, index, index]
-        table.names.append(node.operation.name)
+        table.names.append(self.op_name)
         table.index = index + 1
         table.last_position = self.position
 

@@ -279,7 +279,8 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
     rows = sorted(flops.rows + comm.rows, key=lambda row: row.position)
     rows = [row if counts[row.scope] == 1 else row._replace(count=counts[row.scope])
             for row in rows]
-    program = GLOBAL if _is_pre_partition(module, flops, num_devices) else PER_DEVICE
+    op_counts = flops.op_counts
+    program = GLOBAL if _is_pre_partition(module, flops, op_counts, num_devices) else PER_DEVICE
     notes = [GLOBAL_NOTE] if program == GLOBAL else []
     unknown = [loop for loop in control.loops if loop.trip_count is None]
     if unknown:
@@ -290,7 +291,7 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
         num_devices=num_devices,
         rows=rows,
         unhandled=dict(sorted(flops.unhandled.items())),
-        op_counts=dict(sorted(Counter(flops.op_counts).items())),
+        op_counts=dict(sorted(op_counts.items())),
         program=program,
         loops=control.loops,
         conditionals=control.conditionals,
@@ -310,11 +311,12 @@ def _scope_costs(flops_rows: list[OpRow], comm_rows: list[OpRow]) -> dict[int, C
     return {scope: (cost[0], cost[1]) for scope, cost in costs.items()}
 
 
-def _is_pre_partition(module: ir.Module, flops: FlopsVisitor, num_devices: int | None) -> bool:
+def _is_pre_partition(module: ir.Module, flops: FlopsVisitor, op_counts: Counter[str],
+                      num_devices: int | None) -> bool:
     """A module before SPMD partitioning: Shardy ops or sharding attributes, the partitioner's
     own custom_calls, or (with more than one partition) the result attribute jax writes when it
     lowers."""
-    if any(name.startswith("sdy.") and name != "sdy.mesh" for name in flops.op_counts):
+    if any(name.startswith("sdy.") and name != "sdy.mesh" for name in op_counts):
         return True
     if any(target in PRE_PARTITION_TARGETS or target.startswith("xla.sdy.")
            for target in flops.custom_calls):

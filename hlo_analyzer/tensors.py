@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import os
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from jaxlib.mlir import ir
 
-from hlo_analyzer.rows import OpRow
+from hlo_analyzer.rows import OpRow, Shape, compute_row
 from hlo_trace.errors import UnsupportedIRError
 
 #: Bytes per element of the common element types (kept for callers that want a whole-byte size
@@ -120,12 +121,24 @@ SAME_SHAPE_OPS = frozenset(f"{dialect}.{name}" for dialect in ("stablehlo", "mhl
     "is_finite"))
 
 
+_TYPE = attrgetter("type")  # a value's type (map(_TYPE, values): no Python frame per value)
+_new_tuple = tuple.__new__  # a NamedTuple built without its Python-level __new__ (~0.3 us less)
+
+
 class OpFacts(NamedTuple):
     """An op's operands and results, and the results' MLIR types, as read from the bindings."""
 
     operands: tuple[ir.Value, ...]
     results: tuple[ir.Value, ...]
     result_types: tuple[ir.Type, ...]
+
+
+class RowShapes(NamedTuple):
+    """An op's operand and result shapes and its (first result's) element type, as in a row."""
+
+    operands: tuple[Shape, ...]
+    results: tuple[Shape, ...]
+    dtype: str
 
 
 class TypeTable:
@@ -148,6 +161,7 @@ class TypeTable:
         self._last: tuple[Any, OpFacts | None] = (None, None)
         self._last_types: tuple[Any, tuple[tuple[ir.Type, ...], tuple[ir.Type, ...]] | None] = (
             None, None)
+        self._last_shapes: tuple[Any, RowShapes | None] = (None, None)
         self.reads_values = False
 
     def facts(self, op: Any) -> OpFacts:
@@ -159,11 +173,11 @@ class TypeTable:
         results = operation.results
         if len(results) == 1:  # most ops: one result, read directly (~0.2 us less)
             result = operation.result
-            facts = OpFacts(tuple(operation.operands), (result,), (result.type,))
+            facts = _new_tuple(OpFacts, (tuple(operation.operands), (result,), (result.type,)))
         else:
             values = tuple(results)
-            facts = OpFacts(tuple(operation.operands), values,
-                            tuple([value.type for value in values]))
+            facts = _new_tuple(OpFacts, (tuple(operation.operands), values,
+                                         tuple(map(_TYPE, values))))
         self._last = (op, facts)
         return facts
 
@@ -175,13 +189,13 @@ class TypeTable:
             return types
         if self.reads_values:
             facts = self.facts(op)
-            types = (tuple([value.type for value in facts.operands]), facts.result_types)
+            types = (tuple(map(_TYPE, facts.operands)), facts.result_types)
         else:
             operation = op.operation
             results = operation.results
             result_types = ((operation.result.type,) if len(results) == 1
                             else tuple([value.type for value in results]))
-            types = (tuple([value.type for value in operation.operands]), result_types)
+            types = (tuple(map(_TYPE, operation.operands)), result_types)
         self._last_types = (op, types)
         return types
 
@@ -230,33 +244,51 @@ class TypeTable:
         return ((operation.result.type,) if len(results) == 1
                 else tuple([value.type for value in results]))
 
-    def op_row(self, op: Any, position: int, category: str, *, name: str | None = None,
-               **measures: Any) -> OpRow:
-        """An ``OpRow`` for ``op`` (named ``name``, if the caller has read it) with its shapes,
-        dtype and location filled in. The operands of ``SAME_SHAPE_OPS`` are only counted: their
-        shapes are the result's (~2 us less)."""
-        operation = op.operation
-        name = name or operation.name
+    def row_shapes(self, op: Any, name: str) -> RowShapes:
+        """``op``'s operand and result shapes and its first result's dtype (for ``op_row``; kept
+        for consecutive asks). The operands of ``SAME_SHAPE_OPS`` (named ``name``) are only
+        counted: their shapes are the result's (~2 us less)."""
+        last_op, shapes = self._last_shapes
+        if op is last_op and shapes is not None:
+            return shapes
+        known = self._types
         if name in SAME_SHAPE_OPS:
             result_types = self.result_types(op)
-            operand_shapes = None
+            operand_types = None
         else:
             operand_types, result_types = self.value_types(op)
-            operand_shapes = self.type_shapes(operand_types, op)
-        known = self._types
-        result_shapes = []
+        results = []
         dtype = ""
         for value_type in result_types:
             info = known.get(value_type)
             if info is None:
                 info = self.info(value_type, op)
-            if not result_shapes:
+            if not results:
                 dtype = info[1]
-            result_shapes.append(info[0])
-        if operand_shapes is None:
-            operand_shapes = (result_shapes[0],) * len(operation.operands)
-        return OpRow(position, name, self.location(op), category,
-                     operand_shapes, tuple(result_shapes), dtype, **measures)
+            results.append(info[0])
+        if operand_types is None:
+            operands = (results[0],) * len(op.operation.operands)
+        else:
+            operands = self.type_shapes(operand_types, op)
+        shapes = RowShapes(operands, tuple(results), dtype)
+        self._last_shapes = (op, shapes)
+        return shapes
+
+    def op_row(self, op: Any, position: int, category: str, *, name: str | None = None,
+               **measures: Any) -> OpRow:
+        """An ``OpRow`` for ``op`` (named ``name``, if the caller has read it) with its shapes
+        (``row_shapes``), dtype and location filled in."""
+        name = name or op.operation.name
+        shapes = self.row_shapes(op, name)
+        return OpRow(position, name, self.location(op), category, *shapes, **measures)
+
+    def compute_row(self, op: Any, position: int, category: str, name: str, flops: int,
+                    scope: int) -> OpRow:
+        """``op_row(op, position, category, name=name, flops=flops, scope=scope)``, faster
+        (``rows.compute_row``): the row of every op that computes."""
+        operands, results, dtype = self.row_shapes(op, name)
+        return compute_row(position, name, self.location(op), category, operands, results, dtype,
+                           flops, scope)
 
     def location(self, op: Any) -> str:
         location = op.operation.location

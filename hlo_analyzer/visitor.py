@@ -54,6 +54,7 @@ import inspect
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import cache
+from itertools import chain
 from typing import Any, NamedTuple
 
 from jaxlib.mlir import ir
@@ -207,21 +208,28 @@ class IRVisitor:
         if isinstance(node, ir.Region):
             self._schedule(_region_operations(node), self.scope)
         elif isinstance(node, ir.Block):
-            self._schedule(iter(node.operations), self.scope)
+            self._schedule(chain(node.operations), self.scope)  # see _region_operations
         else:
-            regions = node.operation.regions
-            if not len(regions):  # most ops: nothing below them
-                return
-            name = short_op_name(node.operation.name)
-            if self.skip_scalar_bodies and name in SCALAR_BODY_OPS:
-                return
-            if name in CONTROL_OPS:
-                self.structure_ops[self.position] = (node, self.scope)
-            parent, function = self.scope, self.scopes[self.scope].function
-            # pushed last-first, so that region 0 is walked first
-            for index in range(len(regions) - 1, -1, -1):
-                self.scopes.append(Scope(parent, function, self.position, name, index))
-                self._schedule(_region_operations(regions[index]), len(self.scopes) - 1)
+            self.walk_regions(node)
+
+    def walk_regions(self, op: Any) -> None:
+        """Walk the regions of ``op`` (the op being visited), right after it: what
+        ``generic_visit`` does for an op, for a subclass that knows it has an op."""
+        if self.following:  # the leader walks
+            return
+        regions = op.operation.regions
+        if not len(regions):  # most ops: nothing below them
+            return
+        name = short_op_name(op.operation.name)
+        if self.skip_scalar_bodies and name in SCALAR_BODY_OPS:
+            return
+        if name in CONTROL_OPS:
+            self.structure_ops[self.position] = (op, self.scope)
+        parent, function = self.scope, self.scopes[self.scope].function
+        # pushed last-first, so that region 0 is walked first
+        for index in range(len(regions) - 1, -1, -1):
+            self.scopes.append(Scope(parent, function, self.position, name, index))
+            self._schedule(_region_operations(regions[index]), len(self.scopes) - 1)
 
     def visit_region(self, region: ir.Region) -> None:
         self.generic_visit(region)
@@ -322,8 +330,10 @@ class IRVisitor:
 
 
 def _region_operations(region: ir.Region) -> Iterator[Any]:
-    for block in region.blocks:
-        yield from block.operations
+    """The ops of ``region``'s blocks, in order, without a Python frame per op. (Not
+    ``iter(block.operations)``: ``iter()`` of the bindings' iterator is a copy, so the walk, which
+    leaves and resumes its loop, would start again where it first began.)"""
+    return chain.from_iterable(block.operations for block in region.blocks)
 
 
 def _symbol_name(function_op: Any) -> str:

@@ -73,3 +73,15 @@ def test_mhlo_form_gives_the_same_numbers_as_stablehlo():
     mhlo_report = analyze(load_module_text(mhlo_text))
     assert [r.flops for r in mhlo_report.rows] == [r.flops for r in stablehlo_report.rows]
     assert mhlo_report.unhandled == {}
+
+
+def test_a_compute_row_is_the_row_built_by_keywords():
+    # rows.compute_row builds the tuple itself (speed): it must equal OpRow's own construction,
+    # field for field, whatever fields OpRow gains.
+    from hlo_analyzer.rows import VECTOR, OpRow, compute_row
+
+    fast = compute_row(7, "stablehlo.add", "model.py:3", VECTOR, ((4, 8), (4, 8)), ((4, 8),),
+                       "f32", 32, 2)
+    assert fast == OpRow(7, "stablehlo.add", "model.py:3", VECTOR, ((4, 8), (4, 8)), ((4, 8),),
+                         "f32", flops=32, scope=2)
+    assert type(fast) is OpRow and fast.count == 1 and fast.comm_latency_s is None

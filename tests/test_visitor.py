@@ -54,6 +54,43 @@ def test_generic_visit_walks_regions_blocks_and_ops_in_program_order():
     assert recorder.walked_functions == ["main", "mlp"]
 
 
+NESTED = """module {
+  func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %c = stablehlo.constant dense<true> : tensor<i1>
+    %r = "stablehlo.if"(%c) ({
+      %n = stablehlo.negate %x : tensor<4xf32>
+      stablehlo.return %n : tensor<4xf32>
+    }, {
+      stablehlo.return %x : tensor<4xf32>
+    }) : (tensor<i1>) -> tensor<4xf32>
+    %a = stablehlo.abs %r : tensor<4xf32>
+    return %a : tensor<4xf32>
+  }
+}
+"""
+
+
+def test_a_block_or_region_visited_alone_walks_the_regions_of_its_ops_once():
+    # The walk leaves a block's op loop to walk an op's regions and comes back to the op after
+    # it: each op once, in program order, from a block or a region as from the module.
+    module = load_module_text(NESTED)
+    body = module.body.operations[0].operation.regions[0]
+    expected = ["stablehlo.constant", "stablehlo.if", "stablehlo.negate", "stablehlo.return",
+                "stablehlo.return", "stablehlo.abs", "func.return"]
+    for node in (body, body.blocks[0]):
+        recorder = BoundedRecorder()
+        recorder.visit(node)
+        assert recorder.names == expected
+
+
+class BoundedRecorder(OrderRecorder):
+    """Fails, where a walk that starts a block again would run forever."""
+
+    def visit(self, node):
+        assert len(self.names) < 20, "the walk went round again"
+        return super().visit(node)
+
+
 def test_reducer_bodies_are_walked_unless_a_visitor_opts_out():
     recorder = OrderRecorder()
     recorder.visit(load_module_text(GEMM_AND_VECTOR))
