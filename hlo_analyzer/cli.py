@@ -22,7 +22,7 @@ from hlo_analyzer.comm import RingLink
 from hlo_trace.atomic import check_target
 from hlo_trace.cli import MAX_COUNT, OneLineCommand, PositiveFinite, emit, run_click
 from hlo_trace.errors import UsageError
-from hlo_trace.isolate import ChildTask, call_in_child, start_in_child
+from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -241,6 +241,7 @@ def _render(request: _Request) -> str | None:
         text = report.to_csv(request.by)
     else:
         text = report.to_table(request.by)
+    keep_until_exit(module, report, graph)  # not freed: the child ends next
     if request.output is None:
         return text if isinstance(text, str) else "".join(text)
     emit(text, request.output, force=request.force)

@@ -14,7 +14,7 @@ import pytest
 import hlo_analyzer.cli as cli
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError
-from hlo_trace.isolate import InputCrashed, start_in_child
+from hlo_trace.isolate import InputCrashed, keep_until_exit, start_in_child
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DUMPS = REPO_ROOT / "dumps"
@@ -71,6 +71,29 @@ def test_cancel_stops_a_running_child(tmp_path):
     task.cancel()
     with pytest.raises(ProcessLookupError):  # killed and reaped: no such process any more
         os.kill(pid, 0)
+
+
+class _Noted:
+    """Writes ``freed`` to its file when freed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __del__(self) -> None:
+        self.path.write_text("freed")
+
+
+def _keep_one(path: Path) -> str:
+    keep_until_exit(_Noted(path))
+    return "done"
+
+
+def test_a_child_keeps_what_it_is_told_until_it_ends_and_frees_nothing_one_by_one(tmp_path):
+    note = tmp_path / "note"
+    assert start_in_child(_keep_one, note, origin="x").result() == "done"
+    assert not note.exists()  # held to the child's os._exit, never freed on its own
+    assert _keep_one(note) == "done"  # outside a child: nothing held
+    assert note.read_text() == "freed"
 
 
 @pytest.mark.parametrize("dump", STAGE_DUMPS, ids=lambda path: f"{path.parent.name}/{path.stem}")
