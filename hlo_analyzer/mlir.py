@@ -96,10 +96,18 @@ def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
     """Tell MLIR text, MLIR bytecode and HLO text apart by their first meaningful line."""
     if data.startswith(_MLIR_BYTECODE_MAGIC):
         return DumpKind.MLIR_BYTECODE
+    return _text_kind(_decode(data, origin), origin)
+
+
+def _decode(data: bytes, origin: str) -> str:
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputFileError(f"{origin}: not UTF-8 text and not MLIR bytecode") from None
+
+
+def _text_kind(text: str, origin: str) -> DumpKind:
+    """MLIR text or HLO text, by the first meaningful line (see ``detect_kind``)."""
     for line in _stripped_lines(text):
         if not line or line.startswith(("//", "#")):
             continue
@@ -147,20 +155,24 @@ def parse_module(data: bytes | str, origin: str = "<input>",
                  context: ir.Context | None = None) -> ir.Module:
     """Parse any supported dump into an MLIR module (HLO text is converted to StableHLO first)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    if not raw.strip():
+    if not raw or raw.isspace():  # (not raw.strip(): no copy of a 100 MB dump)
         raise InputFileError(f"{origin}: file is empty")
-    kind = detect_kind(raw, origin)
+    # Text is decoded once, here: the kind is read from it, and it is what the parser takes.
+    if raw.startswith(_MLIR_BYTECODE_MAGIC):
+        kind, text = DumpKind.MLIR_BYTECODE, ""
+    else:
+        text = data if isinstance(data, str) else _decode(raw, origin)
+        kind = _text_kind(text, origin)
     context = context or default_context()
     num_partitions = None
     if kind is DumpKind.HLO_TEXT:
-        hlo_text = raw.decode("utf-8")
-        num_partitions = hlo_header_num_partitions(hlo_text)
-        raw = hlo_text_to_stablehlo_bytecode(hlo_text, origin)
+        num_partitions = hlo_header_num_partitions(text)
+        raw = hlo_text_to_stablehlo_bytecode(text, origin)
     elif kind is DumpKind.MLIR_TEXT:
         check_string_escapes(raw, origin)
     with context:
         try:
-            module = ir.Module.parse(raw if kind is not DumpKind.MLIR_TEXT else raw.decode())
+            module = ir.Module.parse(text if kind is DumpKind.MLIR_TEXT else raw)
         except ir.MLIRError as exc:
             raise InputFileError(f"{origin}: MLIR does not parse: {_first_diagnostic(exc)}") from None
         module = _upgrade_vhlo(module, raw, context, origin)

@@ -208,11 +208,10 @@ class Report:
             yield head[:-2] + ',\n "ops": [\n ]\n}\n'
             return
         yield f'{head[:-2]},\n "ops": [\n  '
-        lines = _RowLines()
-        line, rows = lines.line, self.rows
+        lines, rows = _RowLines(), self.rows
         for start in range(0, len(rows), _ROWS_PER_PIECE):
-            piece = ",\n  ".join([line(row) for row in rows[start:start + _ROWS_PER_PIECE]])
-            yield piece if start == 0 else ",\n  " + piece
+            piece = lines.text(rows[start:start + _ROWS_PER_PIECE])
+            yield piece if start == 0 else _ROW_SEPARATOR + piece
         yield "\n ]\n}\n"
 
     def to_csv(self, by: str = "summary") -> str:
@@ -345,6 +344,7 @@ _ROW_FIELDS = OpRow._fields
 #: Op rows per piece of ``Report.json_pieces``: large enough that joining is cheap, small
 #: enough that a 1M-op report is never held whole.
 _ROWS_PER_PIECE = 10_000
+_ROW_SEPARATOR = ",\n  "  # between two op rows' lines in the JSON
 
 
 def _exact(value: float) -> float | int:
@@ -371,15 +371,26 @@ class _RowLines:
         self._encode = json.JSONEncoder(sort_keys=True).encode
         self._halves: dict[tuple[Any, ...], tuple[str, str]] = {}
 
-    def line(self, row: OpRow) -> str:
-        key = row[1:]  # every field but position (equal floats and ints print alike: _exact)
-        halves = self._halves.get(key)
-        if halves is None:
-            text = self._encode(_row_dict(row._replace(position=-1)))
-            before, marker, after = text.partition(self._MARKER)
-            assert marker and self._MARKER not in after, text
-            halves = self._halves[key] = (before + '"position": ', ", " + after)
-        return f"{halves[0]}{row.position}{halves[1]}"
+    def text(self, rows: list[OpRow]) -> str:
+        """The lines of ``rows``, joined by ``_ROW_SEPARATOR``: their parts are joined once,
+        not each line first (~0.3 us less a row)."""
+        parts: list[str] = []
+        append, known = parts.append, self._halves
+        for row in rows:
+            # the key: every field but position (equal floats and ints print alike: _exact)
+            before, after = known.get(row[1:]) or self._new_halves(row)
+            append(before)
+            append(str(row.position))
+            append(after)
+            append(_ROW_SEPARATOR)
+        return "".join(parts[:-1])
+
+    def _new_halves(self, row: OpRow) -> tuple[str, str]:
+        text = self._encode(_row_dict(row._replace(position=-1)))
+        before, marker, after = text.partition(self._MARKER)
+        assert marker and self._MARKER not in after, text
+        halves = self._halves[row[1:]] = (before + '"position": ', ", " + after)
+        return halves
 
 
 def _shapes_text(shapes: list[list[int]]) -> str:

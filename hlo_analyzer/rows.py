@@ -39,9 +39,10 @@ execution; totals multiply them by ``count``. (A NamedTuple: immutable, and buil
 
 
 # The fields between ``flops`` and ``scope`` say what an op communicates: for any other op, their
-# defaults.
+# defaults, written out in compute_row.
 assert OpRow._fields[7] == "flops" and OpRow._fields[-2:] == ("scope", "count")
-_NO_COMM = tuple(OpRow._field_defaults[name] for name in OpRow._fields[8:-2])
+assert tuple(OpRow._field_defaults[name] for name in OpRow._fields[8:-2]) == (
+    "", 0, 0.0, 0, 0, (), None)
 _new_tuple = tuple.__new__
 
 
@@ -52,4 +53,4 @@ def compute_row(position: int, op: str, location: str, category: str,
     ``OpRow(..., flops=flops, scope=scope)``, built as a tuple, without the keywords and
     OpRow's Python-level ``__new__`` (~0.3 us less a row, the commonest rows of a 100k-op dump)."""
     return _new_tuple(OpRow, (position, op, location, category, operand_shapes, result_shapes,
-                              dtype, flops, *_NO_COMM, scope, 1))
+                              dtype, flops, "", 0, 0.0, 0, 0, (), None, scope, 1))

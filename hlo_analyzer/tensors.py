@@ -270,7 +270,7 @@ class TypeTable:
             operands = (results[0],) * len(op.operation.operands)
         else:
             operands = self.type_shapes(operand_types, op)
-        shapes = RowShapes(operands, tuple(results), dtype)
+        shapes = _new_tuple(RowShapes, (operands, tuple(results), dtype))
         self._last_shapes = (op, shapes)
         return shapes
 

@@ -136,3 +136,15 @@ def test_followers_see_the_walk_of_their_own():
         solo = FlopsVisitor()
         solo.visit(module)
         assert leader.rows == solo.rows and leader.scopes == solo.scopes
+
+
+def test_only_ops_defined_without_regions_skip_the_read_of_their_regions():
+    from jaxlib.mlir.dialects import func, stablehlo
+
+    from hlo_analyzer.visitor import _has_no_regions
+
+    assert _has_no_regions(stablehlo.AddOp) and _has_no_regions(stablehlo.DotGeneralOp)
+    # a fixed count above zero, a variadic count, and an op class that says nothing
+    for op_class in (stablehlo.WhileOp, stablehlo.ReduceOp, stablehlo.CaseOp, func.FuncOp,
+                     ir.OpView):
+        assert not _has_no_regions(op_class), op_class
