@@ -37,6 +37,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -184,16 +185,16 @@ class _Liveness:
         """(peak bytes, position of the peak) over this region's positions."""
         count = max(self.index, 1)
         delta = [0] * (count + 1)
+        end = count - 1
         for nbytes, first, last in self.values.values():
-            delta[max(first, 0)] += nbytes
-            delta[min(last, count - 1) + 1] -= nbytes
-        best, best_position, live = 0, 0, 0
-        for position in range(count):
-            live += delta[position]
-            total = live + self.transient.get(position, 0)
-            if total > best:
-                best, best_position = total, position
-        return best, best_position
+            delta[first if first > 0 else 0] += nbytes
+            delta[(last if last < end else end) + 1] -= nbytes
+        live = list(accumulate(delta[:count]))  # bytes live at each position
+        for position, extra in self.transient.items():
+            if 0 <= position < count:
+                live[position] += extra
+        best = max(live)
+        return (best, live.index(best)) if best > 0 else (0, 0)  # the first position of the peak
 
 
 class MemoryVisitor(IRVisitor):

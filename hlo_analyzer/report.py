@@ -9,6 +9,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from jaxlib.mlir import ir
@@ -275,9 +276,10 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
         raise UnsupportedIRError(f"{name}: {str(exc).replace(' at -:', ' at line ')}") from None
 
     counts = control.scope_counts
-    rows = sorted(flops.rows + comm.rows, key=lambda row: row.position)
-    rows = [row if counts[row.scope] == 1 else row._replace(count=counts[row.scope])
-            for row in rows]
+    rows = sorted(flops.rows + comm.rows, key=attrgetter("position"))
+    if any(count != 1 for count in counts):  # loops, calls, branches not taken
+        rows = [row if counts[row.scope] == 1 else row._replace(count=counts[row.scope])
+                for row in rows]
     op_counts = flops.op_counts
     program = GLOBAL if _is_pre_partition(module, flops, op_counts, num_devices) else PER_DEVICE
     notes = [GLOBAL_NOTE] if program == GLOBAL else []
@@ -301,13 +303,14 @@ def analyze(source: ir.Module | str | os.PathLike | bytes, *,
 
 def _scope_costs(flops_rows: list[OpRow], comm_rows: list[OpRow]) -> dict[int, Cost]:
     """(FLOPs, bytes sent) of the ops directly in each scope, for one execution of it."""
-    costs: dict[int, list[float]] = {}
+    flops: dict[int, float] = {}
     for row in flops_rows:
         if row.flops:
-            costs.setdefault(row.scope, [0.0, 0.0])[0] += row.flops
+            flops[row.scope] = flops.get(row.scope, 0.0) + row.flops
+    sent: dict[int, float] = {}
     for row in comm_rows:
-        costs.setdefault(row.scope, [0.0, 0.0])[1] += row.comm_bytes_per_device
-    return {scope: (cost[0], cost[1]) for scope, cost in costs.items()}
+        sent[row.scope] = sent.get(row.scope, 0.0) + row.comm_bytes_per_device
+    return {scope: (flops.get(scope, 0.0), sent.get(scope, 0.0)) for scope in {**flops, **sent}}
 
 
 def _is_pre_partition(module: ir.Module, flops: FlopsVisitor, op_counts: Counter[str],
