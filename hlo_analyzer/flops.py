@@ -49,7 +49,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
-from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow
+from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow, compute_row
 from hlo_analyzer.tensors import TypeTable, num_elements
 from hlo_analyzer.visitor import IRVisitor
 
@@ -162,7 +162,7 @@ class FlopsVisitor(IRVisitor):
 
     # -- vector ---------------------------------------------------------------------------------
     def _visit_elementwise(self, op: Any) -> None:
-        self._record(op, VECTOR, num_elements(self._result_shape(op, 0)))
+        self._record(op, VECTOR, num_elements(self.types.row_shapes(op, self.op_name).results[0]))
 
     def visit_reduce(self, op: Any) -> None:
         inputs = len(self.types.value_types(op)[0]) // 2  # (inputs..., init values...)
@@ -522,8 +522,10 @@ class FlopsVisitor(IRVisitor):
         return self.types.row_shapes(op, self.op_name).results[index]
 
     def _record(self, op: Any, category: str, flops: int) -> None:
-        self.rows.append(self.types.compute_row(op, self.position, category, self.op_name,
-                                                int(flops), self.scope))
+        types, name = self.types, self.op_name
+        operands, results, dtype = types.row_shapes(op, name)
+        self.rows.append(compute_row(self.position, name, types.location(op), category, operands,
+                                     results, dtype, int(flops), self.scope))
 
 
 def _dialect(operation: Any) -> Any:

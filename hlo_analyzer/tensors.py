@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from jaxlib.mlir import ir
 
-from hlo_analyzer.rows import OpRow, Shape, compute_row
+from hlo_analyzer.rows import OpRow, Shape
 from hlo_trace.errors import UnsupportedIRError
 
 #: Bytes per element of the common element types (kept for callers that want a whole-byte size
@@ -101,8 +101,8 @@ def type_bits(value_type: ir.Type, op: Any = None) -> int:
         raise UnsupportedIRError(f"{_where(op)}: {exc}") from None
 
 
-def num_elements(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
+#: Elements of a tensor of this shape (``math.prod`` itself: called for every row).
+num_elements = math.prod
 
 
 def tensor_bytes(value: ir.Value, op: Any = None) -> int:
@@ -281,14 +281,6 @@ class TypeTable:
         name = name or op.operation.name
         shapes = self.row_shapes(op, name)
         return OpRow(position, name, self.location(op), category, *shapes, **measures)
-
-    def compute_row(self, op: Any, position: int, category: str, name: str, flops: int,
-                    scope: int) -> OpRow:
-        """``op_row(op, position, category, name=name, flops=flops, scope=scope)``, faster
-        (``rows.compute_row``): the row of every op that computes."""
-        operands, results, dtype = self.row_shapes(op, name)
-        return compute_row(position, name, self.location(op), category, operands, results, dtype,
-                           flops, scope)
 
     def location(self, op: Any) -> str:
         location = op.operation.location
