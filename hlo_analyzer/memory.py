@@ -277,11 +277,11 @@ class MemoryVisitor(IRVisitor):
         facts = self.types.facts(node)
         index = table.index
         values = table.values
-        for value in facts.operands:
-            record = values.get(hash(value))
+        for key in map(hash, facts.operands):
+            record = values.get(key)
             if record is None:
                 if table.outer:
-                    _use_outer(hash(value), table.outer)
+                    _use_outer(key, table.outer)
             elif live_to_end:
                 record[2] = LIVE_TO_END
             elif record[2] < index:
