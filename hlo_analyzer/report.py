@@ -71,19 +71,20 @@ class Report:
     conditionals: tuple[ConditionalInfo, ...] = ()
     custom_calls: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
-    _sums: tuple[list[OpRow], int, dict[str, _Sums]] | None = field(
+    _sums: tuple[list[OpRow], int, dict[str, _Sums], list[OpRow]] | None = field(
         default=None, init=False, repr=False, compare=False)
 
     # -- totals ---------------------------------------------------------------------------------
     def _category_sums(self) -> dict[str, _Sums]:
         """Per category, in one pass over the rows, each row times its execution count (kept
-        until ``rows`` is replaced: checking and rendering a report both need them)."""
+        until ``rows`` is replaced: checking and rendering a report both need them); the
+        collectives' rows picked out in the same pass (``_comm_rows``)."""
         cached = self._sums
         if cached is not None and cached[0] is self.rows and cached[1] == len(self.rows):
             return cached[2]
         sums = {category: _Sums() for category in CATEGORIES}
         latency: float | None = 0
-        comm_rows = 0
+        comm_rows = []
         for row in self.rows:
             entry = sums[row.category]
             count = row.count
@@ -91,12 +92,17 @@ class Report:
             entry.flops += row.flops * count
             entry.comm_bytes += row.comm_bytes_per_device * count
             if row.category == COMM:
-                comm_rows += 1
+                comm_rows.append(row)
                 latency = (None if latency is None or row.comm_latency_s is None
                            else latency + row.comm_latency_s * count)
         sums[COMM].latency = latency if comm_rows else None
-        self._sums = (self.rows, len(self.rows), sums)
+        self._sums = (self.rows, len(self.rows), sums, comm_rows)
         return sums
+
+    def _comm_rows(self) -> list[OpRow]:
+        self._category_sums()
+        assert self._sums is not None
+        return self._sums[3]
 
     @property
     def gemm_flops(self) -> int:
@@ -149,9 +155,7 @@ class Report:
 
     def comm_by_kind(self) -> dict[str, dict[str, float]]:
         kinds: dict[str, dict[str, float]] = {}
-        for row in self.rows:
-            if row.category != COMM:
-                continue
+        for row in self._comm_rows():
             entry = kinds.setdefault(row.comm_kind, {"count": 0, "bytes_per_device": 0.0})
             entry["count"] += row.count
             entry["bytes_per_device"] += row.comm_bytes_per_device * row.count
