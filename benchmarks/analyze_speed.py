@@ -14,14 +14,15 @@ RSS; targets < 15 s and < 1.5 GiB. It needs a few GiB: run it under ``flock /tmp
 
     python3 benchmarks/analyze_speed.py [--ops 100000] [--million]
 
-Last measured (shared 2-core machine, noisy): 100k ops 1.22-1.32 s against a 0.53-0.61 s
-baseline, 2.1-2.4x (3.4x at the start of the session that moved the memory walk to a second
-process, 1.69 s); 1M ops 14.3-15.6 s (20.0 s before), 1.0-1.2 GiB of Pss for all processes.
-Neither time target is met reliably. Where the time goes at 100k ops: the parse (~0.45 s, the
-baseline's bulk) and, on two cores at once, the FLOPs/comm walk (~0.52 s) and the memory walk
-(~0.45 s), then ~0.1 s of JSON. Each walk is mostly the bindings: reading an op's operands costs
-~1.5 us, a value's type ~0.5 us, its location ~0.4 us, its name ~0.2 us; these reads alone are
-~0.35 s of each walk. At 1M ops jaxlib's parser alone takes ~6.3 s (superlinear: 14x for 10x).
+Last measured (shared 2-core machine, noisy; best of 5 each): 100k ops 0.87-0.93 s against a
+0.49 s baseline, 1.77-1.90x over 6 runs (2.1-2.4x before the session that trimmed the walks, 3.4x
+before the memory walk moved to a second process); 1M ops 10.8-11.2 s (14.3-15.6 s before, 20.0 s
+at first), 1.03-1.05 GiB of Pss for all processes. Where the time goes at 100k ops: the parse
+(~0.37-0.44 s, the baseline's bulk), then, on two cores at once, the FLOPs/comm walk and the
+memory walk (~0.38-0.40 s each inside the CLI; ~0.36 s alone), then ~0.03 s of checks and
+~0.06 s of JSON. Each walk is mostly the bindings: iterating the ops and dispatching costs
+~1 us an op, reading its operands ~0.9 us, a result's type ~0.45 us, its location ~0.45 us.
+At 1M ops jaxlib's parser alone takes ~5.3-5.7 s (superlinear: 14x for 10x).
 """
 
 from __future__ import annotations

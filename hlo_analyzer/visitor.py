@@ -12,7 +12,8 @@ Manual
 
 When no such method exists, ``generic_visit(node)`` walks the children in order: an operation's
 regions, a region's blocks, a block's operations. A ``visit_*`` method that wants the children
-walked too calls ``self.generic_visit(op)`` itself, exactly as with ``ast.NodeVisitor``.
+walked too calls ``self.generic_visit(op)`` itself, exactly as with ``ast.NodeVisitor``
+(``walk_regions(op)`` is its op half, for a method that knows it holds an op).
 
 The walk is iterative (an explicit stack, no Python recursion), so nesting of any depth works.
 Because of that, ``generic_visit(op)`` *schedules* the op's regions: they are walked right after the
