@@ -100,6 +100,7 @@ class Report:
         return sums
 
     def _comm_rows(self) -> list[OpRow]:
+        """The collectives' rows, in order (picked out by ``_category_sums``)."""
         self._category_sums()
         assert self._sums is not None
         return self._sums[3]

@@ -216,8 +216,8 @@ class IRVisitor:
     def walk_regions(self, op: Any) -> None:
         """Walk the regions of ``op`` (the op being visited), right after it: what
         ``generic_visit`` does for an op, for a subclass that knows it has an op."""
-        if self.following or _NO_REGIONS.get(type(op)) or _has_no_regions(type(op)):
-            return  # the leader walks; or nothing below
+        if self.following or _has_no_regions(type(op)):  # the leader walks; or nothing below
+            return
         regions = op.operation.regions
         if not len(regions):  # most ops: nothing below them
             return
