@@ -44,7 +44,7 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.tensors import TypeTable
-from hlo_analyzer.visitor import IRVisitor
+from hlo_analyzer.visitor import IRVisitor, symbol_name
 from hlo_trace.errors import InputFileError
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class MemoryVisitor(IRVisitor):
                 self._bodies.setdefault(info.function, table)
                 if (self._entry_table is None and self._entry is not None
                         and self.scopes[info.parent].function == info.function
-                        and info.function == _function_name(self._entry)):
+                        and info.function == symbol_name(self._entry)):
                     self._entry_table = table
                     self._classify_arguments(self._entry, table)
         else:  # a nested region, walked right after the op that holds it
@@ -407,10 +407,6 @@ def _use_outer(key: int, outer: tuple[tuple[_Liveness, int], ...]) -> None:
             if record[2] < index:
                 record[2] = index
             return
-
-
-def _function_name(function_op: Any) -> str:
-    return ir.StringAttr(function_op.operation.attributes["sym_name"]).value
 
 
 def _argument_shardings(function: Any) -> list[str | None]:

@@ -187,15 +187,8 @@ class TypeTable:
         last_op, types = self._last_types
         if op is last_op and types is not None:
             return types
-        if self.reads_values:
-            facts = self.facts(op)
-            types = (tuple(map(_TYPE, facts.operands)), facts.result_types)
-        else:
-            operation = op.operation
-            results = operation.results
-            result_types = ((operation.result.type,) if len(results) == 1
-                            else tuple([value.type for value in results]))
-            types = (tuple(map(_TYPE, operation.operands)), result_types)
+        operands = self.facts(op).operands if self.reads_values else op.operation.operands
+        types = (tuple(map(_TYPE, operands)), self.result_types(op))
         self._last_types = (op, types)
         return types
 
@@ -240,9 +233,9 @@ class TypeTable:
         if self.reads_values:
             return self.facts(op).result_types
         operation = op.operation
-        results = operation.results
-        return ((operation.result.type,) if len(results) == 1
-                else tuple([value.type for value in results]))
+        if len(operation.results) == 1:  # most ops: one result, read directly (~0.2 us less)
+            return (operation.result.type,)
+        return tuple(map(_TYPE, operation.results))
 
     def row_shapes(self, op: Any, name: str) -> RowShapes:
         """``op``'s operand and result shapes and its first result's dtype (for ``op_row``; kept
@@ -251,26 +244,16 @@ class TypeTable:
         last_op, shapes = self._last_shapes
         if op is last_op and shapes is not None:
             return shapes
-        known = self._types
         if name in SAME_SHAPE_OPS:
             result_types = self.result_types(op)
-            operand_types = None
-        else:
-            operand_types, result_types = self.value_types(op)
-        results = []
-        dtype = ""
-        for value_type in result_types:
-            info = known.get(value_type)
-            if info is None:
-                info = self.info(value_type, op)
-            if not results:
-                dtype = info[1]
-            results.append(info[0])
-        if operand_types is None:
+            results = self.type_shapes(result_types, op)
             operands = (results[0],) * len(op.operation.operands)
         else:
+            operand_types, result_types = self.value_types(op)
+            results = self.type_shapes(result_types, op)
             operands = self.type_shapes(operand_types, op)
-        shapes = _new_tuple(RowShapes, (operands, tuple(results), dtype))
+        dtype = self._types[result_types[0]][1] if result_types else ""  # read by type_shapes
+        shapes = _new_tuple(RowShapes, (operands, results, dtype))
         self._last_shapes = (op, shapes)
         return shapes
 

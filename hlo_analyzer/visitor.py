@@ -292,10 +292,10 @@ class IRVisitor:
         """Walk the public functions and, once each, every function they call."""
         self.begin_module(module)
         functions = [op for op in module.body.operations if op.operation.name == "func.func"]
-        self._symbols = {_symbol_name(op): op for op in functions}
+        self._symbols = {symbol_name(op): op for op in functions}
         public = [op for op in functions if not _is_private(op)]
         for op in public or functions:
-            self._schedule_function(_symbol_name(op))
+            self._schedule_function(symbol_name(op))
         while self._pending:
             name = self._pending.popleft()
             self.walked_functions.append(name)
@@ -353,7 +353,8 @@ def _region_operations(region: ir.Region) -> Iterator[Any]:
     return chain.from_iterable(block.operations for block in region.blocks)
 
 
-def _symbol_name(function_op: Any) -> str:
+def symbol_name(function_op: Any) -> str:
+    """The name of a ``func.func`` (its ``sym_name``)."""
     return ir.StringAttr(function_op.operation.attributes["sym_name"]).value
 
 
