@@ -23,6 +23,12 @@ from hlo_analyzer.tensors import SAME_SHAPE_OPS, TypeTable
 from hlo_analyzer.visitor import IRVisitor, short_op_name
 
 GEMM_OPS = frozenset({"dot", "dot_general"})
+#: Data movement that copies or views a tensor without computing on it: an XLA-style loop fusion
+#: absorbs it for free, and a kernel reading its result reads (at most) its operand's data.
+FREE_MOVEMENT_OPS = frozenset({"broadcast", "broadcast_in_dim", "reshape", "convert", "bitcast_convert",
+                               "transpose", "slice", "copy", "reverse", "reduce_precision"})
+#: Ops with no operands that only make constants.
+CONSTANT_OPS = frozenset({"constant", "iota"})
 _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
 
 

@@ -8,12 +8,12 @@
    tracer's sidecar, :func:`sidecar_caption_tokens`). The collectives' latencies go back into the
    report's rows, so the report's ``totals.comm_latency_s`` is the one communication figure (per
    step, on this system).
-3. If the dump is an STDiT3 stage (``hlo_analyzer.blocks``), the kernels are grouped by block
-   pair: each graph node belongs to the pair of the latest labelled GEMM (by walk position) among
-   its ancestors, itself included. A pair is thus charged from its qkv projection up to the next
-   pair's qkv (its last LayerNorm + modulate is the next block's; the first pair's is "before the
-   pairs"); with identical pairs every pair is charged the same. The op list rebuilt from the ideal
-   shape dictionary is mapped too, as a labelled comparison.
+3. If the dump is an STDiT3 stage (``hlo_analyzer.blocks``), every op is given to its block
+   pair first (``hlo_analyzer.pairs.pair_owners``: from the pair's input on the residual stream
+   to its output, with its own modulation wherever XLA listed it), so that no fused kernel spans
+   two pairs, and the kernels are grouped by pair; with identical pairs every pair is charged the
+   same, and a one-pair trace with ``--pairs N`` gives the N-pair total. The op list rebuilt from
+   the ideal shape dictionary is mapped too, as a labelled comparison.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from hlo_analyzer.op_mapping import (
     ProgramMapping,
     map_program,
 )
+from hlo_analyzer.pairs import pair_owners
 from hlo_analyzer.report import Report
 from hlo_analyzer.rows import COMM
 from hlo_analyzer.sections import (
@@ -66,20 +67,6 @@ def blocks_section(segmentation: Segmentation) -> BlocksSection:
                                              for label, positions in block.labels().items()))
         for index, block in enumerate(segmentation.blocks))
     return BlocksSection(segmentation.shapes, segmentation.pairs, segmentation.consistent, labels)
-
-
-def pair_owners(graph: nx.DiGraph, blocks: BlocksSection) -> dict[int, int]:
-    """Graph node -> block pair (module docstring, step 3); nodes before every pair are absent."""
-    labelled = {position: block.index // 2 for block in blocks.blocks
-                for _, positions in block.ops for position in positions}
-    latest: dict[int, int] = {}
-    for node in sorted(graph.nodes):
-        candidates = [latest[p] for p in graph.predecessors(node) if p in latest]
-        if node in labelled:
-            candidates.append(node)
-        if candidates:
-            latest[node] = max(candidates)
-    return {node: labelled[position] for node, position in latest.items()}
 
 
 def _by_kind(items: dict[str, float]) -> tuple[tuple[str, float], ...]:
@@ -172,23 +159,19 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     graph = build_dataflow(module) if graph is None else graph
     attentions = find_attentions(graph)
     cross_values = {v for attention in attentions if not attention.is_self for v in attention.values}
+    segmentation = _segment(module, report, graph, attentions)
+    if segmentation is None and pairs is not None:
+        raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
+    owners = pair_owners(graph, segmentation) if segmentation is not None else {}
     program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,
-                          cross_values=cross_values)
+                          cross_values=cross_values, owners=owners)
     log.info("mapped %d kernels (%d distinct searches); cross-attention: %s (%d kernels per sample)",
              len(program.ops), program.distinct_mappings, program.cross_attention,
              program.per_sample_attentions)
     _with_collective_latencies(report, program)
-    segmentation = _segment(module, report, graph, attentions)
-    if segmentation is None and pairs is not None:
-        raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
     blocks = blocks_section(segmentation) if segmentation is not None else None
-    if blocks is not None:
-        owners = pair_owners(graph, blocks)
-        pair_of = tuple(owners.get(op.position) for op in program.ops)
-        reference = map_block(build_stdit_block_ops(blocks.shapes), resolved.system.chip)
-    else:
-        pair_of = tuple(None for _ in program.ops)
-        reference = None
+    pair_of = tuple(owners.get(op.position) for op in program.ops)
+    reference = map_block(build_stdit_block_ops(blocks.shapes), resolved.system.chip) if blocks else None
     groups = _pair_groups(program, pair_of)
     totals = _totals(program, groups, steps=steps, pairs_found=blocks.pairs if blocks else None,
                      pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
@@ -196,5 +179,5 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     report.sections = HardwareSections(blocks=blocks, mapping=mapping)
 
 
-__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "pair_owners",
+__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section",
            "read_sidecar_caption_tokens", "sidecar_caption_tokens"]

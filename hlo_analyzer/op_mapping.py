@@ -61,7 +61,13 @@ from hardware import (
     collective_time_s,
     map_op,
 )
-from hlo_analyzer.dataflow import SOFTMAX_SPAN_LIMIT, after_exponential, walk_until
+from hlo_analyzer.dataflow import (
+    CONSTANT_OPS,
+    FREE_MOVEMENT_OPS,
+    SOFTMAX_SPAN_LIMIT,
+    after_exponential,
+    walk_until,
+)
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 
@@ -75,11 +81,6 @@ CROSS_ATTENTION_MODES = ("per-sample", "all")
 GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND = "gemm", "vector", "flash_attention", "collective"
 #: The kinds of mapped op, which are also the timeline's compute tracks.
 KINDS = (GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND)
-#: Data movement that an XLA-style loop fusion absorbs for free.
-FREE_MOVEMENT_OPS = frozenset({"broadcast", "broadcast_in_dim", "reshape", "convert", "bitcast_convert",
-                               "transpose", "slice", "copy", "reverse", "reduce_precision"})
-#: Ops with no operands that only make constants.
-CONSTANT_OPS = frozenset({"constant", "iota"})
 REDUCTION_OPS = frozenset({"reduce", "reduce_window"})
 #: A fused epilogue may read side inputs of up to this many rows of the GEMM's N outputs (a bias,
 #: the scale/shift/gate vectors of a few samples) without their reads being charged: at most a
@@ -312,6 +313,39 @@ def _attentions(graph: nx.DiGraph, rows: dict[int, OpRow], is_gemm: set[int], op
     return works
 
 
+# -- real sizes ---------------------------------------------------------------------------------------------
+def real_elements(attributes_of: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """Elements a kernel reads from memory for each node's result: its result's, except that free
+    data movement holds no more data than its operand (a broadcast of a 2x6x1152 modulation
+    vector to a whole activation is still 2x6x1152 values, which the reading kernel broadcasts
+    on the fly) and constants hold none (they are folded into the kernels that use them)."""
+    real: dict[int, int] = {}
+    for node in sorted(attributes_of):
+        attributes = attributes_of[node]
+        name = attributes["name"]
+        if name in CONSTANT_OPS:
+            real[node] = 0
+            continue
+        size = sum(map(_elements, attributes["result_shapes"]))
+        if name in FREE_MOVEMENT_OPS and attributes["operands"]:
+            producer = attributes["operands"][0]
+            source = real[producer] if producer is not None else _elements(attributes["operand_shapes"][0])
+            size = min(size, source)
+        real[node] = size
+    return real
+
+
+def _read_shape(producer: int | None, shape: Sequence[int], real: dict[int, int]) -> tuple[int, ...]:
+    """What a kernel reads for one operand: its shape, or its real element count where the
+    producer holds less (:func:`real_elements`); () for a constant."""
+    if producer is None:
+        return tuple(shape)
+    size = real[producer]
+    if size == 0:
+        return ()
+    return tuple(shape) if size == _elements(shape) else (size,)
+
+
 # -- vector ops -------------------------------------------------------------------------------------------
 def _vector_flops(row: OpRow, exp_ops: int) -> int:
     scale = exp_ops if row.op.endswith("exponential") else 1
@@ -331,14 +365,14 @@ def _rows_of(row_name: str, result: Sequence[int]) -> int:
     return max(1, _elements(result[:-1]))
 
 
-def _eager_vector_op(row: OpRow, exp_ops: int) -> tuple[Op, str, str] | None:
+def _eager_vector_op(row: OpRow, reads: tuple[tuple[int, ...], ...], exp_ops: int) -> tuple[Op, str, str] | None:
     """(Op, kernel name, shapes text) of one element-wise op or reduction run alone, or None
-    for an empty result."""
+    for an empty result. ``reads``: what it reads of each operand (:func:`_read_shape`)."""
     result = row.result_shapes[0] if row.result_shapes else ()
     if _elements(result) == 0:
         return None
     short = row.op.split(".", 1)[-1]
-    inputs = [s for s in row.operand_shapes if _elements(s) > 1] or [result]
+    inputs = [s for s in reads if s and _elements(s) > 1] or [result]
     op = _vector_op(short, inputs, _rows_of(short, result), _elements(result), _vector_flops(row, exp_ops),
                     _bytes(row.dtype))
     return op, short, _shapes_text(row.operand_shapes, row.result_shapes)
@@ -372,11 +406,11 @@ class _Signatures:
         op, shapes = made  # type: ignore[misc]
         return _Work(node, (node,), row.op, GEMM_KIND, shapes, op=op, batch=dims[3])
 
-    def eager_vector(self, node: int, row: OpRow) -> _Work | None:
-        key = (row.op, row.operand_shapes, row.result_shapes, row.dtype, row.flops)
+    def eager_vector(self, node: int, row: OpRow, reads: tuple[tuple[int, ...], ...]) -> _Work | None:
+        key = (row.op, reads, row.result_shapes, row.dtype, row.flops)
         made = self._vectors.get(key, _MISSING)
         if made is _MISSING:
-            made = self._vectors[key] = _eager_vector_op(row, self.exp_ops)
+            made = self._vectors[key] = _eager_vector_op(row, reads, self.exp_ops)
         if made is None:
             return None
         op, name, shapes = made  # type: ignore[misc]
@@ -451,16 +485,20 @@ class _Groups:
 
 
 def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
-                   vector_nodes: set[int]) -> tuple[list[list[int]], set[int]]:
+                   vector_nodes: set[int], owners: dict[int, int]) -> tuple[list[list[int]], set[int]]:
     """Groups of fusable nodes (vector ops and free movement, no constants) with no unfusable op
     on any path between two members, and the constant nodes (constants and free movement of
     constants only).
 
-    Members share a "barrier depth" (the most unfusable ops on a path from the inputs), so a path
-    that leaves the group through an unfusable op cannot come back. *Floating* nodes (fusable, fed
-    only by inputs, constants and floating nodes: ``weight * constant``, a LayerNorm of an input)
-    group among themselves; a floating group whose results are read by exactly one node outside
-    it joins that reader's group, since every path from it passes through the reader.
+    Members share an owner (``owners``: the block pair of each node, absent outside the pairs), so
+    no kernel spans two pairs, and a "barrier depth" (the most unfusable ops on a path from the
+    inputs), so a path that leaves the group through an unfusable op cannot come back. A tensor of
+    another owner counts as an input: no path leaves a pair and comes back to it
+    (:mod:`hlo_analyzer.pairs`), and so a pair is grouped alike wherever it lies in a stage. *Floating*
+    nodes (fusable, fed only by inputs, constants and floating nodes: ``weight * constant``, a
+    LayerNorm of an input) group among themselves; a floating group whose results are read by
+    exactly one node outside it joins that reader's group, since every path from it passes
+    through the reader.
     """
     constant: set[int] = set()
     fusable: set[int] = set()
@@ -469,6 +507,7 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
     #: node, one more (what it adds to the paths through it)
     depth: dict[int, int] = {}
     groups = _Groups()
+    owner = owners.get
     for node in sorted(attributes_of):
         attributes = attributes_of[node]
         operands = attributes["operands"]
@@ -477,7 +516,9 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
         if name in CONSTANT_OPS or (movement and operands and constant.issuperset(operands)):
             constant.add(node)
             continue
-        inputs = [p for p in operands if p in depth]  # neither a constant nor an argument
+        mine = owner(node)
+        # neither a constant, nor an argument, nor another pair's (which counts as an input)
+        inputs = [p for p in operands if p in depth and owner(p) == mine]
         node_depth = max(map(depth.__getitem__, inputs), default=0)
         if not movement and node not in vector_nodes:
             depth[node] = node_depth + 1
@@ -494,17 +535,20 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
         floating_groups.setdefault(groups.find(node), []).append(node)
     for nodes in floating_groups.values():
         readers = {r for node in nodes for r in graph.successors(node)} - set(nodes)
-        if len(readers) == 1 and (reader := readers.pop()) in fusable:
+        if len(readers) == 1 and (reader := readers.pop()) in fusable and owner(reader) == owner(nodes[0]):
             groups.union(nodes[0], reader)
     return [nodes for nodes in groups.members() if not vector_nodes.isdisjoint(nodes)], constant
 
 
 def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
-              constant: set[int]) -> tuple[list[tuple[int | None, tuple[int, ...]]], int]:
-    """(tensors entering the group: (producer, shape), elements of the tensors leaving it)."""
+              constant: set[int], real: dict[int, int]) -> tuple[list[tuple[int | None, tuple[int, ...]]], int]:
+    """(tensors entering the group: (producer, what is read of it), elements of the tensors
+    leaving it). Both at their real size (:func:`real_elements`): a broadcast entering the
+    group is read as its operand; a view leaving it is written once per tensor it views, and
+    not at all when it views a tensor that entered the group (its readers read that)."""
     inside = set(members)
     entering: dict[Any, tuple[int | None, tuple[int, ...]]] = {}
-    out_elements = 0
+    leaving: dict[int, int] = {}  # computing member -> largest real size of it that leaves
     successors = graph.successors
     for node in members:
         attributes = attributes_of[node]
@@ -512,25 +556,40 @@ def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], membe
             if producer in inside or producer in constant:
                 continue
             key = producer if producer is not None else ("argument", attributes["arguments"][index])
-            entering[key] = (producer, tuple(attributes["operand_shapes"][index]))
+            entering[key] = (producer, _read_shape(producer, attributes["operand_shapes"][index], real))
         readers = set(successors(node))
-        if not readers or not readers <= inside:
-            out_elements += sum(map(_elements, attributes["result_shapes"]))
-    return list(entering.values()), out_elements
+        if readers and readers <= inside:
+            continue
+        source = _computing_source(attributes_of, node, inside)
+        if source is not None:
+            leaving[source] = max(leaving.get(source, 0), real[node])
+    return [e for e in entering.values() if e[1]], sum(leaving.values())
+
+
+def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
+    """The member that computed what ``node`` holds (``node`` itself unless it is free movement),
+    or None when it views a tensor from outside the group."""
+    while attributes_of[node]["name"] in FREE_MOVEMENT_OPS:
+        producer = attributes_of[node]["operands"][0] if attributes_of[node]["operands"] else None
+        if producer not in inside:
+            return None
+        node = producer
+    return node
 
 
 def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
-                        vector_nodes: set[int], gemms: dict[int, _Work],
-                        signatures: _Signatures) -> tuple[list[_Work], dict[int, _Work]]:
+                        vector_nodes: set[int], gemms: dict[int, _Work], signatures: _Signatures,
+                        owners: dict[int, int]) -> tuple[list[_Work], dict[int, _Work]]:
     """Fused vector kernels, and GEMMs that took a group as their epilogue (by GEMM position)."""
     works: list[_Work] = []
     with_epilogue: dict[int, _Work] = {}
     exp_ops = signatures.exp_ops
-    groups, constant = _fusion_groups(graph, attributes_of, vector_nodes)
+    groups, constant = _fusion_groups(graph, attributes_of, vector_nodes, owners)
+    real = real_elements(attributes_of)
     for members in sorted(groups):
         vector_rows = [rows[n] for n in members if n in vector_nodes]
         flops = sum([_vector_flops(r, exp_ops) for r in vector_rows])
-        entering, out_elements = _group_io(graph, attributes_of, members, constant)
+        entering, out_elements = _group_io(graph, attributes_of, members, constant, real)
         largest = max(vector_rows, key=_result_elements)
         result = largest.result_shapes[0] if largest.result_shapes else ()
         update = _slice_write_update(attributes_of, members, constant)
@@ -678,7 +737,7 @@ def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:
 
 
 def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: MappingOptions,
-           cross_values: Collection[int]) -> list[_Work]:
+           cross_values: Collection[int], owners: dict[int, int]) -> list[_Work]:
     attributes_of = dict(graph.nodes(data=True))
     signatures = _Signatures(options.exp_ops)
     is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in attributes_of[p]}
@@ -688,25 +747,35 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
     vector_nodes = {p for p, r in rows.items() if r.category == VECTOR and p not in claimed and p in graph}
     if options.execution == "fused":
-        vectors, with_epilogue = _fused_vector_works(graph, attributes_of, rows, vector_nodes, gemms, signatures)
+        vectors, with_epilogue = _fused_vector_works(graph, attributes_of, rows, vector_nodes, gemms, signatures,
+                                                    owners)
         gemms.update(with_epilogue)
     else:
-        vectors = [w for p in sorted(vector_nodes) if (w := signatures.eager_vector(p, rows[p]))]
+        real = real_elements(attributes_of)
+
+        def reads(node: int) -> tuple[tuple[int, ...], ...]:
+            attributes = attributes_of[node]
+            return tuple(_read_shape(p, s, real) for p, s in zip(attributes["operands"], attributes["operand_shapes"]))
+
+        vectors = [w for p in sorted(vector_nodes) if (w := signatures.eager_vector(p, rows[p], reads(p)))]
     collectives = [w for r in rows.values() if r.category == COMM and (w := _collective_work(r))]
     return sorted([*attentions, *gemms.values(), *vectors, *collectives], key=lambda w: w.position)
 
 
 def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system: SystemSpec,
-                options: MappingOptions = DEFAULT_OPTIONS, *, cross_values: Collection[int] = ()) -> ProgramMapping:
+                options: MappingOptions = DEFAULT_OPTIONS, *, cross_values: Collection[int] = (),
+                owners: dict[int, int] | None = None) -> ProgramMapping:
     """Map every op of a program (its report rows and dataflow graph) on ``chip``; collectives on
     ``system``. ``cross_values``: value-GEMM positions of the program's cross-attentions (charged
-    per sample when ``options`` ask for it). See the module docstring for what becomes what."""
+    per sample when ``options`` ask for it). ``owners``: the block pair of each node
+    (:func:`hlo_analyzer.pairs.pair_owners`), so that no fused kernel spans two pairs. See the
+    module docstring for what becomes what."""
     chip = _chip_for(chip, options)
     launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
         if options.execution == "eager" else 0.0
     mapper = _Mapper(chip, system, launch_s or 0.0)
     by_position = {row.position: row for row in rows}
-    works = _works(graph, by_position, chip, options, frozenset(cross_values))
+    works = _works(graph, by_position, chip, options, frozenset(cross_values), owners or {})
     mapped = tuple(mapper(work) for work in works)
     return ProgramMapping(chip=chip.name, execution=options.execution, ops=mapped,
                           distinct_mappings=len(mapper.cache) + len(mapper.comm_cache),

@@ -18,8 +18,8 @@ from hardware import Op, OpType, build_stdit_block_ops, gemm_auto_opt_mapper, lo
 from hlo_analyzer.blocks import segment_blocks
 from hlo_analyzer.cli import analyze_command
 from hlo_analyzer.dataflow import build_dataflow
-from hlo_analyzer.hw_mapping import blocks_section, pair_owners
 from hlo_analyzer.mlir import load_module
+from hlo_analyzer.pairs import pair_owners
 from hlo_trace.cli import run_click
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,7 @@ def test_pair_view_charges_the_traced_shapes_not_the_dictionary(capsys):
     segmentation = segment_blocks(module, graph=graph)
     ideal = replace(segmentation.shapes, B_spt=segmentation.shapes.B_spt // 4)
     hand_built = replace(segmentation, shapes=ideal, per_pair_shapes=[ideal])
-    assert pair_owners(graph, blocks_section(hand_built)) == pair_owners(graph, blocks_section(segmentation))
+    assert pair_owners(graph, hand_built) == pair_owners(graph, segmentation)
     assert map_block(build_stdit_block_ops(ideal), chip).latency_s < \
         document["mapping"]["reference"]["pair_latency_s"]
 

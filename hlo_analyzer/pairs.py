@@ -1,0 +1,208 @@
+"""Which block pair each op of an STDiT3 stage belongs to, whatever XLA hoisted or merged.
+
+A pair's work is everything that computes from the pair's input on the residual stream up to
+its output, plus the per-pair side work that only it reads (its adaLN modulation ``t_mlp +
+scale_shift_table``, its shift/scale/gate slices, its cross-attention's k/v of the caption).
+XLA may list that side work anywhere (the modulation of all 28 pairs comes first in a dump, as it
+depends only on ``t_mlp``), so order means nothing here: only the dataflow graph does.
+
+1. **The pair's input** ``X_k`` is the residual operand of the residual add after the spatial
+   self-attention's output projection: the first op after the projection (forward through
+   non-GEMM ops) with an operand that does not come from the projection and does lead to the
+   block's qkv projection (the gate does not: its slice feeds only the gated residual). That
+   operand is followed back through free data movement to the op that made it (or to the
+   function argument, in a stage whose first pair reads ``x`` from the previous stage).
+2. **The stage's output** ``Y`` is the last pair's final residual add, found the same way after
+   the temporal block's fc2 (its other operand comes from the block's own attention).
+3. **Level**: an op that depends on ``X_k`` (strictly: ``X_k`` itself is still the previous
+   pair's output, or the embeddings') is in pair ``k`` for the largest such ``k``; an op that
+   depends on ``Y`` is after the pairs (the final layer).
+4. **Side work** (no level, not a labelled GEMM): in reverse program order, an op all of whose
+   readers are in one pair ``k`` is a candidate of pair ``k``; then, in program order, a
+   candidate stays in pair ``k`` only if it reads something of the pair's own: a tensor argument
+   (the pair's ``scale_shift_table``) or an op already in pair ``k``. An op read by two pairs, by
+   the stage's ``return`` (``t_mlp`` and the caption embedding passed to the next stage) or by
+   nothing is outside the pairs, as is every ``X_k`` that no level claims (the embeddings'
+   output) and side work on shared data alone (RoPE tables from constants and scalars, ``t_mlp``
+   rescaled): torch-xla computes that once for all the pairs of a stage, so charging it to a
+   pair would charge it once per pair with ``--pairs``.
+
+So the modulation of pair ``k`` belongs to pair ``k``, LayerNorm + modulate before a pair's qkv
+belongs to that pair, every pair of a stage costs the same, and a one-pair trace times N equals
+the N-pair stage (tests/test_invariants.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+
+import networkx as nx
+
+from hlo_analyzer.blocks import Segmentation
+from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS
+
+__all__ = ["RETURN_OP", "pair_owners"]
+
+RETURN_OP = "return"
+#: How far (in ops) the residual add may lie after the GEMM it follows: a gate, a bias, the
+#: all-reduce or reduce-scatter of a tensor-parallel layout and their reshapes are a few dozen.
+RESIDUAL_SEARCH_LIMIT = 512
+
+#: A node of the graph, or ("argument", n) for the function argument numbered n.
+Marker = int | tuple[str, int]
+
+
+def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]:
+    """Graph node -> block pair (module docstring); nodes outside the pairs are absent."""
+    blocks = segmentation.blocks
+    pairs = len(blocks) // 2
+    levels_of: dict[Marker, int] = {}
+    for pair in range(pairs):
+        spatial = blocks[2 * pair].self_attention
+        marker = _residual_input(graph, spatial.out_proj, spatial.q_proj)
+        if marker is not None:
+            levels_of[marker] = pair
+    last = blocks[-1]
+    output = _residual_output(graph, last.fc2, last.self_attention.q_proj)
+    if output is not None:
+        levels_of[output] = pairs  # after the pairs
+    level = _levels(graph, levels_of)
+    labelled = {position: index // 2 for index, block in enumerate(blocks)
+                for positions in block.labels().values() for position in positions if position is not None}
+    owner: dict[int, int] = {}
+    for node, node_level in level.items():
+        if node_level < pairs:
+            owner[node] = node_level
+    owner.update(labelled)
+    names = graph.nodes
+    side: dict[int, int] = {}
+    for node in sorted(graph.nodes, reverse=True):
+        if node in owner or node in level or node in levels_of:
+            continue
+        readers = list(graph.successors(node))
+        if not readers or any(names[r]["name"] == RETURN_OP for r in readers):
+            continue
+        first = owner.get(readers[0], side.get(readers[0]))
+        if first is not None and all(owner.get(r, side.get(r)) == first for r in readers):
+            side[node] = first
+    for node in sorted(side):
+        if _reads_own_data(names[node], owner, side[node]):
+            owner[node] = side[node]
+    return owner
+
+
+def _reads_own_data(attributes: dict, owner: dict[int, int], pair: int) -> bool:
+    """Whether a side node reads something of its pair's own: a tensor argument (a weight such as
+    the pair's ``scale_shift_table``) or a node of the pair. Side work on shared data alone (a
+    scalar, ``t_mlp``, a table of constants) is the same for every pair, and torch-xla computes
+    it once for all pairs of a stage: it stays outside the pairs."""
+    for producer, shape in zip(attributes["operands"], attributes["operand_shapes"]):
+        if producer is None:
+            if math.prod(shape) > 1:
+                return True
+        elif owner.get(producer) == pair:
+            return True
+    return False
+
+
+def _levels(graph: nx.DiGraph, levels_of: dict[Marker, int]) -> dict[int, int]:
+    """Step 3: each node -> the largest level of a marker it strictly depends on."""
+    level: dict[int, int] = {}
+    nodes = graph.nodes
+    for node in sorted(nodes):
+        attributes = nodes[node]
+        best = -1
+        for producer, argument in zip(attributes["operands"], attributes["arguments"]):
+            if producer is None:
+                best = max(best, levels_of.get(("argument", argument), -1))
+            else:
+                best = max(best, levels_of.get(producer, -1), level.get(producer, -1))
+        if best >= 0:
+            level[node] = best
+    return level
+
+
+def _operand_markers(attributes: dict) -> Iterable[tuple[int | None, Marker]]:
+    for producer, argument in zip(attributes["operands"], attributes["arguments"]):
+        yield producer, (("argument", argument) if producer is None else producer)
+
+
+def _after(graph: nx.DiGraph, start: int) -> Iterable[int]:
+    """Nodes after ``start`` through non-GEMM ops, in program order (at most the search limit)."""
+    heap = list(graph.successors(start))
+    heapq.heapify(heap)
+    seen = set(heap)
+    for _ in range(RESIDUAL_SEARCH_LIMIT):
+        if not heap:
+            return
+        node = heapq.heappop(heap)
+        yield node
+        if graph.nodes[node]["name"] in GEMM_OPS:
+            continue
+        for reader in graph.successors(node):
+            if reader not in seen:
+                seen.add(reader)
+                heapq.heappush(heap, reader)
+
+
+def _ancestors(graph: nx.DiGraph, node: int) -> set[Marker]:
+    """Nodes and arguments that ``node`` reads through non-GEMM ops (its own operands included)."""
+    found: set[Marker] = set()
+    frontier = [node]
+    nodes = graph.nodes
+    while frontier:
+        current = frontier.pop()
+        for producer, marker in _operand_markers(nodes[current]):
+            if marker in found:
+                continue
+            found.add(marker)
+            if producer is not None and nodes[producer]["name"] not in GEMM_OPS:
+                frontier.append(producer)
+    return found
+
+
+def _root(graph: nx.DiGraph, producer: int | None, marker: Marker) -> Marker:
+    """Follow free data movement back from an operand to the op (or argument) that made it."""
+    nodes = graph.nodes
+    while producer is not None and nodes[producer]["name"] in FREE_MOVEMENT_OPS:
+        operands = list(_operand_markers(nodes[producer]))
+        if len(operands) != 1:
+            break
+        producer, marker = operands[0]
+    return marker
+
+
+def _residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | None:
+    """Step 1: the block's input on the residual stream, or None if not found."""
+    if proj is None:
+        return None
+    behind_qkv = _ancestors(graph, qkv)
+    from_proj = {proj}
+    nodes = graph.nodes
+    for node in _after(graph, proj):
+        attributes = nodes[node]
+        operands = list(_operand_markers(attributes))
+        if any(p in from_proj for p, _ in operands):
+            for producer, marker in operands:
+                if producer not in from_proj and marker in behind_qkv:
+                    root = _root(graph, producer, marker)
+                    if not (isinstance(root, int) and nodes[root]["name"] in CONSTANT_OPS):
+                        return root
+            from_proj.add(node)
+    return None
+
+
+def _residual_output(graph: nx.DiGraph, fc2: int, qkv: int) -> int | None:
+    """Step 2: the block's final residual add (its output), or None if not found."""
+    from_qkv = nx.descendants(graph, qkv)
+    from_fc2 = {fc2}
+    nodes = graph.nodes
+    for node in _after(graph, fc2):
+        operands = [p for p in nodes[node]["operands"]]
+        if any(p in from_fc2 for p in operands):
+            if any(p is not None and p not in from_fc2 and p in from_qkv for p in operands):
+                return node
+            from_fc2.add(node)
+    return None
