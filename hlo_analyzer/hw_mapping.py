@@ -170,7 +170,9 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
              program.per_sample_attentions)
     _with_collective_latencies(report, program)
     blocks = blocks_section(segmentation) if segmentation is not None else None
-    pair_of = tuple(owners.get(op.position) for op in program.ops)
+    found = blocks.pairs if blocks else 0
+    pair_of = tuple(p if (p := owners.get(op.position)) is not None and p < found else None
+                    for op in program.ops)
     reference = map_block(build_stdit_block_ops(blocks.shapes), resolved.system.chip) if blocks else None
     groups = _pair_groups(program, pair_of)
     totals = _totals(program, groups, steps=steps, pairs_found=blocks.pairs if blocks else None,

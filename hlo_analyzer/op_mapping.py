@@ -335,15 +335,15 @@ def real_elements(attributes_of: dict[int, dict[str, Any]]) -> dict[int, int]:
     return real
 
 
-def _read_shape(producer: int | None, shape: Sequence[int], real: dict[int, int]) -> tuple[int, ...]:
-    """What a kernel reads for one operand: its shape, or its real element count where the
-    producer holds less (:func:`real_elements`); () for a constant."""
+def _read_shape(producer: int | None, shape: Sequence[int], real: dict[int, int]) -> tuple[int, ...] | None:
+    """What a kernel reads for one operand: its shape (a scalar as ``(1,)``), or its real element
+    count where the producer holds less (:func:`real_elements`); None for a constant."""
     if producer is None:
-        return tuple(shape)
+        return _dims(shape)
     size = real[producer]
     if size == 0:
-        return ()
-    return tuple(shape) if size == _elements(shape) else (size,)
+        return None
+    return _dims(shape) if size == _elements(shape) else (size,)
 
 
 # -- vector ops -------------------------------------------------------------------------------------------
@@ -365,14 +365,14 @@ def _rows_of(row_name: str, result: Sequence[int]) -> int:
     return max(1, _elements(result[:-1]))
 
 
-def _eager_vector_op(row: OpRow, reads: tuple[tuple[int, ...], ...], exp_ops: int) -> tuple[Op, str, str] | None:
+def _eager_vector_op(row: OpRow, reads: tuple[tuple[int, ...] | None, ...], exp_ops: int) -> tuple[Op, str, str] | None:
     """(Op, kernel name, shapes text) of one element-wise op or reduction run alone, or None
     for an empty result. ``reads``: what it reads of each operand (:func:`_read_shape`)."""
     result = row.result_shapes[0] if row.result_shapes else ()
     if _elements(result) == 0:
         return None
     short = row.op.split(".", 1)[-1]
-    inputs = [s for s in reads if s and _elements(s) > 1] or [result]
+    inputs = [s for s in reads if s is not None]  # a constant is folded in: nothing read
     op = _vector_op(short, inputs, _rows_of(short, result), _elements(result), _vector_flops(row, exp_ops),
                     _bytes(row.dtype))
     return op, short, _shapes_text(row.operand_shapes, row.result_shapes)
@@ -406,7 +406,7 @@ class _Signatures:
         op, shapes = made  # type: ignore[misc]
         return _Work(node, (node,), row.op, GEMM_KIND, shapes, op=op, batch=dims[3])
 
-    def eager_vector(self, node: int, row: OpRow, reads: tuple[tuple[int, ...], ...]) -> _Work | None:
+    def eager_vector(self, node: int, row: OpRow, reads: tuple[tuple[int, ...] | None, ...]) -> _Work | None:
         key = (row.op, reads, row.result_shapes, row.dtype, row.flops)
         made = self._vectors.get(key, _MISSING)
         if made is _MISSING:
@@ -547,7 +547,7 @@ def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], membe
     group is read as its operand; a view leaving it is written once per tensor it views, and
     not at all when it views a tensor that entered the group (its readers read that)."""
     inside = set(members)
-    entering: dict[Any, tuple[int | None, tuple[int, ...]]] = {}
+    entering: dict[Any, tuple[int | None, tuple[int, ...] | None]] = {}
     leaving: dict[int, int] = {}  # computing member -> largest real size of it that leaves
     successors = graph.successors
     for node in members:
@@ -563,7 +563,7 @@ def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], membe
         source = _computing_source(attributes_of, node, inside)
         if source is not None:
             leaving[source] = max(leaving.get(source, 0), real[node])
-    return [e for e in entering.values() if e[1]], sum(leaving.values())
+    return [e for e in entering.values() if e[1] is not None], sum(leaving.values())
 
 
 def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
@@ -753,7 +753,7 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
     else:
         real = real_elements(attributes_of)
 
-        def reads(node: int) -> tuple[tuple[int, ...], ...]:
+        def reads(node: int) -> tuple[tuple[int, ...] | None, ...]:
             attributes = attributes_of[node]
             return tuple(_read_shape(p, s, real) for p, s in zip(attributes["operands"], attributes["operand_shapes"]))
 

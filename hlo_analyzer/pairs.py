@@ -55,7 +55,8 @@ Marker = int | tuple[str, int]
 
 
 def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]:
-    """Graph node -> block pair (module docstring); nodes outside the pairs are absent."""
+    """Graph node -> block pair (module docstring). Work after the pairs (the final layer) has
+    the number of pairs as its owner; work before them (the embeddings) is absent."""
     blocks = segmentation.blocks
     pairs = len(blocks) // 2
     levels_of: dict[Marker, int] = {}
@@ -71,10 +72,7 @@ def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]
     level = _levels(graph, levels_of)
     labelled = {position: index // 2 for index, block in enumerate(blocks)
                 for positions in block.labels().values() for position in positions if position is not None}
-    owner: dict[int, int] = {}
-    for node, node_level in level.items():
-        if node_level < pairs:
-            owner[node] = node_level
+    owner = dict(level)
     owner.update(labelled)
     names = graph.nodes
     side: dict[int, int] = {}
@@ -185,8 +183,10 @@ def _residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | N
         attributes = nodes[node]
         operands = list(_operand_markers(attributes))
         if any(p in from_proj for p, _ in operands):
-            for producer, marker in operands:
-                if producer not in from_proj and marker in behind_qkv:
+            size = math.prod(attributes["result_shapes"][0]) if attributes["result_shapes"] else 0
+            for (producer, marker), shape in zip(operands, attributes["operand_shapes"]):
+                # the residual has the sum's shape (an index or a gate vector has not)
+                if producer not in from_proj and marker in behind_qkv and size > 1 and math.prod(shape) == size:
                     root = _root(graph, producer, marker)
                     if not (isinstance(root, int) and nodes[root]["name"] in CONSTANT_OPS):
                         return root

@@ -61,6 +61,9 @@ class CaseResult(_Outcome):
     mesh: str
     stages: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    #: The analysis of stage 0 traced with one pair and totalled with ``--pairs`` (the one-pair
+    #: check), or None.
+    one_pair: dict[str, Any] | None = None
 
     @property
     def devices(self) -> int:
@@ -305,6 +308,23 @@ def latency_table(results: list[CaseResult], steps: int) -> Table:
                      100 * share.get("GEMM", 0.0), 100 * share.get("Vector", 0.0),
                      100 * share.get("FlashAttention", 0.0), memory["total_bytes"] / GIGA,
                      _fits(memory["total_bytes"], memory["capacity_bytes"]), ""])
+    return headers, rows
+
+
+def split_table(results: list[CaseResult], steps: int) -> Table:
+    """The inference latency from the stage traces beside the one from one traced pair (stage 0
+    of ``0-0,1-27``, ``analyze-hlo --pairs 28``): the time model charges every op to its pair,
+    so the two agree (the one-pair figure lacks the final layer and the second stage's copy of
+    the RoPE tables)."""
+    headers = ["shape", "strategy", "mesh", f"stage traces s ({steps} steps)",
+               f"one pair x pairs s ({steps} steps)", "difference %"]
+    rows = []
+    for result in results:
+        if not result.ok or result.one_pair is None:
+            continue
+        staged = result.mapping_total("inference_latency_s")
+        one = result.one_pair["mapping"]["totals"]["inference_latency_s"]
+        rows.append([result.shape, result.strategy, result.mesh, staged, one, 100 * (one - staged) / staged])
     return headers, rows
 
 
@@ -573,6 +593,8 @@ def write_results(results: list[CaseResult], run: dict[str, Any], out_dir: Path,
         "communication": ("Per-device communication of one denoising step, by collective (GB)",
                           communication_table(results)),
         "latency": (f"Latency on {run['hardware']}", latency_table(results, run["steps"])),
+        "split": (f"Stage traces against one traced pair on {run['hardware']}",
+                  split_table(results, run["steps"])),
         "pipelines": (f"Pipelines (PipeFusion) on {run['hardware']}",
                       pipeline_table(list(pipelines), run["steps"])),
         f"block_ops_{detail_shape}": (f"One block pair at {detail_shape}, per op",

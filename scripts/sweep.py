@@ -93,6 +93,10 @@ class Case:
     def name(self) -> str:
         return f"{Path(self.config).stem}_{self.shape}_{self.strategy}_{self.mesh}"
 
+    def one_pair(self, stage_ids: str) -> Case:
+        """The same case split so that stage 0 holds one block pair (the one-pair check)."""
+        return Case(self.config, self.shape, self.strategy, self.mesh, stage_ids)
+
     def stage_name(self, stage: int) -> str:
         """The name trace-stage gives this stage's dump (tracing.config owns the format)."""
         from tracing.config import build_config
@@ -253,6 +257,15 @@ class Settings:
     steps: int
     dialect: str
     timeline_shape: str | None = None  # the shape whose cases get a pair-0 timeline (for plots)
+    #: The stage split of the one-pair check (``0-0,1-27`` for the full model: stage 0 holds the
+    #: embeddings and one pair) and the model's pairs, or None for a model of one pair.
+    one_pair_ids: str | None = None
+    pairs: int = 1
+
+    @property
+    def case_steps(self) -> int:
+        """Steps of a flat case on the progress bar: its stages and the one-pair trace."""
+        return self.num_stages + (self.one_pair_ids is not None)
 
 
 def run_case(case: Case, paths: Paths, settings: Settings, progress: Progress) -> None:
@@ -262,8 +275,14 @@ def run_case(case: Case, paths: Paths, settings: Settings, progress: Progress) -
         try:
             _run_stage(case, stage, paths, settings, progress)
         except CaseFailed:
-            progress.show(f"{case.name}: failed", advance=settings.num_stages - stage)
+            progress.show(f"{case.name}: failed", advance=settings.case_steps - stage)
             raise
+    if settings.one_pair_ids is not None:
+        try:
+            _run_stage(case.one_pair(settings.one_pair_ids), 0, paths, settings, progress,
+                       pairs=settings.pairs)
+        except CaseFailed as error:  # the flat stages are done: the check is left out, logged
+            log.warning("%s: no one-pair check: %s", case.name, error)
     if case.shape == settings.timeline_shape:
         _run_timeline(case, paths, settings, progress)
 
@@ -286,8 +305,12 @@ def _run_timeline(case: Case, paths: Paths, settings: Settings, progress: Progre
 
 
 def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
-               progress: Progress) -> None:
+               progress: Progress, *, pairs: int | None = None) -> None:
+    """Trace (unless cached) and analyze one stage; ``pairs``: the inference total of that
+    many pairs (``analyze-hlo --pairs``)."""
     label = f"{case.shape} {case.strategy} ({case.mesh}) stage {stage}"
+    if pairs is not None:
+        label += f" (one pair x {pairs})"
     dump, analysis = paths.dump(case, stage), paths.analysis(case, stage)
     if analysis.exists() and dump.exists() and analysis.stat().st_mtime >= dump.stat().st_mtime:
         progress.show(f"{label}: cached", advance=1)
@@ -296,12 +319,13 @@ def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
         progress.show(f"{label}: tracing")
         _run([sys.executable, "-m", "tracing.cli", "--config", case.config,
               "--shape", case.shape, "--strategy", case.strategy, "--mesh", case.mesh,
-              "--stage-ids", settings.stage_ids, "--stage", str(stage),
+              "--stage-ids", case.stage_ids, "--stage", str(stage),
               "--dialect", settings.dialect, "-o", str(paths.dumps), "--force"],
              f"trace stage {stage}")
     progress.show(f"{label}: analyzing")
     _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", settings.hardware,
-          "--steps", str(settings.steps), "--format", "json", "-o", str(analysis), "--force"],
+          "--steps", str(settings.steps), "--format", "json", "-o", str(analysis), "--force",
+          *(["--pairs", str(pairs)] if pairs is not None else [])],
          f"analyze stage {stage}")
     progress.show(f"{label}: done", advance=1)
 
@@ -366,7 +390,20 @@ def load_case(case: Case, paths: Paths, settings: Settings) -> CaseResult:
     for stage in range(settings.num_stages):
         stages.append({"sidecar": json.loads(paths.sidecar(case, stage).read_text()),
                        "analysis": json.loads(paths.analysis(case, stage).read_text())})
-    return CaseResult(case.config, case.shape, case.strategy, case.mesh, stages=stages)
+    one_pair = None
+    if settings.one_pair_ids is not None:
+        path = paths.analysis(case.one_pair(settings.one_pair_ids), 0)
+        one_pair = json.loads(path.read_text()) if path.exists() else None
+    return CaseResult(case.config, case.shape, case.strategy, case.mesh, stages=stages,
+                      one_pair=one_pair)
+
+
+def one_pair_stage_ids(config: str) -> tuple[str | None, int]:
+    """(stage split with one pair in stage 0, the model's pairs); None for a one-pair model."""
+    from models.opensora.config import get_config
+
+    depth = get_config(config).depth
+    return (f"0-0,1-{depth - 1}" if depth > 1 else None), depth
 
 
 def default_stage_ids(config: str) -> str:
@@ -429,7 +466,7 @@ def machine_description() -> dict:
 
 def stage_steps(case: Case | PipelineCase, settings: Settings) -> int:
     """The stages a case traces (the progress bar's unit)."""
-    return case.pipeline.stages if isinstance(case, PipelineCase) else settings.num_stages
+    return case.pipeline.stages if isinstance(case, PipelineCase) else settings.case_steps
 
 
 def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
@@ -546,9 +583,11 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
             raise UsageError(f"{results}: already holds a study ({SUMMARY}); pass --force to "
                              "rewrite its tables, or -o another directory")
         paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
+        one_pair_ids, pairs = one_pair_stage_ids(model_config)
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
                             steps=steps, dialect=dialect,
-                            timeline_shape=None if no_plots else shapes.split(",")[0])
+                            timeline_shape=None if no_plots else shapes.split(",")[0],
+                            one_pair_ids=one_pair_ids, pairs=pairs)
         progress = Progress(total=sum(stage_steps(case, settings)
                                       for case in [*cases, *pipeline_cases]))
         everything = sweep([*cases, *pipeline_cases], paths, settings,
