@@ -311,7 +311,7 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
     lines.append(f"  GEMM utilisation (matrix FLOPs at peak / compute time)  {totals.gemm_utilization:.1%}")
     if totals.pairs_found:
         header = ["pair", "kernels", "latency", *[kind for kind, _ in totals.seconds_by_kind]]
-        rows = [["before" if g.pair is None else str(g.pair), str(g.kernels), seconds(g.latency_s),
+        rows = [["outside" if g.pair is None else str(g.pair), str(g.kernels), seconds(g.latency_s),
                  *[seconds(dict(g.seconds_by_kind).get(kind, 0.0)) for kind, _ in totals.seconds_by_kind]]
                 for g in mapping.pairs]
         lines += ["  by block pair (traced ops):"] + ["    " + line for line in

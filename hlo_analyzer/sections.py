@@ -32,11 +32,11 @@ class BlocksSection:
 
 @dataclass(frozen=True)
 class PairGroup:
-    """The kernels charged to one block pair (``pair`` None: before the first pair).
+    """The kernels charged to one block pair (``pair`` None: outside the pairs, the embeddings
+    before them and the final layer after them).
 
-    A pair is charged from its first labelled GEMM up to the next pair's first: the LayerNorm and
-    modulate before a pair's qkv projection fall to the pair before (module docstring of
-    ``hlo_analyzer.hw_mapping``)."""
+    A pair is charged from its input on the residual stream to its output, with its own adaLN
+    modulation wherever the dump lists it (``hlo_analyzer.pairs``)."""
 
     pair: int | None
     latency_s: float

@@ -31,7 +31,9 @@ from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, ProgramMapping
 from hlo_analyzer.pairs import pair_owners
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dumps").rglob("*.mlir"))
+#: Every dump the repository ships: the traced stages under dumps/ and the package's examples.
+BUNDLED = sorted(str(p.relative_to(ROOT)) for folder in ("dumps", "hlo_trace/examples")
+                 for p in (ROOT / folder).rglob("*.mlir"))
 SPLIT = ROOT / "dumps" / "split"
 #: (strategy, mesh) of each model traced three ways in dumps/split
 SPLIT_CASES = sorted(tuple(p.name.split("_102_256_256_")[1].rsplit("_stage", 1)[0].rsplit("_", 1))
@@ -156,7 +158,7 @@ CHIP_RATES = ("dram_bandwidth_bytes_per_s", "gemm_flops_per_s_per_tile", "vector
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("hardware", HARDWARE)
-@pytest.mark.parametrize("path", [p for p in BUNDLED if "/split/" not in p])
+@pytest.mark.parametrize("path", [p for p in BUNDLED if "/split/" not in p and "/mhlo/" not in p])
 def test_latency_never_grows_with_a_bandwidth_or_throughput(path, hardware, mode):
     d = dump(path)
     base = d.program(hardware, mode)
