@@ -1,29 +1,57 @@
 """Pipeline parallelism on a system: activation transfers between submeshes and the PipeFusion
-schedule of one diffusion step.
+schedule of a whole inference.
 
 Schedule modelled (PipeFusion, Fang et al., "PipeFusion: Patch-level Pipeline Parallelism for
-Diffusion Transformers Inference", arXiv:2405.14430, as run by xDiT): the latent is cut into M
+Diffusion Transformers Inference", arXiv:2405.14430, as xDiT runs it): the latent is cut into M
 patches along its height; P stages hold consecutive blocks on disjoint submeshes. Stage k works
-on patch i while stage k+1 works on patch i-1: a patch never waits for the other patches of its
+on patch m while stage k+1 works on patch m-1: a patch never waits for the other patches of its
 step, because each stage's spatial self-attention reads the other patches' K/V from the
-previous step (the *stale* buffer). One step is then a flow shop of M identical jobs through the
-chain ``stage 0, transfer 0->1, stage 1, ..., stage P-1`` (a transfer is a stage of its own, on
-the links). For identical jobs the makespan is exact:
+previous step (the *stale* buffer). The last stage finishes a patch's noise prediction, takes
+the patch's scheduler step (its cost is not counted) and sends the updated latent patch (stage
+0's input ``z``, 1/M of it) straight back to stage 0 (xDiT's pipeline group is a ring).
 
-    step = sum_j t_j + (M - 1) * max_j t_j
+Elements: ``e_0 .. e_{L-1}`` = stage 0, transfer 0->1, stage 1, ..., stage P-1, return P-1->0
+(a transfer is an element of its own, on the links), with per-patch times ``d_i``. Every element
+serves the jobs one at a time in the order (step 0, patch 0), (0, 1), ..., (0, M-1), (1, 0), ...
+Number the jobs ``j = s*M + m`` and let ``C[i][j]`` be the time element i finishes job j:
 
-with ``t_j`` the per-patch time of element j; with P equal stages of time c and free transfers
-this is the ``(M + P - 1) * c`` of the paper. Each step is modelled as starting with an empty
-pipeline (the scheduler update between steps needs the last stage's output of every patch; the
-overlap of a step's fill with the previous step's drain that xDiT allows is not counted, so the
-figure is an upper bound). The first ``warmup`` steps run unpipelined on the full latent (no stale
-K/V exists yet): each stage on the whole sequence, one after another, with full-size transfers.
+    C[i][j] = max(C[i-1][j], C[i][j-1]) + d_i                   for i >= 1
+    C[0][j] = max(R(j), C[0][j-1]) + d_0                        (C[.][-1] = 0)
+
+where ``R(j)`` is when job j's input is back at stage 0, per schedule:
+
+* ``overlapped`` (xDiT, the default): ``R(j) = C[L-1][j-M]``, patch m of step s+1 needs only
+  patch m of step s back from the last stage; steps overlap, so the pipeline fills and drains
+  once per inference.
+* ``per-step`` (a system that synchronises every step): ``R(s*M + m) = C[L-1][s*M - 1]`` for every
+  m, step s+1 starts once the whole of step s is back; every step fills and drains.
+
+``R(j) = 0`` in the first pipelined step (or the end of the warm-up, below). The pipelined steps
+end when the last stage finishes the last patch, ``C[L-2][S*M - 1]`` (the last step sends
+nothing back). :func:`pipelined_steps_s` evaluates the recurrence. Closed forms (longest paths
+through the recurrence's graph), with ``D = max_i d_i``, ``D' = max_{i <= L-2} d_i`` and
+``T = sum_i d_i``, ``T' = sum_{i <= L-2} d_i`` (without the return), S pipelined steps:
+
+    per-step:    (S - 1) * (T + (M - 1) * D) + T' + (M - 1) * D'
+    overlapped:  max over w in 0..S-1 of  w*T + T' + ((S - w)*M - 1) * D_w
+                 (D_0 = D', D_w = D for w >= 1; linear in w, so w in {0, 1, S-1} suffice)
+
+A path that wraps w times through the return runs w whole loops; w = 0 is "fill once, S*M patch
+times of the bottleneck, drain once", w = S-1 is the loop bound when P stages are too many for M
+patches (T > M * D: a patch is back at stage 0 only after a whole loop). The steady-state time of
+a step is ``max(T, M * D)`` overlapped and ``T + (M - 1) * D`` per step (with P equal stages of
+time c, free transfers and return, ``max(P, M) * c`` against the paper's ``(M + P - 1) * c``).
+
+The first ``warmup`` steps run unpipelined on the full latent (no stale K/V exists yet; xDiT's
+synchronous warm-up): each stage on the whole sequence, one after another, full-size transfers,
+and the full latent sent back to stage 0 before the next step.
 
 Transfer model: the boundary activation (``message_bytes``) leaves the sending submesh split
 evenly over ``pairs = min(senders, receivers)`` chip pairs, sender i to receiver i, all in
 parallel and without link contention; a pair takes ``bytes / pairs / link_bandwidth`` plus one
 hop latency per link crossed (cut-through routing). Inside one chip (a submesh sending to
-itself) the transfer is free.
+itself) the transfer is free. The return uses the links' other direction (or other links) and
+is an element of its own.
 """
 
 from __future__ import annotations
@@ -53,7 +81,9 @@ def transfer_time_s(message_bytes: float, senders: Sequence[int], receivers: Seq
 
 
 def flow_shop_makespan_s(element_times_s: Sequence[float], jobs: int) -> float:
-    """Makespan of ``jobs`` identical jobs through a chain of elements (see the module doc)."""
+    """Makespan of ``jobs`` identical jobs through a chain of elements, each serving one job at
+    a time, starting empty: ``sum + (jobs - 1) * max`` of the element times (exact for identical
+    jobs: the longest path of the recurrence in the module doc without the return)."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: expected at least one")
     if not element_times_s:
@@ -61,43 +91,95 @@ def flow_shop_makespan_s(element_times_s: Sequence[float], jobs: int) -> float:
     return sum(element_times_s) + (jobs - 1) * max(element_times_s)
 
 
+#: ``overlapped``: steps overlap, fill and drain once per inference (xDiT's PipeFusion);
+#: ``per-step``: every step starts with an empty pipeline (a system that synchronises each step).
+SCHEDULES = ("overlapped", "per-step")
+DEFAULT_SCHEDULE = "overlapped"
+
+
+def pipelined_steps_s(chain_s: Sequence[float], return_s: float, *, patches: int, steps: int,
+                      schedule: str = DEFAULT_SCHEDULE) -> float:
+    """Seconds from the first pipelined step's start (every patch's input at stage 0, the
+    elements idle) to the last stage finishing the last patch of the ``steps``-th step: the
+    recurrence of the module doc over ``chain_s`` (stage 0, transfer, stage 1, ..., stage P-1:
+    per-patch times) and the per-patch ``return_s`` from stage P-1 back to stage 0."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if patches < 1:
+        raise ValueError(f"patches={patches}: expected at least one")
+    if steps < 1 or not chain_s:
+        return 0.0
+    elements = [*chain_s, return_s]
+    done = [0.0] * len(elements)  # C[i][j-1]: when element i finished its previous job
+    back = [0.0] * patches        # C[L-1][j-M]: when patch m's input got back to stage 0
+    for step in range(steps):
+        last = step == steps - 1
+        if schedule == "per-step":
+            back = [max(back)] * patches
+        for patch in range(patches):
+            ready = back[patch]
+            for index, element_s in enumerate(elements[:-1] if last else elements):
+                ready = max(ready, done[index]) + element_s
+                done[index] = ready
+            back[patch] = ready
+    return done[len(chain_s) - 1]
+
+
+def _chain(stage_s: Sequence[float], transfer_s: Sequence[float]) -> list[float]:
+    chain: list[float] = []
+    for index, element_s in enumerate(stage_s):
+        chain.append(element_s)
+        if index < len(transfer_s):
+            chain.append(transfer_s[index])
+    return chain
+
+
 @dataclass(frozen=True)
 class PipelineStep:
-    """Latency of one pipelined step and of the whole inference."""
+    """Latency of one pipelined step (steady state) and of the whole inference under
+    ``schedule``. ``step_s`` is the time a pipelined step adds once the pipeline runs:
+    ``max(T, M * D)`` overlapped, ``T + (M - 1) * D`` per step (module doc); ``inference_s``
+    is the recurrence's exact total, warm-up included."""
 
+    schedule: str
     patches: int
     stage_patch_s: tuple[float, ...]
     transfer_patch_s: tuple[float, ...]
+    return_patch_s: float
     stage_full_s: tuple[float, ...]
     transfer_full_s: tuple[float, ...]
+    return_full_s: float
     step_s: float
     warmup_step_s: float
     warmup_steps: int
     steps: int
-
-    @property
-    def inference_s(self) -> float:
-        warm = min(self.warmup_steps, self.steps)
-        return warm * self.warmup_step_s + (self.steps - warm) * self.step_s
+    inference_s: float
 
 
 def pipefusion_step(stage_patch_s: Sequence[float], transfer_patch_s: Sequence[float],
                     stage_full_s: Sequence[float], transfer_full_s: Sequence[float], *,
-                    patches: int, steps: int, warmup_steps: int = 1) -> PipelineStep:
-    """Step latencies from per-stage times on one patch and on the full latent, and transfers
-    between consecutive stages (P - 1 of each) for one patch and for the full latent."""
+                    patches: int, steps: int, warmup_steps: int = 1, return_patch_s: float = 0.0,
+                    return_full_s: float = 0.0, schedule: str = DEFAULT_SCHEDULE) -> PipelineStep:
+    """Step and inference latencies from per-stage times on one patch and on the full latent,
+    transfers between consecutive stages (P - 1 of each) for one patch and for the full latent,
+    and the return from the last stage to stage 0 (a latent patch, the full latent)."""
     if len(transfer_patch_s) != len(stage_patch_s) - 1 or len(transfer_full_s) != len(
             stage_full_s) - 1:
         raise ValueError("expected one transfer between each two consecutive stages")
-    chain: list[float] = []
-    for index, stage_s in enumerate(stage_patch_s):
-        chain.append(stage_s)
-        if index < len(transfer_patch_s):
-            chain.append(transfer_patch_s[index])
+    chain = _chain(stage_patch_s, transfer_patch_s)
+    pipelined = max(steps - warmup_steps, 0)
+    warm = min(warmup_steps, steps)
+    warmup_step_s = sum(stage_full_s) + sum(transfer_full_s)
+    warmup_phase_s = warm * warmup_step_s + (warm if pipelined else max(warm - 1, 0)) * (
+        return_full_s)
+    loop = [*chain, return_patch_s]
+    step_s = (max(sum(loop), patches * max(loop)) if schedule == "overlapped"
+              else flow_shop_makespan_s(loop, patches))
     return PipelineStep(
-        patches=patches, stage_patch_s=tuple(stage_patch_s),
-        transfer_patch_s=tuple(transfer_patch_s), stage_full_s=tuple(stage_full_s),
-        transfer_full_s=tuple(transfer_full_s),
-        step_s=flow_shop_makespan_s(chain, patches),
-        warmup_step_s=sum(stage_full_s) + sum(transfer_full_s),
-        warmup_steps=warmup_steps, steps=steps)
+        schedule=schedule, patches=patches, stage_patch_s=tuple(stage_patch_s),
+        transfer_patch_s=tuple(transfer_patch_s), return_patch_s=return_patch_s,
+        stage_full_s=tuple(stage_full_s), transfer_full_s=tuple(transfer_full_s),
+        return_full_s=return_full_s, step_s=step_s, warmup_step_s=warmup_step_s,
+        warmup_steps=warmup_steps, steps=steps,
+        inference_s=warmup_phase_s + pipelined_steps_s(
+            chain, return_patch_s, patches=patches, steps=pipelined, schedule=schedule))

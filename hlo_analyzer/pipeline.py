@@ -9,8 +9,10 @@ patch count (``pipefusion.patches``). A stage traced on the full latent is taken
 spatial attention of a patch reads the full K/V, so the M patches add up to the full work).
 
 Per patch, stage k sends 1/M of ``x`` and the whole of its other outputs (``t``, ``t_mlp``, ``y``:
-small, counted with every patch) to stage k+1's chips (``hardware.pipeline.transfer_time_s``);
-the step latency follows the PipeFusion schedule of ``hardware.pipeline`` (module doc there).
+small, counted with every patch) to stage k+1's chips (``hardware.pipeline.transfer_time_s``),
+and the last stage sends 1/M of the latent (stage 0's input ``z``) back to stage 0's chips; the
+latencies follow the PipeFusion schedule of ``hardware.pipeline`` (module doc there), by default
+``overlapped`` (steps overlap, as xDiT runs them), or ``per-step`` (every step fills and drains).
 Memory per device of a stage adds, with M > 1, the stale K/V buffers its spatial attentions keep:
 per block pair ``2 * B_spt * S_KV_spt * N_A * H_A * Q`` bytes (K and V over the full sequence,
 with the per-device dictionary of the dump's segmentation).
@@ -39,6 +41,8 @@ _SIDECAR_DTYPE_BYTES = {"bfloat16": ELEMENT_BYTES["bf16"], "float16": ELEMENT_BY
 
 #: The stage output split into patches (the hidden states); the others travel whole.
 PATCHED_OUTPUT = "x"
+#: Stage 0's input that the last stage sends back after a patch's scheduler step (the latent).
+LATENT_INPUT = "z"
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class PipelinePlan:
     strategies: tuple[str, ...] | None
     patches: int
     warmup_steps: int
+    schedule: str = "overlapped"
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,8 @@ class PipelineAnalysis:
     hardware: str
     stages: tuple[StageAnalysis, ...]
     step: Any  # hardware.pipeline.PipelineStep
+    return_full_bytes: int = 0
+    return_patch_bytes: float = 0.0
 
     @property
     def memory_per_device_bytes(self) -> int:
@@ -99,7 +106,10 @@ class PipelineAnalysis:
         return {
             "pipeline": self.plan.path, "hardware": self.hardware,
             "patches": self.plan.patches, "warmup_steps": step.warmup_steps, "steps": step.steps,
+            "schedule": step.schedule,
             "stages": [dataclasses.asdict(s) | {"memory": s.memory.to_dict()} for s in self.stages],
+            "return": {"full_bytes": self.return_full_bytes, "patch_bytes": self.return_patch_bytes,
+                       "full_s": step.return_full_s, "patch_s": step.return_patch_s},
             "totals": {
                 "step_s": step.step_s, "warmup_step_s": step.warmup_step_s,
                 "inference_s": step.inference_s,
@@ -110,8 +120,10 @@ class PipelineAnalysis:
 
 
 def load_plan(path: str | Path) -> PipelinePlan:
-    """Read ``stage_ids``, ``strategy`` (one name or one per stage), ``patches`` (default 1) and
-    ``warmup_steps`` (default 1) from a pipeline TOML."""
+    """Read ``stage_ids``, ``strategy`` (one name or one per stage), ``patches`` (default 1),
+    ``warmup_steps`` (default 1) and ``schedule`` (default ``overlapped``) from a pipeline TOML."""
+    from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES
+
     source = Path(path)
     try:
         data = tomllib.loads(source.read_text())
@@ -132,13 +144,18 @@ def load_plan(path: str | Path) -> PipelinePlan:
     for key, value, least in (("patches", patches, 1), ("warmup_steps", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InputFileError(f"{source}: {key} = {value!r}: expected an integer >= {least}")
-    return PipelinePlan(str(source), len(stage_ids), strategies, patches, warmup)
+    schedule = data.get("schedule", DEFAULT_SCHEDULE)
+    if schedule not in SCHEDULES:
+        raise InputFileError(f"{source}: schedule = {schedule!r}: expected one of "
+                             f"{', '.join(SCHEDULES)}")
+    return PipelinePlan(str(source), len(stage_ids), strategies, patches, warmup, schedule)
 
 
 def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
-                     steps: int = 30) -> PipelineAnalysis:
+                     steps: int = 30, schedule: str | None = None) -> PipelineAnalysis:
+    """``schedule`` (``overlapped`` or ``per-step``) overrides the plan's."""
     from hardware import load_system
-    from hardware.pipeline import pipefusion_step
+    from hardware.pipeline import pipefusion_step, transfer_time_s
 
     if len(dumps) != plan.stage_count:
         raise UsageError(f"{plan.path} has {plan.stage_count} stages but {len(dumps)} dumps were "
@@ -149,11 +166,16 @@ def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
     for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
         following = sidecars[index + 1] if index + 1 < len(sidecars) else None
         stages.append(_analyze_stage(index, dump, sidecar, following, plan, system, hardware))
+    return_full, return_patch = _latent_bytes(sidecars[0], plan.patches)
+    first, last = stages[0].devices, stages[-1].devices
     step = pipefusion_step(
         [s.patch_s for s in stages], [s.transfer_patch_s for s in stages[:-1]],
         [s.full_s for s in stages], [s.transfer_full_s for s in stages[:-1]],
-        patches=plan.patches, steps=steps, warmup_steps=plan.warmup_steps)
-    return PipelineAnalysis(plan, system.name, tuple(stages), step)
+        patches=plan.patches, steps=steps, warmup_steps=plan.warmup_steps,
+        return_patch_s=transfer_time_s(return_patch, last, first, system),
+        return_full_s=transfer_time_s(return_full, last, first, system),
+        schedule=schedule or plan.schedule)
+    return PipelineAnalysis(plan, system.name, tuple(stages), step, return_full, return_patch)
 
 
 def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
@@ -224,6 +246,17 @@ def _boundary_bytes(sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
             full += nbytes
             per_patch += nbytes
     return full, per_patch
+
+
+def _latent_bytes(first_sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
+    """(full, per patch) bytes of the latent the last stage sends back to stage 0: stage 0's
+    input ``z`` (a patch of it when stage 0 was traced on one patch); 0 when not recorded."""
+    entry = first_sidecar.get("inputs", {}).get(LATENT_INPUT)
+    if entry is None:
+        return 0, 0.0
+    traced = int(first_sidecar.get("pipefusion", {}).get("patches", 1))
+    full = math.prod(entry["shape"]) * _SIDECAR_DTYPE_BYTES[entry["dtype"]] * traced
+    return full, full / patches
 
 
 def _stale_kv_bytes(config: dict[str, int], pairs: int) -> int:

@@ -19,6 +19,11 @@ from hlo_trace.cli import emit, run_click
               help="System the stages run on (its chips hold the submeshes' device ids).")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
               help="Sampling steps of one inference.")
+@click.option("--schedule", type=click.Choice(["overlapped", "per-step"]), default=None,
+              help="PipeFusion schedule: overlapped (steps overlap, fill and drain once per "
+                   "inference, as xDiT runs it) or per-step (every step starts with an empty "
+                   "pipeline: a system that synchronises each step).  [default: the pipeline "
+                   "file's `schedule`, else overlapped]")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -26,16 +31,17 @@ from hlo_trace.cli import emit, run_click
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress to stderr.")
 def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps: int,
-                     output_format: str, output: str | None, force: bool, verbose: bool) -> int:
+                     schedule: str | None, output_format: str, output: str | None, force: bool, verbose: bool) -> int:
     """Analyze a pipeline: PIPELINE is its TOML (stage_ids, strategy per stage, patches =
-    PipeFusion patch count M, warmup_steps), DUMPS the stage dumps in stage order, each with its
+    PipeFusion patch count M, warmup_steps, schedule), DUMPS the stage dumps in stage order, each with its
     tracer sidecar beside it (trace them with `trace-stage --pipeline PIPELINE --all-stages`).
 
     Per stage: compute (one block mapped on the chip, times the stage's block pairs), its own
     collectives, the activation it sends to the next stage's chips and the time that takes,
-    and memory per device (weights, stale K/V, peak live activations). Then the PipeFusion step
-    latency, sum of the per-patch times + (M - 1) x the slowest (see docs/pipeline.md), the
-    unpipelined warm-up step, and the inference latency.
+    and memory per device (weights, stale K/V, peak live activations). Then the PipeFusion
+    latencies under the schedule (see docs/pipeline.md): a pipelined step in steady state, the
+    unpipelined warm-up step, and the inference, the last stage sending each latent patch back
+    to stage 0.
 
     Example: analyze-pipeline dumps/pipeline/tiny_2x2_stages.toml \\
     dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir
@@ -45,7 +51,8 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
-    analysis = analyze_pipeline(load_plan(pipeline), list(dumps), hardware, steps=steps)
+    analysis = analyze_pipeline(load_plan(pipeline), list(dumps), hardware, steps=steps,
+                                schedule=schedule)
     document = analysis.to_dict()
     text = (json.dumps(document, indent=1, sort_keys=True) + "\n" if output_format == "json"
             else render_pipeline_table(document))

@@ -169,7 +169,8 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
 def render_pipeline_table(document: dict[str, Any]) -> str:
     """The ``analyze-pipeline`` report (``PipelineAnalysis.to_dict()``) as text."""
     lines = [f"Pipeline {document['pipeline']} on {document['hardware']}: "
-             f"{len(document['stages'])} stages, M = {document['patches']} patches", ""]
+             f"{len(document['stages'])} stages, M = {document['patches']} patches, "
+             f"{document['schedule']} schedule", ""]
     header = ["stage", "strategy", "chips", "pairs", "compute", "collectives", "stage/patch",
               "send/patch", "transfer/patch", "memory/device"]
     rows = []
@@ -182,18 +183,21 @@ def render_pipeline_table(document: dict[str, Any]) -> str:
                      seconds(stage["patch_s"]), si(stage["transfer_patch_bytes"], "B"),
                      seconds(stage["transfer_patch_s"]), si(memory["total_bytes"], "B") + flag])
     lines += render_columns(header, rows, {3, 4, 5, 6, 7, 8, 9})
-    totals = document["totals"]
-    lines += [
-        "",
-        f"  pipelined step (PipeFusion, M + P - 1 patch times + transfers)  "
-        f"{seconds(totals['step_s'])}",
-        f"  warm-up step (unpipelined, full latent)                         "
-        f"{seconds(totals['warmup_step_s'])}",
-        f"  inference ({document['warmup_steps']} warm-up + "
-        f"{document['steps'] - min(document['warmup_steps'], document['steps'])} pipelined steps)"
-        f"  {seconds(totals['inference_s'])}",
-        f"  memory per device (largest stage)  {si(totals['memory_per_device_bytes'], 'B')}",
+    totals, back = document["totals"], document["return"]
+    step = ("steps overlap: max(loop, M x slowest)" if document["schedule"] == "overlapped"
+            else "empty pipeline each step: loop + (M - 1) x slowest")
+    pipelined = document["steps"] - min(document["warmup_steps"], document["steps"])
+    summary = [
+        ("return to stage 0 per patch (latent)",
+         f"{seconds(back['patch_s'])}  ({si(back['patch_bytes'], 'B')})"),
+        (f"pipelined step ({step})", seconds(totals["step_s"])),
+        ("warm-up step (unpipelined, full latent)", seconds(totals["warmup_step_s"])),
+        (f"inference ({document['warmup_steps']} warm-up + {pipelined} pipelined steps, "
+         f"{document['schedule']})", seconds(totals["inference_s"])),
+        ("memory per device (largest stage)", si(totals["memory_per_device_bytes"], "B")),
     ]
+    width = max(len(label) for label, _ in summary)
+    lines += [""] + [f"  {label:<{width}}  {value}" for label, value in summary]
     if any(stage["memory"]["exceeds_capacity"] for stage in document["stages"]):
         lines.append("  ! a stage's memory exceeds the chip's DRAM capacity")
     return "\n".join(lines) + "\n"

@@ -25,6 +25,9 @@ from models.opensora.parallel import strategy_info
 #: The first steps of an inference run unpipelined on the full latent: no stale K/V exists yet
 #: (PipeFusion's warm-up, docs/pipeline.md).
 WARMUP_STEPS = 1
+#: The PipeFusion schedule of the study's pipelines: steps overlap as xDiT runs them
+#: (``hardware.pipeline``; ``per-step`` is the other, every step filling and draining).
+SCHEDULE = "overlapped"
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class PipelineCase:
         return tuple((nx, ny, 0, stage * ny) for stage in range(self.pipeline.stages))
 
     def toml(self) -> str:
-        """The pipeline file: the tracer's keys plus ``patches`` and ``warmup_steps``."""
+        """The pipeline file: the tracer's keys plus ``patches``, ``warmup_steps`` and
+        ``schedule``."""
         nx, ny, _, _ = self.submeshes()[0]
         # a model file named in a pipeline file is read relative to that file: make it absolute
         config = str(Path(self.config).resolve()) if self.config.endswith(".toml") else self.config
@@ -83,6 +87,7 @@ class PipelineCase:
                 "[" + ", ".join(str(v) for v in sub) + "]" for sub in self.submeshes()) + "]",
             f"patches = {self.patches}",
             f"warmup_steps = {WARMUP_STEPS}",
+            f'schedule = "{SCHEDULE}"',
         ]
         return "\n".join(lines) + "\n"
 

@@ -333,9 +333,10 @@ def _fits(total_bytes: float, capacity_bytes: float | None) -> str | None:
 
 
 def pipeline_table(pipelines: list[PipelineResult], steps: int) -> Table:
-    """One row per pipeline case: latency, communication and memory per device (the device of
+    """One row per pipeline case: its PipeFusion schedule (an analysis made before schedules
+    were named was ``per-step``), latency, communication and memory per device (the device of
     the stage that holds the most; its parts beside the total)."""
-    headers = ["shape", "pipeline", "stages", "chips/stage", "strategy in stage", "M",
+    headers = ["shape", "pipeline", "stages", "chips/stage", "strategy in stage", "M", "schedule",
                f"latency s ({steps} steps)", "pipelined step s", "warm-up step s",
                "slowest stage per patch ms", "send per patch MB (stage 0)",
                "comm GB/device per step", "weights GB/device", "stale K/V GB/device",
@@ -345,12 +346,12 @@ def pipeline_table(pipelines: list[PipelineResult], steps: int) -> Table:
         head = [result.shape, result.label, result.stages, result.chips, result.strategy,
                 result.patches]
         if not result.ok:
-            rows.append(head + [None] * 11 + [result.error])
+            rows.append(head + [None] * 12 + [result.error])
             continue
         analysis, memory = result.analysis, result.largest_stage_memory
         totals, stages = analysis["totals"], analysis["stages"]
         rows.append(head + [
-            totals["inference_s"], totals["step_s"], totals["warmup_step_s"],
+            analysis.get("schedule", "per-step"), totals["inference_s"], totals["step_s"], totals["warmup_step_s"],
             max(stage["patch_s"] for stage in stages) * 1e3,
             stages[0]["transfer_patch_bytes"] / 1e6, totals["comm_bytes_per_device"] / GIGA,
             memory["weight_bytes"] / GIGA, memory["stale_kv_bytes"] / GIGA,

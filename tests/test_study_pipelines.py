@@ -38,11 +38,23 @@ def test_the_pipeline_file_puts_each_stage_on_its_strategy_mesh_side_by_side():
     assert data["submeshes"] == [[2, 4, 0, 0], [2, 4, 0, 4]]
     assert data["stage_ids"] == [[0, 13], [14, 27]]
     assert (data["patches"], data["warmup_steps"], data["strategy"]) == (4, 1, "ds_ulysses")
+    assert data["schedule"] == "overlapped"  # steps overlap, as xDiT runs PipeFusion
     assert case.name == "full_204_640_360_pp2x8_ds_ulysses_M4"
     own = PipelineCase("models/mine.toml", "28_64_64", PipelineShape(2, 8, "ds_ulysses"), 2, 28)
     assert tomllib.loads(own.toml())["config"] == str(Path("models/mine.toml").resolve())
     pure = PipelineCase("full", "204_640_360", PipelineShape(16, 1, "none"), 2, depth=28)
     assert tomllib.loads(pure.toml())["submeshes"][15] == [1, 1, 0, 15]
+
+
+def test_the_tracer_and_analyze_pipeline_both_read_the_study_file(tmp_path):
+    from hlo_analyzer.pipeline import load_plan
+    from tracing.config import load_config_file
+
+    path = tmp_path / "case.toml"
+    path.write_text(PipelineCase("full", "204_640_360", PipelineShape(16, 1, "none"), 8, 28).toml())
+    assert load_config_file(path).patches == 8  # the tracer ignores warmup_steps and schedule
+    plan = load_plan(path)
+    assert (plan.stage_count, plan.patches, plan.schedule) == (16, 8, "overlapped")
 
 
 def test_pipeline_specs_are_checked():
@@ -87,17 +99,21 @@ def test_flat_memory_keeps_every_stage_weights_and_one_stage_live_values():
 def test_pipeline_row_reads_the_stage_that_holds_the_most():
     stages = [{"patch_s": 0.2, "transfer_patch_bytes": 5e6, "memory": _memory(1e9, 2e9, 1e9)},
               {"patch_s": 0.3, "transfer_patch_bytes": 0, "memory": _memory(1e9, 1e9, 1e9)}]
-    analysis = {"stages": stages, "totals": {
+    analysis = {"stages": stages, "schedule": "overlapped", "totals": {
         "inference_s": 9.0, "step_s": 0.3, "warmup_step_s": 0.3,
         "memory_per_device_bytes": 4e9, "comm_bytes_per_device": 2e9}}
     result = PipelineResult("full", "s", 2, 8, "ds_ulysses", 2, analysis=analysis)
     headers, rows = pipeline_table([result], steps=30)
     row = dict(zip(headers, rows[0]))
-    assert (row["pipeline"], row["M"]) == ("2x8:ds_ulysses", 2)
+    assert (row["pipeline"], row["M"], row["schedule"]) == ("2x8:ds_ulysses", 2, "overlapped")
     assert row["slowest stage per patch ms"] == pytest.approx(300.0)
     assert row["send per patch MB (stage 0)"] == pytest.approx(5.0)
     assert (row["weights GB/device"], row["stale K/V GB/device"], row["peak live GB/device"]) == (
         pytest.approx(1.0), pytest.approx(1.0), pytest.approx(2.0))
     assert row["memory GB/device"] == pytest.approx(4.0) and row["fits in chip memory"] == "yes"
     failed = PipelineResult("full", "s", 2, 8, "ds_ulysses", 8, error="trace stage 0: no")
-    assert pipeline_table([failed], 30)[1][0][-1] == "trace stage 0: no"
+    failed_row = pipeline_table([failed], 30)[1][0]
+    assert failed_row[-1] == "trace stage 0: no" and len(failed_row) == len(headers)
+    # An analysis from before schedules were named ran every step from an empty pipeline.
+    del analysis["schedule"]
+    assert pipeline_table([result], 30)[1][0][headers.index("schedule")] == "per-step"

@@ -134,9 +134,12 @@ def test_tiny_sweep_traces_skips_the_failure_and_resumes(tmp_path):
         pipelines = {row["M"]: row for row in csv.DictReader(handle)}
     assert "patches = 8: expected 1..4" in pipelines["8"]["error"]
     two = pipelines["2"]
-    # 1 unpipelined warm-up step and 29 pipelined steps (30 steps).
-    assert float(two["latency s (30 steps)"]) == pytest.approx(
-        float(two["warm-up step s"]) + 29 * float(two["pipelined step s"]), rel=1e-3)
+    # 1 unpipelined warm-up step and 29 pipelined steps (30 steps) that overlap: the pipeline
+    # fills and drains once, so the total is 29 steady-state steps give or take about one
+    # (exact figures: tests/test_pipeline.py).
+    assert two["schedule"] == "overlapped"
+    warm, step = float(two["warm-up step s"]), float(two["pipelined step s"])
+    assert warm + 28 * step <= float(two["latency s (30 steps)"]) <= warm + 31 * step
     assert float(two["stale K/V GB/device"]) > 0  # M > 1 keeps the full-sequence K/V
     # 2 stages of 2 chips: ds_ulysses lays 2 chips out as 2 x 1.
     patch_dumps = sorted(p.name for p in (tmp_path / ".cache" / "pipelines" / "dumps").glob("*.mlir"))

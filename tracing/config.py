@@ -42,7 +42,7 @@ DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp3
 MESH_AXES = ("x", "y")
 
 #: Pipeline-file keys that only ``analyze-pipeline`` reads; the tracer accepts and ignores them.
-ANALYSIS_KEYS = frozenset({"warmup_steps"})
+ANALYSIS_KEYS = frozenset({"warmup_steps", "schedule"})
 
 
 class PipelineConfigError(UsageError):
