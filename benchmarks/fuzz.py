@@ -1,6 +1,6 @@
 """Fuzz ``analyze-hlo`` and the configuration loaders with seeded mutations of the bundled inputs.
 
-Seeds: every dump in ``dumps/`` (StableHLO, MHLO, HLO text), every hardware TOML in
+Seeds: every dump in ``dumps/`` and ``hlo_trace/examples/`` (StableHLO, MHLO, HLO text), every hardware TOML in
 ``hardware/data/``, a model and a pipeline TOML of ``trace-stage``. Each case mutates one seed
 (bytes, lines, numbers, attributes, replica groups, element types, string escapes, nesting depth,
 option values) and runs it:
@@ -54,8 +54,9 @@ GOOD_CLASSES = ("ok", "usage")
 
 
 def dump_seeds() -> list[Path]:
-    dumps = REPO_ROOT / "dumps"
-    return sorted([*dumps.glob("*.mlir"), *dumps.glob("*/*.mlir"), *dumps.glob("*.hlo.txt")])
+    """The tiny STDiT3 dumps of ``dumps/`` and the bundled example (``hlo_trace/examples/``)."""
+    dumps, examples = REPO_ROOT / "dumps", REPO_ROOT / "hlo_trace" / "examples"
+    return sorted([*dumps.glob("*/*.mlir"), *examples.glob("*.mlir"), *examples.glob("*.hlo.txt")])
 
 
 def hardware_seeds() -> list[Path]:

@@ -136,7 +136,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     Bad input of any kind (a file that does not parse, or even crashes jaxlib's parser; a bad
     option or hardware file) ends with one "Error:" line and exit code 2.
 
-    Example: analyze-hlo dumps/example_mlp_megatron_2x2.stablehlo.mlir --format json
+    Example: analyze-hlo hlo_trace/examples/example_mlp_megatron_2x2.stablehlo.mlir --format json
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)

@@ -21,9 +21,10 @@ from hlo_analyzer.dataflow import build_dataflow
 from hlo_analyzer.hw_mapping import blocks_section, pair_owners
 from hlo_analyzer.mlir import load_module
 from hlo_trace.cli import run_click
+from hlo_trace.examples import example_dump
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "dumps" / "example_mlp_megatron_2x2.stablehlo.mlir"
+EXAMPLE = example_dump()
 RING = ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_ring_attention_2x2_stage1_pairs1-1.mlir"
 US = 1e-6
 
