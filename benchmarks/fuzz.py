@@ -20,6 +20,7 @@ Every outcome falls in one class; the error promise is that only ``ok`` and ``us
   negative/NaN/inf number), ``other`` (any other exit code).
 
     python3 benchmarks/fuzz.py --cases 3000 --seed 1 [--jobs 2] [--timeout 30] [--memory-mb 4000]
+    python3 benchmarks/fuzz.py --quick    # 12 cases (seconds): what CI runs besides tests/test_fuzz.py
 
 Prints the count per class, per mutator, and the first examples of every failing class.
 """
@@ -554,7 +555,11 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=3, help="examples shown per failing class")
     parser.add_argument("--keep", type=Path, default=None,
                         help="directory to save the inputs of failing cases into")
+    parser.add_argument("--quick", action="store_true",
+                        help="12 cases (seconds; CI checks that the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.cases = 12
 
     started = time.perf_counter()
     cases = list(make_cases(args.cases, args.seed))
