@@ -13,6 +13,7 @@ a child process, timed end to end (process start, parse, analysis, JSON) with th
 RSS; targets < 15 s and < 1.5 GiB. It needs a few GiB: run it under ``flock /tmp/heavy.lock``.
 
     python3 benchmarks/analyze_speed.py [--ops 100000] [--million]
+    python3 benchmarks/analyze_speed.py --quick     # 2,000 ops once: what CI runs, no figure
 
 Last measured (shared 2-core machine, noisy; best of 5 each): 100k ops 0.87-0.93 s against a
 0.49 s baseline, 1.77-1.90x over 6 runs (2.1-2.4x before the session that trimmed the walks, 3.4x
@@ -195,7 +196,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
     parser.add_argument("--million", action="store_true",
                         help="also time the 1M-op case in a child process (run under flock)")
+    parser.add_argument("--quick", action="store_true",
+                        help="seconds: 2,000 ops, one run each (CI checks that the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        if args.million:
+            parser.error("--quick runs the small case only; --million is a manual run")
+        args.ops, args.repeat = 2_000, 1
     if args.million:
         with tempfile.TemporaryDirectory() as tmp:
             million_case(Path(tmp))
@@ -228,6 +235,8 @@ def main() -> None:
     print(f"analyze-hlo --format json:       {analysis:.2f} s  ({ops / analysis:,.0f} ops/s)")
     print(f"ratio to baseline:               {analysis / baseline:.2f}x  (target <= 2x)")
     print(f"peak RSS:                        {peak_rss_mib:.0f} MiB")
+    if args.quick:
+        print("(--quick: a small module run once; these figures are no measurement)")
 
 
 if __name__ == "__main__":

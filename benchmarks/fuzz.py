@@ -1,6 +1,6 @@
 """Fuzz ``analyze-hlo`` and the configuration loaders with seeded mutations of the bundled inputs.
 
-Seeds: every dump in ``dumps/`` (StableHLO, MHLO, HLO text), every hardware TOML in
+Seeds: every dump in ``dumps/`` and ``hlo_trace/examples/`` (StableHLO, MHLO, HLO text), every hardware TOML in
 ``hardware/data/``, a model and a pipeline TOML of ``trace-stage``. Each case mutates one seed
 (bytes, lines, numbers, attributes, replica groups, element types, string escapes, nesting depth,
 option values) and runs it:
@@ -20,6 +20,7 @@ Every outcome falls in one class; the error promise is that only ``ok`` and ``us
   negative/NaN/inf number), ``other`` (any other exit code).
 
     python3 benchmarks/fuzz.py --cases 3000 --seed 1 [--jobs 2] [--timeout 30] [--memory-mb 4000]
+    python3 benchmarks/fuzz.py --quick    # 12 cases (seconds): what CI runs besides tests/test_fuzz.py
 
 Prints the count per class, per mutator, and the first examples of every failing class.
 """
@@ -54,8 +55,9 @@ GOOD_CLASSES = ("ok", "usage")
 
 
 def dump_seeds() -> list[Path]:
-    dumps = REPO_ROOT / "dumps"
-    return sorted([*dumps.glob("*.mlir"), *dumps.glob("*/*.mlir"), *dumps.glob("*.hlo.txt")])
+    """The tiny STDiT3 dumps of ``dumps/`` and the bundled example (``hlo_trace/examples/``)."""
+    dumps, examples = REPO_ROOT / "dumps", REPO_ROOT / "hlo_trace" / "examples"
+    return sorted([*dumps.glob("*/*.mlir"), *examples.glob("*.mlir"), *examples.glob("*.hlo.txt")])
 
 
 def hardware_seeds() -> list[Path]:
@@ -553,7 +555,11 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=3, help="examples shown per failing class")
     parser.add_argument("--keep", type=Path, default=None,
                         help="directory to save the inputs of failing cases into")
+    parser.add_argument("--quick", action="store_true",
+                        help="12 cases (seconds; CI checks that the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.cases = 12
 
     started = time.perf_counter()
     cases = list(make_cases(args.cases, args.seed))

@@ -16,6 +16,11 @@ measured and predicted time per op kind and per block pair with the error
 
 Without CUDA it says so in one line and exits 0. The table logic (:func:`summarize`,
 :func:`render_markdown`) needs neither torch nor a GPU and is tested on synthetic timings.
+
+    python3 benchmarks/gpu_validate.py --quick     # what CI runs: seconds, writes nothing
+
+``--quick`` runs the whole path (model blocks, profiler, ATen op -> tool op, table) on one pair of
+the tiny config, on the GPU if there is one, else on the CPU (CPU times: no validation).
 """
 
 from __future__ import annotations
@@ -159,15 +164,25 @@ def _chip_for(device_name: str, override: str | None) -> str:
     raise SystemExit(f"Error: no bundled chip for {device_name!r}; pass --hw NAME|FILE")
 
 
-def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2) -> list[KernelTiming]:  # noqa: ANN001 - torch is imported lazily
+def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_name: str = "full",  # noqa: ANN001 - torch is imported lazily
+                 device: str = "cuda") -> list[KernelTiming]:
+    """One spatial + temporal block pair of ``config_name`` at ``shape``, profiled on ``device``
+    (``cuda``: the GPU time of each op's kernels; ``cpu``: its CPU time, for ``--quick``).
+
+    The blocks' ``BlockLinear`` layers (an einsum, so that GSPMD keeps both token axes split) run
+    as plain ``nn.Linear``: the same GEMM, and the profiler records the shapes of ``aten::linear``
+    (of ``aten::einsum``'s tensor list it records none, and its GEMMs would be dropped)."""
+    import types
+
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
     from models.opensora.config import get_config
     from models.opensora.inputs import geometry
-    from models.opensora.stdit3 import STDiT3Block
+    from models.opensora.stdit3 import BlockLinear, STDiT3Block
 
-    config = get_config("full")
+    config = get_config(config_name)
+    on_gpu = device == "cuda"
     geo = geometry(config, shape)
     h, batch = config.hidden_size, 2
 
@@ -176,13 +191,18 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2) -> list[Ker
         mask = mask.to(q.dtype) if mask is not None else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
-    blocks = [STDiT3Block(config, temporal=t).to("cuda", torch.bfloat16).eval() for t in (False, True)]
+    blocks = [STDiT3Block(config, temporal=t).to(device, torch.bfloat16).eval() for t in (False, True)]
     for block in blocks:
         block.attn.attention_fn = sdpa
         block.cross_attn.attention_fn = sdpa
-    x = torch.randn(batch, geo.T * geo.S, h, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(1, batch * config.model_max_length, h, device="cuda", dtype=torch.bfloat16)
-    t_mlp = torch.randn(batch, 6 * h, device="cuda", dtype=torch.bfloat16)
+        for module in block.modules():
+            if isinstance(module, BlockLinear):
+                module.forward = types.MethodType(torch.nn.Linear.forward, module)
+    x = torch.randn(batch, geo.T * geo.S, h, device=device, dtype=torch.bfloat16)
+    y = torch.randn(1, batch * config.model_max_length, h, device=device, dtype=torch.bfloat16)
+    t_mlp = torch.randn(batch, 6 * h, device=device, dtype=torch.bfloat16)
+    synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
 
     def run() -> None:
         out = x
@@ -192,17 +212,17 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2) -> list[Ker
     with torch.no_grad():
         for _ in range(warmup):
             run()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        synchronize()
+        with profile(activities=activities, record_shapes=True) as prof:
             run()
-            torch.cuda.synchronize()
+            synchronize()
     timings = []
     for index, event in enumerate(e for e in prof.events() if e.name.startswith("aten::")):
         parent = event.cpu_parent
         if parent is not None and parent.name.startswith("aten::"):
             continue
         op = op_from_aten(event.name, index, event.input_shapes or [])
-        measured = event.device_time_total * 1e-6
+        measured = (event.device_time_total if on_gpu else event.cpu_time_total) * 1e-6
         if op is None or measured <= 0:
             continue
         timings.append(KernelTiming(shape, op.name, op.op_type.value, measured, predict(op, chip)))
@@ -221,6 +241,25 @@ def _versions(torch) -> list[str]:  # noqa: ANN001
             f"torch: {torch.__version__}", f"cuDNN: {torch.backends.cudnn.version()}"]
 
 
+def quick(torch, hardware: str | None) -> int:  # noqa: ANN001
+    """``--quick``: the whole path on one pair of the tiny config; prints the table, writes nothing."""
+    from tracing.config import default_shape
+
+    on_gpu = torch.cuda.is_available()
+    device_name = torch.cuda.get_device_name(0) if on_gpu else "CPU"
+    chip_name = _chip_for(device_name, hardware) if on_gpu else hardware or "h100-sxm"
+    timings = measure_pair(default_shape("tiny"), load_chip(chip_name), torch, warmup=1,
+                           config_name="tiny", device="cuda" if on_gpu else "cpu")
+    missing = [kind for kind in KINDS if kind not in {t.kind for t in timings}]
+    if missing:
+        print(f"gpu_validate --quick: no {', '.join(missing)} op measured in the pair", file=sys.stderr)
+        return 1
+    header = [f"device: {device_name}", f"predicted with: {chip_name}",
+              "--quick: the tiny config, one pair" + ("" if on_gpu else "; CPU times, no validation")]
+    print(render_markdown(summarize(timings), header))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from models.opensora.inputs import REFERENCE_SHAPES
 
@@ -229,12 +268,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(REFERENCE_SHAPES))
     parser.add_argument("--out", default=str(ROOT / "results" / "gpu_validation"))
     parser.add_argument("--force", action="store_true", help="overwrite an existing table")
+    parser.add_argument("--quick", action="store_true",
+                        help="one tiny-config pair on the GPU, else the CPU; writes nothing (CI)")
     args = parser.parse_args(argv)
     try:
         import torch
     except ImportError:
         print("gpu_validate: torch is not installed; nothing to measure.")
         return 0
+    if args.quick:
+        return quick(torch, args.hw)
     if not torch.cuda.is_available():
         print("gpu_validate: no CUDA device on this machine; nothing to measure (the table logic is tested on CPU).")
         return 0

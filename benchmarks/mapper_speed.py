@@ -9,6 +9,7 @@ seconds, the speed-up, and checks that both return the same optimum.
 Then it prints what the GPU descriptions (H100/H200/A100 SXM) predict for the same bf16 GEMM.
 
     python3 benchmarks/mapper_speed.py [--repeats 3]
+    python3 benchmarks/mapper_speed.py --quick      # one run of each search (~1 s): what CI runs
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def _best_time(function, repeats: int):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per search; the fastest is reported")
+    parser.add_argument("--quick", action="store_true",
+                        help="one run of each search (CI checks that the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
 
     fc1 = Op("fc1", OpType.GEMM, ((M, K),), (K, N), (M, N), 2 * M * K * N)
     tx8 = load_chip("tx8")

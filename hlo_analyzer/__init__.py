@@ -1,6 +1,7 @@
 """hlo_analyzer: load partitioned MLIR dumps and measure them with visitors.
 
     from hlo_analyzer import load_module, IRVisitor, analyze
+    from hlo_trace.examples import example_dump  # the bundled example, from any directory
 
     class CountDots(IRVisitor):
         def __init__(self):
@@ -11,8 +12,8 @@
             self.count += 1
 
     visitor = CountDots()
-    visitor.visit(load_module("dumps/example_mlp_megatron_2x2.stablehlo.mlir"))
-    report = analyze("dumps/example_mlp_megatron_2x2.stablehlo.mlir")
+    visitor.visit(load_module(example_dump()))
+    report = analyze(example_dump())
     print(report.gemm_flops, report.comm_bytes_per_device)
 
 ``load_module`` takes a path, always; dump content held in memory goes through

@@ -81,8 +81,10 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "8xh100, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
                    "means N chips on the chip's default network. Collectives are timed on the "
                    "chip-to-chip network; an STDiT3 stage is also grouped by block pair.")
-@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=30, show_default=True,
-              help="Sampling steps for the inference latency (with --hw).")
+@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+              help="Runs of the program the latency total covers (with --hw), e.g. the sampling "
+                   "steps of a diffusion inference.  [default: 30 on an STDiT3 stage, a whole "
+                   "inference; 1 on any other program; the report names the total]")
 @click.option("--pairs", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
               help="Block pairs (spatial + temporal) to total over, e.g. 28 for the whole model; "
                    "default: the pairs found in the dump (with --hw on an STDiT3 stage).")
@@ -121,7 +123,7 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 @without_cycle_collection
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float | None,
-                    hardware: str | None, steps: int, pairs: int | None, execution: str,
+                    hardware: str | None, steps: int | None, pairs: int | None, execution: str,
                     dram_efficiency: float, exp_ops: int, cross_attention: str,
                     caption_tokens: int | None, timeline: str | None,
                     timeline_pair: int | None, sidecar: str | None, branch: str,
@@ -136,7 +138,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     Bad input of any kind (a file that does not parse, or even crashes jaxlib's parser; a bad
     option or hardware file) ends with one "Error:" line and exit code 2.
 
-    Example: analyze-hlo dumps/example_mlp_megatron_2x2.stablehlo.mlir --format json
+    Example: analyze-hlo hlo_trace/examples/example_mlp_megatron_2x2.stablehlo.mlir --format json
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
@@ -179,7 +181,7 @@ class _Request:
     link_bandwidth: float | None
     hop_latency: float | None
     hardware: str | None
-    steps: int
+    steps: int | None
     pairs: int | None
     sidecar: str | None
     execution: str = "fused"

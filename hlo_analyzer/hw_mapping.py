@@ -60,6 +60,9 @@ from hlo_trace.errors import InputFileError, UsageError
 
 log = logging.getLogger(__name__)
 
+#: Sampling steps of one OpenSora inference: the total of an STDiT3 stage when none is asked for.
+DIFFUSION_STEPS = 30
+
 
 def blocks_section(segmentation: Segmentation) -> BlocksSection:
     labels = tuple(
@@ -84,8 +87,17 @@ def _pair_groups(program: ProgramMapping, pair_of: tuple[int | None, ...]) -> tu
     return tuple(PairGroup(p, sum(groups[p].values()), _by_kind(groups[p]), counts[p]) for p in order)
 
 
-def _totals(program: ProgramMapping, pairs: tuple[PairGroup, ...], *, steps: int, pairs_found: int | None,
-            pairs_total: int | None, peak_gemm_flops_per_s: float) -> MappingTotals:
+def _totals(program: ProgramMapping, pairs: tuple[PairGroup, ...], *, steps: int | None,
+            pairs_found: int | None, pairs_total: int | None,
+            peak_gemm_flops_per_s: float) -> MappingTotals:
+    """``steps`` None: :data:`DIFFUSION_STEPS` on an STDiT3 stage (``pairs_found``), one run of
+    any other program; the totals' ``basis`` says which."""
+    if steps is not None:
+        basis = "steps"
+    elif pairs_found:
+        steps, basis = DIFFUSION_STEPS, "diffusion"
+    else:
+        steps, basis = 1, "one-run"
     by_kind = program.seconds_by_kind()
     compute_s = program.latency_s - by_kind[NETWORK_KIND]
     matrix_s_peak = program.matrix_flops() / peak_gemm_flops_per_s
@@ -104,7 +116,7 @@ def _totals(program: ProgramMapping, pairs: tuple[PairGroup, ...], *, steps: int
     return MappingTotals(
         step_latency_s=program.latency_s, seconds_by_kind=_by_kind(by_kind), gemm_utilization=utilization,
         steps=steps, pairs_found=pairs_found, pairs_total=(pairs_total or pairs_found) if pairs_found else None,
-        inference_latency_s=steps * step_s, inference_comm_s=steps * comm_s)
+        inference_latency_s=steps * step_s, inference_comm_s=steps * comm_s, basis=basis)
 
 
 def _with_collective_latencies(report: Report, program: ProgramMapping) -> None:
@@ -146,13 +158,14 @@ def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
     return segmentation
 
 
-def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, steps: int = 30,
+def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, steps: int | None = None,
                           pairs: int | None = None, options: MappingOptions = DEFAULT_OPTIONS,
                           link_bandwidth_bytes_per_s: float | None = None,
                           hop_latency_s: float | None = None, graph: nx.DiGraph | None = None) -> None:
     """Map every op of ``module`` on ``hardware`` and put the typed sections into ``report``.
     ``graph``: the module's dataflow graph if already built (a ``DataflowVisitor`` that followed
-    the report's walk), else it is built here."""
+    the report's walk), else it is built here. ``steps``: runs of the program totalled; None: a
+    diffusion inference (:data:`DIFFUSION_STEPS`) on an STDiT3 stage, else one run."""
     resolved = resolve_system(hardware, report.num_devices or 1,
                               link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
                               hop_latency_s=hop_latency_s)

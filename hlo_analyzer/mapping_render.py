@@ -92,6 +92,8 @@ def mapping_dict(mapping: MappingSection, *, kernels: bool = True) -> dict[str, 
             "seconds_by_kind": dict(totals.seconds_by_kind),
             "gemm_utilization": totals.gemm_utilization,
             "steps": totals.steps,
+            "total_basis": totals.basis,
+            "total": totals.total_text,
             "pairs_found": totals.pairs_found,
             "pairs_total": totals.pairs_total,
             "inference_latency_s": totals.inference_latency_s,
@@ -319,8 +321,7 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
     if mapping.reference is not None:
         lines.append(f"  reference: one pair rebuilt from the ideal shape dictionary {seconds(mapping.reference.latency_s)} "
                      "(comparison only)")
-    scope = f"{totals.pairs_total} pairs x " if totals.pairs_total else ""
-    lines += [f"  inference ({scope}{totals.steps} steps)  {seconds(totals.inference_latency_s)} "
+    lines += [f"  total, {totals.total_text}:  {seconds(totals.inference_latency_s)} "
               f"(communication {seconds(totals.inference_comm_s)})"]
     return lines
 

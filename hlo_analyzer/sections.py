@@ -49,7 +49,9 @@ class MappingTotals:
     """One step of the program on one device, and the whole inference.
 
     ``inference = steps * (outside the pairs + pairs_total * mean pair latency)``; without a
-    segmentation ``pairs_total`` is None and ``inference = steps * step``.
+    segmentation ``pairs_total`` is None and ``inference = steps * step``. ``basis`` says which
+    total that is (:data:`TOTAL_BASES`): an STDiT3 stage is totalled over a diffusion inference
+    unless told otherwise, any other program over one run unless ``--steps`` asks for more.
     """
 
     step_latency_s: float
@@ -60,10 +62,29 @@ class MappingTotals:
     pairs_total: int | None
     inference_latency_s: float
     inference_comm_s: float
+    basis: str
 
     @property
     def inference_compute_s(self) -> float:
         return self.inference_latency_s - self.inference_comm_s
+
+    @property
+    def total_text(self) -> str:
+        """What the total is, in words (the report's line and JSON ``totals.total``)."""
+        pairs = f"{self.pairs_total} pairs x " if self.pairs_total else ""
+        if self.basis == "diffusion":
+            return (f"diffusion inference, {pairs}{self.steps} sampling steps (the STDiT3 default; "
+                    "--steps to change)")
+        if self.basis == "one-run":
+            return "one run of the program (not an STDiT3 stage; --steps N totals N runs)"
+        if self.pairs_total:
+            return f"diffusion inference, {pairs}{self.steps} sampling steps (--steps {self.steps})"
+        return f"{self.steps} run{'s' if self.steps > 1 else ''} of the program (--steps {self.steps})"
+
+
+#: ``MappingTotals.basis``: "diffusion" (an STDiT3 stage, the default sampling steps),
+#: "one-run" (not an STDiT3 stage, --steps not given), "steps" (the steps asked for).
+TOTAL_BASES = ("diffusion", "one-run", "steps")
 
 
 @dataclass(frozen=True)

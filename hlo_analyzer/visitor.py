@@ -45,7 +45,7 @@ Example::
             self.shapes.append([list(v.type.shape) for v in op.operation.operands])
 
     visitor = DotShapes()
-    visitor.visit(load_module("dumps/example_mlp_megatron_2x2.stablehlo.mlir"))
+    visitor.visit(load_module(example_dump()))  # from hlo_trace.examples import example_dump
     print(visitor.shapes)
 """
 

@@ -9,11 +9,12 @@ A patch-embedding convolution followed by a Megatron-sharded MLP, traced with to
     @ W2 (64, 16) + b2     W2 row-split on y           -> (8, 16), one all-reduce over y
     the batch (8) is split on x everywhere.
 
-Writes into ``dumps/`` (or ``--out``): ``example_mlp_megatron_2x2.hlo.txt`` (XLA's
+Writes into ``hlo_trace/examples/`` (or ``--out``), the package data that
+:func:`hlo_trace.examples.example_dump` serves: ``example_mlp_megatron_2x2.hlo.txt`` (XLA's
 after_spmd-partitioning HLO text), ``.stablehlo.mlir``, ``.mhlo.mlir`` and a ``.json`` sidecar
 that says what the program is, with its per-device FLOPs derived by hand.
 
-Run:  python3 scripts/make_example_dump.py [--out dumps] [--force]
+Run:  python3 scripts/make_example_dump.py [--out hlo_trace/examples] [--force]
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ def trace() -> tuple[str, dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO_ROOT / "dumps"),
-                        help="output directory (default: dumps/ of the repository)")
+    parser.add_argument("--out", default=str(REPO_ROOT / "hlo_trace" / "examples"),
+                        help="output directory (default: hlo_trace/examples/ of the repository)")
     parser.add_argument("--force", action="store_true", help="overwrite existing files")
     args = parser.parse_args(argv)
 

@@ -12,6 +12,7 @@ import pytest
 
 from hlo_analyzer import load_module
 from hlo_analyzer.blocks import NotSTDiTError, segment_blocks
+from hlo_trace.examples import example_dump
 
 DUMPS = Path(__file__).resolve().parent.parent / "dumps"
 
@@ -103,7 +104,7 @@ def test_every_block_gets_all_eleven_labels():
 
 def test_a_dump_that_is_not_stdit_says_so():
     with pytest.raises(NotSTDiTError, match="does not look like an STDiT3 stage"):
-        segment_blocks(load_module(DUMPS / "example_mlp_megatron_2x2.stablehlo.mlir"), "mlp")
+        segment_blocks(load_module(example_dump()), "mlp")
 
 
 def test_stage_zero_with_the_embeddings_interleaved_segments_the_same():

@@ -1,14 +1,14 @@
 """The bundled torch-xla dump: the three forms agree, and XLA's own cost analysis agrees."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from hlo_analyzer import analyze
 from hlo_analyzer.rows import VECTOR
+from hlo_trace.examples import examples_root
 
-DUMPS = Path(__file__).resolve().parent.parent / "dumps"
+DUMPS = examples_root()
 NAME = "example_mlp_megatron_2x2"
 # XLA's HloCostAnalysis counts these as transcendentals, not flops.
 TRANSCENDENTAL_OPS = {"tanh", "power", "exponential", "log", "rsqrt", "sqrt", "logistic"}

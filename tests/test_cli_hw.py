@@ -1,13 +1,12 @@
 """analyze-hlo --hw: the errors a user meets before any mapping happens."""
 
-from pathlib import Path
-
 import pytest
 
 from hlo_analyzer.cli import analyze_command
 from hlo_trace.cli import run_click
+from hlo_trace.examples import example_dump
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "dumps" / "example_mlp_megatron_2x2.stablehlo.mlir"
+EXAMPLE = example_dump()
 
 
 def run(args, capsys):

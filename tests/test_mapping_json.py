@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +12,9 @@ from hlo_analyzer.mapping_render import indented_records_json
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.report import analyze
 from hlo_trace.errors import UsageError
+from hlo_trace.examples import example_dump
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "dumps" / "example_mlp_megatron_2x2.stablehlo.mlir"
+EXAMPLE = example_dump()
 
 # Values that are equal but print differently (0.0 / -0.0, 1 / 1.0 / True), repeated values (the
 # writer keeps their texts), non-finite floats, escapes, keys that need sorting or hold "%".

@@ -21,9 +21,10 @@ from hlo_analyzer.dataflow import build_dataflow
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.pairs import pair_owners
 from hlo_trace.cli import run_click
+from hlo_trace.examples import example_dump
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "dumps" / "example_mlp_megatron_2x2.stablehlo.mlir"
+EXAMPLE = example_dump()
 RING = ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_ring_attention_2x2_stage1_pairs1-1.mlir"
 US = 1e-6
 
@@ -67,7 +68,11 @@ def test_every_gemm_and_vector_op_of_a_jax_block_gets_a_latency(capsys, jax_bloc
     assert [k["kind"] for k in kernels].count("flash_attention") == 1
     totals = document["mapping"]["totals"]
     assert totals["step_latency_s"] == pytest.approx(sum(k["latency_s"] for k in kernels), rel=1e-12)
-    assert totals["inference_latency_s"] == pytest.approx(30 * totals["step_latency_s"], rel=1e-12)
+    # A JAX transformer block is no STDiT3 stage: its total is one run, not 30 diffusion steps
+    # (issue 26), and the report says so.
+    assert "blocks" not in document
+    assert (totals["steps"], totals["total_basis"], totals["pairs_total"]) == (1, "one-run", None)
+    assert totals["inference_latency_s"] == pytest.approx(sum(k["latency_s"] for k in kernels), rel=1e-12)
 
 
 def test_hand_derived_gemm_and_vector_latency_on_tx8(capsys, jax_block):
@@ -181,6 +186,35 @@ def test_pair_view_charges_the_traced_shapes_not_the_dictionary(capsys):
     assert pair_owners(graph, hand_built) == pair_owners(graph, segmentation)
     assert map_block(build_stdit_block_ops(ideal), chip).latency_s < \
         document["mapping"]["reference"]["pair_latency_s"]
+
+
+@pytest.mark.parametrize("hardware", ["h100-sxm", "tx8"])
+def test_a_program_that_is_no_stdit3_stage_totals_one_run(capsys, hardware):
+    """Issue 26: by default the total of any program but an STDiT3 stage is one run of it, the
+    sum of its kernels; --steps N asks for N runs; the text report names the total it prints."""
+    mapping = analyze_json(capsys, EXAMPLE, "--hw", hardware)["mapping"]
+    kernels_s = sum(kernel["latency_s"] for kernel in mapping["kernels"])
+    totals = mapping["totals"]
+    assert (totals["steps"], totals["total_basis"]) == (1, "one-run")
+    assert totals["inference_latency_s"] == pytest.approx(kernels_s, rel=1e-12)
+    assert totals["inference_comm_s"] == pytest.approx(
+        sum(k["latency_s"] for k in mapping["kernels"] if k["kind"] == "collective"), rel=1e-12)
+    assert totals["total"].startswith("one run of the program (not an STDiT3 stage")
+    asked = analyze_json(capsys, EXAMPLE, "--hw", hardware, "--steps", "5")["mapping"]["totals"]
+    assert (asked["steps"], asked["total_basis"]) == (5, "steps")
+    assert asked["inference_latency_s"] == pytest.approx(5 * kernels_s, rel=1e-12)
+    assert run_click(analyze_command, [str(EXAMPLE), "--hw", hardware]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  total, ")]
+    assert line.startswith("  total, one run of the program (not an STDiT3 stage; --steps N totals N runs):")
+
+
+def test_an_stdit3_stage_totals_a_diffusion_inference_by_default(capsys):
+    totals = analyze_json(capsys, RING, "--hw", "tx8")["mapping"]["totals"]
+    assert (totals["steps"], totals["total_basis"], totals["pairs_total"]) == (30, "diffusion", 1)
+    assert totals["total"].startswith("diffusion inference, 1 pairs x 30 sampling steps (the STDiT3 default")
+    asked = analyze_json(capsys, RING, "--hw", "tx8", "--steps", "1")["mapping"]["totals"]
+    assert (asked["steps"], asked["total_basis"]) == (1, "steps")
+    assert asked["inference_latency_s"] == pytest.approx(totals["inference_latency_s"] / 30, rel=1e-12)
 
 
 def test_pairs_scale_the_inference(capsys):

@@ -14,6 +14,7 @@ import pytest
 import hlo_analyzer.cli as cli
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError
+from hlo_trace.examples import example_dump
 from hlo_trace.isolate import InputCrashed, keep_until_exit, start_in_child
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ def test_memory_in_a_second_process_gives_the_report_of_the_one_walk(dump, tmp_p
 
 
 def test_small_dumps_and_one_core_keep_the_one_walk(monkeypatch):
-    dump = str(DUMPS / "example_mlp_megatron_2x2.stablehlo.mlir")
+    dump = str(example_dump())
     assert os.path.getsize(dump) < cli.PARALLEL_MIN_BYTES
     assert not cli.run_in_parallel(dump)
     monkeypatch.setattr(cli, "PARALLEL_MIN_BYTES", 0)

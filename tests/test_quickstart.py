@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_readme import code_blocks, python_env
 
 pytest.importorskip("torch_xla")
 
@@ -39,3 +40,11 @@ def test_trace_then_analyze_from_an_empty_directory(tmp_path):
     report = json.loads(analyzed.stdout)
     assert report["mapping"]["totals"]["inference_latency_s"] > 0
     assert report["mapping"]["chips"] == 4 and "4 tx8 chips" in report["mapping"]["system"]["assumed"]
+
+    # Issue 26: then the README's Python example, in the same directory (its ./dumps/ must not
+    # hide the bundled example).
+    body = next(body for language, body in code_blocks() if language == "python")
+    example = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, env=python_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert example.returncode == 0, example.stderr
+    assert "GEMM ops: 3" in example.stdout

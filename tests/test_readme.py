@@ -1,7 +1,9 @@
 """Every code block of the README runs as written.
 
-Python blocks run in an empty directory (the bundled dumps are reached through the installed
-package). Command blocks run line by line: one that traces runs in an empty directory (its
+Python blocks run in a directory that holds a ``dumps/`` folder, as ``trace-stage`` leaves one
+(issue 26: a top-level ``dumps`` package was shadowed by it); the bundled example is reached
+through ``hlo_trace.examples``, through the installed package itself where this checkout is the
+installed one (CI). Command blocks run line by line: one that traces runs in an empty directory (its
 dump lands in ./dumps/ there), the others in the repository root, where the quick start is run.
 Lines that install, run this test suite, or trace the full-size model are left out (listed in
 ``NOT_RUN``). ``text`` blocks are not code.
@@ -9,7 +11,9 @@ Lines that install, run this test suite, or trace the full-size model are left o
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -42,20 +46,53 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
 
+def installed_distribution() -> importlib.metadata.Distribution | None:
+    """The installed hlo-trace if pip installed it from this checkout (as CI's legs do), else
+    None. A build's ``hlo_trace.egg-info`` in the checkout has no ``direct_url.json``: skipped."""
+    for distribution in importlib.metadata.distributions(name="hlo-trace"):
+        try:
+            url = json.loads(distribution.read_text("direct_url.json") or "{}").get("url")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if url == REPO_ROOT.as_uri():
+            return distribution
+    return None
+
+
+def installed_from_this_checkout() -> bool:
+    return installed_distribution() is not None
+
+
+def python_env() -> dict[str, str]:
+    """The installed package as a user has it (CI), else this checkout on PYTHONPATH."""
+    if installed_from_this_checkout():
+        return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return _env()
+
+
+def user_dumps_folder(directory: Path) -> None:
+    """What ``trace-stage --stage 0 --strategy megatron`` leaves in ``directory``: ./dumps/."""
+    dumps = directory / "dumps"
+    dumps.mkdir()
+    (dumps / "tiny_28_64_64_megatron_2x2_stage0_pairs0-1.mlir").write_text("module {}\n")
+    (dumps / "tiny_28_64_64_megatron_2x2_stage0_pairs0-1.json").write_text("{}\n")
+
+
 def test_the_readme_has_the_quick_start_and_the_visitor_example():
     languages = [language for language, _ in code_blocks()]
     assert languages.count("python") >= 1 and languages.count("") >= 2
 
 
 @pytest.mark.parametrize("index", [i for i, (lang, _) in enumerate(code_blocks()) if lang == "python"])
-def test_python_block_runs_from_any_directory(index, tmp_path):
+def test_python_block_runs_from_a_directory_with_a_dumps_folder(index, tmp_path):
     _, body = code_blocks()[index]
-    completed = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, env=_env(),
+    user_dumps_folder(tmp_path)
+    completed = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, env=python_env(),
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     gemm_ops = re.search(r"GEMM ops: (\d+)", completed.stdout)
     if gemm_ops:
-        # The bundled dump (dumps/example_mlp_megatron_2x2.json) holds one patch-embedding
+        # The bundled dump (hlo_trace/examples/example_mlp_megatron_2x2.json) holds one patch-embedding
         # convolution and the two dots of the MLP: 3 GEMMs; 2,048 + 4,096 + 4,096 FLOPs.
         assert int(gemm_ops.group(1)) == 3
         assert completed.stdout.splitlines()[1].startswith("10240 GEMM FLOPs")

@@ -23,11 +23,12 @@ from hlo_analyzer.report import analyze
 from hlo_trace.atomic import atomic_write
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError, UsageError
+from hlo_trace.examples import example_dump
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DUMPS = REPO_ROOT / "dumps"
-EXAMPLE = DUMPS / "example_mlp_megatron_2x2.stablehlo.mlir"
-EXAMPLE_HLO = DUMPS / "example_mlp_megatron_2x2.hlo.txt"
+EXAMPLE = example_dump()
+EXAMPLE_HLO = example_dump("example_mlp_megatron_2x2.hlo.txt")
 TINY = DUMPS / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
 
 ADD_MODULE = """module attributes {{mhlo.num_partitions = {partitions}}} {{
