@@ -23,12 +23,9 @@ term has a closed form, so a test can derive the latency by hand and a search ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hardware.spec import ChipSpec
-
 from dataclasses import dataclass
+
+from hardware.spec import ChipSpec
 
 __all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "KernelTiling", "Mapping", "Tiling", "VectorTiling",
            "pipeline_chains"]

@@ -7,8 +7,8 @@ import pytest
 
 from hardware import flashatten_mapper, gemm_auto_opt_mapper, load_chip, vector_mapper
 from hardware.gemm_mapper import GemmPreset
-from hardware.kernel_model import flash_kernel_head_dim
 from hardware.ops import Op, OpType
+from hardware.spec import flash_kernel_head_dim
 from hlo_trace.errors import InputFileError
 
 A100 = load_chip("a100-sxm")
