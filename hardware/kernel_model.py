@@ -5,9 +5,10 @@ an eager framework runs it: one library kernel per op, each paying ``kernel_over
 ramp-up and tail of a kernel on the GPU timeline). Every constant is a field of
 :class:`hardware.spec.KernelModel`, read from the chip's TOML file, where each value cites its source.
 
-GEMM ``(M, K) x (K, N)`` (cuBLAS/CUTLASS-style output tiles)
-    For each output tile ``tm x tn`` of ``gemm_cta_tiles`` the kernel has
-    ``tiles = ceil(M/tm) * ceil(N/tn)`` CTAs, one per SM at a time, so it runs
+GEMM ``(M, K) x (K, N)``, ``batch`` instances of it (cuBLAS/CUTLASS-style output tiles)
+    One kernel, however many instances (a batched GEMM is one ``bmm`` launch, its CTAs indexed by
+    instance and output tile). For each output tile ``tm x tn`` of ``gemm_cta_tiles`` the kernel
+    has ``tiles = batch * ceil(M/tm) * ceil(N/tn)`` CTAs, one per SM at a time, so it runs
     ``waves = ceil(tiles / SMs)`` waves (*wave quantization*); each CTA computes a full
     ``tm x tn`` tile (*tile quantization*: a skinny N of 72 costs a 128-wide tile) over
     ``K + gemm_k_overhead`` K steps (the prologue that fills the pipeline and the epilogue that
@@ -21,10 +22,11 @@ GEMM ``(M, K) x (K, N)`` (cuBLAS/CUTLASS-style output tiles)
         compute = waves * per CTA
 
     The tile with the smallest compute time is taken, the larger tile on a tie (a library
-    heuristic picks well on these shapes). Memory: A, B and C each cross HBM once at the sustained bandwidth
-    ``dram_bandwidth * hbm_efficiency`` (L2 serves the reuse between tiles). A fused epilogue
-    (GELU) adds its vector work on the CUDA cores, overlapped. Latency =
-    ``kernel_overhead + max(compute, memory)``.
+    heuristic picks well on these shapes). Memory: A, B and C of every instance each cross HBM
+    once at the sustained bandwidth ``dram_bandwidth * hbm_efficiency`` (L2 serves the reuse
+    between tiles). A fused epilogue (GELU) adds its vector work on the CUDA cores, overlapped.
+    Latency = ``kernel_overhead + max(compute, memory)``: one overhead for the whole batch, and
+    a batch of small GEMMs fills the SMs that one of them would leave idle.
 
 Memory-bound (Vector) ops
     ``kernel_overhead + max(bytes / (dram_bandwidth * hbm_efficiency), ops / vector peak)``,
@@ -45,7 +47,7 @@ from __future__ import annotations
 import math
 
 from hardware.mapping import KernelTiling, Mapping
-from hardware.ops import Op, OpType, attention_dims, gemm_dims
+from hardware.ops import Op, OpType, attention_dims, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec, KernelModel
 from hardware.tiling import round_up
 
@@ -92,11 +94,12 @@ def _mapping(op: Op, name: str, mapper: str, chip: ChipSpec, *, compute_s: float
 
 
 def gemm_tile_time_s(m: int, k: int, n: int, tile: tuple[int, int], chip: ChipSpec,
-                     bytes_per_element: int = 2) -> tuple[float, int]:
-    """``(compute seconds, waves)`` of a GEMM run with output tile ``tile`` (module docstring)."""
+                     bytes_per_element: int = 2, batch: int = 1) -> tuple[float, int]:
+    """``(compute seconds, waves)`` of ``batch`` GEMMs run as one kernel with output tile ``tile``
+    (module docstring)."""
     model = _model(chip)
     tm, tn = tile
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     waves = math.ceil(tiles / chip.tile_count)
     k_steps = round_up(k, chip.gemm_granule_elements) + model.gemm_k_overhead_elements
     mma_s = 2 * tm * tn * k_steps / (chip.gemm_flops_per_s_per_tile * model.gemm_mma_efficiency)
@@ -105,23 +108,23 @@ def gemm_tile_time_s(m: int, k: int, n: int, tile: tuple[int, int], chip: ChipSp
 
 
 def gpu_gemm_mapping(op: Op, chip: ChipSpec, *, epilogue: Op | None = None) -> Mapping:
-    """One cuBLAS-style GEMM kernel (module docstring); ``epilogue`` a fused element-wise op."""
+    """One cuBLAS-style GEMM kernel for all ``op.batch`` instances (module docstring);
+    ``epilogue`` a fused element-wise op."""
     m, k, n = gemm_dims(op)
     q = op.bytes_per_element
     best: tuple[float, int, tuple[int, int]] | None = None
     for tile in _model(chip).gemm_cta_tiles:
-        seconds, waves = gemm_tile_time_s(m, k, n, tile, chip, q)
+        seconds, waves = gemm_tile_time_s(m, k, n, tile, chip, q, op.batch)
         if best is None or (seconds, -tile[0] * tile[1], tile) < (best[0], -best[2][0] * best[2][1], best[2]):
             best = (seconds, waves, tile)
     assert best is not None  # gemm_cta_tiles is never empty
     compute_s, waves, (tm, tn) = best
     name = op.name
     if epilogue is not None:
-        if epilogue.op_type is not OpType.VECTOR or epilogue.output_elements != m * n:
-            raise ValueError(f"op {epilogue.name}: a fused epilogue must be a Vector op over the {m}x{n} output of {op.name}")
+        check_epilogue(op, epilogue)
         compute_s = max(compute_s, epilogue.flops / chip.vector_flops_per_s)
         name = f"{op.name}+{epilogue.name}"
-    dram_bytes = (m * k + k * n + m * n) * q
+    dram_bytes = op.batch * (m * k + k * n + m * n) * q
     tiling = KernelTiling(kernel="gemm", tile_m=tm, tile_n=tn, waves=waves, head_dim=0)
     return _mapping(op, name, "gpu_gemm_kernel", chip, compute_s=compute_s, dram_bytes=dram_bytes,
                     peak=chip.gemm_flops_per_s, tiling=tiling)
