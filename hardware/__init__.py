@@ -16,12 +16,12 @@ from hardware.block import (
 from hardware.collectives import collective_time_s, per_device_bytes
 from hardware.flash_attention_mapper import flashatten_mapper
 from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper, gemm_exhaustive_search
-from hardware.kernel_model import KernelModel
 from hardware.mapping import FlashAttentionTiling, GemmTiling, KernelTiling, Mapping, VectorTiling
 from hardware.model_info import ModelAssumptions, model_assumptions
 from hardware.ops import Op, OpType
 from hardware.spec import (
     ChipSpec,
+    KernelModel,
     SystemSpec,
     as_system,
     bundled_hardware_names,

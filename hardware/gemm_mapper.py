@@ -1,14 +1,23 @@
-"""``gemm_auto_opt_mapper``: tiling search for one GEMM ``(M, K) x (K, N)`` on a tiled chip.
+"""``gemm_auto_opt_mapper``: tiling search for one GEMM ``(M, K) x (K, N)`` on a tiled chip, or
+for a batched GEMM (``Op.batch`` independent instances) as one kernel.
 
 Search space
     * placement ``pm x pn x pk``: M, N and K are cut into ``pm``, ``pn``, ``pk`` slices and each
       tile owns one (M slice, N slice, K slice); ``pm*pn*pk <= tile_count``, factors drawn from
       the powers of two and the divisors of ``tile_count``; a dimension is never cut finer than
       the GEMM granule.
+    * batch split ``pb`` (batched GEMMs): the instances are dealt over ``pb`` groups of
+      ``pm*pn*pk`` tiles (``pb*pm*pn*pk <= tile_count``, ``pb <= batch``), so each tile runs
+      ``bt = ceil(batch/pb)`` instances of its slice one after another: a small per-head GEMM
+      fills the chip with heads instead of thin slices. ``pb = 1`` runs the instances back to
+      back on the whole placement, so a batched GEMM never costs more than its instances mapped
+      one by one.
     * per-tile blocks ``tm, tk, tn``: powers of two from the granule up, and the slice itself;
     * loop order ``mnk`` / ``nmk`` (output stationary, K innermost).
 
-Cost of one candidate (every tile is charged the largest slice, ``mt = ceil(M/pm)`` etc.)
+Cost of one candidate (every tile is charged the largest slice, ``mt = ceil(M/pm)`` etc., and
+the most instances, ``bt``; the per-tile terms below are per instance and count ``bt`` times,
+the chip's DRAM bytes ``batch`` times)
     * compute: ``2 * pad(mt) * pad(kt) * pad(nt) / gemm_flops_per_s_per_tile``, where ``pad``
       rounds every block edge up to ``gemm_granule_elements``; a fused epilogue (GELU, SiLU) runs
       on the vector unit, overlapped with the GEMM engine (it works on block i while the engine
@@ -25,7 +34,7 @@ Cost of one candidate (every tile is charged the largest slice, ``mt = ceil(M/pm
       cache port; no forwarding, one hop.)
     * SRAM: ``stages * (tm*tk + tk*tn) * bytes + tm*tn*(ACCUMULATOR_BYTES + bytes)`` (multi-
       buffered operand blocks, an fp32 accumulator and an output staging block) must fit.
-    * latency: the chain model of :mod:`hardware.mapping` over ``mb*nb*kb`` steps.
+    * latency: the chain model of :mod:`hardware.mapping` over ``bt*mb*nb*kb`` steps.
 
 Search (branch and bound, exact)
     The exhaustive loop (:func:`gemm_exhaustive_search`) visits every candidate. The mapper
@@ -47,7 +56,7 @@ from dataclasses import dataclass, replace
 
 from hardware.kernel_model import gpu_gemm_mapping
 from hardware.mapping import GemmTiling, Mapping, pipeline_chains
-from hardware.ops import Op, OpType, gemm_dims
+from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec
 from hardware.tiling import block_candidates, padded_extent, tile_factors
 from hardware.vector_mapper import MappingError
@@ -80,6 +89,7 @@ class GemmPreset:
     pn: int | None = None
     pk: int | None = None
     loop_order: str | None = None
+    pb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,24 +101,37 @@ class _Problem:
     bytes_per_element: int
     flops: int
     epilogue_ops_per_element: float
+    batch: int = 1
 
 
-def _placements(chip: ChipSpec, problem: _Problem, preset: GemmPreset) -> list[tuple[int, int, int]]:
+#: A placement: ``(pm, pn, pk, pb)`` (module docstring).
+Placement = tuple[int, int, int, int]
+
+
+def _placements(chip: ChipSpec, problem: _Problem, preset: GemmPreset) -> list[Placement]:
     granule = chip.gemm_granule_elements
-    limits = [max(1, math.ceil(d / granule)) for d in (problem.m, problem.n, problem.k)]
+    limits = [max(1, math.ceil(d / granule)) for d in (problem.m, problem.n, problem.k)] + [problem.batch]
     factors = tile_factors(chip.tile_count)
+    wanted = (preset.pm, preset.pn, preset.pk, preset.pb)
     result = []
-    for pm in factors:
-        for pn in factors:
-            for pk in factors:
-                if pm * pn * pk > chip.tile_count:
-                    continue
-                if pm > limits[0] or pn > limits[1] or pk > limits[2]:
-                    continue
-                if any(want is not None and want != got for want, got in ((preset.pm, pm), (preset.pn, pn), (preset.pk, pk))):
-                    continue
-                result.append((pm, pn, pk))
+    for pb in factors:
+        for pm in factors:
+            for pn in factors:
+                for pk in factors:
+                    placement = (pm, pn, pk, pb)
+                    if pm * pn * pk * pb > chip.tile_count:
+                        continue
+                    if any(p > limit for p, limit in zip(placement, limits)):
+                        continue
+                    if any(want is not None and want != got for want, got in zip(wanted, placement)):
+                        continue
+                    result.append(placement)
     return result
+
+
+def _tiling(placement: Placement, tm: int, tk: int, tn: int, order: str) -> GemmTiling:
+    pm, pn, pk, pb = placement
+    return GemmTiling(pm, pn, pk, tm, tk, tn, order, pb)
 
 
 def _sram_bytes(tm: int, tk: int, tn: int, q: int, stages: int) -> int:
@@ -138,30 +161,32 @@ def _hops(chip: ChipSpec, pm: int, pn: int, pk: int) -> int:
 
 def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
     pm, pn, pk, tm, tk, tn = tiling.pm, tiling.pn, tiling.pk, tiling.tm, tiling.tk, tiling.tn
+    pb = tiling.pb
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     mb, kb, nb = math.ceil(mt / tm), math.ceil(kt / tk), math.ceil(nt / tn)
-    steps = mb * nb * kb
+    bt = math.ceil(problem.batch / pb)
+    steps = bt * mb * nb * kb
 
     padded_flops = 2 * padded_extent(mt, tm, granule) * padded_extent(kt, tk, granule) * padded_extent(nt, tn, granule)
     gemm_s = padded_flops / chip.gemm_flops_per_s_per_tile
     epilogue_s = problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile
-    compute_s = max(gemm_s, epilogue_s)
+    compute_s = bt * max(gemm_s, epilogue_s)
 
     a_reads, b_reads = _reuse(tiling.loop_order, mb, nb, kb)
     a_tile, b_tile, c_tile = mt * kt * q * a_reads, kt * nt * q * b_reads, mt * nt * q
-    dram_bytes = pm * pk * a_tile + pk * pn * b_tile + pm * pn * c_tile
+    dram_bytes = problem.batch * (pm * pk * a_tile + pk * pn * b_tile + pm * pn * c_tile)
     reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
-    noc_s = _noc_bytes(chip, pm, pn, pk, a_tile, b_tile, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
+    noc_s = bt * _noc_bytes(chip, pm, pn, pk, a_tile, b_tile, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
 
     chains = pipeline_chains(
         steps=steps,
         compute_s=compute_s,
         dram_s=dram_bytes / chip.dram_bandwidth_bytes_per_s,
         noc_s=noc_s,
-        first_load_bytes=(pm * pk * tm * tk + pk * pn * tk * tn) * q,
-        last_store_bytes=pm * pn * tm * tn * q,
+        first_load_bytes=pb * (pm * pk * tm * tk + pk * pn * tk * tn) * q,
+        last_store_bytes=pb * pm * pn * tm * tn * q,
         transfer_latency_s=chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s,
         chip=chip,
     )
@@ -189,17 +214,16 @@ def _problem(op: Op, epilogue: Op | None) -> _Problem:
     epilogue_ops = 0.0
     name = op.name
     if epilogue is not None:
-        if epilogue.op_type is not OpType.VECTOR or epilogue.output_elements != m * n:
-            raise ValueError(f"op {epilogue.name}: a fused epilogue must be a Vector op over the {m}x{n} output of {op.name}")
-        epilogue_ops = epilogue.flops / (m * n)
+        check_epilogue(op, epilogue)
+        epilogue_ops = epilogue.flops / op.output_elements
         name = f"{op.name}+{epilogue.name}"
-    return _Problem(name, m, k, n, op.bytes_per_element, op.flops, epilogue_ops)
+    return _Problem(name, m, k, n, op.bytes_per_element, op.flops, epilogue_ops, op.batch)
 
 
 def _candidates_of_placement(
-    problem: _Problem, chip: ChipSpec, placement: tuple[int, int, int], preset: GemmPreset
+    problem: _Problem, chip: ChipSpec, placement: Placement, preset: GemmPreset
 ) -> tuple[list[int], list[int], list[int], list[str]]:
-    pm, pn, pk = placement
+    pm, pn, pk, _ = placement
     granule = chip.gemm_granule_elements
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     orders = [preset.loop_order] if preset.loop_order else list(LOOP_ORDERS)
@@ -239,7 +263,7 @@ def _all_candidates(problem: _Problem, chip: ChipSpec, preset: GemmPreset, rng: 
                     if not _fits(chip, problem, tm, tk, tn):
                         continue
                     for order in orders:
-                        yield GemmTiling(*placement, tm, tk, tn, order)
+                        yield _tiling(placement, tm, tk, tn, order)
 
 
 def gemm_exhaustive_search(
@@ -268,42 +292,44 @@ def gemm_candidate_cost(op: Op, chip: ChipSpec, tiling: GemmTiling, *, epilogue:
     return _cost(problem, chip, tiling)
 
 
-def _placement_bound(problem: _Problem, chip: ChipSpec, placement: tuple[int, int, int]) -> float:
-    pm, pn, pk = placement
+def _placement_bound(problem: _Problem, chip: ChipSpec, placement: Placement) -> float:
+    pm, pn, pk, pb = placement
     q = problem.bytes_per_element
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
-    compute_s = max(
+    bt = math.ceil(problem.batch / pb)
+    compute_s = bt * max(
         2 * mt * kt * nt / chip.gemm_flops_per_s_per_tile,
         problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
     )
-    dram_s = (pm * pk * mt * kt + pk * pn * kt * nt + pm * pn * mt * nt) * q / chip.dram_bandwidth_bytes_per_s
+    dram_bytes = problem.batch * (pm * pk * mt * kt + pk * pn * kt * nt + pm * pn * mt * nt) * q
     reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
-    noc_s = _noc_bytes(chip, pm, pn, pk, mt * kt * q, kt * nt * q, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
-    return 2 * chip.dram_latency_s + max(compute_s, dram_s, noc_s)
+    noc_s = bt * _noc_bytes(chip, pm, pn, pk, mt * kt * q, kt * nt * q, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
+    return 2 * chip.dram_latency_s + max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_s)
 
 
-def _pair_bound(problem: _Problem, chip: ChipSpec, placement: tuple[int, int, int], tm: int, tn: int) -> float:
+def _pair_bound(problem: _Problem, chip: ChipSpec, placement: Placement, tm: int, tn: int) -> float:
     """Lower bound over every ``tk`` and loop order under the block pair ``(tm, tn)``."""
-    pm, pn, pk = placement
+    pm, pn, pk, pb = placement
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     mb, nb = math.ceil(mt / tm), math.ceil(nt / tn)
-    compute_s = max(
+    bt = math.ceil(problem.batch / pb)
+    compute_s = bt * max(
         2 * padded_extent(mt, tm, granule) * kt * padded_extent(nt, tn, granule) / chip.gemm_flops_per_s_per_tile,
         problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
     )
     a_once, b_once = mt * kt * q, kt * nt * q
     # Cheapest traffic any tk / order can reach: A resident (mnk, kb = 1) or B resident (nmk, kb = 1).
     dram_bytes = min(pm * pk * a_once + pk * pn * b_once * mb, pm * pk * a_once * nb + pk * pn * b_once)
-    dram_bytes += pm * pn * mt * nt * q
+    dram_bytes = problem.batch * (dram_bytes + pm * pn * mt * nt * q)
     reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
-    noc_bytes = min(
+    noc_bytes = bt * min(
         _noc_bytes(chip, pm, pn, pk, a_once, b_once * mb, reduce_tile),
         _noc_bytes(chip, pm, pn, pk, a_once * nb, b_once, reduce_tile),
     )
     transfer_latency_s = chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s
-    latency_chain_s = mb * nb * transfer_latency_s / (chip.sram_buffering_stages - 1) + chip.dram_latency_s
+    latency_chain_s = bt * mb * nb * transfer_latency_s / (chip.sram_buffering_stages - 1) + chip.dram_latency_s
     resource_s = max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_bytes / chip.noc_bandwidth_bytes_per_s_per_link)
     return max(2 * chip.dram_latency_s + resource_s, latency_chain_s)
 
@@ -319,7 +345,8 @@ def gemm_auto_opt_mapper(
     """Best tiling of GEMM ``op`` on ``chip`` by branch and bound (same optimum as the exhaustive loop).
 
     ``preset`` forces some tiling parameters (e.g. ``GemmPreset(tm=256, tn=32)``); ``epilogue`` is
-    a Vector op over the GEMM output (GELU, SiLU) fused into it; ``shuffle_seed`` permutes the
+    a Vector op over the GEMM output (GELU, SiLU; over every instance's of a batched GEMM) fused
+    into it; ``shuffle_seed`` permutes the
     candidate lists before the search (for tests: the result must not change).
     ``candidates_visited`` on the result counts the fully costed candidates.
 
@@ -358,7 +385,7 @@ def gemm_auto_opt_mapper(
                     continue
                 for order in orders:
                     visited += 1
-                    mapping = _cost(problem, chip, GemmTiling(*placement, tm, tk, tn, order))
+                    mapping = _cost(problem, chip, _tiling(placement, tm, tk, tn, order))
                     if _better(mapping, best):
                         best = mapping
     if best is None:

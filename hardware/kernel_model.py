@@ -3,11 +3,12 @@
 A chip file with a ``[kernel_model]`` table (the bundled GPUs) is costed kernel by kernel, the way
 an eager framework runs it: one library kernel per op, each paying ``kernel_overhead`` (launch,
 ramp-up and tail of a kernel on the GPU timeline). Every constant is a field of
-:class:`KernelModel`, read from the chip's TOML file, where each value cites its source.
+:class:`hardware.spec.KernelModel`, read from the chip's TOML file, where each value cites its source.
 
-GEMM ``(M, K) x (K, N)`` (cuBLAS/CUTLASS-style output tiles)
-    For each output tile ``tm x tn`` of ``gemm_cta_tiles`` the kernel has
-    ``tiles = ceil(M/tm) * ceil(N/tn)`` CTAs, one per SM at a time, so it runs
+GEMM ``(M, K) x (K, N)``, ``batch`` instances of it (cuBLAS/CUTLASS-style output tiles)
+    One kernel, however many instances (a batched GEMM is one ``bmm`` launch, its CTAs indexed by
+    instance and output tile). For each output tile ``tm x tn`` of ``gemm_cta_tiles`` the kernel
+    has ``tiles = batch * ceil(M/tm) * ceil(N/tn)`` CTAs, one per SM at a time, so it runs
     ``waves = ceil(tiles / SMs)`` waves (*wave quantization*); each CTA computes a full
     ``tm x tn`` tile (*tile quantization*: a skinny N of 72 costs a 128-wide tile) over
     ``K + gemm_k_overhead`` K steps (the prologue that fills the pipeline and the epilogue that
@@ -21,10 +22,11 @@ GEMM ``(M, K) x (K, N)`` (cuBLAS/CUTLASS-style output tiles)
         compute = waves * per CTA
 
     The tile with the smallest compute time is taken, the larger tile on a tie (a library
-    heuristic picks well on these shapes). Memory: A, B and C each cross HBM once at the sustained bandwidth
-    ``dram_bandwidth * hbm_efficiency`` (L2 serves the reuse between tiles). A fused epilogue
-    (GELU) adds its vector work on the CUDA cores, overlapped. Latency =
-    ``kernel_overhead + max(compute, memory)``.
+    heuristic picks well on these shapes). Memory: A, B and C of every instance each cross HBM
+    once at the sustained bandwidth ``dram_bandwidth * hbm_efficiency`` (L2 serves the reuse
+    between tiles). A fused epilogue (GELU) adds its vector work on the CUDA cores, overlapped.
+    Latency = ``kernel_overhead + max(compute, memory)``: one overhead for the whole batch, and
+    a batch of small GEMMs fills the SMs that one of them would leave idle.
 
 Memory-bound (Vector) ops
     ``kernel_overhead + max(bytes / (dram_bandwidth * hbm_efficiency), ops / vector peak)``,
@@ -43,139 +45,18 @@ Flash attention (FlashAttention-2 kernels)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from hardware.mapping import KernelTiling, Mapping
-from hardware.ops import Op, OpType, attention_dims, gemm_dims
+from hardware.ops import Op, OpType, attention_dims, check_epilogue, gemm_dims
+from hardware.spec import ChipSpec, KernelModel
 from hardware.tiling import round_up
-from hardware.units import Dimension, parse_quantity
-from hlo_trace.errors import InputFileError
-
-if TYPE_CHECKING:
-    from hardware.spec import ChipSpec
 
 __all__ = [
-    "KernelModel",
-    "flash_kernel_head_dim",
     "gemm_tile_time_s",
     "gpu_flash_attention_mapping",
     "gpu_gemm_mapping",
     "gpu_vector_mapping",
-    "read_kernel_model",
 ]
-
-
-@dataclass(frozen=True)
-class KernelModel:
-    """Achieved-efficiency constants of one GPU (module docstring; sources in the TOML file)."""
-
-    kernel_overhead_s: float
-    gemm_cta_tiles: tuple[tuple[int, int], ...]
-    gemm_mma_efficiency: float
-    gemm_k_overhead_elements: int
-    hbm_efficiency: float
-    flash_head_dims: tuple[int, ...]
-    flash_efficiency: tuple[float, ...]
-
-    def flash_efficiency_for(self, head_dim: int) -> tuple[int, float]:
-        """``(kernel head dim, efficiency)`` of the kernel that runs ``head_dim``."""
-        kernel = flash_kernel_head_dim(head_dim, self.flash_head_dims)
-        return kernel, self.flash_efficiency[self.flash_head_dims.index(kernel)]
-
-
-def flash_kernel_head_dim(head_dim: int, kernel_head_dims: tuple[int, ...]) -> int:
-    """The smallest instantiated kernel head dim >= ``head_dim`` (ValueError if none)."""
-    wider = [d for d in kernel_head_dims if d >= head_dim]
-    if not wider:
-        raise ValueError(f"head dim {head_dim} exceeds every flash-attention kernel ({', '.join(map(str, kernel_head_dims))})")
-    return min(wider)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading the [kernel_model] table
-# --------------------------------------------------------------------------------------------
-
-
-def _fraction(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise ValueError(f"expected a fraction in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _tiles(value: Any) -> tuple[tuple[int, int], ...]:
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"expected a list of 'MxN' tiles such as [\"128x128\"], got {value!r}")
-    tiles = []
-    for item in value:
-        parts = str(item).lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"expected 'MxN' such as '128x256', got {item!r}")
-        tiles.append((int(parts[0]), int(parts[1])))
-    return tuple(tiles)
-
-
-def _int_list(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise ValueError(f"expected a non-empty list of positive integers, got {value!r}")
-    return tuple(sorted(value))
-
-
-def _fraction_list(value: Any) -> tuple[float, ...]:
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"expected a non-empty list of fractions, got {value!r}")
-    return tuple(_fraction(v) for v in value)
-
-
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a non-negative integer, got {value!r}")
-    return value
-
-
-def _time(value: Any) -> float:
-    seconds = parse_quantity(value, Dimension.TIME)
-    if seconds < 0:
-        raise ValueError(f"must not be negative, got {value!r}")
-    return seconds
-
-
-_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "kernel_overhead": ("kernel_overhead_s", _time),
-    "gemm_cta_tiles": ("gemm_cta_tiles", _tiles),
-    "gemm_mma_efficiency": ("gemm_mma_efficiency", _fraction),
-    "gemm_k_overhead": ("gemm_k_overhead_elements", _non_negative_int),
-    "hbm_efficiency": ("hbm_efficiency", _fraction),
-    "flash_head_dims": ("flash_head_dims", _int_list),
-    "flash_efficiency": ("flash_efficiency", _fraction_list),
-}
-
-
-def read_kernel_model(path: Path, table: Any) -> KernelModel:
-    """The ``[kernel_model]`` table of chip file ``path``; InputFileError names the bad key."""
-    if not isinstance(table, dict):
-        raise InputFileError(f"{path}: field 'kernel_model': expected a table, got {table!r}")
-    unknown = sorted(set(table) - set(_FIELDS))
-    if unknown:
-        raise InputFileError(f"{path}: field 'kernel_model.{unknown[0]}': unknown field (known: {', '.join(_FIELDS)})")
-    values: dict[str, Any] = {}
-    for key, (attribute, reader) in _FIELDS.items():
-        if key not in table:
-            raise InputFileError(f"{path}: field 'kernel_model.{key}': missing")
-        try:
-            values[attribute] = reader(table[key])
-        except ValueError as error:
-            raise InputFileError(f"{path}: field 'kernel_model.{key}': {error}") from None
-    if len(values["flash_head_dims"]) != len(values["flash_efficiency"]):
-        raise InputFileError(f"{path}: field 'kernel_model.flash_efficiency': needs one value per flash_head_dims entry")
-    return KernelModel(**values)
-
-
-# --------------------------------------------------------------------------------------------
-# Costs
-# --------------------------------------------------------------------------------------------
 
 
 def _model(chip: ChipSpec) -> KernelModel:
@@ -213,11 +94,12 @@ def _mapping(op: Op, name: str, mapper: str, chip: ChipSpec, *, compute_s: float
 
 
 def gemm_tile_time_s(m: int, k: int, n: int, tile: tuple[int, int], chip: ChipSpec,
-                     bytes_per_element: int = 2) -> tuple[float, int]:
-    """``(compute seconds, waves)`` of a GEMM run with output tile ``tile`` (module docstring)."""
+                     bytes_per_element: int = 2, batch: int = 1) -> tuple[float, int]:
+    """``(compute seconds, waves)`` of ``batch`` GEMMs run as one kernel with output tile ``tile``
+    (module docstring)."""
     model = _model(chip)
     tm, tn = tile
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
     waves = math.ceil(tiles / chip.tile_count)
     k_steps = round_up(k, chip.gemm_granule_elements) + model.gemm_k_overhead_elements
     mma_s = 2 * tm * tn * k_steps / (chip.gemm_flops_per_s_per_tile * model.gemm_mma_efficiency)
@@ -226,23 +108,23 @@ def gemm_tile_time_s(m: int, k: int, n: int, tile: tuple[int, int], chip: ChipSp
 
 
 def gpu_gemm_mapping(op: Op, chip: ChipSpec, *, epilogue: Op | None = None) -> Mapping:
-    """One cuBLAS-style GEMM kernel (module docstring); ``epilogue`` a fused element-wise op."""
+    """One cuBLAS-style GEMM kernel for all ``op.batch`` instances (module docstring);
+    ``epilogue`` a fused element-wise op."""
     m, k, n = gemm_dims(op)
     q = op.bytes_per_element
     best: tuple[float, int, tuple[int, int]] | None = None
     for tile in _model(chip).gemm_cta_tiles:
-        seconds, waves = gemm_tile_time_s(m, k, n, tile, chip, q)
+        seconds, waves = gemm_tile_time_s(m, k, n, tile, chip, q, op.batch)
         if best is None or (seconds, -tile[0] * tile[1], tile) < (best[0], -best[2][0] * best[2][1], best[2]):
             best = (seconds, waves, tile)
     assert best is not None  # gemm_cta_tiles is never empty
     compute_s, waves, (tm, tn) = best
     name = op.name
     if epilogue is not None:
-        if epilogue.op_type is not OpType.VECTOR or epilogue.output_elements != m * n:
-            raise ValueError(f"op {epilogue.name}: a fused epilogue must be a Vector op over the {m}x{n} output of {op.name}")
+        check_epilogue(op, epilogue)
         compute_s = max(compute_s, epilogue.flops / chip.vector_flops_per_s)
         name = f"{op.name}+{epilogue.name}"
-    dram_bytes = (m * k + k * n + m * n) * q
+    dram_bytes = op.batch * (m * k + k * n + m * n) * q
     tiling = KernelTiling(kernel="gemm", tile_m=tm, tile_n=tn, waves=waves, head_dim=0)
     return _mapping(op, name, "gpu_gemm_kernel", chip, compute_s=compute_s, dram_bytes=dram_bytes,
                     peak=chip.gemm_flops_per_s, tiling=tiling)

@@ -23,12 +23,9 @@ term has a closed form, so a test can derive the latency by hand and a search ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hardware.spec import ChipSpec
-
 from dataclasses import dataclass
+
+from hardware.spec import ChipSpec
 
 __all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "KernelTiling", "Mapping", "Tiling", "VectorTiling",
            "pipeline_chains"]
@@ -36,10 +33,12 @@ __all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "KernelTiling", "
 
 @dataclass(frozen=True, order=True)
 class GemmTiling:
-    """Placement ``pm x pn x pk`` tiles (M, N, K split across tiles) and per-tile blocks ``tm, tk, tn``.
+    """Placement ``pm x pn x pk`` tiles (M, N, K split across tiles) and per-tile blocks ``tm, tk, tn``;
+    a batched GEMM's instances split over ``pb`` such groups of tiles (1 for a single GEMM).
 
     ``loop_order`` ``"mnk"``: for each M block, for each N block, accumulate over K (an A block
     stays in SRAM across the N loop when K fits one block); ``"nmk"``: the same with M and N swapped.
+    A tile runs its instances one after another, each with this loop.
     """
 
     pm: int
@@ -49,10 +48,11 @@ class GemmTiling:
     tk: int
     tn: int
     loop_order: str
+    pb: int = 1
 
     @property
     def tiles(self) -> int:
-        return self.pm * self.pn * self.pk
+        return self.pb * self.pm * self.pn * self.pk
 
 
 @dataclass(frozen=True, order=True)

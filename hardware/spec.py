@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hardware.kernel_model import KernelModel, read_kernel_model
 from hardware.units import Dimension, parse_quantity
 from hlo_trace.errors import InputFileError
 
@@ -34,9 +33,11 @@ __all__ = [
     "SYSTEM_TOPOLOGIES",
     "ChipSpec",
     "HardwareSpec",
+    "KernelModel",
     "SystemSpec",
     "as_system",
     "bundled_hardware_names",
+    "flash_kernel_head_dim",
     "load_chip",
     "load_hardware",
     "load_system",
@@ -65,6 +66,33 @@ _ALGORITHMS_BY_TOPOLOGY = {
     "mesh2d": ("ring", "bidirectional_ring", "per_dimension"),
     "torus2d": ("ring", "bidirectional_ring", "per_dimension"),
 }
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """Achieved-efficiency constants of one GPU, the ``[kernel_model]`` table of its chip file
+    (what they mean: :mod:`hardware.kernel_model`; their sources: the TOML file)."""
+
+    kernel_overhead_s: float
+    gemm_cta_tiles: tuple[tuple[int, int], ...]
+    gemm_mma_efficiency: float
+    gemm_k_overhead_elements: int
+    hbm_efficiency: float
+    flash_head_dims: tuple[int, ...]
+    flash_efficiency: tuple[float, ...]
+
+    def flash_efficiency_for(self, head_dim: int) -> tuple[int, float]:
+        """``(kernel head dim, efficiency)`` of the kernel that runs ``head_dim``."""
+        kernel = flash_kernel_head_dim(head_dim, self.flash_head_dims)
+        return kernel, self.flash_efficiency[self.flash_head_dims.index(kernel)]
+
+
+def flash_kernel_head_dim(head_dim: int, kernel_head_dims: tuple[int, ...]) -> int:
+    """The smallest instantiated kernel head dim >= ``head_dim`` (ValueError if none)."""
+    wider = [d for d in kernel_head_dims if d >= head_dim]
+    if not wider:
+        raise ValueError(f"head dim {head_dim} exceeds every flash-attention kernel ({', '.join(map(str, kernel_head_dims))})")
+    return min(wider)
 
 
 @dataclass(frozen=True)
@@ -219,17 +247,88 @@ def _one_of(choices: tuple[str, ...]) -> Reader:
     return read
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")  # noqa: TRY004 - the loader reports ValueError as a field error
-    return value
-
-
 def _at_least_two(value: Any) -> int:
     number = _positive_int(value)
     if number < 2:
         raise ValueError(f"must be at least 2 (loads overlap compute only with 2 or more buffers), got {value!r}")
     return number
+
+
+# The [kernel_model] table of a GPU chip file (the costs that use it: hardware.kernel_model).
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"expected a fraction in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _tiles(value: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"expected a list of 'MxN' tiles such as [\"128x128\"], got {value!r}")
+    tiles = []
+    for item in value:
+        parts = str(item).lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"expected 'MxN' such as '128x256', got {item!r}")
+        tiles.append((int(parts[0]), int(parts[1])))
+    return tuple(tiles)
+
+
+def _int_list(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise ValueError(f"expected a non-empty list of positive integers, got {value!r}")
+    return tuple(sorted(value))
+
+
+def _fraction_list(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"expected a non-empty list of fractions, got {value!r}")
+    return tuple(_fraction(v) for v in value)
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _time(value: Any) -> float:
+    seconds = parse_quantity(value, Dimension.TIME)
+    if seconds < 0:
+        raise ValueError(f"must not be negative, got {value!r}")
+    return seconds
+
+
+_KERNEL_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
+    "kernel_overhead": ("kernel_overhead_s", _time),
+    "gemm_cta_tiles": ("gemm_cta_tiles", _tiles),
+    "gemm_mma_efficiency": ("gemm_mma_efficiency", _fraction),
+    "gemm_k_overhead": ("gemm_k_overhead_elements", _non_negative_int),
+    "hbm_efficiency": ("hbm_efficiency", _fraction),
+    "flash_head_dims": ("flash_head_dims", _int_list),
+    "flash_efficiency": ("flash_efficiency", _fraction_list),
+}
+
+
+def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
+    """The ``[kernel_model]`` table of chip file ``path``; InputFileError names the bad key."""
+    if not isinstance(table, dict):
+        raise InputFileError(f"{path}: field 'kernel_model': expected a table, got {table!r}")
+    unknown = sorted(set(table) - set(_KERNEL_MODEL_FIELDS))
+    if unknown:
+        raise InputFileError(f"{path}: field 'kernel_model.{unknown[0]}': unknown field (known: {', '.join(_KERNEL_MODEL_FIELDS)})")
+    values: dict[str, Any] = {}
+    for key, (attribute, reader) in _KERNEL_MODEL_FIELDS.items():
+        if key not in table:
+            raise InputFileError(f"{path}: field 'kernel_model.{key}': missing")
+        try:
+            values[attribute] = reader(table[key])
+        except ValueError as error:
+            raise InputFileError(f"{path}: field 'kernel_model.{key}': {error}") from None
+    if len(values["flash_head_dims"]) != len(values["flash_efficiency"]):
+        raise InputFileError(f"{path}: field 'kernel_model.flash_efficiency': needs one value per flash_head_dims entry")
+    return KernelModel(**values)
 
 
 _CHIP_FIELDS: dict[str, tuple[str, Reader, bool]] = {
@@ -289,7 +388,7 @@ def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
     table = dict(table)
     kernel_table = table.pop("kernel_model", None)
     values = _read_fields(path, table, _CHIP_FIELDS)
-    values["kernel_model"] = read_kernel_model(path, kernel_table) if kernel_table is not None else None
+    values["kernel_model"] = _kernel_model_from_table(path, kernel_table) if kernel_table is not None else None
     rows, cols = values.pop("tile_grid")
     if rows * cols != values["tile_count"]:
         raise InputFileError(

@@ -22,6 +22,7 @@ from hardware.spec import (
     SYSTEM_TOPOLOGIES,
     ChipSpec,
     SystemSpec,
+    as_system,
     bundled_hardware_names,
     load_hardware,
 )
@@ -93,7 +94,7 @@ def resolve_system(name_or_path: str, devices: int, *, link_bandwidth_bytes_per_
         if spec.chip_count > devices:
             said += f", larger than the dump's {devices} devices (chips {devices}..{spec.chip_count - 1} idle)"
     elif devices == 1:
-        system = replace(_one_chip(spec), name=spec.name)
+        system = replace(as_system(spec), name=spec.name)
         said = f"one {spec.name} chip (the dump has one device)"
     else:
         template = default_network(spec)
@@ -102,7 +103,7 @@ def resolve_system(name_or_path: str, devices: int, *, link_bandwidth_bytes_per_
                 raise UsageError(f"--hw {name_or_path}: the dump spans {devices} devices and {spec.name} has no "
                                  "default chip-to-chip network; pass --link-bandwidth (and --hop-latency) "
                                  "or a system file")
-            template = replace(_one_chip(spec), name="switch", topology="switch",
+            template = replace(as_system(spec), name="switch", topology="switch",
                                hop_latency_s=hop_latency_s or 0.0)
         system = _scaled(template, spec, devices)
         said = f"{devices} {spec.name} chips (one per device of the dump) on the default network of " \
@@ -113,8 +114,3 @@ def resolve_system(name_or_path: str, devices: int, *, link_bandwidth_bytes_per_
     assert system.topology in SYSTEM_TOPOLOGIES
     return ResolvedSystem(system=system, devices=devices, assumption=said + overridden)
 
-
-def _one_chip(chip: ChipSpec) -> SystemSpec:
-    from hardware.spec import as_system
-
-    return as_system(chip)

@@ -242,7 +242,9 @@ def _render(request: _Request) -> str | None:
     elif request.output_format == "csv":
         text = report.to_csv(request.by)
     else:
-        text = report.to_table(request.by)
+        from hlo_analyzer.table import render_report_table
+
+        text = render_report_table(report, request.by)
     keep_until_exit(module, report, graph)  # not freed: the child ends next
     if request.output is None:
         return text if isinstance(text, str) else "".join(text)

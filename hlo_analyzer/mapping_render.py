@@ -1,21 +1,19 @@
-"""Rendering of the ``--hw`` sections: JSON-ready dicts, table lines and CSV records."""
+"""Rendering of the ``--hw`` sections as data: JSON-ready dicts and CSV records (their text lines:
+``hlo_analyzer.table``)."""
 
 from __future__ import annotations
 
 import json
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from hardware import model_assumptions
+from hlo_analyzer.rows import OpRow
 from hlo_analyzer.sections import BlocksSection, HardwareSections, MappingSection
-from hlo_analyzer.table import model_lines, render_columns, seconds
 from hlo_trace.errors import UsageError
-
-if TYPE_CHECKING:
-    from hlo_analyzer.report import Report
-
 
 
 # -- JSON -------------------------------------------------------------------------------------------
@@ -69,8 +67,6 @@ def mapping_dict(mapping: MappingSection, *, kernels: bool = True) -> dict[str, 
     """The mapping section; with ``kernels`` false the kernel list is ``KERNELS_PLACEHOLDER``."""
     totals = mapping.totals
     options = mapping.options
-    from hardware import model_assumptions
-
     return {
         "hardware": mapping.hardware,
         "chip": mapping.program.chip,
@@ -241,14 +237,15 @@ def _values_getter(keys: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...
     return operator.itemgetter(*keys) if keys else lambda record: ()
 
 
-# -- rows for --by block / --by kernel ------------------------------------------------------------------
-def block_rows(report: Report) -> list[dict[str, Any]]:
-    """One row per labelled GEMM of each STDiT3 block (needs the blocks section)."""
-    blocks = report.sections.blocks
+# -- records for --by block / --by kernel -------------------------------------------------------------
+def block_rows(sections: HardwareSections, rows: Sequence[OpRow], source: str) -> list[dict[str, Any]]:
+    """One record per labelled GEMM of each STDiT3 block (needs the blocks section); ``rows`` are
+    the report's op rows, ``source`` names the dump in the error."""
+    blocks = sections.blocks
     if blocks is None:
-        raise UsageError(f"{report.source}: --by block needs an STDiT3 block segmentation; pass --hw NAME "
+        raise UsageError(f"{source}: --by block needs an STDiT3 block segmentation; pass --hw NAME "
                          "on an STDiT3 stage")
-    by_position = {row.position: row for row in report.rows}
+    by_position = {row.position: row for row in rows}
     records = []
     for block in blocks.blocks:
         for label, positions in block.ops:
@@ -263,73 +260,8 @@ def block_rows(report: Report) -> list[dict[str, Any]]:
     return records
 
 
-def kernel_rows(report: Report) -> list[dict[str, Any]]:
-    if report.sections.mapping is None:
-        raise UsageError(f"{report.source}: --by kernel needs --hw NAME")
-    return kernel_records(report.sections.mapping)
-
-
-# -- table ------------------------------------------------------------------------------------------------
-def kernel_table_lines(report: Report) -> list[str]:
-    header = ["#", "pair", "kernel", "kind", "shapes", "latency", "util", "bound"]
-    rows = [[str(r["position"]), "-" if r["pair"] is None else str(r["pair"]), r["name"][:40], r["kind"],
-             r["shapes"][:48], seconds(r["latency_s"]), f"{r['utilization']:.1%}", r["bound"]]
-            for r in kernel_rows(report)]
-    return render_columns(header, rows, {0, 1, 5, 6})
-
-
-def blocks_lines(blocks: BlocksSection) -> list[str]:
-    lines = ["", f"STDiT3 block pairs found: {blocks.pairs} (spatial + temporal); "
-                 "per-block shape dictionary (per device):"]
-    items = [f"{key}={value}" for key, value in blocks.shapes.as_dict().items()]
-    lines += ["  " + "  ".join(items[i:i + 8]) for i in range(0, len(items), 8)]
-    if not blocks.consistent:
-        lines.append("  note: the pairs differ; the dictionary is the first pair's")
-    return lines
-
-
-def _cross_attention_text(mapping: MappingSection) -> str:
-    program, options = mapping.program, mapping.options
-    if program.cross_attention == "per-sample":
-        return (f"per-sample ({options.caption_tokens} caption tokens per sample; "
-                f"{program.per_sample_attentions} attention kernel(s) charged per sample)")
-    if options.cross_attention == "per-sample":
-        return "all traced keys (per-sample asked, but the caption length is unknown: no sidecar, no --caption-tokens)"
-    return "all traced keys"
-
-
-def mapping_lines(mapping: MappingSection) -> list[str]:
-    totals = mapping.totals
-    lines = ["", f"Mapping on {mapping.system.system.name}: {mapping.system.assumption}",
-             f"  execution: {mapping.options.execution}; DRAM efficiency {mapping.options.dram_efficiency:g}, "
-             f"{mapping.options.exp_ops} vector op(s) per exp; {len(mapping.program.ops)} kernels, "
-             f"{mapping.program.distinct_mappings} distinct",
-             f"  cross-attention: {_cross_attention_text(mapping)}",
-             f"  one step (this program, one device)  {seconds(totals.step_latency_s)}"]
-    from hardware import model_assumptions
-
-    lines[2:2] = model_lines(model_assumptions(mapping.system.system).as_dict())
-    lines += [f"    {kind:<16}{seconds(value):>14}" for kind, value in totals.seconds_by_kind]
-    lines.append(f"  GEMM utilisation (matrix FLOPs at peak / compute time)  {totals.gemm_utilization:.1%}")
-    if totals.pairs_found:
-        header = ["pair", "kernels", "latency", *[kind for kind, _ in totals.seconds_by_kind]]
-        rows = [["outside" if g.pair is None else str(g.pair), str(g.kernels), seconds(g.latency_s),
-                 *[seconds(dict(g.seconds_by_kind).get(kind, 0.0)) for kind, _ in totals.seconds_by_kind]]
-                for g in mapping.pairs]
-        lines += ["  by block pair (traced ops):"] + ["    " + line for line in
-                                                     render_columns(header, rows, set(range(1, len(header))))]
-    if mapping.reference is not None:
-        lines.append(f"  reference: one pair rebuilt from the ideal shape dictionary {seconds(mapping.reference.latency_s)} "
-                     "(comparison only)")
-    lines += [f"  total, {totals.total_text}:  {seconds(totals.inference_latency_s)} "
-              f"(communication {seconds(totals.inference_comm_s)})"]
-    return lines
-
-
-def sections_lines(sections: HardwareSections) -> list[str]:
-    lines: list[str] = []
-    if sections.blocks is not None:
-        lines += blocks_lines(sections.blocks)
-    if sections.mapping is not None:
-        lines += mapping_lines(sections.mapping)
-    return lines
+def kernel_rows(sections: HardwareSections, source: str) -> list[dict[str, Any]]:
+    """One record per kernel of the mapping section (needs ``--hw``)."""
+    if sections.mapping is None:
+        raise UsageError(f"{source}: --by kernel needs --hw NAME")
+    return kernel_records(sections.mapping)

@@ -3,8 +3,10 @@
 What becomes what (positions are the walk positions of ``OpRow.position`` and the dataflow graph):
 
 * **GEMM**: every ``dot``, ``dot_general`` and ``convolution`` as ``(M, K) x (K, N)``; batch
-  dimensions are ``batch`` instances run one after another on the whole chip (latency, busy times
-  and FLOPs times ``batch``); a convolution as its im2col GEMM (``hlo_analyzer.dataflow.conv_dims``).
+  dimensions make it one batched GEMM (``Op.batch`` instances): one kernel, one launch, whose
+  tiling spreads the instances over the tiles (``hardware.gemm_mapper``) or CTAs
+  (``hardware.kernel_model``) with M, N and K; a convolution as its im2col GEMM
+  (``hlo_analyzer.dataflow.conv_dims``).
 * **flash attention**: where the chip has a fused attention kernel
   (``ChipSpec.fused_attention_kernel``), every pattern of the dataflow graph "score GEMM(s) ->
   non-GEMM ops with an ``exponential`` (the softmax) -> value GEMM" with matching shapes becomes one
@@ -187,7 +189,6 @@ class _Work(NamedTuple):
     shapes: str
     op: Op | None = None
     epilogue: Op | None = None
-    batch: int = 1
     collective: tuple[str, int, int, tuple[int, ...] | None] | None = None
     per_sample: bool = False      # a cross-attention charged per sample
 
@@ -214,11 +215,12 @@ def _elements(shape: Sequence[int]) -> int:
 
 # -- GEMMs and attention --------------------------------------------------------------------------------
 def _gemm_op(dims: tuple[int, int, int, int], row: OpRow) -> tuple[Op, str] | None:
-    """The Op of one GEMM instance and the shapes text, or None for an empty GEMM."""
+    """The (batched) GEMM Op and the shapes text, or None for an empty GEMM."""
     m, k, n, batch = dims
     if min(m, k, n, batch) <= 0:
         return None
-    op = Op(row.op, OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * m * k * n, _bytes(row.dtype))
+    op = Op(row.op, OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * batch * m * k * n, _bytes(row.dtype),
+            batch=batch)
     return op, _shapes_text(row.operand_shapes, row.result_shapes)
 
 
@@ -404,7 +406,7 @@ class _Signatures:
         if made is None:
             return None
         op, shapes = made  # type: ignore[misc]
-        return _Work(node, (node,), row.op, GEMM_KIND, shapes, op=op, batch=dims[3])
+        return _Work(node, (node,), row.op, GEMM_KIND, shapes, op=op)
 
     def eager_vector(self, node: int, row: OpRow, reads: tuple[tuple[int, ...] | None, ...]) -> _Work | None:
         key = (row.op, reads, row.result_shapes, row.dtype, row.flops)
@@ -642,7 +644,7 @@ def _slice_write_update(attributes_of: dict[int, dict[str, Any]], members: list[
 def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple[int | None, tuple[int, ...]]],
                      out_elements: int, gemms: dict[int, _Work], taken: dict[int, _Work]) -> int | None:
     producers = [p for p, _ in entering if p in gemms]
-    if len(producers) != 1 or producers[0] in taken or gemms[producers[0]].batch != 1:
+    if len(producers) != 1 or producers[0] in taken or gemms[producers[0]].op.batch != 1:
         return None
     gemm = producers[0]
     m, n = gemms[gemm].op.output_shape
@@ -681,7 +683,7 @@ def _bound_mapping(op: Op, chip: ChipSpec) -> Mapping:
 def _signature(op: Op, epilogue: Op | None) -> tuple:
     def one(o: Op | None) -> tuple | None:
         return None if o is None else (o.op_type, o.input_shapes, o.weight_shape, o.output_shape, o.flops,
-                                       o.vector_flops, o.bytes_per_element)
+                                       o.vector_flops, o.bytes_per_element, o.batch)
 
     return one(op), one(epilogue)
 
@@ -723,11 +725,9 @@ class _Mapper:
             known = self._by_identity[(id(work.op), id(work.epilogue))] = (
                 work.op, work.epilogue, self._mapping(work.op, work.epilogue))
         mapping = known[2]
-        b = work.batch
-        flops = mapping.flops * b
         return MappedOp(work.position, work.positions, work.name, work.kind, work.shapes,
-                        mapping.latency_s * b + self.launch_s, mapping.compute_s * b, mapping.dram_s * b,
-                        mapping.noc_s * b, mapping.utilization, mapping.bound, flops)
+                        mapping.latency_s + self.launch_s, mapping.compute_s, mapping.dram_s,
+                        mapping.noc_s, mapping.utilization, mapping.bound, mapping.flops)
 
 
 def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:

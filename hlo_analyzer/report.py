@@ -1,4 +1,5 @@
-"""``analyze``: run the measuring visitors over a module and gather one deterministic Report."""
+"""``analyze``: run the measuring visitors over a module and gather one deterministic Report, which
+writes itself as JSON and CSV (its text form: ``hlo_analyzer.table.render_report_table``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from jaxlib.mlir import ir
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
 from hlo_analyzer.control import ConditionalInfo, Cost, LoopInfo, resolve
 from hlo_analyzer.flops import FlopsVisitor
+from hlo_analyzer.mapping_render import block_rows, kernel_rows, sections_dict, splice_kernels
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.sections import HardwareSections
@@ -176,8 +178,6 @@ class Report:
 
     def _later_sections(self, with_kernels: bool = True) -> dict[str, Any]:
         """The memory section (hlo_analyzer.memory) and the typed --hw sections."""
-        from hlo_analyzer.mapping_render import sections_dict
-
         return self.extra | sections_dict(self.sections, kernels=with_kernels)
 
     def _summary_dict(self) -> dict[str, Any]:
@@ -206,8 +206,6 @@ class Report:
         row goes once through json's C encoder (indentation forces the pure-Python one) and the
         rows that repeat it differ only in their position (``_RowLines``); the mapping's kernels
         likewise skip that encoder (``mapping_render.splice_kernels``)."""
-        from hlo_analyzer.mapping_render import splice_kernels
-
         document = self.to_dict(with_ops=False, with_kernels=False)
         head = splice_kernels(json.dumps(document, indent=1, sort_keys=True), self.sections)  # ends with "\n}"
         if not self.rows:
@@ -222,14 +220,12 @@ class Report:
 
     def to_csv(self, by: str = "summary") -> str:
         buffer = io.StringIO()
-        from hlo_analyzer.mapping_render import block_rows, kernel_rows
-
         if by in ("summary", "category"):
             records = self.by_category()
         elif by == "kernel":
-            records = kernel_rows(self)
+            records = kernel_rows(self.sections, self.source)
         elif by == "block":
-            records = block_rows(self)
+            records = block_rows(self.sections, self.rows, self.source)
             for record in records:
                 record["operand_shapes"] = _shapes_text(record["operand_shapes"])
                 record["result_shapes"] = _shapes_text(record["result_shapes"])
@@ -243,11 +239,6 @@ class Report:
         writer.writeheader()
         writer.writerows(records)
         return buffer.getvalue()
-
-    def to_table(self, by: str = "summary") -> str:
-        from hlo_analyzer.table import render_report_table
-
-        return render_report_table(self, by)
 
 
 def analyze(source: ir.Module | str | os.PathLike | bytes, *,

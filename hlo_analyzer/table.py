@@ -1,11 +1,15 @@
-"""Plain-text rendering of a Report: aligned columns, numbers with units."""
+"""Plain-text rendering: a Report with its ``--hw`` sections and the pipeline analysis, in aligned
+columns with numbers in units. The one home of the text form (the data forms: ``Report.to_json``
+and ``Report.to_csv``, the sections' ``hlo_analyzer.mapping_render``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hlo_analyzer.report import Report
+from hardware import model_assumptions
+from hlo_analyzer.mapping_render import block_rows, kernel_rows
+from hlo_analyzer.report import Report
+from hlo_analyzer.sections import BlocksSection, HardwareSections, MappingSection
 
 
 def si(value: float | None, unit: str) -> str:
@@ -44,14 +48,12 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     """The summary (per category, totals, collectives by kind, blocks, mapping, unhandled ops),
     preceded by one row per op (``by="op"``) or per labelled block GEMM (``by="block"``)."""
     lines = [f"Analysis of {report.source}", ""]
-    from hlo_analyzer.mapping_render import block_rows, kernel_table_lines, sections_lines
-
     if by == "kernel":
         lines += kernel_table_lines(report)
     elif by == "block":
         header = ["block", "kind", "label", "op", "shapes", "FLOPs", "location"]
         rows = [[str(r["block"]), r["kind"], r["label"], r["op"], _shapes(r), si(r["flops"], "FLOP"),
-                 r["location"][:48]] for r in block_rows(report)]
+                 r["location"][:48]] for r in block_rows(report.sections, report.rows, report.source)]
         lines += render_columns(header, rows, {0, 5})
     elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
@@ -201,3 +203,67 @@ def render_pipeline_table(document: dict[str, Any]) -> str:
     if any(stage["memory"]["exceeds_capacity"] for stage in document["stages"]):
         lines.append("  ! a stage's memory exceeds the chip's DRAM capacity")
     return "\n".join(lines) + "\n"
+
+
+# -- the --hw sections ------------------------------------------------------------------------------------
+def kernel_table_lines(report: Report) -> list[str]:
+    header = ["#", "pair", "kernel", "kind", "shapes", "latency", "util", "bound"]
+    rows = [[str(r["position"]), "-" if r["pair"] is None else str(r["pair"]), r["name"][:40], r["kind"],
+             r["shapes"][:48], seconds(r["latency_s"]), f"{r['utilization']:.1%}", r["bound"]]
+            for r in kernel_rows(report.sections, report.source)]
+    return render_columns(header, rows, {0, 1, 5, 6})
+
+
+def blocks_lines(blocks: BlocksSection) -> list[str]:
+    lines = ["", f"STDiT3 block pairs found: {blocks.pairs} (spatial + temporal); "
+                 "per-block shape dictionary (per device):"]
+    items = [f"{key}={value}" for key, value in blocks.shapes.as_dict().items()]
+    lines += ["  " + "  ".join(items[i:i + 8]) for i in range(0, len(items), 8)]
+    if not blocks.consistent:
+        lines.append("  note: the pairs differ; the dictionary is the first pair's")
+    return lines
+
+
+def _cross_attention_text(mapping: MappingSection) -> str:
+    program, options = mapping.program, mapping.options
+    if program.cross_attention == "per-sample":
+        return (f"per-sample ({options.caption_tokens} caption tokens per sample; "
+                f"{program.per_sample_attentions} attention kernel(s) charged per sample)")
+    if options.cross_attention == "per-sample":
+        return "all traced keys (per-sample asked, but the caption length is unknown: no sidecar, no --caption-tokens)"
+    return "all traced keys"
+
+
+def mapping_lines(mapping: MappingSection) -> list[str]:
+    totals = mapping.totals
+    lines = ["", f"Mapping on {mapping.system.system.name}: {mapping.system.assumption}",
+             f"  execution: {mapping.options.execution}; DRAM efficiency {mapping.options.dram_efficiency:g}, "
+             f"{mapping.options.exp_ops} vector op(s) per exp; {len(mapping.program.ops)} kernels, "
+             f"{mapping.program.distinct_mappings} distinct",
+             f"  cross-attention: {_cross_attention_text(mapping)}",
+             f"  one step (this program, one device)  {seconds(totals.step_latency_s)}"]
+    lines[2:2] = model_lines(model_assumptions(mapping.system.system).as_dict())
+    lines += [f"    {kind:<16}{seconds(value):>14}" for kind, value in totals.seconds_by_kind]
+    lines.append(f"  GEMM utilisation (matrix FLOPs at peak / compute time)  {totals.gemm_utilization:.1%}")
+    if totals.pairs_found:
+        header = ["pair", "kernels", "latency", *[kind for kind, _ in totals.seconds_by_kind]]
+        rows = [["outside" if g.pair is None else str(g.pair), str(g.kernels), seconds(g.latency_s),
+                 *[seconds(dict(g.seconds_by_kind).get(kind, 0.0)) for kind, _ in totals.seconds_by_kind]]
+                for g in mapping.pairs]
+        lines += ["  by block pair (traced ops):"] + ["    " + line for line in
+                                                     render_columns(header, rows, set(range(1, len(header))))]
+    if mapping.reference is not None:
+        lines.append(f"  reference: one pair rebuilt from the ideal shape dictionary {seconds(mapping.reference.latency_s)} "
+                     "(comparison only)")
+    lines += [f"  total, {totals.total_text}:  {seconds(totals.inference_latency_s)} "
+              f"(communication {seconds(totals.inference_comm_s)})"]
+    return lines
+
+
+def sections_lines(sections: HardwareSections) -> list[str]:
+    lines: list[str] = []
+    if sections.blocks is not None:
+        lines += blocks_lines(sections.blocks)
+    if sections.mapping is not None:
+        lines += mapping_lines(sections.mapping)
+    return lines

@@ -1,9 +1,11 @@
-"""The packages depend on each other in one direction (docs/design.md), and the light ones
-import without the heavy ones."""
+"""The packages depend on each other in one direction (docs/design.md), so do the files within
+them (no two import each other, directly or through others; docs/design.md lists each file's
+level), and the light packages import without the heavy ones."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +46,137 @@ def test_package_imports_only_the_layers_below_it(package):
         if wrong:
             offending[str(path.relative_to(REPO_ROOT))] = sorted(wrong)
     assert offending == {}
+
+
+# -- the file-level import graph -------------------------------------------------------------------
+# Every import statement counts, at any depth: lazy imports inside functions and those under
+# ``if TYPE_CHECKING:`` too (two files that each need the other's names to be read are a circle,
+# whether or not the interpreter happens to survive it). An import names the deepest project
+# module it reaches: ``import a.b.c`` and ``from a.b import c`` (c a module) name ``a.b.c``;
+# ``from a.b import name`` (not a module) names ``a.b``, i.e. ``a/b/__init__.py`` for a package.
+# Importing a submodule runs its parent packages' ``__init__`` first; that implicit step is no
+# edge (else every file that a package's ``__init__`` re-exports would sit in a circle with it).
+
+
+def _project_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every file of the project's packages."""
+    modules = {}
+    for package in ALLOWED:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _deepest_module(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _file_imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that ``module`` (the file ``path``) imports (comment above)."""
+    named = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's own package, level - 1 packages up
+                package = module.split(".")[:None if path.name == "__init__.py" else -1]
+                base = ".".join(package[:len(package) - node.level + 1] + [base] * bool(base))
+            named |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return {found for name in named if (found := _deepest_module(name, modules)) not in (None, module)}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _project_modules()
+    return {module: _file_imports(module, path, modules) for module, path in modules.items()}
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` as ``[a, b, ..., a]``, or None."""
+    state: dict[str, str] = {}  # "open": on the current path, "done": no circle through it
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state and (cycle := visit(imported)):
+                return cycle
+        path.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_circle_finder():
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _a_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    assert _a_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_counts_lazy_and_type_checking_imports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    modules = {name: tmp_path / path for name, path in
+               {"pkg": "pkg/__init__.py", "pkg.a": "pkg/a.py", "pkg.b": "pkg/b.py",
+                "pkg.c": "pkg/c.py", "pkg.d": "pkg/d.py"}.items()}
+    modules["pkg.a"].write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg.b import B\n"
+        "def lazy():\n    from pkg import c\n    from pkg import some_name\n    from . import d\n")
+    assert _file_imports("pkg.a", modules["pkg.a"], modules) == {"pkg", "pkg.b", "pkg.c", "pkg.d"}
+
+
+def test_no_two_files_import_each_other():
+    """The file-level import graph of the project is acyclic (comment above: what counts)."""
+    assert _a_cycle(_import_graph()) is None
+
+
+#: The block of docs/design.md that lists each package's files from the bottom up.
+_ORDER_BLOCK = re.compile(r"<!-- file-order -->\n```text\n(.*?)```", re.S)
+
+
+def _documented_levels() -> dict[str, int]:
+    """Module -> its level in docs/design.md's file order: per package, ``<`` between levels,
+    files by their name in the package (``__init__`` for the package's own), a line that starts
+    with a space going on with the package above."""
+    block = _ORDER_BLOCK.search((REPO_ROOT / "docs" / "design.md").read_text())
+    assert block, "docs/design.md has no '<!-- file-order -->' text block"
+    orders: dict[str, str] = {}
+    package = ""
+    for line in block.group(1).splitlines():
+        if line and not line[0].isspace():
+            package, _, line = line.partition(" ")
+            assert package in ALLOWED, f"docs/design.md file order: {package!r} is no package"
+        orders[package] = orders.get(package, "") + " " + line
+    levels = {}
+    for package, order in orders.items():
+        for level, group in enumerate(order.split("<")):
+            for name in group.replace(",", " ").split():
+                module = package if name == "__init__" else f"{package}.{name}"
+                assert module not in levels, f"docs/design.md file order names {module} twice"
+                levels[module] = level
+    return levels
+
+
+def test_design_md_lists_every_file_below_the_files_that_import_it():
+    graph = _import_graph()
+    levels = _documented_levels()
+    assert sorted(set(graph) - set(levels)) == [], "files missing from docs/design.md's file order"
+    assert sorted(set(levels) - set(graph)) == [], "docs/design.md's file order names no such file"
+    upward = sorted(f"{module} (level {levels[module]}) imports {imported} (level {levels[imported]})"
+                    for module, imports in graph.items() for imported in imports
+                    if imported.split(".")[0] == module.split(".")[0]
+                    and levels[imported] >= levels[module])
+    assert upward == []
 
 
 def _import_with_blocked(modules: list[str], blocked: list[str]) -> subprocess.CompletedProcess:

@@ -8,6 +8,8 @@ chains of hardware/mapping.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hardware.flash_attention_mapper import flashatten_mapper
@@ -21,8 +23,9 @@ TX8 = load_chip("tx8")
 US = 1e-6
 
 
-def gemm(m: int, k: int, n: int) -> Op:
-    return Op(f"gemm_{m}x{k}x{n}", OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * m * k * n)
+def gemm(m: int, k: int, n: int, batch: int = 1) -> Op:
+    return Op(f"gemm_{m}x{k}x{n}", OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * batch * m * k * n,
+              batch=batch)
 
 
 def attention(batch: int, heads: int, s_q: int, s_kv: int, head_dim: int) -> Op:
@@ -123,7 +126,8 @@ def test_gemm_invariants(shape):
     assert bigger.latency_s >= best.latency_s
 
 
-@pytest.mark.parametrize("shape", [(128, 128, 128), (1200, 72, 72), (600, 1152, 2304), (6900, 1152, 288)])
+@pytest.mark.parametrize("shape", [(128, 128, 128), (1200, 72, 72), (600, 1152, 2304), (6900, 1152, 288),
+                                   (64, 32, 64, 16), (128, 72, 128, 3), (600, 72, 600, 17)])
 def test_branch_and_bound_matches_exhaustive_in_any_order(shape):
     op = gemm(*shape)
     exhaustive = gemm_exhaustive_search(op, TX8)
@@ -145,6 +149,69 @@ def test_fused_gelu_epilogue_costs_vector_time_but_saves_a_pass():
     assert plain.latency_s <= fused.latency_s < plain.latency_s + separate.latency_s
     with pytest.raises(ValueError, match="epilogue"):
         gemm_auto_opt_mapper(fc1, TX8, epilogue=gemm(6900, 288, 288))
+
+
+def test_a_batched_gemm_of_small_heads_is_one_kernel_that_fills_the_chip():
+    """16 heads of 16x16x16 bf16 (A, B, C = 512 B each per head) on TX8.
+
+    One head alone, one tile, one block: compute 2*16^3 / 8e12 = 1.024 ns; fill = 0.1 us + 1024 B
+    / 1e11 = 0.11024 us; drain = 0.1 us + 512 B / 1e11 = 0.10512 us; compute chain = DRAM chain
+    (0.1 + 1536 B / 1e11 + 0.001024 + 0.1) = 0.216384 us. Back to back: 16 x that = 3.462144 us.
+    One kernel, each of 16 tiles one head (pb = 16, one step): DRAM = 16 x 1536 B = 24576 B ->
+    0.24576 us; fill = 0.1 + 16 x 1024 B / 1e11 = 0.26384 us; drain = 0.1 + 16 x 512 B / 1e11 =
+    0.18192 us; compute chain = 0.26384 + 0.001024 + 0.18192 = 0.446784 us = DRAM chain
+    (0.1 + 0.24576 + 0.001024 + 0.1); latency chain 0.1 + 0.001024 + 0.18192 below. The search
+    finds that optimum (8 tiles of 2 heads tie: DRAM bound either way).
+    """
+    heads = gemm(16, 16, 16, batch=16)
+    assert gemm_auto_opt_mapper(gemm(16, 16, 16), TX8).latency_s == pytest.approx(0.216384 * US, rel=1e-9)
+    spread = gemm_auto_opt_mapper(heads, TX8, preset=GemmPreset(pm=1, pn=1, pk=1, pb=16))
+    assert spread.tiling == GemmTiling(1, 1, 1, 16, 16, 16, "mnk", pb=16) and spread.tiling.tiles == 16
+    assert spread.latency_s == pytest.approx(0.446784 * US, rel=1e-9)
+    assert spread.dram_bytes == 24576 and spread.flops == 16 * 2 * 16**3
+    searched = gemm_auto_opt_mapper(heads, TX8)
+    assert searched.latency_s == pytest.approx(0.446784 * US, rel=1e-9) and searched.tiling.pb > 1
+
+
+BATCHED_SHAPES = [(16, 16, 16, 16), (128, 72, 128, 3), (600, 72, 600, 17), (2048, 128, 256, 24), (1200, 72, 72, 2)]
+
+
+@pytest.mark.parametrize("chip", ["tx8", "a100-sxm"])
+@pytest.mark.parametrize("shape", BATCHED_SHAPES)
+def test_a_batched_gemm_costs_no_more_than_its_instances_one_by_one(chip, shape):
+    """Each instance alone, run back to back (batch x its latency), is one candidate of the
+    batched search on a tiled chip (pb = 1) and an upper bound of the one GPU kernel (no more
+    waves, one overhead); the batch is at least as slow as one instance."""
+    spec = load_chip(chip)
+    *dims, batch = shape
+    single = gemm_auto_opt_mapper(gemm(*dims), spec)
+    batched = gemm_auto_opt_mapper(gemm(*dims, batch=batch), spec)
+    assert single.latency_s <= batched.latency_s <= batch * single.latency_s
+    assert batched.flops == batch * single.flops
+    assert 0 < batched.utilization <= 1
+    if spec.kernel_model is not None:  # one kernel: one overhead, however many instances
+        overhead = spec.kernel_model.kernel_overhead_s
+        assert batched.latency_s == pytest.approx(overhead + max(batched.compute_s, batched.dram_s), rel=1e-12)
+        assert batched.latency_s <= batch * single.latency_s - (batch - 1) * overhead + 1e-15
+
+
+def _faster(chip, field):
+    return dataclasses.replace(chip, **{field: getattr(chip, field) * 2})
+
+
+@pytest.mark.parametrize("chip", ["tx8", "a100-sxm"])
+@pytest.mark.parametrize("shape", [(128, 128, 128, 1), (16, 16, 16, 16), (600, 72, 600, 17)])
+@pytest.mark.parametrize("field", ["dram_bandwidth_bytes_per_s", "noc_bandwidth_bytes_per_s_per_link",
+                                   "gemm_flops_per_s_per_tile", "vector_flops_per_s_per_tile"])
+def test_gemm_latency_never_grows_when_a_bandwidth_or_throughput_grows(chip, shape, field):
+    spec = load_chip(chip)
+    *dims, batch = shape
+    op, gelu = gemm(*dims, batch=batch), None
+    if batch == 1:
+        m, _, n = dims
+        gelu = Op("gelu", OpType.VECTOR, ((m, n),), None, (m, n), 8 * m * n)
+    base = gemm_auto_opt_mapper(op, spec, epilogue=gelu)
+    assert gemm_auto_opt_mapper(op, _faster(spec, field), epilogue=gelu).latency_s <= base.latency_s
 
 
 @pytest.mark.parametrize("rows", [1, 15, 920, 16384])

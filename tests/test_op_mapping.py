@@ -258,3 +258,28 @@ def test_fused_slice_write_touches_only_the_update(capsys, tmp_path):
     assert masked["dram_s"] > 4 * write["dram_s"]
     eager = analyze_json(capsys, dump, "--hw", "tx8", "--exec", "eager")
     assert min(k["dram_s"] for k in eager["mapping"]["kernels"]) > 4 * write["dram_s"]
+
+
+BATCHED_DOT = """func.func @main(%a: tensor<16x16x16xbf16>, %b: tensor<16x16x16xbf16>) -> tensor<16x16x16xbf16> {
+  %0 = stablehlo.dot_general %a, %b, batching_dims = [0] x [0], contracting_dims = [2] x [1]
+       : (tensor<16x16x16xbf16>, tensor<16x16x16xbf16>) -> tensor<16x16x16xbf16>
+  return %0 : tensor<16x16x16xbf16>
+}
+"""
+
+
+@pytest.mark.parametrize("execution", ["eager", "fused"])
+def test_a_batched_dot_general_is_one_kernel_with_one_launch(capsys, tmp_path, execution):
+    """16 heads of 16x16x16 bf16 are one kernel. TX8 (tests/test_mappers.py derives it): 16 tiles
+    each run one head, 0.446784 us (one after another: 16 x 0.216384 us). A100
+    (tests/test_kernel_model.py): 16 CTAs in one wave of 64x64 tiles, 1.0424 us of L2 feed plus
+    one kernel overhead of 3 us (instance by instance: 16 x 4.0424 us)."""
+    dump = tmp_path / "batched.mlir"
+    dump.write_text(BATCHED_DOT)
+    feed = (64 + 64) * 272 * 2 / 66.8e9
+    for hardware, latency in (("tx8", 0.446784 * US), ("a100-sxm", 3 * US + feed)):
+        [kernel] = analyze_json(capsys, dump, "--hw", hardware, "--exec", execution)["mapping"]["kernels"]
+        assert kernel["kind"] == "gemm" and kernel["flops"] == 16 * 2 * 16**3
+        assert kernel["latency_s"] == pytest.approx(latency, rel=1e-9)
+        if hardware == "a100-sxm":  # exactly one overhead: the rest is the kernel's compute
+            assert kernel["latency_s"] - kernel["compute_s"] == pytest.approx(3 * US, rel=1e-9)
