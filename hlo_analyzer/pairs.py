@@ -29,7 +29,10 @@ depends only on ``t_mlp``), so order means nothing here: only the dataflow graph
 
 So the modulation of pair ``k`` belongs to pair ``k``, LayerNorm + modulate before a pair's qkv
 belongs to that pair, every pair of a stage costs the same, and a one-pair trace times N equals
-the N-pair stage (tests/test_invariants.py).
+the N-pair stage (tests/test_invariants.py). One limit: in a stage after the first, ``t_mlp`` is
+an argument like a weight, so side work on it alone that torch-xla shares between pairs (a
+rescale of ``t_mlp``) is charged to a lone pair of such a stage; a few vector ops of 2 x 6h
+elements, well under 0.5% of a pair (the study's one-pair check traces stage 0, where it is exact).
 """
 
 from __future__ import annotations
