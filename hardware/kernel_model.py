@@ -29,8 +29,11 @@ GEMM ``(M, K) x (K, N)``, ``batch`` instances of it (cuBLAS/CUTLASS-style output
     a batch of small GEMMs fills the SMs that one of them would leave idle.
 
 Memory-bound (Vector) ops
-    ``kernel_overhead + max(bytes / (dram_bandwidth * hbm_efficiency), ops / vector peak)``,
-    bytes = every input and the weight read once, the output written once.
+    ``kernel_overhead + max(bytes / (dram_bandwidth * efficiency), ops / vector peak)``,
+    bytes = every input and the weight read once, the output written once; the efficiency is
+    ``vector_efficiency[class]`` when the op is named after a kernel class listed there (the
+    in-model figure of a LayerNorm, softmax, GELU ... kernel: ``--exec torch`` names its kernels
+    so), else ``hbm_efficiency``.
 
 Flash attention (FlashAttention-2 kernels)
     The library instantiates kernels for a fixed set of head dims (``flash_head_dims``); a head
@@ -65,13 +68,13 @@ def _model(chip: ChipSpec) -> KernelModel:
     return chip.kernel_model
 
 
-def _sustained_bandwidth(chip: ChipSpec) -> float:
-    return chip.dram_bandwidth_bytes_per_s * _model(chip).hbm_efficiency
+def _sustained_bandwidth(chip: ChipSpec, kernel_class: str = "") -> float:
+    return chip.dram_bandwidth_bytes_per_s * _model(chip).hbm_efficiency_for(kernel_class)
 
 
 def _mapping(op: Op, name: str, mapper: str, chip: ChipSpec, *, compute_s: float, dram_bytes: float,
-             peak: float, tiling: KernelTiling) -> Mapping:
-    dram_s = dram_bytes / _sustained_bandwidth(chip)
+             peak: float, tiling: KernelTiling, kernel_class: str = "") -> Mapping:
+    dram_s = dram_bytes / _sustained_bandwidth(chip, kernel_class)
     latency_s = _model(chip).kernel_overhead_s + max(compute_s, dram_s)
     if compute_s >= dram_s:
         bound = "compute"
@@ -138,7 +141,7 @@ def gpu_vector_mapping(op: Op, chip: ChipSpec) -> Mapping:
     compute_s = op.flops / chip.vector_flops_per_s
     tiling = KernelTiling(kernel="vector", tile_m=0, tile_n=0, waves=0, head_dim=0)
     return _mapping(op, op.name, "gpu_vector_kernel", chip, compute_s=compute_s, dram_bytes=dram_bytes,
-                    peak=chip.vector_flops_per_s, tiling=tiling)
+                    peak=chip.vector_flops_per_s, tiling=tiling, kernel_class=op.name)
 
 
 def gpu_flash_attention_mapping(op: Op, chip: ChipSpec) -> Mapping:

@@ -80,6 +80,14 @@ class KernelModel:
     hbm_efficiency: float
     flash_head_dims: tuple[int, ...]
     flash_efficiency: tuple[float, ...]
+    #: In-model HBM efficiency of memory-bound kernels by kernel class (``layer_norm``,
+    #: ``softmax``, ``gelu``, ``elementwise``, ``copy``: the classes of PyTorch's eager kernels);
+    #: a class not listed runs at ``hbm_efficiency``.
+    vector_efficiency: tuple[tuple[str, float], ...] = ()
+
+    def hbm_efficiency_for(self, kernel_class: str) -> float:
+        """The HBM efficiency of a memory-bound kernel of ``kernel_class``."""
+        return dict(self.vector_efficiency).get(kernel_class, self.hbm_efficiency)
 
     def flash_efficiency_for(self, head_dim: int) -> tuple[int, float]:
         """``(kernel head dim, efficiency)`` of the kernel that runs ``head_dim``."""
@@ -287,6 +295,12 @@ def _fraction_list(value: Any) -> tuple[float, ...]:
     return tuple(_fraction(v) for v in value)
 
 
+def _class_fractions(value: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of kernel class = fraction, got {value!r}")
+    return tuple(sorted((str(name), _fraction(fraction)) for name, fraction in value.items()))
+
+
 def _non_negative_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected a non-negative integer, got {value!r}")
@@ -308,7 +322,10 @@ _KERNEL_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "hbm_efficiency": ("hbm_efficiency", _fraction),
     "flash_head_dims": ("flash_head_dims", _int_list),
     "flash_efficiency": ("flash_efficiency", _fraction_list),
+    "vector_efficiency": ("vector_efficiency", _class_fractions),
 }
+#: Fields of the [kernel_model] table that may be left out (the dataclass has their defaults).
+_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"vector_efficiency"})
 
 
 def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
@@ -321,6 +338,8 @@ def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
     values: dict[str, Any] = {}
     for key, (attribute, reader) in _KERNEL_MODEL_FIELDS.items():
         if key not in table:
+            if key in _OPTIONAL_KERNEL_MODEL_FIELDS:
+                continue
             raise InputFileError(f"{path}: field 'kernel_model.{key}': missing")
         try:
             values[attribute] = reader(table[key])

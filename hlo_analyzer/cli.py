@@ -88,11 +88,13 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 @click.option("--pairs", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
               help="Block pairs (spatial + temporal) to total over, e.g. 28 for the whole model; "
                    "default: the pairs found in the dump (with --hw on an STDiT3 stage).")
-@click.option("--exec", "execution", type=click.Choice(["fused", "eager"]), default="fused",
-              show_default=True,
-              help="Execution model (with --hw): fused = XLA-style fusion of element-wise chains, "
-                   "GEMM epilogues and LayerNorm+modulate; eager = one kernel per op, each paying "
-                   "the chip's kernel launch overhead.")
+@click.option("--exec", "execution", type=click.Choice(["fused", "eager", "torch"]), default=None,
+              help="Execution model (with --hw): fused = a compiled graph (XLA-style fusion of "
+                   "element-wise chains, GEMM epilogues, LayerNorm+modulate); torch = PyTorch run "
+                   "eagerly, one kernel per library call (a LayerNorm, a GELU, a linear layer with "
+                   "its bias in the GEMM epilogue: docs/gpu.md); eager = one kernel per HLO op.  "
+                   "[default: torch for a traced PyTorch model (its sidecar lists library calls) on a GPU, "
+                   "fused otherwise]")
 @click.option("--dram-efficiency", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
               show_default=True, help="Fraction of the DRAM bandwidth sustained (with --hw).")
 @click.option("--exp-ops", type=click.IntRange(min=1, max=MAX_COUNT), default=1, show_default=True,
@@ -123,7 +125,7 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 @without_cycle_collection
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float | None,
-                    hardware: str | None, steps: int | None, pairs: int | None, execution: str,
+                    hardware: str | None, steps: int | None, pairs: int | None, execution: str | None,
                     dram_efficiency: float, exp_ops: int, cross_attention: str,
                     caption_tokens: int | None, timeline: str | None,
                     timeline_pair: int | None, sidecar: str | None, branch: str,
@@ -184,7 +186,7 @@ class _Request:
     steps: int | None
     pairs: int | None
     sidecar: str | None
-    execution: str = "fused"
+    execution: str | None = None  # None: the hardware's default (op_mapping.default_execution)
     dram_efficiency: float = 1.0
     exp_ops: int = 1
     cross_attention: str = "per-sample"
@@ -211,18 +213,23 @@ def _render(request: _Request) -> str | None:
     log.info("counting FLOPs, collectives and memory")
     report, graph = _measure(module, request)
     if request.hardware is not None:
-        from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar_caption_tokens
+        from hardware import load_chip
+        from hlo_analyzer.hw_mapping import add_hardware_sections, read_sidecar, sidecar_caption_tokens
+        from hlo_analyzer.library_calls import sidecar_call_regions
         from hlo_analyzer.memory import sidecar_for
-        from hlo_analyzer.op_mapping import MappingOptions
+        from hlo_analyzer.op_mapping import MappingOptions, default_execution
 
         log.info("mapping every op on %s", request.hardware)
+        sidecar = read_sidecar(request.sidecar or sidecar_for(dump))
         caption_tokens = request.caption_tokens
-        if caption_tokens is None and request.cross_attention == "per-sample":
-            caption_tokens = read_sidecar_caption_tokens(request.sidecar or sidecar_for(dump))
-        options = MappingOptions(execution=request.execution,
+        if caption_tokens is None and request.cross_attention == "per-sample" and sidecar is not None:
+            caption_tokens = sidecar_caption_tokens(sidecar)
+        library_calls = sidecar_call_regions(sidecar)
+        execution = request.execution or default_execution(load_chip(request.hardware), library_calls)
+        options = MappingOptions(execution=execution,
                                  dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
                                  cross_attention=request.cross_attention,
-                                 caption_tokens=caption_tokens)
+                                 caption_tokens=caption_tokens, library_calls=library_calls)
         with _as_usage_error(dump, f"cannot be mapped on {request.hardware}"):
             add_hardware_sections(
                 report, module, request.hardware, steps=request.steps, pairs=request.pairs,

@@ -95,7 +95,7 @@ class DataflowVisitor(IRVisitor):
         signature = self._signatures.get(key)
         if signature is None:
             signature = self._signatures[key] = self._signature(node, *key)
-        name, operand_shapes, result_shapes, dtype = signature
+        name, operand_shapes, result_shapes, dtype, operand_dtypes = signature
         producer_of = self._producer.get
         producers = [producer_of(hash(value)) for value in facts.operands]
         if None in producers:
@@ -107,6 +107,7 @@ class DataflowVisitor(IRVisitor):
         attributes: dict[str, Any] = {
             "name": name, "op": full_name, "operands": producers, "arguments": arguments,
             "operand_shapes": operand_shapes, "result_shapes": result_shapes, "dtype": dtype,
+            "operand_dtypes": operand_dtypes, "location": types.location(node),
         }
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
@@ -119,15 +120,18 @@ class DataflowVisitor(IRVisitor):
             IRVisitor.generic_visit(self, node)
 
     def _signature(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
-                   result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str]:
-        """(short name, operand shapes, result shapes, dtype) of ops with this name, operand
-        types (or count, for ``SAME_SHAPE_OPS``) and result types."""
+                   result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str, tuple]:
+        """(short name, operand shapes, result shapes, dtype, operand dtypes) of ops with this
+        name, operand types (or count, for ``SAME_SHAPE_OPS``) and result types."""
         types = self.types
         result_shapes = types.type_shapes(result_types, op)
-        operand_shapes = ((result_shapes[0],) * operands if isinstance(operands, int)
-                          else types.type_shapes(operands, op))
-        return (short_op_name(full_name), operand_shapes, result_shapes,
-                types.info(result_types[0], op)[1] if result_types else "")
+        dtype = types.info(result_types[0], op)[1] if result_types else ""
+        if isinstance(operands, int):
+            operand_shapes, operand_dtypes = (result_shapes[0],) * operands, (dtype,) * operands
+        else:
+            operand_shapes = types.type_shapes(operands, op)
+            operand_dtypes = tuple(types.info(t, op)[1] for t in operands)
+        return short_op_name(full_name), operand_shapes, result_shapes, dtype, operand_dtypes
 
     def _argument(self, value: ir.Value) -> int:
         return self._arguments.setdefault(hash(value), len(self._arguments))

@@ -136,15 +136,15 @@ def sidecar_caption_tokens(document: dict[str, Any]) -> int | None:
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
 
 
-def read_sidecar_caption_tokens(path: str | Path | None) -> int | None:
-    """:func:`sidecar_caption_tokens` of the sidecar file at ``path`` (None: no sidecar)."""
+def read_sidecar(path: str | Path | None) -> dict[str, Any] | None:
+    """The tracer sidecar at ``path`` as a JSON object (None: no sidecar, or not an object)."""
     if path is None:
         return None
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    return sidecar_caption_tokens(document) if isinstance(document, dict) else None
+    return document if isinstance(document, dict) else None
 
 
 def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
@@ -195,4 +195,4 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
 
 
 __all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section",
-           "read_sidecar_caption_tokens", "sidecar_caption_tokens"]
+           "read_sidecar", "sidecar_caption_tokens"]

@@ -70,13 +70,14 @@ from hlo_analyzer.dataflow import (
     after_exponential,
     walk_until,
 )
+from hlo_analyzer.library_calls import ATTENTION_CALL, COPY_CALL, LINEAR_CALL, CallRegion, call_groups
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 
 __all__ = ["CROSS_ATTENTION_MODES", "DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions",
-           "ProgramMapping", "map_program"]
+           "ProgramMapping", "default_execution", "map_program"]
 
-EXECUTION_MODES = ("fused", "eager")
+EXECUTION_MODES = ("fused", "eager", "torch")
 #: How a cross-attention over the flattened samples is charged (module docstring); the first is
 #: the default, docs/hardware.md says why.
 CROSS_ATTENTION_MODES = ("per-sample", "all")
@@ -110,6 +111,7 @@ class MappingOptions:
     exp_ops: int = 1
     cross_attention: str = CROSS_ATTENTION_MODES[0]
     caption_tokens: int | None = None
+    library_calls: tuple[CallRegion, ...] = ()
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTION_MODES:
@@ -131,6 +133,13 @@ class MappingOptions:
 
 
 DEFAULT_OPTIONS = MappingOptions()
+
+
+def default_execution(chip: ChipSpec, library_calls: Sequence[CallRegion]) -> str:
+    """``torch`` for a traced PyTorch model (its sidecar lists its library calls) on a GPU (a
+    chip with a kernel model: PyTorch runs eagerly there, as published measurements do);
+    ``fused`` for anything else (a compiled graph: TX8, a JAX program)."""
+    return "torch" if chip.kernel_model is not None and library_calls else "fused"
 
 
 @dataclass(frozen=True)
@@ -542,15 +551,25 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
     return [nodes for nodes in groups.members() if not vector_nodes.isdisjoint(nodes)], constant
 
 
+class _GroupIO(NamedTuple):
+    """What a kernel over a group of nodes reads and writes (:func:`_group_io`)."""
+
+    entering: list[tuple[int | None, tuple[int, ...]]]  # (producer, what is read of it)
+    out_elements: int
+    entering_bytes: list[int]  # of each entering tensor, in its element type
+    out_bytes: int
+
+
 def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
-              constant: set[int], real: dict[int, int]) -> tuple[list[tuple[int | None, tuple[int, ...]]], int]:
-    """(tensors entering the group: (producer, what is read of it), elements of the tensors
-    leaving it). Both at their real size (:func:`real_elements`): a broadcast entering the
-    group is read as its operand; a view leaving it is written once per tensor it views, and
-    not at all when it views a tensor that entered the group (its readers read that)."""
+              constant: set[int], real: dict[int, int]) -> _GroupIO:
+    """The tensors entering the group and the elements of the tensors leaving it, and both in
+    bytes (each tensor in its own element type). Both at their real size
+    (:func:`real_elements`): a broadcast entering the group is read as its operand; a view
+    leaving it is written once per tensor it views, and not at all when it views a tensor that
+    entered the group (its readers read that)."""
     inside = set(members)
-    entering: dict[Any, tuple[int | None, tuple[int, ...] | None]] = {}
-    leaving: dict[int, int] = {}  # computing member -> largest real size of it that leaves
+    entering: dict[Any, tuple[int | None, tuple[int, ...] | None, str]] = {}
+    leaving: dict[int, tuple[int, str]] = {}  # computing member -> largest real size that leaves
     successors = graph.successors
     for node in members:
         attributes = attributes_of[node]
@@ -558,14 +577,19 @@ def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], membe
             if producer in inside or producer in constant:
                 continue
             key = producer if producer is not None else ("argument", attributes["arguments"][index])
-            entering[key] = (producer, _read_shape(producer, attributes["operand_shapes"][index], real))
+            entering[key] = (producer, _read_shape(producer, attributes["operand_shapes"][index], real),
+                             attributes["operand_dtypes"][index])
         readers = set(successors(node))
         if readers and readers <= inside:
             continue
         source = _computing_source(attributes_of, node, inside)
-        if source is not None:
-            leaving[source] = max(leaving.get(source, 0), real[node])
-    return [e for e in entering.values() if e[1] is not None], sum(leaving.values())
+        if source is not None and real[node] >= leaving.get(source, (0, ""))[0]:
+            leaving[source] = (real[node], attributes["dtype"])
+    read = [(producer, shape, dtype) for producer, shape, dtype in entering.values() if shape is not None]
+    return _GroupIO([(producer, shape) for producer, shape, _ in read],
+                    sum(size for size, _ in leaving.values()),
+                    [_elements(shape) * _bytes(dtype) for _, shape, dtype in read],
+                    sum(size * _bytes(dtype) for size, dtype in leaving.values()))
 
 
 def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
@@ -591,7 +615,7 @@ def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, An
     for members in sorted(groups):
         vector_rows = [rows[n] for n in members if n in vector_nodes]
         flops = sum([_vector_flops(r, exp_ops) for r in vector_rows])
-        entering, out_elements = _group_io(graph, attributes_of, members, constant, real)
+        entering, out_elements, _, _ = _group_io(graph, attributes_of, members, constant, real)
         largest = max(vector_rows, key=_result_elements)
         result = largest.result_shapes[0] if largest.result_shapes else ()
         update = _slice_write_update(attributes_of, members, constant)
@@ -654,6 +678,94 @@ def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple
     if set(graph.successors(gemm)) - set(members):
         return None
     return gemm
+
+
+# -- torch eager: one kernel per library call -------------------------------------------------------
+#: Kernel class of a library call's kind (``hlo_analyzer.library_calls``): the GPU kernel model
+#: gives each class its own in-model bandwidth efficiency (``KernelModel.vector_efficiency``).
+KERNEL_CLASSES = {"layer_norm": "layer_norm", "softmax": "softmax", "tanh_gelu": "gelu", "gelu": "gelu",
+                  COPY_CALL: "copy"}
+ELEMENTWISE_CLASS = "elementwise"
+#: Ops that launch nothing: function returns, sharding annotations, tuples of values.
+_NOT_KERNELS = frozenset({"return", "custom_call", "tuple", "get_tuple_element", "optimization_barrier",
+                          "after_all", "while", "if", "case", "call"})
+
+
+def _computes(attributes_of: dict[int, dict[str, Any]], nodes: Iterable[int]) -> bool:
+    """True when a kernel has work to do: an op that is not a view (a dtype cast is a kernel)."""
+    return any(attributes_of[n]["name"] not in FREE_MOVEMENT_OPS or attributes_of[n]["name"] == "convert"
+               for n in nodes)
+
+
+def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
+                 chip: ChipSpec, options: MappingOptions, cross_values: Collection[int],
+                 signatures: _Signatures, is_gemm: set[int]) -> list[_Work]:
+    """Kernels as PyTorch launches them eagerly: one per library call (module docstring of
+    :mod:`hlo_analyzer.library_calls`). A call with a GEMM is that GEMM, its element-wise ops its
+    epilogue (``addmm``'s bias; a ``linear`` call's bias add reading a GEMM outside the call); a
+    ``flash_attention`` call whose attention is found is one fused kernel, its other ops inside it;
+    any other call that computes is one memory-bound kernel reading what enters it and writing
+    what leaves it, each tensor in its own element type."""
+    nodes = [p for p in graph if (rows.get(p) is None or rows[p].category != COMM)
+             and attributes_of[p]["result_shapes"] and attributes_of[p]["name"] not in _NOT_KERNELS]
+    calls = call_groups(graph, nodes, options.library_calls)
+    call_of = {node: call for call in calls for node in call.nodes}
+    attentions = []
+    if chip.fused_attention_kernel:
+        attentions = [w for w in _attentions(graph, rows, is_gemm, options, cross_values)
+                      if call_of[w.position].kind == ATTENTION_CALL and call_of[w.position].in_region]
+    fused_calls = {id(call_of[w.position]) for w in attentions}
+    claimed = {p for work in attentions for p in work.positions}
+    gemms = {p: w for p in sorted(is_gemm - claimed)
+             if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
+    constant = {p for p in graph if attributes_of[p]["name"] in CONSTANT_OPS}
+    real = real_elements(attributes_of)
+    vectors: list[_Work] = []
+    for call in calls:
+        rest = [n for n in call.nodes if n not in claimed and n not in gemms]
+        if id(call) in fused_calls or not rest:
+            continue  # inside a fused attention kernel, or a GEMM with nothing around it
+        if call.kind != COPY_CALL and not _computes(attributes_of, rest):
+            continue  # views only
+        io = _group_io(graph, attributes_of, rest, constant, real)
+        feeding = {_gemm_behind(attributes_of, p, gemms) for p, _ in io.entering} - {None}
+        if len(feeding) == 1 and (call.kind == LINEAR_CALL or not call.in_region) and \
+                (gemm := feeding.pop()) in gemms and gemms[gemm].epilogue is None and \
+                (call.kind == LINEAR_CALL or gemm in call.nodes):
+            work = gemms[gemm]
+            m, n = work.op.output_shape
+            flops = sum(_vector_flops(rows[p], signatures.exp_ops) for p in rest if p in rows)
+            epilogue = Op(call.kind, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), work.op.bytes_per_element)
+            gemms[gemm] = work._replace(positions=tuple(sorted(work.positions + tuple(rest))),
+                                        name=f"{work.name}+{call.kind}", epilogue=epilogue)
+            continue
+        vector_rows = [rows[p] for p in rest if p in rows and rows[p].category == VECTOR]
+        flops = sum(_vector_flops(r, signatures.exp_ops) for r in vector_rows)
+        largest = max(vector_rows, key=_result_elements) if vector_rows else None
+        result = largest.result_shapes[0] if largest is not None and largest.result_shapes else \
+            attributes_of[rest[-1]]["result_shapes"][0]
+        kernel = KERNEL_CLASSES.get(call.kind, ELEMENTWISE_CLASS if _computes(attributes_of, rest) else "copy")
+        if all(attributes_of[n]["name"] in FREE_MOVEMENT_OPS for n in rest):
+            kernel = "copy" if call.kind == COPY_CALL else ELEMENTWISE_CLASS  # a copy or a cast
+        rows_count = _rows_of(largest.op.split(".", 1)[-1], result) if largest is not None else 1
+        # Bytes, not elements: a kernel reads and writes tensors of several element types.
+        op = signatures.vector_op(kernel, tuple((max(1, b),) for b in io.entering_bytes),
+                                  rows_count, max(1, io.out_bytes), flops, 1)
+        positions = tuple(rest)
+        shapes = signatures.shapes_text(tuple(s for _, s in io.entering), (tuple(result),))
+        vectors.append(_Work(positions[-1], positions, f"{kernel}({call.kind})" if kernel != call.kind else kernel,
+                             VECTOR_KIND, shapes, op=op))
+    return [*attentions, *gemms.values(), *vectors]
+
+
+def _gemm_behind(attributes_of: dict[int, dict[str, Any]], node: int | None, gemms: dict[int, _Work]) -> int | None:
+    """The GEMM whose result ``node`` holds, through views, or None."""
+    while node is not None and node not in gemms:
+        attributes = attributes_of[node]
+        if attributes["name"] not in FREE_MOVEMENT_OPS or attributes["name"] == "convert" or not attributes["operands"]:
+            return None
+        node = attributes["operands"][0]
+    return node
 
 
 # -- collectives -----------------------------------------------------------------------------------------
@@ -741,6 +853,10 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
     attributes_of = dict(graph.nodes(data=True))
     signatures = _Signatures(options.exp_ops)
     is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in attributes_of[p]}
+    if options.execution == "torch":
+        collectives = [w for r in rows.values() if r.category == COMM and (w := _collective_work(r))]
+        works = _torch_works(graph, attributes_of, rows, chip, options, cross_values, signatures, is_gemm)
+        return sorted([*works, *collectives], key=lambda w: w.position)
     attentions = _attentions(graph, rows, is_gemm, options, cross_values) if chip.fused_attention_kernel else []
     claimed = {p for work in attentions for p in work.positions}
     gemms = {p: w for p in sorted(is_gemm - claimed)
@@ -772,7 +888,7 @@ def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system
     module docstring for what becomes what."""
     chip = _chip_for(chip, options)
     launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
-        if options.execution == "eager" else 0.0
+        if options.execution in ("eager", "torch") else 0.0
     mapper = _Mapper(chip, system, launch_s or 0.0)
     by_position = {row.position: row for row in rows}
     works = _works(graph, by_position, chip, options, frozenset(cross_values), owners or {})

@@ -83,6 +83,8 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     traced.seconds["convert"] = time.perf_counter() - convert_started
     del hlo_text
     progress("write")
+    from models.opensora.library_calls import call_regions
+
     sidecar = {
         "name": name,
         "program": "per-device program after SPMD partitioning (torch-xla GSPMD), unfused",
@@ -107,6 +109,7 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         "seconds_total": round(time.perf_counter() - started, 3),
         "peak_rss_bytes": capture.peak_rss_bytes(),
         "mlir_bytes": len(mlir_text.encode()),
+        "library_calls": [region.to_dict() for region in call_regions()],
     }
     if plan is not None:
         sidecar["pipefusion"] = plan.to_dict()

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from models.opensora.config import STDiT3Config
 from models.opensora.errors import StageRangeError
+from models.opensora.library_calls import library_call
 from models.opensora.token_order import (
     FRAME_MAJOR,
     TokenOrder,
@@ -145,8 +146,39 @@ def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale:
     scores = scores.float()
     if mask is not None:
         scores = scores + mask
-    probs = scores.softmax(dim=-1).to(v.dtype)
+    probs = scores.softmax(dim=-1)
+    probs = probs.to(v.dtype)  # on a line of its own: a kernel of its own in PyTorch
     return probs @ v
+
+
+@library_call("flash_attention")
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """:func:`plain_attention` where OpenSora calls one fused attention kernel (flash-attn, or
+    xformers' memory-efficient attention for the masked cross-attention): the same ops, on lines
+    of their own so that ``--exec torch`` charges them as that one kernel
+    (``models.opensora.library_calls``)."""
+    scores = (q * scale) @ k.transpose(-2, -1)
+    scores = scores.float()
+    if mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1)
+    probs = probs.to(v.dtype)  # on a line of its own: a kernel of its own in PyTorch
+    return probs @ v
+
+
+@library_call("copy")
+def merge_heads_copy(out: Tensor, batch: int, length: int, hidden: int) -> Tensor:
+    """(B', heads, L, head_dim) -> (B', L, h): OpenSora's ``x.transpose(1, 2).reshape(B, N, C)``
+    after its non-flash attention, a copy in PyTorch."""
+    return out.transpose(1, 2).reshape(batch, length, hidden)
+
+
+@library_call("copy")
+def swap_token_axes_copy(x: Tensor, batch: int, major: int, minor: int) -> Tensor:
+    """(B, major*minor, h) -> (B*minor, major, h), or back with the axes given swapped: an einops
+    rearrange of the token axes, which PyTorch runs as a copy."""
+    hidden = x.shape[-1]
+    return x.reshape(batch, major, minor, hidden).transpose(1, 2).reshape(batch * minor, major, hidden)
 
 
 def block_diagonal_mask(batch: int, queries_per_sample: int, keys_per_sample: int,
@@ -197,6 +229,7 @@ class BlockLinear(nn.Linear):
     result and the product stays split.
     """
 
+    @library_call("linear")  # one cuBLASLt GEMM, the bias added in its epilogue
     def forward(self, x: Tensor) -> Tensor:
         out = torch.einsum("abi,oi->abo", x, self.weight)
         return out + self.bias if self.bias is not None else out
@@ -214,6 +247,7 @@ class LayerNorm(nn.Module):
         super().__init__()
         self.eps = eps
 
+    @library_call("layer_norm")  # one kernel in OpenSora (nn.LayerNorm or apex's fused LayerNorm)
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         centered = x32 - x32.mean(dim=-1, keepdim=True)
@@ -230,9 +264,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        # One statement per line as in OpenSora's LlamaRMSNorm: each is a kernel in PyTorch.
         x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        variance = x32.pow(2).mean(dim=-1, keepdim=True)
+        x32 = x32 * torch.rsqrt(variance + self.eps)
+        normed = x32.to(x.dtype)
+        return self.weight * normed
 
 
 class RotaryEmbedding(nn.Module):
@@ -398,8 +435,15 @@ class Attention(nn.Module):
         if self.kv_hook is not None:
             k, v = self.kv_hook(k, v)
         q, k, v = self.annotate("q", q), self.annotate("k", k), self.annotate("v", v)
-        out = self.annotate("attn_kernel_out", self.attention_fn(q, k, v, None, self.scale))
-        out = out.transpose(1, 2).reshape(batch, length, hidden)
+        # OpenSora runs flash attention only when the sequence is longer than the batch (its
+        # Attention.forward: "flash attn is not memory efficient for small sequences"); otherwise
+        # the plain product and float32 softmax, whose output transpose + reshape is a copy.
+        if length > batch and self.attention_fn is plain_attention:
+            out = self.annotate("attn_kernel_out", flash_attention(q, k, v, None, self.scale))
+            out = out.transpose(1, 2).reshape(batch, length, hidden)
+        else:
+            out = self.annotate("attn_kernel_out", self.attention_fn(q, k, v, None, self.scale))
+            out = merge_heads_copy(out, batch, length, hidden)
         out = self.annotate("attn_out", out)
         return self.annotate("proj_out", self.proj(out))
 
@@ -432,7 +476,9 @@ class MultiHeadCrossAttention(nn.Module):
         q = self.annotate("cross_q", q)
         k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
         mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
-        out = self.annotate("cross_kernel_out", self.attention_fn(q, k, v, mask, self.scale))
+        # OpenSora: one xformers memory_efficient_attention call with a block-diagonal mask.
+        attention_fn = flash_attention if self.attention_fn is plain_attention else self.attention_fn
+        out = self.annotate("cross_kernel_out", attention_fn(q, k, v, mask, self.scale))
         out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
         out = self.annotate("cross_out", out)
         return self.annotate("cross_proj_out", self.proj(out.reshape(batch, tokens, hidden)))
@@ -501,9 +547,9 @@ class STDiT3Block(nn.Module):
         major, minor = token_axes(token_order, T, S)
         if self.temporal != major_axis_is_temporal(token_order):  # sequence = minor factor
             return self.attn(x.reshape(batch * major, minor, hidden))
-        x = x.reshape(batch, major, minor, hidden).transpose(1, 2).reshape(batch * minor, major, hidden)
-        x = self.attn(x)
-        return x.reshape(batch, minor, major, hidden).transpose(1, 2)
+        # OpenSora's rearranges "B (T S) C -> (B S) T C" and back each copy the tensor.
+        x = self.attn(swap_token_axes_copy(x, batch, major, minor))
+        return swap_token_axes_copy(x, batch, minor, major)
 
 
 class T2IFinalLayer(nn.Module):

@@ -1,0 +1,165 @@
+"""Library calls of an eagerly run PyTorch model, recovered from a torch-xla dump.
+
+PyTorch run eagerly launches one kernel per library call, not one per HLO op: ``x.mean()``
+lowers to five HLO ops and is one reduction kernel; ``F.gelu(approximate="tanh")`` is nine ops
+and one kernel. torch-xla writes on every op (``XLA_HLO_DEBUG=1``) the torch call that made it
+(``aten__mean``, ``aten__tanh_gelu.34/aten__mul``: the first path component names the call,
+numbered when torch-xla numbers it) and one source frame (``stdit3.py:219``). The ops of one
+call share both and are joined by data edges: :func:`call_groups` finds them as the connected
+components of the ops with the same call and frame.
+
+A model can say that a whole function is one library kernel (``models.opensora.library_calls``;
+the tracer lists those functions' source lines in the sidecar as ``library_calls``): then every
+op made on those lines is one call of that kind, whatever torch call made it. Kinds with a
+meaning here: ``linear`` (its element-wise ops are the epilogue of the GEMM they read: cuBLASLt's
+bias epilogue), ``flash_attention`` (its attention is one fused kernel, the rest of its ops run
+inside it), ``copy`` (its data movement is one copy kernel). Any other kind (``layer_norm``) is
+one memory-bound kernel over its ops. An op without a location is a call of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from hlo_analyzer.dataflow import CONSTANT_OPS
+
+__all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "Call", "CallRegion", "call_groups",
+           "sidecar_call_regions"]
+
+LINEAR_CALL, ATTENTION_CALL, COPY_CALL = "linear", "flash_attention", "copy"
+#: torch-xla's name of a dtype cast it inserts (``x.float()`` gets it too).
+CAST_CALL = "xla__cast"
+
+
+@dataclass(frozen=True)
+class CallRegion:
+    """Source lines (inclusive) of a model function that is one library call of ``kind``."""
+
+    kind: str
+    file: str
+    first_line: int
+    last_line: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """One library call: its kind (a region's kind, else the torch call's name without its
+    ``aten__`` prefix and number, e.g. ``softmax``, ``tanh_gelu``, ``cast``) and its nodes."""
+
+    kind: str
+    nodes: tuple[int, ...]
+    in_region: bool
+
+
+def sidecar_call_regions(document: Any) -> tuple[CallRegion, ...]:
+    """The ``library_calls`` of a tracer sidecar (none when it has none or they are malformed)."""
+    entries = document.get("library_calls") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        return ()
+    regions = []
+    for entry in entries:
+        try:
+            region = CallRegion(str(entry["kind"]), str(entry["file"]), int(entry["first_line"]),
+                                int(entry["last_line"]))
+        except (KeyError, TypeError, ValueError):
+            return ()
+        regions.append(region)
+    return tuple(regions)
+
+
+def _call_key(location: str) -> tuple[str, str]:
+    """(torch call name, source frame) of a formatted location ``names @ file:line``."""
+    names, _, frame = location.partition(" @ ")
+    return names.split("/", 1)[0], frame
+
+
+def _kind_of(call: str) -> str:
+    """``aten__tanh_gelu.34`` -> ``tanh_gelu``; ``xla__cast`` -> ``cast``."""
+    name = call.split(".", 1)[0]
+    for prefix in ("aten__", "xla__"):
+        name = name.removeprefix(prefix)
+    return name or "op"
+
+
+def _region_of(frame: str, regions: Sequence[CallRegion]) -> int | None:
+    file, _, line = frame.rpartition(":")
+    if not line.isdigit():
+        return None
+    number = int(line)
+    for index, region in enumerate(regions):
+        if region.file == file and region.first_line <= number <= region.last_line:
+            return index
+    return None
+
+
+def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
+    """torch-xla computes a bfloat16 multiply in float32 and writes the casts around it as
+    ``xla__cast`` ops on the multiply's source line; PyTorch does the same inside the one kernel.
+    A cast outside a region that shares its frame with the call it reads (else the call that
+    reads it) joins that call; a cast on a line of its own (``x.float()``) stays a kernel."""
+    attributes_of = graph.nodes
+    for node, key in list(keys.items()):
+        if key[0] != "call" or key[1] != CAST_CALL:
+            continue
+        neighbours = [p for p in attributes_of[node]["operands"] if p is not None]
+        neighbours += sorted(graph.successors(node))
+        for other in neighbours:
+            other_key = keys.get(other)
+            if other_key is not None and other_key[0] == "call" and other_key[1] != CAST_CALL \
+                    and other_key[2] == key[2]:
+                keys[node] = other_key
+                break
+
+
+def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[CallRegion]) -> list[Call]:
+    """The library calls among ``nodes`` (module docstring), in program order of their first node.
+
+    Constants belong to no call. Two nodes are in one call when one reads the other and both
+    have the same key: the region their source line lies in, else their torch call and frame.
+    """
+    attributes_of = graph.nodes
+    keys: dict[int, Any] = {}
+    for node in nodes:
+        attributes = attributes_of[node]
+        if attributes["name"] in CONSTANT_OPS:
+            continue
+        location = attributes.get("location", "")
+        if not location:
+            keys[node] = ("node", node)
+            continue
+        call, frame = _call_key(location)
+        region = _region_of(frame, regions)
+        keys[node] = ("region", region, regions[region].kind) if region is not None else ("call", call, frame)
+    _join_promotion_casts(graph, keys)
+    parent: dict[int, int] = {}
+
+    def find(node: int) -> int:
+        while parent.setdefault(node, node) != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    for node in sorted(keys):
+        find(node)
+        for producer in attributes_of[node]["operands"]:
+            if producer is not None and keys.get(producer) == keys[node]:
+                a, b = find(producer), find(node)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    members: dict[int, list[int]] = {}
+    for node in sorted(keys):
+        members.setdefault(find(node), []).append(node)
+    calls = []
+    for group in members.values():
+        key = keys[group[0]]
+        if key[0] == "region":
+            calls.append(Call(key[2], tuple(group), True))
+        elif key[0] == "call":
+            calls.append(Call(_kind_of(key[1]), tuple(group), False))
+        else:
+            calls.append(Call(attributes_of[group[0]]["name"], tuple(group), False))
+    return calls

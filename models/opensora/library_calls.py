@@ -1,0 +1,72 @@
+"""Library calls: which tensor ops of the model PyTorch runs as one kernel when run eagerly.
+
+The model is written with plain tensor ops so that a trace sees every operation (a LayerNorm is
+mean, variance and rsqrt; a linear layer an einsum and a bias add). The official OpenSora code
+runs some of those groups as one library kernel: ``nn.LayerNorm`` (or apex's fused LayerNorm),
+``nn.Linear`` (a cuBLASLt GEMM with the bias added in its epilogue), ``flash_attn_func`` or
+xformers' memory-efficient attention, and the copy that ``reshape`` makes of a permuted tensor.
+
+A function of the model that is one such call says so with a decorator::
+
+    @library_call("layer_norm")
+    def forward(self, x): ...
+
+The decorator only records the function; the function runs unchanged. torch-xla writes the
+source line of every op into the dump (``XLA_HLO_DEBUG=1``); the tracer writes the lines of each
+recorded function into the sidecar (:func:`call_regions`), and ``analyze-hlo --exec torch``
+charges the ops made on those lines as the one kernel (``hlo_analyzer.library_calls``).
+:data:`CALL_KINDS` is the list both sides share.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+__all__ = ["CALL_KINDS", "CallRegion", "call_regions", "library_call"]
+
+#: The library kernels a model may mark, each one kernel in eager PyTorch.
+CALL_KINDS = ("layer_norm", "linear", "flash_attention", "copy")
+
+F = TypeVar("F", bound=Callable)
+
+_recorded: list[tuple[str, Callable]] = []
+
+
+@dataclass(frozen=True)
+class CallRegion:
+    """The source lines (inclusive) of one function that is one library call of ``kind``."""
+
+    kind: str
+    file: str          # base name, as the dump's locations give it
+    first_line: int
+    last_line: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "file": self.file, "first_line": self.first_line,
+                "last_line": self.last_line}
+
+
+def library_call(kind: str) -> Callable[[F], F]:
+    """Record the decorated function as one call of the library kernel ``kind``."""
+    if kind not in CALL_KINDS:
+        raise ValueError(f"library call {kind!r}: expected one of {', '.join(CALL_KINDS)}")
+
+    def record(function: F) -> F:
+        _recorded.append((kind, function))
+        return function
+
+    return record
+
+
+def call_regions() -> tuple[CallRegion, ...]:
+    """The source lines of every recorded function, for the sidecar."""
+    regions = []
+    for kind, function in _recorded:
+        lines, first = inspect.getsourcelines(function)
+        regions.append(CallRegion(kind, os.path.basename(inspect.getsourcefile(function) or ""),
+                                  first, first + len(lines) - 1))
+    return tuple(regions)
