@@ -70,7 +70,13 @@ from hlo_analyzer.dataflow import (
     after_exponential,
     walk_until,
 )
-from hlo_analyzer.library_calls import ATTENTION_CALL, COPY_CALL, LINEAR_CALL, CallRegion, call_groups
+from hlo_analyzer.library_calls import (
+    ATTENTION_CALL,
+    COPY_CALL,
+    LINEAR_CALL,
+    CallRegion,
+    call_groups,
+)
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 

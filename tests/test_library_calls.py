@@ -1,0 +1,82 @@
+"""Library calls from torch-xla locations (hlo_analyzer.library_calls), on hand-made graphs, and the
+GPU descriptions' per-class efficiencies."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+
+from hardware import load_chip
+from hlo_analyzer.library_calls import CallRegion, call_groups, sidecar_call_regions
+
+
+def _graph(*nodes: tuple[int, str, list[int | None], str]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for node, name, operands, location in nodes:
+        graph.add_node(node, name=name, operands=operands, location=location)
+        graph.add_edges_from((p, node) for p in operands if p is not None)
+    return graph
+
+
+def _calls(graph: nx.DiGraph, regions=()) -> list[tuple[str, tuple[int, ...]]]:
+    return [(call.kind, call.nodes) for call in call_groups(graph, list(graph), regions)]
+
+
+def test_one_torch_call_is_its_connected_ops_with_one_name_and_frame():
+    # x.mean() lowers to reduce, divide, multiply (one call); a second mean on another line is
+    # another call; an unnumbered name on the same line reached only through another call too.
+    graph = _graph((0, "reduce", [None], "aten__mean @ m.py:3"),
+                   (1, "divide", [0], "aten__mean @ m.py:3"),
+                   (2, "subtract", [None, 1], "aten__sub.2/aten__sub @ m.py:3"),
+                   (3, "reduce", [2], "aten__mean @ m.py:4"),
+                   (4, "multiply", [3], "aten__mean @ m.py:4"),
+                   (5, "reduce", [4], "aten__mean @ m.py:3"))
+    assert _calls(graph) == [("mean", (0, 1)), ("sub", (2,)), ("mean", (3, 4)), ("mean", (5,))]
+
+
+def test_a_promotion_cast_joins_the_call_on_its_line_and_an_explicit_cast_stays_a_kernel():
+    graph = _graph((0, "convert", [None], "xla__cast @ m.py:7"),           # x.float() alone
+                   (1, "convert", [0], "xla__cast @ m.py:8"),              # upcast for the mul
+                   (2, "multiply", [1, None], "aten__mul.5/aten__mul @ m.py:8"),
+                   (3, "convert", [2], "xla__cast @ m.py:8"))              # back to bfloat16
+    assert _calls(graph) == [("cast", (0,)), ("mul", (1, 2, 3))]
+
+
+def test_a_declared_region_is_one_call_whatever_torch_calls_made_it():
+    regions = (CallRegion("layer_norm", "m.py", 10, 14),)
+    graph = _graph((0, "convert", [None], "xla__cast @ m.py:11"),
+                   (1, "reduce", [0], "aten__mean @ m.py:12"),
+                   (2, "subtract", [0, 1], "aten__sub.3/aten__sub @ m.py:12"),
+                   (3, "rsqrt", [2], "aten__rsqrt @ m.py:13"),
+                   (4, "add", [3, None], "aten__add.4/aten__add @ m.py:15"),
+                   (5, "constant", [], "prim__Constant @ m.py:12"))
+    assert _calls(graph, regions) == [("layer_norm", (0, 1, 2, 3)), ("add", (4,))]
+
+
+def test_ops_without_a_location_are_calls_of_their_own():
+    graph = _graph((0, "multiply", [None], ""), (1, "add", [0], ""))
+    assert _calls(graph) == [("multiply", (0,)), ("add", (1,))]
+
+
+@pytest.mark.parametrize("document, expected", [
+    ({"library_calls": [{"kind": "copy", "file": "m.py", "first_line": 3, "last_line": 5}]},
+     (CallRegion("copy", "m.py", 3, 5),)),
+    ({"library_calls": [{"kind": "copy", "file": "m.py"}]}, ()),   # malformed: ignored whole
+    ({"library_calls": "nope"}, ()),
+    ({}, ()),
+    (None, ()),
+])
+def test_sidecar_regions(document, expected):
+    assert sidecar_call_regions(document) == expected
+
+
+def test_gpu_descriptions_carry_per_class_efficiencies_and_the_40gb_a100():
+    a100 = load_chip("a100-sxm")
+    assert a100.kernel_model.hbm_efficiency_for("layer_norm") == 0.58
+    assert a100.kernel_model.hbm_efficiency_for("softmax") == 0.565
+    assert a100.kernel_model.hbm_efficiency_for("fusion(add,multiply)") == a100.kernel_model.hbm_efficiency
+    small = load_chip("a100-sxm-40gb")
+    assert small.dram_bandwidth_bytes_per_s == 1555e9
+    assert small.dram_capacity_bytes == 40e9
+    assert small.gemm_flops_per_s == a100.gemm_flops_per_s
+    assert load_chip("8xa100-40gb").name == "a100-sxm-40gb"

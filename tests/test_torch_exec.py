@@ -1,0 +1,72 @@
+"""``analyze-hlo --exec torch`` on a tiny traced stage: one kernel per PyTorch library call.
+
+The stage is the tiny STDiT3 (hidden 64, 4 heads, MLP 256) at 28_64_64 with batch 2: the latent
+is 8 frames of 4x4 patches, so T = 8, S = 16 and N = 128 tokens per sample. Stage 0 of the split
+0-0,1-1 holds the embeddings and pair 0 (one spatial and one temporal block). By hand, per block
+of the official code: two LayerNorms (norm1, norm2), one GELU, seven biased linear layers (qkv,
+proj, cross-attention q, kv and proj, fc1, fc2), one xformers cross-attention. The self-attention
+is flash only when the sequence is longer than its batch: spatial L = S = 16 against B*T = 16,
+temporal L = T = 8 against B*S = 32, so both run the plain product with a float32 softmax.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("torch_xla")
+
+from hlo_trace.cli import run_click  # noqa: E402
+from hlo_analyzer.cli import analyze_command  # noqa: E402
+
+BATCH, TOKENS, HIDDEN = 2, 128, 64
+H100_BANDWIDTH = 3.35e12
+LAYER_NORM_EFFICIENCY = 0.58  # h100-sxm.toml [kernel_model.vector_efficiency]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torch_exec")
+    subprocess.run([sys.executable, "-m", "tracing.cli", "--config", "tiny", "--strategy", "none",
+                    "--mesh", "1x1", "--stage", "0", "--stage-ids", "0-0,1-1", "-o", str(out)],
+                   check=True, capture_output=True)
+    dump = next(out.glob("*.mlir"))
+    report = out / "report.json"
+    assert run_click(analyze_command, [str(dump), "--hw", "h100-sxm", "--format", "json",
+                                       "-o", str(report)]) == 0
+    mapping = json.loads(report.read_text())["mapping"]
+    assert mapping["execution"] == "torch"  # the default for a traced model on a GPU
+    return [k for k in mapping["kernels"] if k["pair"] == 0]
+
+
+def test_each_layer_norm_is_one_kernel(kernels):
+    norms = [k for k in kernels if k["name"] == "layer_norm"]
+    assert len(norms) == 4
+    # reads x (B, N, h) in bfloat16 and writes it once (2 x 2*128*64*2 bytes), plus eps (a
+    # float32 scalar argument, read as one element), at 0.58 of 3.35 TB/s
+    expected = (2 * BATCH * TOKENS * HIDDEN * 2 + 4) / (H100_BANDWIDTH * LAYER_NORM_EFFICIENCY)
+    for kernel in norms:
+        assert kernel["dram_s"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_each_gelu_is_one_kernel(kernels):
+    assert Counter(k["name"] for k in kernels)["gelu(tanh_gelu)"] == 2
+
+
+def test_each_biased_linear_is_one_gemm_with_the_bias_in_its_epilogue(kernels):
+    linears = [k for k in kernels if k["kind"] == "gemm" and k["name"].endswith("+linear")]
+    assert len(linears) == 14
+    plain = [k for k in kernels if k["kind"] == "gemm" and not k["name"].endswith("+linear")]
+    assert len(plain) == 4  # the score and value products of the two plain self-attentions
+
+
+def test_attention_dispatch_follows_the_official_code(kernels):
+    names = Counter(k["name"] for k in kernels)
+    assert names["softmax"] == 2  # both self-attentions: the plain path
+    assert sum(n for name, n in names.items() if name.startswith("flash_attention")) == 2  # cross
+    # the plain path's output transpose + reshape, and the temporal block's two rearranges
+    assert names["copy"] == 4
