@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("torch_xla")
 
-from hlo_trace.cli import run_click  # noqa: E402
 from hlo_analyzer.cli import analyze_command  # noqa: E402
+from hlo_trace.cli import run_click  # noqa: E402
 
 BATCH, TOKENS, HIDDEN = 2, 128, 64
 H100_BANDWIDTH = 3.35e12
