@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 #: torch dtype names of the sidecar -> bytes per element.
 _SIDECAR_DTYPE_BYTES = {"bfloat16": ELEMENT_BYTES["bf16"], "float16": ELEMENT_BYTES["f16"],
-                        "float32": ELEMENT_BYTES["f32"], "float64": ELEMENT_BYTES["f64"]}
+                        "float32": ELEMENT_BYTES["f32"], "float64": ELEMENT_BYTES["f64"],
+                        "bool": ELEMENT_BYTES["i1"]}  # the official path's temporal mask
 
 #: The stage output split into patches (the hidden states); the others travel whole.
 PATCHED_OUTPUT = "x"

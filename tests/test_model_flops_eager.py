@@ -21,12 +21,14 @@ def tiny_model():
 
 
 # Space-major tokens add transposes of x, which are no FLOPs: the count must not move.
+# The official path embeds the timestep 0 too: t_embedder and t_block run twice.
+@pytest.mark.parametrize("official", [False, True])
 @pytest.mark.parametrize("token_order", TOKEN_ORDERS)
 @pytest.mark.parametrize("shape, batch", [("17_64_64", 2), ("17_72_56", 2), ("30_40_24", 3)])
-def test_flop_counter_agrees_exactly_with_analytic_count(tiny_model, shape, batch, token_order):
+def test_flop_counter_agrees_exactly_with_analytic_count(tiny_model, shape, batch, token_order, official):
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        tiny_model(**make_inputs(TINY, shape, batch=batch), token_order=token_order)
-    counts = gemm_flops(TINY, shape, batch=batch)
+        tiny_model(**make_inputs(TINY, shape, batch=batch), token_order=token_order, official=official)
+    counts = gemm_flops(TINY, shape, batch=batch, official=official)
     assert counter.get_total_flops() == counts["forward"]["total"]
 
     measured = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}

@@ -81,5 +81,6 @@ def test_pipeline_of_patch_stages(traced):
         # The dump holds one patch's collectives; a step runs both patches.
         one_patch = analyze(load_module(str(dump))).comm_bytes_per_device
         assert one_patch > 0 and stage.comm_bytes_per_device == 2 * one_patch
-    # Per patch stage 0 sends its x patch 2*64*64*2 = 16384 B + t 256 + t_mlp 1536 + y 2048.
-    assert analysis.stages[0].transfer_patch_bytes == 16384 + 256 + 1536 + 2048
+    # Per patch stage 0 sends its x patch 2*64*64*2 = 16384 B + t 256 + t_mlp 1536 + y 2048,
+    # and the official path's t0 256 + t0_mlp 1536 + x_mask (2 x 8 frames of one byte) 16.
+    assert analysis.stages[0].transfer_patch_bytes == 16384 + 256 + 1536 + 2048 + 256 + 1536 + 16

@@ -127,9 +127,9 @@ def pair_dumps(tmp_path_factory) -> dict[str, Path]:
     for name, (strategy, options, _) in CASES.items():
         result = trace(["--config", str(config), "--shape", "28_64_64", "--stage-ids",
                         "0-0,1-1,2-2", "--stage", "1", "--strategy", strategy, *options,
-                        "-o", str(out)])
+                        "--path", "clean", "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
-        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
+        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_*_stage1_pairs1-1_clean.mlir"))
         assert len(mlir) == 1, result.stderr[-2000:]
         dumps[name] = mlir[0]
     return dumps
@@ -169,6 +169,31 @@ def test_pair_gemm_flops_repeat_only_the_caption_projection(pair_dumps, name):
     _, options, _ = CASES[name]
     x, y = (int(v) for v in options[options.index("--mesh") + 1].split("x"))
     assert x * y * analyze(pair_dumps[name]).totals()["gemm_flops"] == DEVICE_FLOPS[name]
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_official_path_adds_only_the_collectives_of_the_recomputed_layer_norms(pair_dumps, tmp_path):
+    """The pair dumps above are the clean path. OpenSora's official text-to-video path calls
+    norm1(x) and norm2(x) twice in every block (STDiT3Block.forward): with the hidden axis split
+    (two_dimension) every LayerNorm all-reduces its two statistics (mean, variance), so a pair has
+    4 LayerNorms and 8 all-reduces more, of the same size; the projections' gathers and scatters
+    and the GEMMs are unchanged."""
+    from hlo_analyzer.report import analyze
+
+    config = tmp_path / "tiny3.toml"
+    config.write_text(TINY3_TOML)
+    result = trace(["--config", str(config), "--shape", "28_64_64", "--stage-ids", "0-0,1-1,2-2",
+                    "--stage", "1", "--strategy", "two_dimension", "--mesh", "2x2", "-o", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    official = analyze(next(tmp_path.glob("tiny3_28_64_64_two_dimension_2x2_stage1_pairs1-1.mlir")))
+    clean = analyze(pair_dumps["two_dimension"])
+    found = {kind: (e["count"], e["bytes_per_device"]) for kind, e in official.comm_by_kind().items()}
+    expected = {kind: (e["count"], e["bytes_per_device"]) for kind, e in clean.comm_by_kind().items()}
+    count, size = expected["all_reduce"]
+    expected["all_reduce"] = (count + 8, size * (count + 8) // count)
+    assert found == expected
+    assert official.totals()["gemm_flops"] == clean.totals()["gemm_flops"]
 
 
 @pytest.fixture(scope="session")

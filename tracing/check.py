@@ -63,7 +63,7 @@ def run_check(config: PipelineConfig, stage_index: int, progress=lambda step: No
                                  seed=seed)
         else:
             generator = torch.Generator().manual_seed(seed)
-            inputs = {name: torch.randn(spec["shape"], generator=generator).to(dtype)
+            inputs = {name: _random_input(spec, generator, dtype)
                       for name, spec in shapes[stage_index]["inputs"].items()}
         progress("eager")
         with torch.no_grad():
@@ -83,3 +83,13 @@ def run_check(config: PipelineConfig, stage_index: int, progress=lambda step: No
         return report
     finally:
         capture.release(session)
+
+
+def _random_input(spec: dict, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:  # noqa: F821
+    """A random stage input of the recorded shape: the temporal mask (bool) all set, as plain
+    text-to-video passes it; any other input normal in ``dtype``."""
+    import torch
+
+    if spec["dtype"] == "bool":
+        return torch.ones(spec["shape"], dtype=torch.bool)
+    return torch.randn(spec["shape"], generator=generator).to(dtype)

@@ -20,7 +20,7 @@ import click
 
 from hlo_trace.cli import OneLineCommand
 from hlo_trace.errors import UsageError
-from tracing.config import PipelineConfig, build_config, load_config_file
+from tracing.config import INFERENCE_PATHS, PipelineConfig, build_config, load_config_file
 
 log = logging.getLogger("tracing")
 
@@ -183,6 +183,12 @@ def _strategy_help() -> str:
               help="usp: ring degree over mesh axis y (ring x ulysses = y; default 2 when y is even).")
 @click.option("--ulysses-degree", type=int, default=None,
               help="usp: Ulysses (all-to-all) degree over mesh axis y (default y / ring degree).")
+@click.option("--path", "inference_path", type=click.Choice(list(INFERENCE_PATHS)), default=INFERENCE_PATHS[0],
+              show_default=True,
+              help="Inference path: official = OpenSora v1.2's text-to-video code path (an all-ones "
+                   "temporal mask with the timestep-0 modulation: LayerNorm, modulation and gates "
+                   "computed twice and selected per frame; docs/gpu.md); clean = without it (the "
+                   "same result, fewer element-wise ops; the dump name ends in _clean).")
 @click.option("--dialect", type=click.Choice(["stablehlo", "mhlo"]), default="stablehlo",
               show_default=True, help="MLIR dialect of the dump.")
 @click.option("-o", "--out", "out_dir", default="dumps", show_default=True,
@@ -196,7 +202,7 @@ def _strategy_help() -> str:
 def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str | None,
          model_config: str, pipeline_file: str | None, devices: int | None, dtype: str, batch: int,
          patches: int, all_stages: bool, ring_degree: int | None, ulysses_degree: int | None,
-         dialect: str,
+         inference_path: str, dialect: str,
          out_dir: str, shape_cache: str | None, force: bool, check: bool, verbose: bool) -> None:
     """Trace one pipeline stage of OpenSora STDiT3 with torch-xla SPMD on virtual CPU devices
     and write the per-device program after SPMD partitioning as MLIR, with a JSON sidecar
@@ -207,7 +213,8 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
     try:
         options = dict(config=model_config, shape=shape, strategy=strategy, mesh=mesh,
                        stage_ids=stage_ids, dtype=dtype, batch=batch, patches=patches,
-                       ring_degree=ring_degree, ulysses_degree=ulysses_degree)
+                       ring_degree=ring_degree, ulysses_degree=ulysses_degree,
+                       inference_path=inference_path)
         if pipeline_file is not None:
             ctx = click.get_current_context()
             explicit = {key: value for key, value in options.items()
@@ -259,7 +266,8 @@ def _trace_all_stages(config: PipelineConfig) -> int:
 
 _PARAM_OF = {"config": "model_config", "shape": "shape", "strategy": "strategy", "mesh": "mesh",
              "stage_ids": "stage_ids", "dtype": "dtype", "batch": "batch", "patches": "patches",
-             "ring_degree": "ring_degree", "ulysses_degree": "ulysses_degree"}
+             "ring_degree": "ring_degree", "ulysses_degree": "ulysses_degree",
+             "inference_path": "inference_path"}
 
 
 if __name__ == "__main__":

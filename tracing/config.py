@@ -89,6 +89,9 @@ class PipelineConfig:
     patches: int = 1  # PipeFusion: > 1 traces a stage on one of this many height patches
     ring_degree: int | None = None  # usp: ring degree over mesh axis y (None: the default)
     ulysses_degree: int | None = None  # usp: Ulysses degree over mesh axis y
+    #: ``official``: OpenSora v1.2's text-to-video path (temporal mask, timestep-0 modulation,
+    #: STDiT3.embed); ``clean``: without it (the same result, fewer element-wise ops)
+    inference_path: str = "official"
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -123,8 +126,9 @@ class PipelineConfig:
         mesh = self.submesh(stage)
         first, last = self.stage_ids[stage]
         patch = f"_patch1of{self.patches}" if self.patches > 1 else ""
+        path = "" if self.inference_path == INFERENCE_PATHS[0] else f"_{self.inference_path}"
         return (f"{model}_{self.shape}_{self.strategy}_{mesh.nx}x{mesh.ny}"
-                f"_stage{stage}_pairs{first}-{last}{patch}")
+                f"_stage{stage}_pairs{first}-{last}{patch}{path}")
 
     def to_dict(self) -> dict:
         """JSON-able form for sidecars (enough to rebuild the configuration)."""
@@ -141,12 +145,15 @@ class PipelineConfig:
             "patches": self.patches,
             "ring_degree": self.ring_degree,
             "ulysses_degree": self.ulysses_degree,
+            "inference_path": self.inference_path,
         }
 
 
 #: Video shape used when none is given: the brief's reference shape for the full model, and a
 #: small one for other configs whose T=8 and S=16 split evenly over 2, 4 or 8 devices.
 DEFAULT_FULL_SHAPE = "204_640_360"
+#: The model's inference paths (PipelineConfig.inference_path); the first is the default.
+INFERENCE_PATHS = ("official", "clean")
 DEFAULT_SMALL_SHAPE = "28_64_64"
 
 
@@ -188,7 +195,7 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
                  mesh: str | tuple[int, int] = "2x2", stage_ids: str | None = None,
                  submeshes: list | None = None, dtype: str = "bfloat16",
                  batch: int = 2, patches: int = 1, ring_degree: int | None = None,
-                 ulysses_degree: int | None = None) -> PipelineConfig:
+                 ulysses_degree: int | None = None, inference_path: str = INFERENCE_PATHS[0]) -> PipelineConfig:
     """Build and validate a configuration from plain values (CLI strings or TOML values).
 
     ``stage_ids`` None means one stage holding all blocks.  Strategy-specific checks (heads,
@@ -215,13 +222,16 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
                                   f"up to {MAX_SIZE}")
     if isinstance(patches, bool) or not isinstance(patches, int) or patches < 1:
         raise PipelineConfigError(f"patches={patches!r}: expected a positive patch count")
+    if inference_path not in INFERENCE_PATHS:
+        raise PipelineConfigError(f"inference_path={inference_path!r}: expected one of {', '.join(INFERENCE_PATHS)}")
     for key, degree in (("ring_degree", ring_degree), ("ulysses_degree", ulysses_degree)):
         if degree is not None and (not isinstance(degree, int) or degree < 1):
             raise PipelineConfigError(f"{key}={degree!r}: expected a positive integer")
     return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
                           strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
                           submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch),
-                          patches=patches, ring_degree=ring_degree, ulysses_degree=ulysses_degree)
+                          patches=patches, ring_degree=ring_degree, ulysses_degree=ulysses_degree,
+                          inference_path=inference_path)
 
 
 def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
@@ -279,6 +289,7 @@ _TOML_TYPES = {
     "patches": (_is_int, "a positive integer"),
     "ring_degree": (_is_int, "a positive integer (usp)"),
     "ulysses_degree": (_is_int, "a positive integer (usp)"),
+    "inference_path": (lambda v: v in INFERENCE_PATHS, " or ".join(f'"{p}"' for p in INFERENCE_PATHS)),
 }
 
 #: Most virtual CPU devices one trace may ask for: XLA creates one host device (and its thread

@@ -40,6 +40,8 @@ EMBEDDING_MODULES = ("x_embedder", "t_embedder", "fps_embedder", "y_embedder", "
 FINAL_MODULES = ("final_layer",)
 STAGE_INPUTS_FIRST = ("z", "y", "t", "fps")
 STAGE_INPUTS_LATER = ("x", "y", "t", "t_mlp")
+#: What OpenSora's official text-to-video path adds between stages (StageState.t0, t0_mlp, x_mask).
+STAGE_INPUTS_OFFICIAL = ("t0", "t0_mlp", "x_mask")
 SHAPE_CACHE_VERSION = 1
 
 
@@ -56,6 +58,7 @@ class StageSpec:
     last_block: int
     has_embeddings: bool
     has_final_layer: bool
+    official_path: bool = True  # PipelineConfig.inference_path == "official"
 
     @property
     def num_block_pairs(self) -> int:
@@ -71,10 +74,13 @@ class StageSpec:
         return prefixes
 
     def input_names(self) -> tuple[str, ...]:
-        return STAGE_INPUTS_FIRST if self.has_embeddings else STAGE_INPUTS_LATER
+        return STAGE_INPUTS_FIRST if self.has_embeddings else self._state_names()
 
     def output_names(self) -> tuple[str, ...]:
-        return ("out",) if self.has_final_layer else STAGE_INPUTS_LATER
+        return ("out",) if self.has_final_layer else self._state_names()
+
+    def _state_names(self) -> tuple[str, ...]:
+        return STAGE_INPUTS_LATER + (STAGE_INPUTS_OFFICIAL if self.official_path else ())
 
 
 def stage_spec(config: PipelineConfig, index: int) -> StageSpec:
@@ -85,7 +91,8 @@ def stage_spec(config: PipelineConfig, index: int) -> StageSpec:
             f"0..{config.num_stages - 1}")
     first, last = config.stage_ids[index]
     return StageSpec(index=index, first_block=first, last_block=last, has_embeddings=index == 0,
-                     has_final_layer=index == config.num_stages - 1)
+                     has_final_layer=index == config.num_stages - 1,
+                     official_path=config.inference_path == "official")
 
 
 def stage_parameters(model: STDiT3, stage: StageSpec) -> dict[str, nn.Parameter]:
@@ -106,12 +113,14 @@ def run_stage(model: STDiT3, stage: StageSpec, inputs: dict[str, torch.Tensor],
 
     order = stage_token_order(config, stage.index)
     if stage.has_embeddings:
-        state = model.embed(inputs["z"], inputs["y"], inputs["t"], inputs["fps"], order)
+        state = model.embed(inputs["z"], inputs["y"], inputs["t"], inputs["fps"], order,
+                            official=stage.official_path)
     else:
         geo = geometry(config.model, config.shape)
         state = StageState(x=inputs["x"], y=inputs["y"], t=inputs["t"], t_mlp=inputs["t_mlp"],
                            T=geo.T, S=geo.S, H_lat=geo.H_lat, W_lat=geo.W_lat, T_lat=geo.T_lat,
-                           token_order=stage_token_order(config, stage.index - 1))
+                           token_order=stage_token_order(config, stage.index - 1),
+                           **{name: inputs[name] for name in STAGE_INPUTS_OFFICIAL if name in inputs})
         state = state.reordered(order)
     state = model.run_blocks(state, stage.first_block, stage.last_block)
     if stage.has_final_layer:

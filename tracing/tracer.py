@@ -107,8 +107,8 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
         shape = tuple(boundary[name]["shape"])
         input_dtype = getattr(torch, boundary[name]["dtype"])
         source = reference_inputs.get(name) if reference_inputs is not None else None
-        inputs[name] = _device_tensor(shape, input_dtype, strategy.input_spec(name, shape), mesh,
-                                      device, source)
+        inputs[name] = _device_tensor(shape, input_dtype, strategy.input_spec(_laid_out_as(name), shape),
+                                      mesh, device, source)
     strategy.install(model, range(stage.first_block, stage.last_block + 1), mesh)
     if stale_kv:
         from tracing.pipefusion import install_stale_kv
@@ -122,7 +122,7 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
     with torch.no_grad():
         outputs = run_stage(model, stage, inputs, config)
     for name, tensor in outputs.items():
-        spec = strategy.output_spec(name, tuple(tensor.shape))
+        spec = strategy.output_spec(_laid_out_as(name), tuple(tensor.shape))
         if spec is not None:
             xs.mark_sharding(tensor, mesh, spec)
     seconds["trace"] = time.perf_counter() - started
@@ -167,3 +167,13 @@ def _replace_parameter(model: STDiT3, name: str, tensor: torch.Tensor) -> None:
     owner_name, _, leaf = name.rpartition(".")
     owner = model.get_submodule(owner_name)
     owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
+
+
+#: The official path's stage tensors (tracing.stages.STAGE_INPUTS_OFFICIAL) are laid out as the
+#: strategies lay out their counterparts: t0 (B, h) as t, t0_mlp (B, 6h) as t_mlp, and the
+#: temporal mask (B, T) as t (batch first, the rest whole).
+_LAYOUT_OF = {"t0": "t", "t0_mlp": "t_mlp", "x_mask": "t"}
+
+
+def _laid_out_as(name: str) -> str:
+    return _LAYOUT_OF.get(name, name)

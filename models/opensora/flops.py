@@ -103,8 +103,11 @@ def block_pair_gemm_flops(config: STDiT3Config, T: int, S: int, batch: int = 2) 
     return ops
 
 
-def gemm_flops(config: STDiT3Config, shape: str | VideoShape, batch: int = 2) -> dict:
-    """GEMM FLOPs of one forward pass for a video shape.
+def gemm_flops(config: STDiT3Config, shape: str | VideoShape, batch: int = 2,
+               official: bool = False) -> dict:
+    """GEMM FLOPs of one forward pass for a video shape; ``official``: OpenSora's text-to-video
+    path (``STDiT3.embed``), which embeds the timestep 0 as well: ``t_embedder`` and ``t_block``
+    run twice.
 
     Returns a dict with:
 
@@ -137,11 +140,11 @@ def gemm_flops(config: STDiT3Config, shape: str | VideoShape, batch: int = 2) ->
     embedding_modules = {
         # Conv3d as a GEMM: one row per (padded) patch, K = in_channels * patch volume.
         "x_embedder": _gemm(batch * N, h, config.in_channels * config.patch_volume),
-        "t_embedder": _gemm(batch, h, freq) + _gemm(batch, h, h),
+        "t_embedder": (_gemm(batch, h, freq) + _gemm(batch, h, h)) * (2 if official else 1),
         "fps_embedder": _gemm(batch, h, freq) + _gemm(batch, h, h),  # fps repeated to the batch
         "y_embedder": _gemm(batch * geo.token, h, config.caption_channels)
         + _gemm(batch * geo.token, h, h),
-        "t_block": _gemm(batch, 6 * h, h),
+        "t_block": _gemm(batch, 6 * h, h) * (2 if official else 1),
     }
     forward = {"embeddings": sum(embedding_modules.values())}
     for kind in ("spatial_self_attention", "temporal_self_attention", "cross_attention", "mlp"):

@@ -199,6 +199,29 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     return x * (1 + scale) + shift
 
 
+#: Diffusion timesteps of OpenSora v1.2's rectified-flow scheduler: its text-to-video loop builds
+#: the temporal mask as ``mask * NUM_TIMESTEPS >= t`` with an all-ones mask (rflow/__init__.py).
+NUM_TIMESTEPS = 1000
+
+
+def temporal_mask(t: Tensor, frames: int) -> Tensor:
+    """(B,) timesteps -> OpenSora's ``x_mask`` (B, frames) of plain text-to-video: every frame is
+    noised (True). Computed from ``t`` as the scheduler does, so no compiler folds it away."""
+    return (t[:, None] <= NUM_TIMESTEPS).expand(t.shape[0], frames)
+
+
+def t_mask_select(x_mask: Tensor, x: Tensor, masked_x: Tensor, T: int, S: int,
+                  token_order: TokenOrder) -> Tensor:
+    """OpenSora's ``t_mask_select``: per frame, ``x`` where ``x_mask`` (B, T) is set, else
+    ``masked_x``; both (B, N, h) in ``token_order``. One ``torch.where`` over the whole tensor."""
+    batch, tokens, hidden = x.shape
+    major, minor = token_axes(token_order, T, S)
+    mask = x_mask[:, :, None, None] if token_order == FRAME_MAJOR else x_mask[:, None, :, None]
+    selected = torch.where(mask, x.reshape(batch, major, minor, hidden),
+                           masked_x.reshape(batch, major, minor, hidden))
+    return selected.reshape(batch, tokens, hidden)
+
+
 def fused_rows_to_head_major(tensor: Tensor, parts: int, heads: int) -> Tensor:
     """Reorder the rows of a fused projection's weight (parts*h, h) or bias (parts*h,) from
     OpenSora's (parts, heads, head_dim) order to (heads, parts, head_dim)."""
@@ -519,21 +542,43 @@ class STDiT3Block(nn.Module):
         self.annotate: AnnotateFn = no_annotation
 
     def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, T: int, S: int,
-                token_order: TokenOrder = FRAME_MAJOR) -> Tensor:
-        """x (B, N=T*S, h) in `token_order`, y (1, B*TOKEN, h), t_mlp (B, 6h) -> (B, N, h)."""
+                token_order: TokenOrder = FRAME_MAJOR, x_mask: Tensor | None = None,
+                t0_mlp: Tensor | None = None) -> Tensor:
+        """x (B, N=T*S, h) in `token_order`, y (1, B*TOKEN, h), t_mlp (B, 6h) -> (B, N, h).
+
+        With ``x_mask`` (B, T) and ``t0_mlp`` (B, 6h), OpenSora's official text-to-video path:
+        LayerNorm + modulation, and the gates, computed again with the timestep-0 modulation and
+        selected per frame (``t_mask_select``); the result is the same for an all-ones mask."""
         batch, tokens, hidden = x.shape
         x = self.annotate("x", x)
         modulation = self.scale_shift_table[None] + t_mlp.reshape(batch, 6, hidden)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation.chunk(6, dim=1)
+        masked = x_mask is not None and t0_mlp is not None
+        if masked:
+            zero = (self.scale_shift_table[None] + t0_mlp.reshape(batch, 6, hidden)).chunk(6, dim=1)
+
+        def select(value: Tensor, zero_value: Tensor) -> Tensor:
+            return t_mask_select(x_mask, value, zero_value, T, S, token_order)
 
         h_attn = modulate(self.norm1(x), shift_msa, scale_msa)
+        if masked:
+            h_attn = select(h_attn, modulate(self.norm1(x), zero[0], zero[1]))
         h_attn = self._self_attention(h_attn, T, S, token_order).reshape(batch, tokens, hidden)
-        x = self.annotate("x", x + gate_msa * h_attn)
+        gated = gate_msa * h_attn
+        if masked:
+            gated = select(gated, zero[2] * h_attn)
+        x = self.annotate("x", x + gated)
 
         x = self.annotate("x", x + self.cross_attn(x, y))
 
-        h_mlp = self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
-        return self.annotate("x", x + gate_mlp * h_mlp)
+        h_mlp = modulate(self.norm2(x), shift_mlp, scale_mlp)
+        if masked:
+            h_mlp = select(h_mlp, modulate(self.norm2(x), zero[3], zero[4]))
+        h_mlp = self.mlp(h_mlp)
+        gated = gate_mlp * h_mlp
+        if masked:
+            gated = select(gated, zero[5] * h_mlp)
+        return self.annotate("x", x + gated)
 
     def _self_attention(self, x: Tensor, T: int, S: int, token_order: TokenOrder) -> Tensor:
         """Self-attention over S (spatial) or T (temporal) of x (B, N, h) in `token_order`.
@@ -561,9 +606,15 @@ class T2IFinalLayer(nn.Module):
         self.linear = nn.Linear(hidden, out_features, bias=True)
         self.scale_shift_table = nn.Parameter(torch.randn(2, hidden) / hidden ** 0.5)
 
-    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor, x_mask: Tensor | None = None, t0: Tensor | None = None,
+                T: int = 0, S: int = 0, token_order: TokenOrder = FRAME_MAJOR) -> Tensor:
         shift, scale = (self.scale_shift_table[None] + t[:, None]).chunk(2, dim=1)
-        return self.linear(modulate(self.norm_final(x), shift, scale))
+        out = modulate(self.norm_final(x), shift, scale)
+        if x_mask is not None and t0 is not None:  # OpenSora's official path (STDiT3Block.forward)
+            shift_zero, scale_zero = (self.scale_shift_table[None] + t0[:, None]).chunk(2, dim=1)
+            out = t_mask_select(x_mask, out, modulate(self.norm_final(x), shift_zero, scale_zero), T, S,
+                                token_order)
+        return self.linear(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -586,6 +637,10 @@ class StageState:
     W_lat: int  # latent width before padding
     T_lat: int | None = None  # latent frames before padding; None: T * patch_t (no padding)
     token_order: TokenOrder = FRAME_MAJOR  # order of the T*S tokens of a sample in x
+    # OpenSora's official text-to-video path (STDiT3.embed(official=True)); None: the clean graph
+    t0: Tensor | None = None  # (B, h) timestep-0 embedding (the final layer's masked modulation)
+    t0_mlp: Tensor | None = None  # (B, 6h) timestep-0 shift/scale/gate of every block
+    x_mask: Tensor | None = None  # (B, T) bool: frames that are noised (all of them here)
 
     def __post_init__(self) -> None:
         check_token_order(self.token_order)
@@ -602,8 +657,10 @@ class StageState:
         return dataclasses.replace(self, x=x, token_order=token_order)
 
     def tensors(self) -> dict[str, Tensor]:
-        """The tensor fields by name (x, y, t, t_mlp)."""
-        return {"x": self.x, "y": self.y, "t": self.t, "t_mlp": self.t_mlp}
+        """The tensor fields by name (x, y, t, t_mlp; and t0, t0_mlp, x_mask when set)."""
+        fields = {"x": self.x, "y": self.y, "t": self.t, "t_mlp": self.t_mlp}
+        official = {"t0": self.t0, "t0_mlp": self.t0_mlp, "x_mask": self.x_mask}
+        return fields | {name: value for name, value in official.items() if value is not None}
 
 
 class STDiT3(nn.Module):
@@ -639,9 +696,10 @@ class STDiT3(nn.Module):
     # Forward pieces ------------------------------------------------------------------------
 
     def embed(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor,
-              token_order: TokenOrder = FRAME_MAJOR) -> StageState:
+              token_order: TokenOrder = FRAME_MAJOR, official: bool = False) -> StageState:
         """z (B, C_in, T_lat, H_lat, W_lat), y (B, 1, TOKEN, C_cap), t (B,), fps (1,) -> the
-        state with x in `token_order`."""
+        state with x in `token_order`. ``official``: OpenSora v1.2's text-to-video path, with the
+        temporal mask and the timestep-0 embeddings (``StageState.x_mask``, ``t0``, ``t0_mlp``)."""
         dtype = self.x_embedder.proj.weight.dtype
         batch, _, t_lat, h_lat, w_lat = z.shape
         pt, ph, pw = self.config.patch_size
@@ -658,11 +716,16 @@ class STDiT3(nn.Module):
                                  base_size=round(S ** 0.5), device=x.device)
         x = (x.reshape(batch, T, S, hidden) + pos.to(dtype)).reshape(batch, T * S, hidden)
 
-        t_emb = self.t_embedder(t) + self.fps_embedder(fps, batch)
+        fps_emb = self.fps_embedder(fps, batch)
+        t_emb = self.t_embedder(t) + fps_emb
         t_mlp = self.t_block(t_emb)
+        official_fields = {}
+        if official:
+            t0 = self.t_embedder(torch.zeros_like(t)) + fps_emb
+            official_fields = {"t0": t0, "t0_mlp": self.t_block(t0), "x_mask": temporal_mask(t, T)}
         y_emb = self.y_embedder(y.to(dtype)).reshape(1, -1, hidden)
         state = StageState(x=x, y=y_emb, t=t_emb, t_mlp=t_mlp, T=T, S=S, H_lat=h_lat, W_lat=w_lat,
-                           T_lat=t_lat)  # patches come frame-major: (t, h, w) row-major
+                           T_lat=t_lat, **official_fields)  # patches come frame-major: (t, h, w) row-major
         return state.reordered(token_order)
 
     def run_blocks(self, state: StageState, first: int, last: int) -> StageState:
@@ -674,9 +737,9 @@ class STDiT3(nn.Module):
         x = state.x
         for index in range(first, last + 1):
             x = self.spatial_blocks[index](x, state.y, state.t_mlp, state.T, state.S,
-                                           state.token_order)
+                                           state.token_order, state.x_mask, state.t0_mlp)
             x = self.temporal_blocks[index](x, state.y, state.t_mlp, state.T, state.S,
-                                            state.token_order)
+                                            state.token_order, state.x_mask, state.t0_mlp)
         return dataclasses.replace(state, x=x)
 
     def finalize(self, state: StageState) -> Tensor:
@@ -687,7 +750,7 @@ class STDiT3(nn.Module):
         if h_patches * w_patches != state.S:
             raise ValueError(f"state has S={state.S} but latent {state.H_lat}x{state.W_lat} "
                              f"gives {h_patches}x{w_patches} patches")
-        x = self.final_layer(state.x, state.t)
+        x = self.final_layer(state.x, state.t, state.x_mask, state.t0, state.T, state.S, state.token_order)
         batch = x.shape[0]
         c_out = self.config.out_channels
         # Unpatchify.  The token axis is (T, H, W) frame-major, (H, W, T) space-major; the one
@@ -703,8 +766,9 @@ class STDiT3(nn.Module):
         return x[:, :, :t_lat, :state.H_lat, :state.W_lat]
 
     def forward(self, z: Tensor, y: Tensor, t: Tensor, fps: Tensor,
-                token_order: TokenOrder = FRAME_MAJOR) -> Tensor:
-        """The whole model; `token_order` is the order of x inside (the result is the same)."""
-        state = self.embed(z, y, t, fps, token_order)
+                token_order: TokenOrder = FRAME_MAJOR, official: bool = False) -> Tensor:
+        """The whole model; `token_order` is the order of x inside (the result is the same);
+        ``official``: OpenSora's text-to-video path (:meth:`embed`; the same result)."""
+        state = self.embed(z, y, t, fps, token_order, official)
         state = self.run_blocks(state, 0, self.config.depth - 1)
         return self.finalize(state)
