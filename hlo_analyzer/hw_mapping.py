@@ -190,7 +190,8 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     groups = _pair_groups(program, pair_of)
     totals = _totals(program, groups, steps=steps, pairs_found=blocks.pairs if blocks else None,
                      pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
-    mapping = MappingSection(hardware, resolved, options, program, pair_of, groups, totals, reference)
+    mapping = MappingSection(hardware, resolved, options, program, pair_of, groups, totals, reference,
+                             program.kernel_classes(resolved.system.chip))
     report.sections = HardwareSections(blocks=blocks, mapping=mapping)
 
 

@@ -81,7 +81,7 @@ from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 
 __all__ = ["CROSS_ATTENTION_MODES", "DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions",
-           "ProgramMapping", "default_execution", "map_program"]
+           "KernelClass", "ProgramMapping", "default_execution", "kernel_class_of", "map_program"]
 
 EXECUTION_MODES = ("fused", "eager", "torch")
 #: How a cross-attention over the flattened samples is charged (module docstring); the first is
@@ -95,6 +95,12 @@ REDUCTION_OPS = frozenset({"reduce", "reduce_window"})
 #: the scale/shift/gate vectors of a few samples) without their reads being charged: at most a
 #: few per cent of the GEMM's output bytes for M >= 256 rows.
 EPILOGUE_SIDE_INPUT_ROWS = 8
+#: Kernel class of a library call's kind (``hlo_analyzer.library_calls``): the GPU kernel model
+#: gives each class its own in-model bandwidth efficiency (``KernelModel.vector_efficiency``).
+KERNEL_CLASSES = {"layer_norm": "layer_norm", "softmax": "softmax", "tanh_gelu": "gelu", "gelu": "gelu",
+                  COPY_CALL: "copy"}
+ELEMENTWISE_CLASS = "elementwise"
+TORCH_KERNEL_CLASSES = frozenset({*KERNEL_CLASSES.values(), ELEMENTWISE_CLASS})
 #: Launch overhead when the hardware description gives none (see the module docstring).
 DEFAULT_LAUNCH_OVERHEAD_S = 0.0
 
@@ -164,6 +170,25 @@ class MappedOp:
     utilization: float
     bound: str
     flops: int
+    dram_bytes: float = 0.0       # DRAM traffic the kernel's model charges
+
+
+@dataclass(frozen=True)
+class KernelClass:
+    """The kernels of one class in a program (``gemm``, ``flash_attention``, ``collective``; under
+    ``--exec torch`` the memory-bound classes ``layer_norm``, ``softmax``, ``gelu``, ``elementwise``,
+    ``copy``; else ``vector``) and their first-principles bound: each kernel's FLOPs at the chip's
+    peak or its DRAM bytes at the datasheet bandwidth, whichever is longer (collectives: their
+    own time). ``ratio`` is how much more the model charges than that bound."""
+
+    name: str
+    kernels: int
+    seconds: float
+    bound_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds / self.bound_seconds if self.bound_seconds > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -191,6 +216,32 @@ class ProgramMapping:
 
     def matrix_flops(self) -> int:
         return sum(op.flops for op in self.ops if op.kind in (GEMM_KIND, FLASH_KIND))
+
+    def kernel_classes(self, chip: ChipSpec) -> tuple[KernelClass, ...]:
+        """The kernels by class (:class:`KernelClass`), the longest first."""
+        totals: dict[str, list[float]] = {}
+        for op in self.ops:
+            name = kernel_class_of(op)
+            if op.kind == NETWORK_KIND:
+                bound = op.latency_s
+            else:
+                peak = chip.vector_flops_per_s if op.kind == VECTOR_KIND else chip.gemm_flops_per_s
+                bound = max(op.flops / peak, op.dram_bytes / chip.dram_bandwidth_bytes_per_s)
+            entry = totals.setdefault(name, [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += op.latency_s
+            entry[2] += bound
+        classes = [KernelClass(name, int(n), seconds, bound) for name, (n, seconds, bound) in totals.items()]
+        return tuple(sorted(classes, key=lambda c: -c.seconds))
+
+
+def kernel_class_of(op: MappedOp) -> str:
+    """The class of a kernel (:class:`KernelClass`): its kind, or for a memory-bound kernel of
+    ``--exec torch`` the class it is named after (``layer_norm``, ``gelu(tanh_gelu)`` -> ``gelu``)."""
+    if op.kind != VECTOR_KIND:
+        return op.kind
+    name = op.name.split("(", 1)[0]
+    return name if name in TORCH_KERNEL_CLASSES else VECTOR_KIND
 
 
 class _Work(NamedTuple):
@@ -687,11 +738,6 @@ def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple
 
 
 # -- torch eager: one kernel per library call -------------------------------------------------------
-#: Kernel class of a library call's kind (``hlo_analyzer.library_calls``): the GPU kernel model
-#: gives each class its own in-model bandwidth efficiency (``KernelModel.vector_efficiency``).
-KERNEL_CLASSES = {"layer_norm": "layer_norm", "softmax": "softmax", "tanh_gelu": "gelu", "gelu": "gelu",
-                  COPY_CALL: "copy"}
-ELEMENTWISE_CLASS = "elementwise"
 #: Ops that launch nothing: function returns, sharding annotations, tuples of values.
 _NOT_KERNELS = frozenset({"return", "custom_call", "tuple", "get_tuple_element", "optimization_barrier",
                           "after_all", "while", "if", "case", "call"})
@@ -845,7 +891,7 @@ class _Mapper:
         mapping = known[2]
         return MappedOp(work.position, work.positions, work.name, work.kind, work.shapes,
                         mapping.latency_s + self.launch_s, mapping.compute_s, mapping.dram_s,
-                        mapping.noc_s, mapping.utilization, mapping.bound, mapping.flops)
+                        mapping.noc_s, mapping.utilization, mapping.bound, mapping.flops, mapping.dram_bytes)
 
 
 def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:

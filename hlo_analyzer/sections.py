@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hardware import BlockMapping
 from hardware.stdit import BlockShapes
 from hardware.systems import ResolvedSystem
-from hlo_analyzer.op_mapping import MappingOptions, ProgramMapping
+from hlo_analyzer.op_mapping import KernelClass, MappingOptions, ProgramMapping
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class MappingSection:
     pairs: tuple[PairGroup, ...]
     totals: MappingTotals
     reference: BlockMapping | None
+    classes: tuple[KernelClass, ...] = ()  # the kernels by class, with first-principles bounds
 
 
 @dataclass(frozen=True)
