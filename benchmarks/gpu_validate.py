@@ -39,13 +39,19 @@ from hardware import Op, OpType, load_chip, map_op  # noqa: E402
 from hardware.spec import ChipSpec  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 
-#: Op kinds of the table, in order.
-KINDS = ("GEMM", "FlashAttention", "Vector")
+#: Kernel classes of the table, in order: those of ``analyze-hlo --exec torch`` (docs/gpu.md).
+KINDS = ("gemm", "flash_attention", "layer_norm", "softmax", "gelu", "copy", "elementwise")
 #: ATen ops run as one GEMM kernel (cuBLAS): (input index of the activation, of the weight).
-GEMM_OPS = {"aten::linear": (0, 1), "aten::addmm": (1, 2), "aten::mm": (0, 1), "aten::matmul": (0, 1)}
+GEMM_OPS = {"aten::linear": (0, 1), "aten::addmm": (1, 2), "aten::mm": (0, 1), "aten::matmul": (0, 1),
+            "aten::bmm": (0, 1)}
+#: ATen ops of the memory-bound classes with an efficiency of their own ([kernel_model.vector_efficiency]).
+VECTOR_CLASSES = {"aten::layer_norm": "layer_norm", "aten::native_layer_norm": "layer_norm",
+                  "aten::softmax": "softmax", "aten::_softmax": "softmax", "aten::gelu": "gelu"}
 #: ATen ops run as one fused attention kernel.
 ATTENTION_OPS = ("aten::scaled_dot_product_attention",)
-#: ATen ops that launch no kernel (views, metadata) and are skipped.
+#: ATen ops under a view op that make it a copy kernel.
+COPY_OPS = ("aten::clone", "aten::copy_", "aten::contiguous")
+#: ATen ops that launch no kernel (views, metadata) and are skipped, unless they copy.
 VIEW_OPS = ("aten::view", "aten::reshape", "aten::permute", "aten::transpose", "aten::unbind", "aten::chunk",
             "aten::expand", "aten::unflatten", "aten::flatten", "aten::select", "aten::slice", "aten::t",
             "aten::unsqueeze", "aten::split", "aten::empty", "aten::_unsafe_view", "aten::as_strided",
@@ -118,11 +124,15 @@ def _elements(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-def op_from_aten(name: str, index: int, input_shapes: Sequence[Sequence[int]], bytes_per_element: int = 2) -> Op | None:
-    """The tool's Op for one top-level ATen op with these input shapes (None: launches nothing)."""
+def op_from_aten(name: str, index: int, input_shapes: Sequence[Sequence[int]], bytes_per_element: int = 2,
+                 *, launched: bool = False) -> Op | None:
+    """The tool's Op for one top-level ATen op with these input shapes (None: launches nothing).
+    ``launched``: the op ran a kernel on the device, so a view op (``reshape`` of a permuted
+    tensor) is a copy. A memory-bound op is named after its kernel class, which picks its
+    in-model efficiency (``KernelModel.hbm_efficiency_for``)."""
     shapes = [tuple(s) for s in input_shapes if s]
     label = f"{index:03d}_{name.removeprefix('aten::')}"
-    if name in VIEW_OPS or not shapes:
+    if (name in VIEW_OPS and not launched) or not shapes:
         return None
     if name in GEMM_OPS:
         a_at, w_at = GEMM_OPS[name]
@@ -143,7 +153,17 @@ def op_from_aten(name: str, index: int, input_shapes: Sequence[Sequence[int]], b
     rows = _elements(largest[:-1]) if len(largest) > 1 else 1
     out = (rows, largest[-1])
     flat = tuple((_elements(s[:-1]) if len(s) > 1 else 1, s[-1]) for s in shapes)
-    return Op(label, OpType.VECTOR, flat, None, out, _elements(largest), bytes_per_element)
+    kernel_class = "copy" if name in VIEW_OPS else VECTOR_CLASSES.get(name, "elementwise")
+    return Op(kernel_class, OpType.VECTOR, flat, None, out, _elements(largest), bytes_per_element)
+
+
+def kernel_class(op: Op) -> str:
+    """The class of the table an Op of :func:`op_from_aten` belongs to."""
+    if op.op_type is OpType.GEMM:
+        return "gemm"
+    if op.op_type is OpType.FLASH_ATTENTION:
+        return "flash_attention"
+    return op.name
 
 
 def predict(op: Op, chip: ChipSpec) -> float:
@@ -167,11 +187,13 @@ def _chip_for(device_name: str, override: str | None) -> str:
 def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_name: str = "full",  # noqa: ANN001 - torch is imported lazily
                  device: str = "cuda") -> list[KernelTiming]:
     """One spatial + temporal block pair of ``config_name`` at ``shape``, profiled on ``device``
-    (``cuda``: the GPU time of each op's kernels; ``cpu``: its CPU time, for ``--quick``).
-
-    The blocks' ``BlockLinear`` layers (an einsum, so that GSPMD keeps both token axes split) run
-    as plain ``nn.Linear``: the same GEMM, and the profiler records the shapes of ``aten::linear``
-    (of ``aten::einsum``'s tensor list it records none, and its GEMMs would be dropped)."""
+    (``cuda``: the GPU time of each op's kernels; ``cpu``: its CPU time, for ``--quick``), run as
+    OpenSora's official code runs it (docs/gpu.md): the text-to-video path (an all-ones temporal
+    mask, the timestep-0 modulation), the library kernels the official code calls where the model
+    writes plain ops: ``BlockLinear`` as ``nn.Linear`` (one GEMM with its bias; the profiler also
+    records ``aten::linear``'s shapes, not those of ``aten::einsum``'s tensor list), ``LayerNorm``
+    as ``F.layer_norm``, and SDPA where the official code calls flash attention or xformers (the
+    model's ``flash_fn``); the other self-attentions run the plain product as the official code."""
     import types
 
     import torch.nn.functional as F
@@ -179,7 +201,7 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
 
     from models.opensora.config import get_config
     from models.opensora.inputs import geometry
-    from models.opensora.stdit3 import BlockLinear, STDiT3Block
+    from models.opensora.stdit3 import BlockLinear, LayerNorm, STDiT3Block
 
     config = get_config(config_name)
     on_gpu = device == "cuda"
@@ -191,23 +213,30 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
         mask = mask.to(q.dtype) if mask is not None else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
+    def layer_norm(module, x):  # noqa: ANN001, ANN202
+        return F.layer_norm(x, (h,), eps=module.eps)
+
     blocks = [STDiT3Block(config, temporal=t).to(device, torch.bfloat16).eval() for t in (False, True)]
     for block in blocks:
-        block.attn.attention_fn = sdpa
-        block.cross_attn.attention_fn = sdpa
+        block.attn.flash_fn = sdpa
+        block.cross_attn.flash_fn = sdpa
         for module in block.modules():
             if isinstance(module, BlockLinear):
                 module.forward = types.MethodType(torch.nn.Linear.forward, module)
+            if isinstance(module, LayerNorm):
+                module.forward = types.MethodType(layer_norm, module)
     x = torch.randn(batch, geo.T * geo.S, h, device=device, dtype=torch.bfloat16)
     y = torch.randn(1, batch * config.model_max_length, h, device=device, dtype=torch.bfloat16)
     t_mlp = torch.randn(batch, 6 * h, device=device, dtype=torch.bfloat16)
+    t0_mlp = torch.randn(batch, 6 * h, device=device, dtype=torch.bfloat16)
+    x_mask = torch.ones(batch, geo.T, device=device, dtype=torch.bool)
     synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
 
     def run() -> None:
         out = x
         for block in blocks:
-            out = block(out, y, t_mlp, geo.T, geo.S)
+            out = block(out, y, t_mlp, geo.T, geo.S, x_mask=x_mask, t0_mlp=t0_mlp)
 
     with torch.no_grad():
         for _ in range(warmup):
@@ -221,12 +250,18 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
         parent = event.cpu_parent
         if parent is not None and parent.name.startswith("aten::"):
             continue
-        op = op_from_aten(event.name, index, event.input_shapes or [])
         measured = (event.device_time_total if on_gpu else event.cpu_time_total) * 1e-6
+        op = op_from_aten(event.name, index, event.input_shapes or [], launched=_copies(event))
         if op is None or measured <= 0:
             continue
-        timings.append(KernelTiming(shape, op.name, op.op_type.value, measured, predict(op, chip)))
+        timings.append(KernelTiming(shape, f"{index:03d}_{event.name.removeprefix('aten::')}", kernel_class(op),
+                                    measured, predict(op, chip)))
     return timings
+
+
+def _copies(event) -> bool:  # noqa: ANN001 - a torch.autograd.profiler FunctionEvent
+    """True when a view op (``reshape`` of a permuted tensor) had to copy its input."""
+    return any(child.name in COPY_OPS for child in event.cpu_children)
 
 
 def _versions(torch) -> list[str]:  # noqa: ANN001

@@ -19,28 +19,28 @@ KernelTiming = gpu_validate.KernelTiming
 
 def test_errors_per_kind_and_pair_by_hand():
     timings = [
-        KernelTiming("s1", "fc1", "GEMM", 1.0e-3, 1.1e-3),
-        KernelTiming("s1", "fc2", "GEMM", 3.0e-3, 2.7e-3),
-        KernelTiming("s1", "attn", "FlashAttention", 2.0e-3, 2.5e-3),
-        KernelTiming("s1", "ln", "Vector", 0.5e-3, 0.4e-3),
-        KernelTiming("s2", "fc1", "GEMM", 2.0e-3, 2.0e-3),
+        KernelTiming("s1", "fc1", "gemm", 1.0e-3, 1.1e-3),
+        KernelTiming("s1", "fc2", "gemm", 3.0e-3, 2.7e-3),
+        KernelTiming("s1", "attn", "flash_attention", 2.0e-3, 2.5e-3),
+        KernelTiming("s1", "ln", "layer_norm", 0.5e-3, 0.4e-3),
+        KernelTiming("s2", "fc1", "gemm", 2.0e-3, 2.0e-3),
     ]
     rows = gpu_validate.summarize(timings)
     by = {(r.shape, r.kind): r for r in rows}
     # GEMM s1: measured 4.0 ms, predicted 3.8 ms -> 3.8/4.0 - 1 = -5%.
-    assert by["s1", "GEMM"].ops == 2 and by["s1", "GEMM"].error == pytest.approx(-0.05)
+    assert by["s1", "gemm"].ops == 2 and by["s1", "gemm"].error == pytest.approx(-0.05)
     # Flash attention: 2.5/2.0 - 1 = +25%; vector 0.4/0.5 - 1 = -20%.
-    assert by["s1", "FlashAttention"].error == pytest.approx(0.25)
-    assert by["s1", "Vector"].error == pytest.approx(-0.20)
+    assert by["s1", "flash_attention"].error == pytest.approx(0.25)
+    assert by["s1", "layer_norm"].error == pytest.approx(-0.20)
     # Pair s1: measured 1+3+2+0.5 = 6.5 ms, predicted 1.1+2.7+2.5+0.4 = 6.7 ms -> +3.08%.
     assert by["s1", "pair"].measured_s == pytest.approx(6.5e-3)
     assert by["s1", "pair"].error == pytest.approx(6.7 / 6.5 - 1)
     assert by["s2", "pair"].error == pytest.approx(0.0)
-    assert [r.kind for r in rows if r.shape == "s1"] == ["GEMM", "FlashAttention", "Vector", "pair"]
+    assert [r.kind for r in rows if r.shape == "s1"] == ["gemm", "flash_attention", "layer_norm", "pair"]
     text = gpu_validate.render_markdown(rows, ["device: synthetic"])
     assert "| s1 | pair | 4 | 6.500 | 6.700 | +3.1% |" in text and "- device: synthetic" in text
     assert gpu_validate.render_csv(rows).splitlines()[0] == "shape,kind,ops,measured_s,predicted_s,error"
-    assert math.isnan(gpu_validate.ErrorRow("s", "GEMM", 0, 0.0, 1.0).error)
+    assert math.isnan(gpu_validate.ErrorRow("s", "gemm", 0, 0.0, 1.0).error)
 
 
 def test_aten_ops_become_tool_ops():
@@ -52,6 +52,16 @@ def test_aten_ops_become_tool_ops():
     add = gpu_validate.op_from_aten("aten::add", 5, [[2, 100, 1152], [2, 100, 1152]])
     assert add.op_type is OpType.VECTOR and add.output_shape == (200, 1152) and len(add.input_shapes) == 2
     assert gpu_validate.op_from_aten("aten::view", 6, [[2, 100, 1152], []]) is None
+    # A reshape that had to copy (a permuted input) is a copy kernel; LayerNorm and softmax are
+    # named after their class, which picks their in-model efficiency (h100-sxm: 0.75, 0.58).
+    copy = gpu_validate.op_from_aten("aten::reshape", 7, [[2, 100, 1152], []], launched=True)
+    assert gpu_validate.kernel_class(copy) == "copy"
+    norm = gpu_validate.op_from_aten("aten::layer_norm", 8, [[2, 100, 1152], []])
+    assert gpu_validate.kernel_class(norm) == "layer_norm" and gpu_validate.kernel_class(linear) == "gemm"
+    chip = load_chip("h100-sxm")
+    # both move 2 x 2*100*1152*2 bytes: the LayerNorm at 0.58 of 3.35 TB/s, the copy at 0.75
+    assert gpu_validate.predict(norm, chip) - 3e-6 == pytest.approx(921600 / (3.35e12 * 0.58))
+    assert gpu_validate.predict(copy, chip) - 3e-6 == pytest.approx(921600 / (3.35e12 * 0.75))
     # The eager model: one kernel with its overhead: a tiny add costs at least the 3 us overhead.
     assert gpu_validate.predict(add, load_chip("h100-sxm")) >= 3e-6
 

@@ -441,6 +441,8 @@ class Attention(nn.Module):
         self.proj = BlockLinear(hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
+        # Where OpenSora calls its fused attention kernel (a GPU run may put SDPA here).
+        self.flash_fn: AttentionFn = flash_attention
         # PipeFusion: (k, v) of a patch -> full-sequence (k, v) (the stale buffer of the previous
         # step with the patch's fresh k, v written in); None: attend within x only.
         self.kv_hook: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
@@ -462,7 +464,7 @@ class Attention(nn.Module):
         # Attention.forward: "flash attn is not memory efficient for small sequences"); otherwise
         # the plain product and float32 softmax, whose output transpose + reshape is a copy.
         if length > batch and self.attention_fn is plain_attention:
-            out = self.annotate("attn_kernel_out", flash_attention(q, k, v, None, self.scale))
+            out = self.annotate("attn_kernel_out", self.flash_fn(q, k, v, None, self.scale))
             out = out.transpose(1, 2).reshape(batch, length, hidden)
         else:
             out = self.annotate("attn_kernel_out", self.attention_fn(q, k, v, None, self.scale))
@@ -485,6 +487,8 @@ class MultiHeadCrossAttention(nn.Module):
         self.proj = BlockLinear(hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
+        # Where OpenSora calls its fused attention kernel (a GPU run may put SDPA here).
+        self.flash_fn: AttentionFn = flash_attention
         self.fused_layout = "opensora"
 
     def forward(self, x: Tensor, cond: Tensor) -> Tensor:
@@ -500,7 +504,7 @@ class MultiHeadCrossAttention(nn.Module):
         k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
         mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
         # OpenSora: one xformers memory_efficient_attention call with a block-diagonal mask.
-        attention_fn = flash_attention if self.attention_fn is plain_attention else self.attention_fn
+        attention_fn = self.flash_fn if self.attention_fn is plain_attention else self.attention_fn
         out = self.annotate("cross_kernel_out", attention_fn(q, k, v, mask, self.scale))
         out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
         out = self.annotate("cross_out", out)
