@@ -185,7 +185,8 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     from hardware.pipeline import transfer_time_s
     from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
     from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.op_mapping import MappingOptions
+    from hlo_analyzer.library_calls import sidecar_call_regions
+    from hlo_analyzer.op_mapping import MappingOptions, default_execution
     from hlo_analyzer.report import analyze
 
     strategy = str(sidecar.get("strategy", {}).get("name", "?"))
@@ -198,8 +199,10 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     pairs = int(last) - int(first) + 1
     module = load_module(dump)
     report = analyze(module, name=dump)
-    add_hardware_sections(report, module, hardware, steps=1, pairs=pairs,
-                          options=MappingOptions(caption_tokens=sidecar_caption_tokens(sidecar)))
+    library_calls = sidecar_call_regions(sidecar)
+    options = MappingOptions(execution=default_execution(system.chip, library_calls),
+                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
+    add_hardware_sections(report, module, hardware, steps=1, pairs=pairs, options=options)
     assert report.sections.mapping is not None and report.sections.blocks is not None
     totals = report.sections.mapping.totals
     compute_s, comm_s = totals.inference_compute_s, totals.inference_comm_s
