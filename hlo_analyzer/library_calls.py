@@ -12,8 +12,9 @@ A model can say that a whole function is one library kernel (``models.opensora.l
 the tracer lists those functions' source lines in the sidecar as ``library_calls``): then every
 op made on those lines is one call of that kind, whatever torch call made it. Kinds with a
 meaning here: ``linear`` (its element-wise ops are the epilogue of the GEMM they read: cuBLASLt's
-bias epilogue), ``flash_attention`` (its attention is one fused kernel, the rest of its ops run
-inside it), ``copy`` (its data movement is one copy kernel). Any other kind (``layer_norm``) is
+bias epilogue), ``flash_attention`` (the attention whose result reaches these lines, directly or
+through a ring attention's combining ops, is one fused kernel: the official code calls flash-attn
+or xformers there), ``copy`` (its data movement is one copy kernel). Any other kind (``layer_norm``) is
 one memory-bound kernel over its ops. An op without a location is a call of its own.
 """
 

@@ -764,9 +764,10 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     call_of = {node: call for call in calls for node in call.nodes}
     attentions = []
     if chip.fused_attention_kernel:
+        fused = {n for call in calls if call.in_region and call.kind == ATTENTION_CALL for n in call.nodes}
         attentions = [w for w in _attentions(graph, rows, is_gemm, options, cross_values)
-                      if call_of[w.position].kind == ATTENTION_CALL and call_of[w.position].in_region]
-    fused_calls = {id(call_of[w.position]) for w in attentions}
+                      if w.position in fused or _reaches(graph, w.position, fused, is_gemm)]
+    fused_calls = {id(call_of[w.position]) for w in attentions if w.position in call_of}
     claimed = {p for work in attentions for p in work.positions}
     gemms = {p: w for p in sorted(is_gemm - claimed)
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
@@ -808,6 +809,15 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         vectors.append(_Work(positions[-1], positions, f"{kernel}({call.kind})" if kernel != call.kind else kernel,
                              VECTOR_KIND, shapes, op=op))
     return [*attentions, *gemms.values(), *vectors]
+
+
+def _reaches(graph: nx.DiGraph, value_gemm: int, fused: set[int], is_gemm: set[int]) -> bool:
+    """True when the value GEMM's result reaches a ``flash_attention`` call before any other GEMM
+    (directly, or through a ring attention's combining ops): the model declared that the official
+    code runs this attention as one fused kernel."""
+    reached, _ = walk_until(graph, graph.successors(value_gemm), backward=False,
+                            stop=lambda n: n in fused or n in is_gemm, limit=SOFTMAX_SPAN_LIMIT)
+    return not reached.isdisjoint(fused)
 
 
 def _gemm_behind(attributes_of: dict[int, dict[str, Any]], node: int | None, gemms: dict[int, _Work]) -> int | None:

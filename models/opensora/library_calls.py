@@ -4,7 +4,9 @@ The model is written with plain tensor ops so that a trace sees every operation 
 mean, variance and rsqrt; a linear layer an einsum and a bias add). The official OpenSora code
 runs some of those groups as one library kernel: ``nn.LayerNorm`` (or apex's fused LayerNorm),
 ``nn.Linear`` (a cuBLASLt GEMM with the bias added in its epilogue), ``flash_attn_func`` or
-xformers' memory-efficient attention, and the copy that ``reshape`` makes of a permuted tensor.
+xformers' memory-efficient attention (the model marks the function that reads such an
+attention's result: whatever kernel a strategy swaps in, that attention is the fused one), and
+the copy that ``reshape`` makes of a permuted tensor.
 
 A function of the model that is one such call says so with a decorator::
 

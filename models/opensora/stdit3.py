@@ -152,18 +152,12 @@ def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale:
 
 
 @library_call("flash_attention")
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """:func:`plain_attention` where OpenSora calls one fused attention kernel (flash-attn, or
-    xformers' memory-efficient attention for the masked cross-attention): the same ops, on lines
-    of their own so that ``--exec torch`` charges them as that one kernel
-    (``models.opensora.library_calls``)."""
-    scores = (q * scale) @ k.transpose(-2, -1)
-    scores = scores.float()
-    if mask is not None:
-        scores = scores + mask
-    probs = scores.softmax(dim=-1)
-    probs = probs.to(v.dtype)  # on a line of its own: a kernel of its own in PyTorch
-    return probs @ v
+def merge_heads_flash(out: Tensor, batch: int, length: int, hidden: int) -> Tensor:
+    """(B', heads, L, head_dim) -> (B', L, h) after an attention OpenSora runs as one fused kernel
+    (flash-attn, or xformers' memory-efficient attention for the masked cross-attention), which
+    writes (B', L, heads, head_dim) itself: a view. Its lines mark the attention that feeds them as
+    that one kernel for ``--exec torch`` (``models.opensora.library_calls``)."""
+    return out.transpose(1, 2).reshape(batch, length, hidden)
 
 
 @library_call("copy")
@@ -442,7 +436,7 @@ class Attention(nn.Module):
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
         # Where OpenSora calls its fused attention kernel (a GPU run may put SDPA here).
-        self.flash_fn: AttentionFn = flash_attention
+        self.flash_fn: AttentionFn = plain_attention
         # PipeFusion: (k, v) of a patch -> full-sequence (k, v) (the stale buffer of the previous
         # step with the patch's fresh k, v written in); None: attend within x only.
         self.kv_hook: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
@@ -463,12 +457,11 @@ class Attention(nn.Module):
         # OpenSora runs flash attention only when the sequence is longer than the batch (its
         # Attention.forward: "flash attn is not memory efficient for small sequences"); otherwise
         # the plain product and float32 softmax, whose output transpose + reshape is a copy.
-        if length > batch and self.attention_fn is plain_attention:
-            out = self.annotate("attn_kernel_out", self.flash_fn(q, k, v, None, self.scale))
-            out = out.transpose(1, 2).reshape(batch, length, hidden)
-        else:
-            out = self.annotate("attn_kernel_out", self.attention_fn(q, k, v, None, self.scale))
-            out = merge_heads_copy(out, batch, length, hidden)
+        flash = length > batch
+        kernel = self.flash_fn if flash and self.attention_fn is plain_attention else self.attention_fn
+        out = self.annotate("attn_kernel_out", kernel(q, k, v, None, self.scale))
+        merge = merge_heads_flash if flash else merge_heads_copy
+        out = merge(out, batch, length, hidden)
         out = self.annotate("attn_out", out)
         return self.annotate("proj_out", self.proj(out))
 
@@ -488,7 +481,7 @@ class MultiHeadCrossAttention(nn.Module):
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
         # Where OpenSora calls its fused attention kernel (a GPU run may put SDPA here).
-        self.flash_fn: AttentionFn = flash_attention
+        self.flash_fn: AttentionFn = plain_attention
         self.fused_layout = "opensora"
 
     def forward(self, x: Tensor, cond: Tensor) -> Tensor:
@@ -506,7 +499,7 @@ class MultiHeadCrossAttention(nn.Module):
         # OpenSora: one xformers memory_efficient_attention call with a block-diagonal mask.
         attention_fn = self.flash_fn if self.attention_fn is plain_attention else self.attention_fn
         out = self.annotate("cross_kernel_out", attention_fn(q, k, v, mask, self.scale))
-        out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
+        out = merge_heads_flash(out, 1, batch * tokens, hidden)
         out = self.annotate("cross_out", out)
         return self.annotate("cross_proj_out", self.proj(out.reshape(batch, tokens, hidden)))
 
