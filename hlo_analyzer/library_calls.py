@@ -26,7 +26,7 @@ from typing import Any
 
 import networkx as nx
 
-from hlo_analyzer.dataflow import CONSTANT_OPS
+from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS
 
 __all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "Call", "CallRegion", "call_groups",
            "sidecar_call_regions"]
@@ -119,14 +119,18 @@ def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
 def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[CallRegion]) -> list[Call]:
     """The library calls among ``nodes`` (module docstring), in program order of their first node.
 
-    Constants belong to no call. Two nodes are in one call when one reads the other and both
+    Constants, and views of constants alone (which XLA shares between calls), belong to no call. Two nodes are in one call when one reads the other and both
     have the same key: the region their source line lies in, else their torch call and frame.
     """
     attributes_of = graph.nodes
     keys: dict[int, Any] = {}
-    for node in nodes:
+    constant: set[int] = set()  # constants, and views of constants alone (XLA shares them)
+    for node in sorted(nodes):
         attributes = attributes_of[node]
-        if attributes["name"] in CONSTANT_OPS:
+        operands = attributes["operands"]
+        if attributes["name"] in CONSTANT_OPS or (
+                attributes["name"] in FREE_MOVEMENT_OPS and operands and constant.issuperset(operands)):
+            constant.add(node)
             continue
         location = attributes.get("location", "")
         if not location:
