@@ -116,10 +116,13 @@ def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
                 break
 
 
-def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[CallRegion]) -> list[Call]:
+def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[CallRegion],
+                owners: dict[int, int] | None = None) -> list[Call]:
     """The library calls among ``nodes`` (module docstring), in program order of their first node.
 
-    Constants, and views of constants alone (which XLA shares between calls), belong to no call. Two nodes are in one call when one reads the other and both
+    Constants, and views of constants alone (which XLA shares between calls), belong to no call;
+    ``owners`` (the block pair of each node, ``hlo_analyzer.pairs``) keeps a call within one pair,
+    as the model's calls are. Two nodes are in one call when one reads the other and both
     have the same key: the region their source line lies in, else their torch call and frame.
     """
     attributes_of = graph.nodes
@@ -148,10 +151,11 @@ def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[Cal
             node = parent[node]
         return node
 
+    owner = (owners or {}).get
     for node in sorted(keys):
         find(node)
         for producer in attributes_of[node]["operands"]:
-            if producer is not None and keys.get(producer) == keys[node]:
+            if producer is not None and keys.get(producer) == keys[node] and owner(producer) == owner(node):
                 a, b = find(producer), find(node)
                 if a != b:
                     parent[max(a, b)] = min(a, b)

@@ -751,7 +751,7 @@ def _computes(attributes_of: dict[int, dict[str, Any]], nodes: Iterable[int]) ->
 
 def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
                  chip: ChipSpec, options: MappingOptions, cross_values: Collection[int],
-                 signatures: _Signatures, is_gemm: set[int]) -> list[_Work]:
+                 signatures: _Signatures, is_gemm: set[int], owners: dict[int, int]) -> list[_Work]:
     """Kernels as PyTorch launches them eagerly: one per library call (module docstring of
     :mod:`hlo_analyzer.library_calls`). A call with a GEMM is that GEMM, its element-wise ops its
     epilogue (``addmm``'s bias; a ``linear`` call's bias add reading a GEMM outside the call); a
@@ -760,7 +760,7 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     what leaves it, each tensor in its own element type."""
     nodes = [p for p in graph if (rows.get(p) is None or rows[p].category != COMM)
              and attributes_of[p]["result_shapes"] and attributes_of[p]["name"] not in _NOT_KERNELS]
-    calls = call_groups(graph, nodes, options.library_calls)
+    calls = call_groups(graph, nodes, options.library_calls, owners)
     call_of = {node: call for call in calls for node in call.nodes}
     attentions = []
     if chip.fused_attention_kernel:
@@ -917,7 +917,7 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
     is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in attributes_of[p]}
     if options.execution == "torch":
         collectives = [w for r in rows.values() if r.category == COMM and (w := _collective_work(r))]
-        works = _torch_works(graph, attributes_of, rows, chip, options, cross_values, signatures, is_gemm)
+        works = _torch_works(graph, attributes_of, rows, chip, options, cross_values, signatures, is_gemm, owners)
         return sorted([*works, *collectives], key=lambda w: w.position)
     attentions = _attentions(graph, rows, is_gemm, options, cross_values) if chip.fused_attention_kernel else []
     claimed = {p for work in attentions for p in work.positions}

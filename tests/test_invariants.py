@@ -14,6 +14,7 @@ deliberately broken model and require that it complains, so none of them passes 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from hlo_analyzer import op_mapping as op_mapping_module
 from hlo_analyzer.blocks import NotSTDiTError, find_attentions, segment_blocks
 from hlo_analyzer.dataflow import build_dataflow
 from hlo_analyzer.hw_mapping import add_hardware_sections
+from hlo_analyzer.library_calls import sidecar_call_regions
 from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, ProgramMapping, map_program
 from hlo_analyzer.pairs import pair_owners
 
@@ -39,12 +41,15 @@ SPLIT = ROOT / "dumps" / "split"
 SPLIT_CASES = sorted(tuple(p.name.split("_102_256_256_")[1].rsplit("_stage", 1)[0].rsplit("_", 1))
                      for p in SPLIT.glob("*_stage0_pairs0-1.mlir"))
 HARDWARE = ("tx8", "h100-sxm")
-MODES = ("fused", "eager")
+MODES = ("fused", "eager", "torch")
 #: Relative slack for float sums.
 ROUNDING = 1e-9
 #: Split independence holds to this fraction (issue 21): what is left is real duplicated work
 #: (a second stage recomputes the RoPE tables) and the one-pair trace's missing final layer.
 SPLIT_TOLERANCE = 0.005
+#: Under --exec torch that recomputation is several small kernels, each paying its launch: up to 1%
+#: of the tiny model's step (2 pairs of a 256-wide model, where the work outside the pairs weighs most).
+SPLIT_TOLERANCE_TORCH = 0.01
 
 
 class Dump:
@@ -62,13 +67,16 @@ class Dump:
                                                                  attentions=attentions))
         except NotSTDiTError:
             self.owners = {}
+        sidecar = Path(self.path).with_suffix(".json")
+        self.library_calls = sidecar_call_regions(json.loads(sidecar.read_text())) if sidecar.exists() else ()
 
     def program(self, hardware: str, execution: str, *, chip_scale: dict[str, float] | None = None,
                 link_scale: float = 1.0) -> ProgramMapping:
         system = resolve_system(hardware, self.report.num_devices or 1).system
         chip = replace(system.chip, **{k: getattr(system.chip, k) * v for k, v in (chip_scale or {}).items()})
         system = replace(system, chip=chip, link_bandwidth_bytes_per_s=system.link_bandwidth_bytes_per_s * link_scale)
-        return map_program(self.report.rows, self.graph, chip, system, MappingOptions(execution=execution),
+        options = MappingOptions(execution=execution, library_calls=self.library_calls)
+        return map_program(self.report.rows, self.graph, chip, system, options,
                            cross_values=self.cross_values, owners=self.owners)
 
 
@@ -129,11 +137,12 @@ def unbalanced_sums(document: dict) -> list[str]:
             if not math.isclose(value, step, rel_tol=ROUNDING)]
 
 
-def split_dependence(one_stage: float, two_stages: float, one_pair: float) -> list[str]:
+def split_dependence(one_stage: float, two_stages: float, one_pair: float,
+                     tolerance: float = SPLIT_TOLERANCE) -> list[str]:
     """Inference totals of one model that differ by more than the tolerance."""
     return [f"{name} {value:.6g} s vs one stage {one_stage:.6g} s"
             for name, value in (("two stages", two_stages), ("one pair x N", one_pair))
-            if abs(value - one_stage) > SPLIT_TOLERANCE * one_stage]
+            if abs(value - one_stage) > tolerance * one_stage]
 
 
 # -- on every bundled dump ------------------------------------------------------------------------------------
@@ -183,8 +192,8 @@ def _split_dump(case: tuple[str, str], stage_ids: str, stage: int) -> Path:
 
 def inference(path: Path, mode: str, *, pairs: int | None = None) -> tuple[float, dict]:
     d = Dump(path)
-    add_hardware_sections(d.report, d.module, "tx8", pairs=pairs, options=MappingOptions(execution=mode),
-                          graph=d.graph)
+    add_hardware_sections(d.report, d.module, "tx8", pairs=pairs,
+                          options=MappingOptions(execution=mode, library_calls=d.library_calls), graph=d.graph)
     document = d.report.to_dict()
     return document["mapping"]["totals"]["inference_latency_s"], document
 
@@ -206,7 +215,8 @@ def split_totals(case: tuple[str, str], mode: str) -> tuple[float, float, float]
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", SPLIT_CASES, ids="_".join)
 def test_inference_does_not_depend_on_the_stage_split(case, mode):
-    assert split_dependence(*split_totals(case, mode)) == []
+    tolerance = SPLIT_TOLERANCE_TORCH if mode == "torch" else SPLIT_TOLERANCE
+    assert split_dependence(*split_totals(case, mode), tolerance=tolerance) == []
 
 
 def test_the_split_dumps_cover_every_strategy():
