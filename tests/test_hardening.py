@@ -1,0 +1,135 @@
+"""Hardening (issue 24): one regression test per example of each class found by trying the
+tools as a new user would: mapping searches that ran for minutes, sizes allocated before they
+were checked, internal errors, orphaned analysis processes, silently accepted input and
+messages that lost their reason."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from hardware.gemm_mapper import MAX_PLACEMENTS, GemmPreset, _placements, _problem, gemm_auto_opt_mapper
+from hardware.ops import Op, OpType
+from hardware.spec import load_chip
+from hardware.tiling import small_divisors, tile_factors
+from hlo_analyzer.cli import analyze_command
+from hlo_trace.cli import run_click
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY = REPO_ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
+TX8 = REPO_ROOT / "hardware" / "data" / "tx8.toml"
+
+
+def analyze_cli(capsys, *args: object) -> tuple[int, str, str]:
+    code = run_click(analyze_command, [str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line(code: int, err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+# -- 1. bounded mapping searches ------------------------------------------------------------------
+
+
+def attention_module(batch_heads: int, seq: int = 16, head_dim: int = 16) -> str:
+    """A batched attention (scores, exp, values) whose batch x heads dimension is ``batch_heads``."""
+    t = f"tensor<{batch_heads}x{seq}x{head_dim}xbf16>"
+    s = f"tensor<{batch_heads}x{seq}x{seq}xbf16>"
+    return f"""module attributes {{mhlo.num_partitions = 1 : i32}} {{
+  func.func @main(%q: {t}, %k: {t}, %v: {t}) -> {t} {{
+    %s = stablehlo.dot_general %q, %k, batching_dims = [0] x [0], contracting_dims = [2] x [2] : ({t}, {t}) -> {s}
+    %p = stablehlo.exponential %s : {s}
+    %o = stablehlo.dot_general %p, %v, batching_dims = [0] x [0], contracting_dims = [2] x [1] : ({s}, {t}) -> {t}
+    return %o : {t}
+  }}
+}}
+"""
+
+
+def brute_divisors(n: int) -> set[int]:
+    return {d for d in range(1, n + 1) if n % d == 0}
+
+
+def test_small_divisors_are_every_divisor_up_to_2_20_and_bounded_beyond():
+    for n in [*range(1, 400), 720, 1024, 4096, 65536 * 3]:
+        assert set(small_divisors(n)) == brute_divisors(n), n
+    big = small_divisors(2**31)
+    assert big == sorted({2**i for i in range(11)} | {2**31 >> i for i in range(11)})
+    assert len(small_divisors(720720 * 720720)) <= 2 * 1024
+
+
+def test_tile_factors_of_every_count_up_to_1024_are_the_powers_of_two_and_all_divisors():
+    for count in range(1, 1025):
+        powers = {1 << i for i in range(11) if 1 << i <= count}
+        assert tile_factors(count) == sorted(powers | brute_divisors(count)), count
+    assert len(tile_factors(720720)) < 100 and len(tile_factors(10**9)) < 100
+
+
+@pytest.mark.parametrize("tiles, batch", [(16, 1), (16, 6), (108, 1), (132, 4), (840, 3)])
+def test_placements_are_every_factor_tuple_within_the_tiles_and_limits(tiles, batch):
+    # the pruned loops must enumerate exactly what the plain filter over factors**4 keeps
+    chip = load_chip(TX8)
+    chip = type(chip)(**{**chip.__dict__, "tile_count": tiles, "tile_grid_rows": 1, "tile_grid_cols": tiles})
+    m, k, n = 100, 64, 1000
+    op = Op("g", OpType.GEMM, ((m, k),), (k, n), (m, n), 2 * batch * m * k * n, batch=batch)
+    problem = _problem(op, None)
+    factors = tile_factors(tiles)
+    limits = [math.ceil(m / 16), math.ceil(n / 16), math.ceil(k / 16), batch]
+    expected = [(pm, pn, pk, pb) for pb, pm, pn, pk in itertools.product(factors, repeat=4)
+                if pm * pn * pk * pb <= tiles
+                and all(p <= limit for p, limit in zip((pm, pn, pk, pb), limits))]
+    assert len(expected) <= MAX_PLACEMENTS
+    assert _placements(chip, problem, GemmPreset()) == expected
+    forced = _placements(chip, problem, GemmPreset(pm=2, pk=1))
+    assert forced == [p for p in expected if p[0] == 2 and p[2] == 1]
+
+
+def test_attention_of_2_31_heads_maps_on_tx8_in_a_second(tmp_path, capsys):
+    # batch x heads = 2**31: the head-fusion search walked every integer up to it (minutes)
+    dump = tmp_path / "attention.mlir"
+    dump.write_text(attention_module(2**31))
+    start = time.perf_counter()
+    code, out, err = analyze_cli(capsys, dump, "--hw", "tx8", "--by", "kernel")
+    elapsed = time.perf_counter() - start
+    assert code == 0, err
+    assert "flash_attention" in out
+    assert elapsed < 5, elapsed
+
+
+def test_a_chip_of_720720_tiles_maps_the_tiny_stage_in_seconds(tmp_path, capsys):
+    # 240 divisors: the placement loop over factors**4 took 22-24 s (31 s with cofactors)
+    toml = TX8.read_text().replace("tile_count = 16", "tile_count = 720720").replace(
+        'tile_grid = "4x4"', 'tile_grid = "720x1001"')
+    chip = tmp_path / "big.toml"
+    chip.write_text(toml)
+    start = time.perf_counter()
+    code, _, err = analyze_cli(capsys, TINY, "--hw", chip, "--format", "json")
+    elapsed = time.perf_counter() - start
+    assert code == 0, err
+    assert elapsed < 5, elapsed
+
+
+def test_a_huge_batched_gemm_on_a_huge_chip_is_searched_within_the_limits(tmp_path):
+    toml = TX8.read_text().replace("tile_count = 16", "tile_count = 720720").replace(
+        'tile_grid = "4x4"', 'tile_grid = "720x1001"')
+    (tmp_path / "big.toml").write_text(toml)
+    chip = load_chip(tmp_path / "big.toml")
+    batch, size = 2**20, 4096
+    op = Op("g", OpType.GEMM, ((size, size),), (size, size), (size, size), 2 * batch * size**3,
+            batch=batch)
+    start = time.perf_counter()
+    mapping = gemm_auto_opt_mapper(op, chip)
+    assert time.perf_counter() - start < 5
+    tiling = mapping.tiling
+    assert tiling.pm * tiling.pn * tiling.pk * tiling.pb <= 720720
+    assert mapping.latency_s > 0 and math.isfinite(mapping.latency_s)
