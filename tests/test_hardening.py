@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hardware.gemm_mapper import MAX_PLACEMENTS, GemmPreset, _placements, _problem, gemm_auto_opt_mapper
+from hardware.gemm_mapper import (
+    MAX_PLACEMENTS,
+    GemmPreset,
+    _placements,
+    _problem,
+    gemm_auto_opt_mapper,
+)
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
 from hardware.tiling import small_divisors, tile_factors
