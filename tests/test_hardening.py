@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_robustness import analyze_cli
 
 from hardware.gemm_mapper import (
     MAX_PLACEMENTS,
@@ -22,26 +23,10 @@ from hardware.gemm_mapper import (
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
 from hardware.tiling import small_divisors, tile_factors
-from hlo_analyzer.cli import analyze_command
-from hlo_trace.cli import run_click
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = REPO_ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
 TX8 = REPO_ROOT / "hardware" / "data" / "tx8.toml"
-
-
-def analyze_cli(capsys, *args: object) -> tuple[int, str, str]:
-    code = run_click(analyze_command, [str(arg) for arg in args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line(code: int, err: str, *fragments: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("Error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 # -- 1. bounded mapping searches ------------------------------------------------------------------
