@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -229,12 +230,19 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _by(text: str) -> tuple[int, int] | None:
+    """``"4x8"`` -> (4, 8): positive ASCII numbers and a lower-case ``x``; None for anything else."""
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", text)
+    if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
 def _grid(value: Any) -> tuple[int, int]:
-    text = _text(value)
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    grid = _by(_text(value))
+    if grid is None:
         raise ValueError(f"expected '<rows>x<cols>' such as '4x4', got {value!r}")
-    return int(parts[0]), int(parts[1])
+    return grid
 
 
 def _one_of(choices: tuple[str, ...]) -> Reader:
@@ -268,10 +276,10 @@ def _tiles(value: Any) -> tuple[tuple[int, int], ...]:
         raise ValueError(f"expected a list of 'MxN' tiles such as [\"128x128\"], got {value!r}")
     tiles = []
     for item in value:
-        parts = str(item).lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        tile = _by(str(item))
+        if tile is None:
             raise ValueError(f"expected 'MxN' such as '128x256', got {item!r}")
-        tiles.append((int(parts[0]), int(parts[1])))
+        tiles.append(tile)
     return tuple(tiles)
 
 

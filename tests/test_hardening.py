@@ -124,3 +124,64 @@ def test_a_huge_batched_gemm_on_a_huge_chip_is_searched_within_the_limits(tmp_pa
     tiling = mapping.tiling
     assert tiling.pm * tiling.pn * tiling.pk * tiling.pb <= 720720
     assert mapping.latency_s > 0 and math.isfinite(mapping.latency_s)
+
+
+# -- 2. sizes checked before allocation; strict ASCII shapes and meshes ---------------------------
+
+
+def trace_stage(tmp_path, *args: str):
+    from click.testing import CliRunner
+
+    from tracing.cli import main as trace_main
+
+    return CliRunner().invoke(trace_main, ["--config", "tiny", "-o", str(tmp_path / "out"), *args])
+
+
+@pytest.mark.parametrize("args, fragments", [
+    # 8-11 s and ~850 MB inside torch before an internal error
+    (["--mesh", "2x2", "--shape", "1000000000_64_64"], ("--shape 1000000000_64_64", "temporal attention scores")),
+    (["--mesh", "2x2", "--batch", "1000000000"], ("--batch 1000000000", "elements")),
+    (["--mesh", "2x2", "--shape", "28_100000_100000"], ("--shape 28_100000_100000", "spatial attention scores")),
+    # accepted before: int() reads Arabic-Indic digits, strip() removed the blanks, [xX]
+    (["--shape", "\u0662\u0668_64_64"], ("bad video shape",)),
+    (["--shape", " 28_64_64 "], ("bad video shape",)),
+    (["--mesh", "2X2"], ("bad mesh '2X2'",)),
+    (["--mesh", "\u0662x2"], ("bad mesh",)),
+])
+def test_trace_sizes_and_malformed_shapes_are_refused_at_once(tmp_path, args, fragments):
+    start = time.perf_counter()
+    result = trace_stage(tmp_path, *args)
+    assert time.perf_counter() - start < 2
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_trace_size_limits_are_derived_from_the_geometry():
+    from tracing.config import (
+        MAX_TENSOR_ELEMENTS,
+        build_config,
+        check_trace_size,
+        stage_tensor_elements,
+    )
+
+    # tiny (hidden 64, 4 heads, patch 1x2x2) at 28_64_64: latent 8x8x8, T = 8, S = 4*4 = 16, N = 128
+    tensors = stage_tensor_elements(build_config(config="tiny").model, "28_64_64", 2)
+    assert tensors["spatial attention scores (batch x T x heads x S x S)"] == 2 * 8 * 4 * 16 * 16
+    assert tensors["temporal attention scores (batch x S x heads x T x T)"] == 2 * 16 * 4 * 8 * 8
+    assert tensors["latent input z (batch x channels x latent frames x height x width)"] == 2 * 4 * 8 * 8 * 8
+    # the reference full-size traces pass; a machine of 1 MB refuses even the tiny inputs
+    for shape in ("204_640_360", "102_1280_720"):
+        check_trace_size(build_config(config="full", shape=shape, mesh="2x2"))
+    full = stage_tensor_elements(build_config(config="full").model, "102_1280_720", 2)
+    # 2 x T 30 x 16 heads x (S = 45*80 = 3600)**2: the reference's largest tensor, ~90x below the limit
+    assert max(full.values()) == 2 * 30 * 16 * 3600**2 < MAX_TENSOR_ELEMENTS / 80
+    from tracing.config import PipelineConfigError
+
+    with pytest.raises(PipelineConfigError, match="--shape 28_64_64: the stage's inputs and weights need"):
+        check_trace_size(build_config(config="tiny"), memory_bytes=10**6)
+    with pytest.raises(PipelineConfigError, match="--batch 100000: .* host memory"):
+        check_trace_size(build_config(config="tiny", batch=100_000), memory_bytes=2 * 10**8)
