@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hlo_analyzer.comm import RingLink
-from hlo_trace.atomic import check_target
+from hlo_trace.atomic import check_targets
 from hlo_trace.cli import MAX_COUNT, OneLineCommand, PositiveFinite, emit, run_click
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
@@ -158,9 +158,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, output=output,
                        force=force, parallel=run_in_parallel(dump))
-    for target in (timeline, output):
-        if target is not None:
-            check_target(target, force=force)  # before the work, not after
+    check_targets({"--timeline": timeline, "-o": output}, force=force)  # before the work
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The
     # child writes the output files itself (a 1M-op report is 230 MB: not sent through a pipe).

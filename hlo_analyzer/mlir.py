@@ -7,6 +7,7 @@ jaxlib upgrade breaks one module and not the whole project.
 
 from __future__ import annotations
 
+import codecs
 import enum
 import logging
 import os
@@ -99,6 +100,36 @@ def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
     return _text_kind(_decode(data, origin), origin)
 
 
+#: Bytes read from the start of an input file to tell whether it can be a dump at all.
+SNIFF_BYTES = 1024
+#: The longest start of a first meaningful line that ``_text_kind`` recognises.
+_LONGEST_START = max(len(start) for start in ("HloModule", "module", "func.func", '"builtin.module"',
+                                              "sdy.mesh"))
+
+
+def sniff_kind(head: bytes, origin: str) -> None:
+    """Refuse, from the first bytes of a file, what cannot be a dump: not MLIR bytecode, and
+    not UTF-8 text, or text whose first meaningful line starts with none of the dump kinds'
+    words (``detect_kind``'s rules). Undecided heads (comments only, a line still too short,
+    a character cut at the end) pass: the whole file is read and detected then."""
+    if head.startswith(_MLIR_BYTECODE_MAGIC) or _MLIR_BYTECODE_MAGIC.startswith(head):
+        return
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        raise InputFileError(f"{origin}: not UTF-8 text and not MLIR bytecode") from None
+    complete = len(head) < SNIFF_BYTES
+    lines = list(_stripped_lines(text))
+    for number, line in enumerate(lines):
+        if not line or line.startswith(("//", "#")):
+            continue
+        is_last = number == len(lines) - 1 and not complete
+        if is_last and len(line) < _LONGEST_START:
+            return  # the line goes on past the head
+        _text_kind(line, origin)
+        return
+
+
 def _decode(data: bytes, origin: str) -> str:
     try:
         return data.decode("utf-8")
@@ -175,6 +206,10 @@ def parse_module(data: bytes | str, origin: str = "<input>",
             module = ir.Module.parse(text if kind is DumpKind.MLIR_TEXT else raw)
         except ir.MLIRError as exc:
             raise InputFileError(f"{origin}: MLIR does not parse: {_first_diagnostic(exc)}") from None
+        except (ValueError, RuntimeError, OverflowError, MemoryError) as exc:
+            # The bindings' own failures on malformed input (bytecode whose counts make LLVM's
+            # SmallVector refuse to grow, a buffer they cannot take): the input's fault too.
+            raise InputFileError(f"{origin}: MLIR does not parse: {_reason(exc)}") from None
         module = _upgrade_vhlo(module, raw, context, origin)
         if num_partitions is not None:
             # The converter drops the device count; collectives with empty groups need it.
@@ -234,6 +269,8 @@ def read_input_file(path: str | os.PathLike) -> bytes:
                              "expected a dump file")
     try:
         with open(path, "rb") as handle:
+            sniff_kind(handle.read(SNIFF_BYTES), str(path))  # a 2 GB non-dump is not read whole
+            handle.seek(0)
             return handle.read()
     except (OSError, MemoryError) as exc:
         raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None

@@ -4,6 +4,8 @@ and the option types they share."""
 from __future__ import annotations
 
 import errno
+import fcntl
+import io
 import math
 import os
 import sys
@@ -56,6 +58,7 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
     Shared by the project's CLIs: click's own usage errors, the project's UsageError, a file
     system error (full disk, permissions) and an interrupted run all end without a traceback.
     """
+    _guard_closed_streams()
     try:
         result = command.main(args=list(argv) if argv is not None else None,
                               standalone_mode=False)
@@ -97,6 +100,51 @@ def emit(text: str | Iterable[str], output: str | None, *, force: bool = False) 
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text if isinstance(text, str) else "".join(text), nl=False)
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standard output when the command was started with it closed (``cmd >&-``): a report
+    written there is a usage error; flushing it is nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not text:
+            return 0
+        raise UsageError("standard output is closed: nowhere to write the report; "
+                         "pass -o FILE or open standard output")
+
+    def flush(self) -> None:
+        pass
+
+
+def _open_for_writing(fd: int) -> bool:
+    """Whether descriptor ``fd`` is open and writable (a closed standard stream may have been
+    taken by a file opened read-only before Python started, e.g. by a launcher script)."""
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return False
+    return flags & os.O_ACCMODE != os.O_RDONLY
+
+
+def _guard_closed_streams() -> None:
+    """A command started with standard output or error closed (``cmd >&-``) has a descriptor 1
+    (2) that is free, so the next file opened would take it, or already held by a read-only
+    file; and a Python stream that is None or fails. Hold the descriptor with /dev/null and
+    give Python a stream: for stdout, one that refuses the report with a usage error; for
+    stderr, /dev/null."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if _open_for_writing(fd) and getattr(sys, name) is not None:
+            continue
+        if not _open_for_writing(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        stream = _ClosedStdout() if fd == 1 else open(fd, "w", closefd=False)  # noqa: SIM115
+        setattr(sys, name, stream)
 
 
 def _one_line(message: str) -> str:

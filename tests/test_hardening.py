@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_robustness import analyze_cli
+from test_robustness import analyze_cli, assert_one_line
 
 from hardware.gemm_mapper import (
     MAX_PLACEMENTS,
@@ -23,6 +23,7 @@ from hardware.gemm_mapper import (
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
 from hardware.tiling import small_divisors, tile_factors
+from hlo_trace.cli import run_click
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = REPO_ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
@@ -185,3 +186,173 @@ def test_trace_size_limits_are_derived_from_the_geometry():
         check_trace_size(build_config(config="tiny"), memory_bytes=10**6)
     with pytest.raises(PipelineConfigError, match="--batch 100000: .* host memory"):
         check_trace_size(build_config(config="tiny", batch=100_000), memory_bytes=2 * 10**8)
+
+
+# -- 3. internal errors that were the input's fault -----------------------------------------------
+
+EXAMPLE = REPO_ROOT / "hlo_trace" / "examples" / "example_mlp_megatron_2x2.stablehlo.mlir"
+PIPELINE = REPO_ROOT / "dumps" / "pipeline"
+PIPELINE_TOML = PIPELINE / "tiny_2x2_stages.toml"
+STAGE_DUMPS = [PIPELINE / "tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir",
+               PIPELINE / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"]
+
+
+@pytest.mark.parametrize("entries", ["[1, \"x\", [2]]", "7", "[{\"key\": 1, \"stages\": 5}]"])
+def test_shape_cache_entries_that_are_not_objects_are_recomputed(tmp_path, entries):
+    pytest.importorskip("torch")
+    from tracing.config import build_config
+    from tracing.stages import boundary_shapes
+
+    cache = tmp_path / "stage_shapes.json"
+    cache.write_text(f'{{"entries": {entries}}}')
+    config = build_config(config="tiny", stage_ids="0-0,1-1")
+    stages = boundary_shapes(config, cache)
+    assert [s["blocks"] for s in stages] == [[0, 0], [1, 1]]
+    # tiny at 28_64_64, batch 2: latent z (2, 4, 8, 8, 8); stage 0 hands x of (2, N = 128, 64) on
+    assert stages[0]["inputs"]["z"]["shape"] == [2, 4, 8, 8, 8]
+    assert stages[0]["outputs"]["x"]["shape"] == [2, 128, 64]
+    assert boundary_shapes(config, cache) == stages  # the rewritten cache is read back
+
+
+def test_output_name_near_the_file_name_limit_is_written(tmp_path, capsys):
+    # the temporary ".NAME.xxxxxxxx.tmp" of a 250-character name exceeded NAME_MAX (255)
+    for name in ("a" * 246 + ".txt", "\u00e9" * 125 + ".txt"):  # 250 and 254 bytes
+        output = tmp_path / name
+        code, _, err = analyze_cli(capsys, EXAMPLE, "-o", output)
+        assert code == 0, err
+        assert "per category" in output.read_text().lower() or output.stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a" * 246 + ".txt", "\u00e9" * 125 + ".txt"])
+
+
+def test_closed_standard_output_is_one_line_and_o_still_works(tmp_path):
+    import subprocess
+    import sys
+
+    for redirect, output in (("1>&-", None), ("1>&- 2>&-", None), ("1>&-", tmp_path / "r.txt")):
+        extra = f" -o {output}" if output else ""
+        completed = subprocess.run(f"{sys.executable} -m hlo_analyzer.cli {EXAMPLE}{extra} {redirect}",
+                                   shell=True, cwd=REPO_ROOT, capture_output=False,
+                                   stderr=None if "2>&-" in redirect else subprocess.PIPE, text=True)
+        if output is not None:
+            assert completed.returncode == 0 and output.stat().st_size > 0
+        elif "2>&-" in redirect:
+            assert completed.returncode == 2
+        else:
+            assert_one_line(completed.returncode, completed.stderr, "standard output is closed", "-o FILE")
+
+
+def test_a_parser_value_error_is_the_inputs_fault(tmp_path, capsys, monkeypatch):
+    # jaxlib raised ValueError("SmallVector unable to grow...") on a fuzzed bytecode file; the
+    # file is not reproducible here, so the bindings' parse raises what it raised then.
+    from hlo_analyzer import mlir
+
+    dump = tmp_path / "module.mlirbc"
+    dump.write_bytes(b"ML\xefR" + bytes(64))
+
+    def parse(*args, **kwargs):
+        raise ValueError("SmallVector unable to grow. Requested capacity (4294967296) is larger "
+                         "than maximum value for size type (4294967295)")
+
+    monkeypatch.setattr(mlir.ir.Module, "parse", parse)
+    from hlo_trace.errors import InputFileError
+
+    with pytest.raises(InputFileError, match="module.mlirbc: MLIR does not parse: SmallVector"):
+        mlir.load_module(dump)
+
+
+def test_analyze_pipeline_steps_are_bounded(capsys):
+    from hlo_analyzer.pipeline_cli import pipeline_command
+
+    code = run_click(pipeline_command, [str(PIPELINE_TOML), *map(str, STAGE_DUMPS), "--steps", "9" * 400])
+    assert_one_line(code, capsys.readouterr().err, "--steps")
+
+
+# -- 5. silently accepted input -------------------------------------------------------------------
+
+
+def pipeline_cli(capsys, toml: Path, dumps: list[Path], *args: str) -> tuple[int, str, str]:
+    from hlo_analyzer.pipeline_cli import pipeline_command
+
+    code = run_click(pipeline_command, [str(toml), *map(str, dumps), *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("old, new, fragments", [
+    # stages swapped in the TOML: the dumps hold pairs 0 and 1, the TOML says 1 then 0
+    ("stage_ids = [[0, 0], [1, 1]]", "stage_ids = [[1, 1], [0, 0]]", ("block pairs [0, 0]", "[1, 1]")),
+    # overlapping submeshes: both stages on devices of columns 0-1
+    ("submeshes = [[2, 2, 0, 0], [2, 2, 0, 2]]", "submeshes = [[2, 2, 0, 0], [2, 2, 0, 1]]", ("overlap",)),
+    # disjoint, but not where the dumps were traced
+    ("submeshes = [[2, 2, 0, 0], [2, 2, 0, 2]]", "submeshes = [[2, 2, 0, 2], [2, 2, 0, 0]]", ("traced on submeshes",)),
+    ("stage_ids = [[0, 0], [1, 1]]", "stage_ids = [[0, 1], [1, 1]]", ("block pairs [0, 0]",)),
+    ("stage_ids = [[0, 0], [1, 1]]", "stage_ids = [[0, 0], [1, -1]]", ("stage_ids",)),
+])
+def test_pipeline_toml_is_checked_against_the_sidecars(tmp_path, capsys, old, new, fragments):
+    text = PIPELINE_TOML.read_text()
+    assert old in text
+    toml = tmp_path / "p.toml"
+    toml.write_text(text.replace(old, new))
+    code, out, err = pipeline_cli(capsys, toml, STAGE_DUMPS)
+    assert_one_line(code, err, *fragments)
+    assert out == ""
+
+
+def test_the_right_pipeline_toml_still_passes(capsys):
+    code, out, err = pipeline_cli(capsys, PIPELINE_TOML, STAGE_DUMPS, "--format", "json")
+    assert code == 0, err
+    assert '"stages"' in out
+
+
+def test_dumps_given_in_the_wrong_order_are_refused(capsys):
+    code, _, err = pipeline_cli(capsys, PIPELINE_TOML, STAGE_DUMPS[::-1])
+    assert_one_line(code, err, "block pairs [1, 1]")
+
+
+def test_output_and_timeline_on_one_file_are_refused(tmp_path, capsys):
+    target = tmp_path / "x.json"
+    code, _, err = analyze_cli(capsys, TINY, "--hw", "tx8", "-o", target, "--timeline", tmp_path / "." / "x.json")
+    assert_one_line(code, err, "--timeline", "-o")
+    assert not target.exists()
+
+
+def test_output_on_a_dangling_symlink_needs_force(tmp_path, capsys):
+    link = tmp_path / "report.txt"
+    link.symlink_to(tmp_path / "missing" / "target.txt")
+    code, _, err = analyze_cli(capsys, EXAMPLE, "-o", link)
+    assert_one_line(code, err, "dangling symbolic link", "--force")
+    assert link.is_symlink()
+    code, _, err = analyze_cli(capsys, EXAMPLE, "-o", link, "--force")
+    assert code == 0, err
+    assert not link.is_symlink() and link.stat().st_size > 0  # the link replaced, not followed
+
+
+def test_a_2_gb_non_dump_is_refused_from_its_first_bytes(tmp_path, capsys):
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as handle:  # sparse: 2 GB long, no disk used
+        handle.truncate(2 * 2**30)
+    start = time.perf_counter()
+    code, _, err = analyze_cli(capsys, big)
+    assert time.perf_counter() - start < 2  # reading it whole took 12.9 s and 4.3 GB
+    assert_one_line(code, err, str(big), "neither MLIR")
+
+
+@pytest.mark.parametrize("head, refused", [
+    (b"// comment\n" * 200 + b"module {}", False),  # comments past the sniffed KiB: undecided
+    (b"HloModule m\n", False),
+    (b"   \n\n  func.func @f() {\n", False),
+    (b"ML\xefR", False),
+    (b"\xff\xfe garbage", True),
+    (b"PK\x03\x04 a zip file" + bytes(2000), True),
+    (b"x" * 5000, True),
+    (b"modul", True),  # a whole (short) file: decided at once
+])
+def test_sniffing_refuses_only_what_cannot_be_a_dump(head, refused):
+    from hlo_analyzer.mlir import SNIFF_BYTES, sniff_kind
+    from hlo_trace.errors import InputFileError
+
+    if refused:
+        with pytest.raises(InputFileError):
+            sniff_kind(head[:SNIFF_BYTES], "f")
+    else:
+        sniff_kind(head[:SNIFF_BYTES], "f")
