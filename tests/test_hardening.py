@@ -356,3 +356,65 @@ def test_sniffing_refuses_only_what_cannot_be_a_dump(head, refused):
             sniff_kind(head[:SNIFF_BYTES], "f")
     else:
         sniff_kind(head[:SNIFF_BYTES], "f")
+
+
+# -- 4. no orphans: the analysis children end with the command ------------------------------------
+
+
+def _group_members(group: int) -> list[int]:
+    """Live (not zombie) processes of process group ``group``, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == group and fields[0] != "Z":  # state, ppid, pgrp
+            members.append(int(entry.name))
+    return members
+
+
+@pytest.fixture(scope="module")
+def big_dump(tmp_path_factory):
+    """~150k ops (16 MB): analyze-hlo runs ~3 s, with its analysis child and memory grandchild."""
+    from benchmarks.analyze_speed import synthetic_module
+
+    path = tmp_path_factory.mktemp("big") / "big.mlir"
+    path.write_text(synthetic_module(150_000))
+    return path
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_killed_analyze_hlo_leaves_no_process_and_no_output(tmp_path, big_dump, signal_name):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    output = tmp_path / "report.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hlo_analyzer.cli", str(big_dump), "--format", "json", "-o", str(output)],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)  # its own process group: every process of it is found by group
+    try:
+        deadline = time.monotonic() + 30
+        while len(_group_members(process.pid)) < 2:  # the analysis child is running
+            assert process.poll() is None, "analyze-hlo ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert process.poll() is None
+        process.send_signal(getattr(signal, signal_name))
+        process.wait(timeout=10)
+        time.sleep(1.0)
+        assert _group_members(process.pid) == []
+        time.sleep(3.0)  # the analysis would have finished by now: nothing may write the report
+        assert not output.exists()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        for pid in _group_members(process.pid):
+            os.kill(pid, signal.SIGKILL)
