@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware.units import Dimension, parse_quantity
-from hlo_trace.errors import InputFileError
+from hlo_trace.errors import InputFileError, shown
 
 __all__ = [
     "COLLECTIVE_ALGORITHMS",
@@ -465,7 +465,7 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> HardwareSpec:
     try:
         table = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
-        raise InputFileError(f"{path}: cannot read: {error.strerror or error}") from None
+        raise InputFileError(f"{shown(path)}: cannot read: {error.strerror or error}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise InputFileError(f"{path}: not valid TOML: {error}") from None
     kind = table.get("kind")
@@ -491,7 +491,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     path = _resolve(name_or_path)
     if path is None:
         raise InputFileError(
-            f"{name_or_path}: no such hardware file or bundled name (bundled: {', '.join(bundled_hardware_names())})"
+            f"{shown(name_or_path)}: no such hardware file or bundled name (bundled: {', '.join(bundled_hardware_names())})"
         )
     return _load(path)
 

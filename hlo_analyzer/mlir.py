@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 
-from hlo_trace.errors import InputFileError, UnsupportedIRError
+from hlo_trace.errors import InputFileError, UnsupportedIRError, shown
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def load_module(path: str | os.PathLike | bytes, context: ir.Context | None = No
     """
     if isinstance(path, (bytes, bytearray)):
         return parse_module(bytes(path), "<bytes>", context)
-    return parse_module(read_input_file(path), str(path), context)
+    return parse_module(read_input_file(path), shown(path), context)
 
 
 def load_module_text(content: str | bytes, origin: str = "<text>",
@@ -256,24 +256,25 @@ def load_module_text(content: str | bytes, origin: str = "<text>",
 def read_input_file(path: str | os.PathLike) -> bytes:
     """The bytes of a regular file; a missing file, a directory, a FIFO, a device or an unreadable
     file is one ``InputFileError`` (checked with ``stat`` first, so a FIFO never blocks)."""
+    name = shown(path)
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file") from None
+        raise InputFileError(f"{name}: no such file") from None
     except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, EACCES on a parent, NUL byte
-        raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None
+        raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise InputFileError(f"{path}: is a directory, expected a dump file")
+        raise InputFileError(f"{name}: is a directory, expected a dump file")
     if not stat.S_ISREG(info.st_mode):
-        raise InputFileError(f"{path}: is not a regular file (a FIFO, socket or device); "
+        raise InputFileError(f"{name}: is not a regular file (a FIFO, socket or device); "
                              "expected a dump file")
     try:
         with open(path, "rb") as handle:
-            sniff_kind(handle.read(SNIFF_BYTES), str(path))  # a 2 GB non-dump is not read whole
+            sniff_kind(handle.read(SNIFF_BYTES), name)  # a 2 GB non-dump is not read whole
             handle.seek(0)
             return handle.read()
     except (OSError, MemoryError) as exc:
-        raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None
+        raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
 
 
 def check_string_escapes(raw: bytes, origin: str) -> None:

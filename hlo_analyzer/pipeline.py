@@ -32,7 +32,7 @@ from typing import Any
 
 from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs, sidecar_for
 from hlo_analyzer.tensors import ELEMENT_BYTES
-from hlo_trace.errors import InputFileError, UsageError
+from hlo_trace.errors import InputFileError, UsageError, shown
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def load_plan(path: str | Path) -> PipelinePlan:
     try:
         data = tomllib.loads(source.read_text())
     except FileNotFoundError:
-        raise InputFileError(f"{source}: pipeline file not found") from None
+        raise InputFileError(f"{shown(source)}: pipeline file not found") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InputFileError(f"{source}: not valid TOML ({exc})") from None
     stage_ids = data.get("stage_ids")

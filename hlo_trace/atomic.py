@@ -7,24 +7,25 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UsageError, shown
 
 
 def check_target(path: str | os.PathLike, *, force: bool = False) -> Path:
     """The checks ``atomic_write`` makes before writing, alone: a command calls it first, so that
     a long computation is not lost to an output it may not write."""
     target = Path(path)
+    name = shown(target)
     if target.is_symlink() and not target.exists() and not force:
-        raise UsageError(f"{target}: is a dangling symbolic link; pass --force to replace the link")
+        raise UsageError(f"{name}: is a dangling symbolic link; pass --force to replace the link")
     if target.exists() and not force:
-        raise UsageError(f"{target}: already exists; pass --force to overwrite it")
+        raise UsageError(f"{name}: already exists; pass --force to overwrite it")
     if target.exists() and not target.is_file():  # never replace a device, FIFO or directory
-        raise UsageError(f"{target}: is not a regular file; refusing to replace it")
+        raise UsageError(f"{name}: is not a regular file; refusing to replace it")
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
-        raise UsageError(f"{directory}: output directory does not exist")
+        raise UsageError(f"{shown(directory)}: output directory does not exist")
     if not os.access(directory, os.W_OK):
-        raise UsageError(f"{directory}: output directory is not writable")
+        raise UsageError(f"{shown(directory)}: output directory is not writable")
     return target
 
 
@@ -58,7 +59,7 @@ def check_targets(targets: dict[str, str | os.PathLike | None], *, force: bool =
         check_target(path, force=force)
         key = os.path.realpath(path)
         if key in seen:
-            raise UsageError(f"{path}: given to both {seen[key]} and {option}; expected two "
+            raise UsageError(f"{shown(path)}: given to both {seen[key]} and {option}; expected two "
                              "different files")
         seen[key] = option
 
@@ -90,6 +91,6 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
         if isinstance(exc, OSError):  # a full disk, a quota, an I/O error: one line
-            raise UsageError(f"{target}: cannot write: {exc.strerror or exc}") from None
+            raise UsageError(f"{shown(target)}: cannot write: {exc.strerror or exc}") from None
         raise
     return target

@@ -13,8 +13,12 @@ from collections.abc import Iterable, Sequence
 
 import click
 
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UsageError, shown
 
+#: Upper bound of physical quantities given as options (a bandwidth in GB/s, a latency in us):
+#: far above any machine (1e9 GB/s is an exabyte per second), and small enough that the
+#: products a report takes of them (bytes, seconds, FLOP/s) stay finite in a float.
+MAX_QUANTITY = 1e9
 #: Upper bound of count options (``--steps``, ``--blocks``): far above any real use (30 sampling
 #: steps, 28 block pairs) yet small enough that products of counts stay exact in a float.
 MAX_COUNT = 10**6
@@ -26,8 +30,9 @@ class PositiveFinite(click.ParamType):
 
     name = "number"
 
-    def __init__(self, *, allow_zero: bool = False) -> None:
+    def __init__(self, *, allow_zero: bool = False, maximum: float = math.inf) -> None:
         self.allow_zero = allow_zero
+        self.maximum = maximum
 
     def convert(self, value, param, ctx) -> float:
         try:
@@ -39,6 +44,8 @@ class PositiveFinite(click.ParamType):
         if number < 0 or (number == 0 and not self.allow_zero):
             bound = "at least 0" if self.allow_zero else "greater than 0"
             self.fail(f"{value!r} must be {bound}", param, ctx)
+        if number > self.maximum:
+            self.fail(f"{value!r} must be at most {self.maximum:g}", param, ctx)
         return number
 
 
@@ -77,7 +84,7 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 1
     except OSError as exc:  # the system refused: disk full, permission, too many files, ...
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{shown(exc.filename)}: " if exc.filename else ""
         reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
         click.echo(f"Error: {where}{reason}", err=True)
         return 2

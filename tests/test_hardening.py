@@ -418,3 +418,57 @@ def test_killed_analyze_hlo_leaves_no_process_and_no_output(tmp_path, big_dump, 
     finally:
         for pid in _group_members(process.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+# -- 6. messages ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--bogus"], "--bogus"),
+    (["--devices", "x"], "--devices"),
+    (["--jobs", "0"], "--jobs"),
+])
+def test_sweep_click_errors_are_one_line(args, fragment):
+    from click.testing import CliRunner
+
+    from scripts.sweep import main as sweep_main
+
+    result = CliRunner().invoke(sweep_main, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and fragment in lines[0], result.output
+
+
+def test_a_missing_file_whose_name_holds_a_newline_keeps_the_reason(tmp_path, capsys):
+    code, _, err = analyze_cli(capsys, tmp_path / "two\nlines.mlir")
+    assert_one_line(code, err, "two\\nlines.mlir: no such file")
+    code, _, err = analyze_cli(capsys, EXAMPLE, "--hw", "tab\there.toml")
+    assert_one_line(code, err, "tab\\there.toml: no such hardware file")
+
+
+@pytest.mark.parametrize("args", [
+    ["--link-bandwidth", "1e300"],  # printed "inf GB/s" before
+    ["--link-bandwidth", "100", "--hop-latency", "1e300"],
+    ["--hw", "tx8", "--link-bandwidth", "1e300"],
+])
+def test_huge_physical_options_are_refused(capsys, args):
+    code, _, err = analyze_cli(capsys, EXAMPLE, *args)
+    assert_one_line(code, err, args[-2], "at most 1e+09")
+
+
+def test_largest_link_bandwidth_prints_finitely(capsys):
+    code, out, err = analyze_cli(capsys, EXAMPLE, "--link-bandwidth", "1e9", "--format", "json")
+    assert code == 0, err
+    assert "Infinity" not in out and "inf" not in out.lower().replace("info", "")
+
+
+def test_sweep_on_four_devices_skips_the_patch_counts_the_shape_cannot_hold(caplog):
+    from scripts.sweep import plan_pipelines
+
+    # 28_64_64: latent 64/8 = 8 rows, patch 2 high -> 4 patch rows; M = 8 cannot be cut
+    with caplog.at_level("WARNING"):
+        cases = plan_pipelines("tiny", ["28_64_64"], 4, None, "2,4,8")
+    assert sorted({case.patches for case in cases}) == [2, 4]
+    assert cases and all(case.shape == "28_64_64" for case in cases)
+    warnings = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(warnings) == 1 and "M = 8 at 28_64_64" in warnings[0].getMessage()

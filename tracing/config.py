@@ -31,7 +31,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UsageError, shown
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_count
 from models.opensora.inputs import geometry, parse_shape
@@ -230,7 +230,7 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
     """Read a pipeline TOML file; ``overrides`` (e.g. from CLI options) win over its values."""
     source = Path(path)
     if not source.is_file():
-        raise PipelineConfigError(f"{source}: pipeline file not found")
+        raise PipelineConfigError(f"{shown(source)}: pipeline file not found")
     try:
         data = tomllib.loads(source.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
