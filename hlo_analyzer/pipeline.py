@@ -32,6 +32,7 @@ from typing import Any
 
 from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs, sidecar_for
 from hlo_analyzer.tensors import ELEMENT_BYTES
+from hlo_trace.cli import MAX_COUNT
 from hlo_trace.errors import InputFileError, UsageError, shown
 
 log = logging.getLogger(__name__)
@@ -150,8 +151,9 @@ def load_plan(path: str | Path) -> PipelinePlan:
                              f"{len(stage_ids)} stages; expected one name or one per stage")
     patches, warmup = data.get("patches", 1), data.get("warmup_steps", 1)
     for key, value, least in (("patches", patches, 1), ("warmup_steps", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise InputFileError(f"{source}: {key} = {value!r}: expected an integer >= {least}")
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_COUNT:
+            raise InputFileError(f"{source}: {key} = {value!r}: expected an integer from {least} "
+                                 f"to {MAX_COUNT}")
     schedule = data.get("schedule", DEFAULT_SCHEDULE)
     if schedule not in SCHEDULES:
         raise InputFileError(f"{source}: schedule = {schedule!r}: expected one of "
