@@ -472,3 +472,42 @@ def test_sweep_on_four_devices_skips_the_patch_counts_the_shape_cannot_hold(capl
     assert cases and all(case.shape == "28_64_64" for case in cases)
     warnings = [r for r in caplog.records if "skipped" in r.getMessage()]
     assert len(warnings) == 1 and "M = 8 at 28_64_64" in warnings[0].getMessage()
+
+
+# -- found by the property test (tests/test_properties.py) -------------------------------------------
+
+
+def test_pipeline_recurrence_and_closed_form_agree():
+    import random
+
+    from hardware.pipeline import closed_form_steps_s, pipelined_steps_s
+
+    rng = random.Random(24)
+    for _ in range(3000):
+        chain = [rng.choice([0.0, rng.random(), 10 * rng.random()]) for _ in range(rng.choice([1, 3, 5]))]
+        back = rng.choice([0.0, rng.random(), 5 * rng.random()])
+        patches, steps = rng.randint(1, 9), rng.randint(1, 9)
+        schedule = rng.choice(["overlapped", "per-step"])
+        walked = pipelined_steps_s(chain, back, patches=patches, steps=steps, schedule=schedule)
+        closed = closed_form_steps_s(chain, back, patches=patches, steps=steps, schedule=schedule)
+        assert closed == pytest.approx(walked, rel=1e-12, abs=1e-300)
+
+
+def test_a_million_steps_of_34_patches_take_no_time():
+    # analyze-pipeline --steps 960699 with patches = 34 walked 33 M patch jobs (40 s)
+    from test_pipeline import closed_form_s
+
+    from hardware.pipeline import pipelined_steps_s
+
+    chain, back = [3.0, 1.0, 5.0], 2.0
+    for schedule in ("overlapped", "per-step"):
+        start = time.perf_counter()
+        total = pipelined_steps_s(chain, back, patches=34, steps=100_000, schedule=schedule)
+        assert time.perf_counter() - start < 0.1
+        assert total == pytest.approx(closed_form_s(chain, back, 34, 100_000, schedule), rel=1e-12)
+
+
+def test_a_shape_beyond_int32_is_refused_before_any_arithmetic(tmp_path):
+    # frames of 10**400: OverflowError (int too large for a float) in the strategy's layout
+    result = trace_stage(tmp_path, "--mesh", "2x2", "--strategy", "usp", "--shape", "1" + "0" * 400 + "_39_64")
+    assert result.exit_code == 2 and "at most 2147483647" in result.output, result.output

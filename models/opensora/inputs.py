@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from models.opensora.config import STDiT3Config
+from models.opensora.config import MAX_SIZE, STDiT3Config
 from models.opensora.errors import ShapeError
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ def parse_shape(text: str | VideoShape) -> VideoShape:
     frames, width, height = (int(g) for g in match.groups())
     if min(frames, width, height) <= 0:
         raise ShapeError(f"bad video shape {text!r}: frames, width and height must be positive")
+    if max(frames, width, height) > MAX_SIZE:
+        raise ShapeError(f"bad video shape {text!r}: frames, width and height must be at most "
+                         f"{MAX_SIZE} (an int32 size)")
     return VideoShape(frames, width, height)
 
 
