@@ -24,8 +24,9 @@ blocks, so compute is the larger of the two.
 
 SRAM per tile: ``stages * (K and V block + Q block + fp32 O block) + fp32 score block + fp32 row
 statistics``. Candidates: ``tx, ty`` powers of two from the granule and the full extent;
-``heads_per_block`` the divisors of the head count (1 only without head fusion); ``q_split``
-powers of two and divisors of the tile count. Exhaustive (a few thousand candidates at most);
+``heads_per_block`` the divisors of the head count (1 only without head fusion; for a count
+above 2**20, its divisors up to 1024 and their cofactors: :func:`hardware.tiling.small_divisors`);
+``q_split`` the tile factors of :func:`hardware.tiling.tile_factors`. Exhaustive (a few thousand candidates at most);
 ties go to the smallest tiling so the result does not depend on the order.
 """
 
@@ -40,7 +41,7 @@ from hardware.kernel_model import gpu_flash_attention_mapping
 from hardware.mapping import FlashAttentionTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, attention_dims
 from hardware.spec import ChipSpec
-from hardware.tiling import block_candidates, padded_extent, round_up, tile_factors
+from hardware.tiling import block_candidates, padded_extent, round_up, small_divisors, tile_factors
 from hardware.vector_mapper import MappingError
 
 __all__ = ["RESCALE_OPS_PER_OUTPUT_ELEMENT", "STATISTICS_PER_ROW", "flashatten_mapper"]
@@ -155,7 +156,7 @@ def flashatten_mapper(
             rng.shuffle(items)
         return items
 
-    head_options = [d for d in range(1, heads + 1) if heads % d == 0] if fuse_heads else [1]
+    head_options = small_divisors(heads) if fuse_heads else [1]
     split_options = [s for s in tile_factors(chip.tile_count) if s <= max(1, math.ceil(s_q / granule))]
     if q_split is not None:
         split_options = [q_split]

@@ -45,10 +45,21 @@ Search (branch and bound, exact)
     only expands ``tk`` and the loop order under pairs that can still win. Every bound is
     <= the exact cost of every candidate below it, so the optimum is the exhaustive one; ties are
     broken by the tiling's natural order, so neither search depends on candidate order.
+
+Limits
+    Tile factors are bounded (:func:`hardware.tiling.tile_factors`: every divisor of a count up
+    to 1024, else the powers of two, the divisors up to 32 and their cofactors). Of the
+    placements, the ``MAX_PLACEMENTS`` that use the most tiles are searched; the search stops
+    once it has bounded or costed ``MAX_SEARCH_STEPS`` block candidates and has a tiling. Both
+    limits are above what any chip of up to 1024 tiles needs on the bundled dumps, where the
+    result is the exact optimum; past them (a chip of 720,720 tiles, a GEMM of 2**20 huge
+    instances) the result is the best tiling found in the lowest-bound placements, and the
+    search takes about a second instead of minutes.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterator
@@ -76,6 +87,12 @@ LOOP_ORDERS = ("mnk", "nmk")
 #: A bound prunes only when it exceeds the best latency by this relative margin, so rounding in
 #: the last bit can never prune a candidate that the exhaustive loop would pick.
 _PRUNE_MARGIN = 1e-9
+#: Search limits (module docstring, "Limits"): the placements searched, and the candidate
+#: blocks costed or bounded, per GEMM. Above every bundled chip's need (a chip of up to 1024
+#: tiles has at most 19,663 placements; the bundled dumps cost at most ~15,000 candidates),
+#: they keep a chip of 720,720 tiles or a GEMM of 2**20 instances to about a second.
+MAX_PLACEMENTS = 20_000
+MAX_SEARCH_STEPS = 100_000
 
 
 @dataclass(frozen=True)
@@ -109,23 +126,29 @@ Placement = tuple[int, int, int, int]
 
 
 def _placements(chip: ChipSpec, problem: _Problem, preset: GemmPreset) -> list[Placement]:
+    """Every ``(pm, pn, pk, pb)`` of tile factors within the tile count and the dimensions'
+    limits, in nested factor order. The loops stop at the first factor past a limit (the
+    factors are sorted), so the work is the number of placements, not factors**4."""
     granule = chip.gemm_granule_elements
-    limits = [max(1, math.ceil(d / granule)) for d in (problem.m, problem.n, problem.k)] + [problem.batch]
-    factors = tile_factors(chip.tile_count)
-    wanted = (preset.pm, preset.pn, preset.pk, preset.pb)
-    result = []
-    for pb in factors:
-        for pm in factors:
-            for pn in factors:
-                for pk in factors:
-                    placement = (pm, pn, pk, pb)
-                    if pm * pn * pk * pb > chip.tile_count:
-                        continue
-                    if any(p > limit for p, limit in zip(placement, limits)):
-                        continue
-                    if any(want is not None and want != got for want, got in zip(wanted, placement)):
-                        continue
-                    result.append(placement)
+    limit_m, limit_n, limit_k = (max(1, math.ceil(d / granule)) for d in (problem.m, problem.n, problem.k))
+    tiles = chip.tile_count
+    factors = tile_factors(tiles)
+
+    def options(limit: int, budget: int, wanted: int | None) -> list[int]:
+        bound = min(limit, budget)
+        if wanted is not None:
+            return [wanted] if wanted in factors and wanted <= bound else []
+        return list(itertools.takewhile(lambda f: f <= bound, factors))
+
+    result = [
+        (pm, pn, pk, pb)
+        for pb in options(problem.batch, tiles, preset.pb)
+        for pm in options(limit_m, tiles // pb, preset.pm)
+        for pn in options(limit_n, tiles // (pb * pm), preset.pn)
+        for pk in options(limit_k, tiles // (pb * pm * pn), preset.pk)
+    ]
+    if len(result) > MAX_PLACEMENTS:  # the ones that use the most tiles (a stable sort)
+        result = sorted(result, key=lambda p: -(p[0] * p[1] * p[2] * p[3]))[:MAX_PLACEMENTS]
     return result
 
 
@@ -361,13 +384,13 @@ def gemm_auto_opt_mapper(
     placements = _shuffled(_placements(chip, problem, preset), rng)
     bounded = sorted((_placement_bound(problem, chip, p), p) for p in placements)
     best: Mapping | None = None
-    visited = 0
+    visited = steps = 0
 
     def beaten(bound: float) -> bool:
         return best is not None and bound > best.latency_s * (1 + _PRUNE_MARGIN)
 
     for placement_bound, placement in bounded:
-        if beaten(placement_bound):
+        if beaten(placement_bound) or (best is not None and steps >= MAX_SEARCH_STEPS):
             break
         tms, tks, tns, orders = (_shuffled(c, rng) for c in _candidates_of_placement(problem, chip, placement, preset))
         tks_descending = sorted(tks, reverse=True)
@@ -377,8 +400,9 @@ def gemm_auto_opt_mapper(
             for tn in tns
             if _fits(chip, problem, tm, min(tks), tn)
         )
+        steps += len(tms) * len(tns)
         for pair_bound, tm, tn in pairs:
-            if beaten(pair_bound):
+            if beaten(pair_bound) or (best is not None and steps >= MAX_SEARCH_STEPS):
                 break
             for tk in tks_descending:
                 if not _fits(chip, problem, tm, tk, tn):
@@ -388,6 +412,7 @@ def gemm_auto_opt_mapper(
                     mapping = _cost(problem, chip, _tiling(placement, tm, tk, tn, order))
                     if _better(mapping, best):
                         best = mapping
+            steps += len(tks) * len(orders)
     if best is None:
         raise _no_fit(problem, chip)
     return replace(best, candidates_visited=visited)

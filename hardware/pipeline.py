@@ -28,7 +28,8 @@ where ``R(j)`` is when job j's input is back at stage 0, per schedule:
 
 ``R(j) = 0`` in the first pipelined step (or the end of the warm-up, below). The pipelined steps
 end when the last stage finishes the last patch, ``C[L-2][S*M - 1]`` (the last step sends
-nothing back). :func:`pipelined_steps_s` evaluates the recurrence. Closed forms (longest paths
+nothing back). :func:`pipelined_steps_s` evaluates the recurrence (the closed forms below,
+:func:`closed_form_steps_s`, when it would take more than ``RECURRENCE_MAX_UPDATES`` updates). Closed forms (longest paths
 through the recurrence's graph), with ``D = max_i d_i``, ``D' = max_{i <= L-2} d_i`` and
 ``T = sum_i d_i``, ``T' = sum_{i <= L-2} d_i`` (without the return), S pipelined steps:
 
@@ -109,6 +110,9 @@ def pipelined_steps_s(chain_s: Sequence[float], return_s: float, *, patches: int
         raise ValueError(f"patches={patches}: expected at least one")
     if steps < 1 or not chain_s:
         return 0.0
+    if steps * patches * (len(chain_s) + 1) > RECURRENCE_MAX_UPDATES:
+        return closed_form_steps_s(chain_s, return_s, patches=patches, steps=steps,
+                                   schedule=schedule)
     elements = [*chain_s, return_s]
     done = [0.0] * len(elements)  # C[i][j-1]: when element i finished its previous job
     back = [0.0] * patches        # C[L-1][j-M]: when patch m's input got back to stage 0
@@ -123,6 +127,30 @@ def pipelined_steps_s(chain_s: Sequence[float], return_s: float, *, patches: int
                 done[index] = ready
             back[patch] = ready
     return done[len(chain_s) - 1]
+
+
+#: Above this many element updates (steps x patches x elements) :func:`pipelined_steps_s`
+#: takes the closed form instead of walking the recurrence: 10**6 steps of 10**6 patches would
+#: take hours; the two agree to rounding (tests/test_hardening.py compares them).
+RECURRENCE_MAX_UPDATES = 200_000
+
+
+def closed_form_steps_s(chain_s: Sequence[float], return_s: float, *, patches: int, steps: int,
+                        schedule: str = DEFAULT_SCHEDULE) -> float:
+    """:func:`pipelined_steps_s` by the closed forms of the module doc (longest paths through
+    the recurrence's graph), in constant time."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if steps < 1 or not chain_s:
+        return 0.0
+    loop_s, bottleneck_s = sum(chain_s) + return_s, max(*chain_s, return_s)
+    open_s, open_bottleneck_s = sum(chain_s), max(chain_s)  # T', D': without the return
+    if schedule == "per-step":
+        return ((steps - 1) * (loop_s + (patches - 1) * bottleneck_s)
+                + open_s + (patches - 1) * open_bottleneck_s)
+    wraps = {w for w in (1, steps - 1) if 1 <= w <= steps - 1}
+    return max([open_s + (steps * patches - 1) * open_bottleneck_s]
+               + [w * loop_s + open_s + ((steps - w) * patches - 1) * bottleneck_s for w in wraps])
 
 
 def _chain(stage_s: Sequence[float], transfer_s: Sequence[float]) -> list[float]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware.units import Dimension, parse_quantity
-from hlo_trace.errors import InputFileError
+from hlo_trace.errors import InputFileError, shown
 
 __all__ = [
     "COLLECTIVE_ALGORITHMS",
@@ -237,12 +238,19 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _by(text: str) -> tuple[int, int] | None:
+    """``"4x8"`` -> (4, 8): positive ASCII numbers and a lower-case ``x``; None for anything else."""
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", text)
+    if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
 def _grid(value: Any) -> tuple[int, int]:
-    text = _text(value)
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    grid = _by(_text(value))
+    if grid is None:
         raise ValueError(f"expected '<rows>x<cols>' such as '4x4', got {value!r}")
-    return int(parts[0]), int(parts[1])
+    return grid
 
 
 def _one_of(choices: tuple[str, ...]) -> Reader:
@@ -276,10 +284,10 @@ def _tiles(value: Any) -> tuple[tuple[int, int], ...]:
         raise ValueError(f"expected a list of 'MxN' tiles such as [\"128x128\"], got {value!r}")
     tiles = []
     for item in value:
-        parts = str(item).lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        tile = _by(str(item))
+        if tile is None:
             raise ValueError(f"expected 'MxN' such as '128x256', got {item!r}")
-        tiles.append((int(parts[0]), int(parts[1])))
+        tiles.append(tile)
     return tuple(tiles)
 
 
@@ -476,7 +484,7 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> HardwareSpec:
     try:
         table = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
-        raise InputFileError(f"{path}: cannot read: {error.strerror or error}") from None
+        raise InputFileError(f"{shown(path)}: cannot read: {error.strerror or error}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise InputFileError(f"{path}: not valid TOML: {error}") from None
     kind = table.get("kind")
@@ -502,7 +510,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     path = _resolve(name_or_path)
     if path is None:
         raise InputFileError(
-            f"{name_or_path}: no such hardware file or bundled name (bundled: {', '.join(bundled_hardware_names())})"
+            f"{shown(name_or_path)}: no such hardware file or bundled name (bundled: {', '.join(bundled_hardware_names())})"
         )
     return _load(path)
 

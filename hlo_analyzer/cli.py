@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hlo_analyzer.comm import RingLink
-from hlo_trace.atomic import check_target
-from hlo_trace.cli import MAX_COUNT, OneLineCommand, PositiveFinite, emit, run_click
+from hlo_trace.atomic import check_targets
+from hlo_trace.cli import MAX_COUNT, MAX_QUANTITY, OneLineCommand, PositiveFinite, emit, run_click
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
 
@@ -69,11 +69,11 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 @click.option("--bruck", is_flag=True,
               help="Count all-to-all with Bruck's algorithm (M*log2(n)/2 per device) "
                    "instead of the ring (M*(n-1)/n).")
-@click.option("--link-bandwidth", type=PositiveFinite(), default=None,
+@click.option("--link-bandwidth", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
               metavar="GB/s", help="Link bandwidth (1 GB = 1e9 bytes): without --hw, a plain ring "
                                    "latency estimate of each collective; with --hw, it replaces the "
                                    "system's chip-to-chip link bandwidth (stated in the report).")
-@click.option("--hop-latency", type=PositiveFinite(allow_zero=True), default=None, metavar="US",
+@click.option("--hop-latency", type=PositiveFinite(allow_zero=True, maximum=MAX_QUANTITY), default=None, metavar="US",
               help="Per-step (per-hop with --hw) latency in microseconds; without --hw it needs "
                    "--link-bandwidth and defaults to 1; with --hw it replaces the system's.")
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
@@ -160,9 +160,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, output=output,
                        force=force, parallel=run_in_parallel(dump))
-    for target in (timeline, output):
-        if target is not None:
-            check_target(target, force=force)  # before the work, not after
+    check_targets({"--timeline": timeline, "-o": output}, force=force)  # before the work
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The
     # child writes the output files itself (a 1M-op report is 230 MB: not sent through a pipe).

@@ -7,6 +7,7 @@ jaxlib upgrade breaks one module and not the whole project.
 
 from __future__ import annotations
 
+import codecs
 import enum
 import logging
 import os
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 
-from hlo_trace.errors import InputFileError, UnsupportedIRError
+from hlo_trace.errors import InputFileError, UnsupportedIRError, shown
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,36 @@ def detect_kind(data: bytes, origin: str = "<input>") -> DumpKind:
     return _text_kind(_decode(data, origin), origin)
 
 
+#: Bytes read from the start of an input file to tell whether it can be a dump at all.
+SNIFF_BYTES = 1024
+#: The longest start of a first meaningful line that ``_text_kind`` recognises.
+_LONGEST_START = max(len(start) for start in ("HloModule", "module", "func.func", '"builtin.module"',
+                                              "sdy.mesh"))
+
+
+def sniff_kind(head: bytes, origin: str) -> None:
+    """Refuse, from the first bytes of a file, what cannot be a dump: not MLIR bytecode, and
+    not UTF-8 text, or text whose first meaningful line starts with none of the dump kinds'
+    words (``detect_kind``'s rules). Undecided heads (comments only, a line still too short,
+    a character cut at the end) pass: the whole file is read and detected then."""
+    if head.startswith(_MLIR_BYTECODE_MAGIC) or _MLIR_BYTECODE_MAGIC.startswith(head):
+        return
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        raise InputFileError(f"{origin}: not UTF-8 text and not MLIR bytecode") from None
+    complete = len(head) < SNIFF_BYTES
+    lines = list(_stripped_lines(text))
+    for number, line in enumerate(lines):
+        if not line or line.startswith(("//", "#")):
+            continue
+        is_last = number == len(lines) - 1 and not complete
+        if is_last and len(line) < _LONGEST_START:
+            return  # the line goes on past the head
+        _text_kind(line, origin)
+        return
+
+
 def _decode(data: bytes, origin: str) -> str:
     try:
         return data.decode("utf-8")
@@ -175,6 +206,10 @@ def parse_module(data: bytes | str, origin: str = "<input>",
             module = ir.Module.parse(text if kind is DumpKind.MLIR_TEXT else raw)
         except ir.MLIRError as exc:
             raise InputFileError(f"{origin}: MLIR does not parse: {_first_diagnostic(exc)}") from None
+        except (ValueError, RuntimeError, OverflowError, MemoryError) as exc:
+            # The bindings' own failures on malformed input (bytecode whose counts make LLVM's
+            # SmallVector refuse to grow, a buffer they cannot take): the input's fault too.
+            raise InputFileError(f"{origin}: MLIR does not parse: {_reason(exc)}") from None
         module = _upgrade_vhlo(module, raw, context, origin)
         if num_partitions is not None:
             # The converter drops the device count; collectives with empty groups need it.
@@ -209,7 +244,7 @@ def load_module(path: str | os.PathLike | bytes, context: ir.Context | None = No
     """
     if isinstance(path, (bytes, bytearray)):
         return parse_module(bytes(path), "<bytes>", context)
-    return parse_module(read_input_file(path), str(path), context)
+    return parse_module(read_input_file(path), shown(path), context)
 
 
 def load_module_text(content: str | bytes, origin: str = "<text>",
@@ -221,22 +256,25 @@ def load_module_text(content: str | bytes, origin: str = "<text>",
 def read_input_file(path: str | os.PathLike) -> bytes:
     """The bytes of a regular file; a missing file, a directory, a FIFO, a device or an unreadable
     file is one ``InputFileError`` (checked with ``stat`` first, so a FIFO never blocks)."""
+    name = shown(path)
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file") from None
+        raise InputFileError(f"{name}: no such file") from None
     except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, EACCES on a parent, NUL byte
-        raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None
+        raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise InputFileError(f"{path}: is a directory, expected a dump file")
+        raise InputFileError(f"{name}: is a directory, expected a dump file")
     if not stat.S_ISREG(info.st_mode):
-        raise InputFileError(f"{path}: is not a regular file (a FIFO, socket or device); "
+        raise InputFileError(f"{name}: is not a regular file (a FIFO, socket or device); "
                              "expected a dump file")
     try:
         with open(path, "rb") as handle:
+            sniff_kind(handle.read(SNIFF_BYTES), name)  # a 2 GB non-dump is not read whole
+            handle.seek(0)
             return handle.read()
     except (OSError, MemoryError) as exc:
-        raise InputFileError(f"{path}: cannot read: {_reason(exc)}") from None
+        raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
 
 
 def check_string_escapes(raw: bytes, origin: str) -> None:

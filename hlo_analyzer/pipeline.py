@@ -21,6 +21,7 @@ with the per-device dictionary of the dump's segmentation).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -31,7 +32,8 @@ from typing import Any
 
 from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs, sidecar_for
 from hlo_analyzer.tensors import ELEMENT_BYTES
-from hlo_trace.errors import InputFileError, UsageError
+from hlo_trace.cli import MAX_COUNT
+from hlo_trace.errors import InputFileError, UsageError, shown
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ class PipelinePlan:
     patches: int
     warmup_steps: int
     schedule: str = "overlapped"
+    #: ``[first, last]`` block pair of each stage, and its ``[nx, ny, loc_x, loc_y]`` submesh
+    #: when the file gives them (checked against the dumps' sidecars).
+    stage_ids: tuple[tuple[int, int], ...] = ()
+    submeshes: tuple[tuple[int, int, int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,12 +135,15 @@ def load_plan(path: str | Path) -> PipelinePlan:
     try:
         data = tomllib.loads(source.read_text())
     except FileNotFoundError:
-        raise InputFileError(f"{source}: pipeline file not found") from None
+        raise InputFileError(f"{shown(source)}: pipeline file not found") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InputFileError(f"{source}: not valid TOML ({exc})") from None
     stage_ids = data.get("stage_ids")
-    if not isinstance(stage_ids, list) or not stage_ids:
-        raise InputFileError(f"{source}: stage_ids: expected a list of [first, last] pairs")
+    if (not isinstance(stage_ids, list) or not stage_ids
+            or not all(_int_list(pair, 2) and 0 <= pair[0] <= pair[1] for pair in stage_ids)):
+        raise InputFileError(f"{source}: stage_ids: expected a list of [first, last] pairs "
+                             "(0 <= first <= last)")
+    submeshes = _plan_submeshes(source, data.get("submeshes"), len(stage_ids))
     strategy = data.get("strategy")
     strategies = (tuple(strategy) if isinstance(strategy, list)
                   else (str(strategy),) * len(stage_ids) if strategy is not None else None)
@@ -143,13 +152,60 @@ def load_plan(path: str | Path) -> PipelinePlan:
                              f"{len(stage_ids)} stages; expected one name or one per stage")
     patches, warmup = data.get("patches", 1), data.get("warmup_steps", 1)
     for key, value, least in (("patches", patches, 1), ("warmup_steps", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise InputFileError(f"{source}: {key} = {value!r}: expected an integer >= {least}")
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_COUNT:
+            raise InputFileError(f"{source}: {key} = {value!r}: expected an integer from {least} "
+                                 f"to {MAX_COUNT}")
     schedule = data.get("schedule", DEFAULT_SCHEDULE)
     if schedule not in SCHEDULES:
         raise InputFileError(f"{source}: schedule = {schedule!r}: expected one of "
                              f"{', '.join(SCHEDULES)}")
-    return PipelinePlan(str(source), len(stage_ids), strategies, patches, warmup, schedule)
+    return PipelinePlan(str(source), len(stage_ids), strategies, patches, warmup, schedule,
+                        tuple(tuple(pair) for pair in stage_ids), submeshes)
+
+
+def _int_list(value: Any, length: int) -> bool:
+    return (isinstance(value, list) and len(value) == length
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+
+
+def _plan_submeshes(source: Path, submeshes: Any,
+                    stages: int) -> tuple[tuple[int, int, int, int], ...] | None:
+    """The file's submeshes (None if it gives none): one ``[nx, ny, loc_x, loc_y]`` per stage,
+    no two overlapping (two stages of a pipeline run on different chips)."""
+    if submeshes is None:
+        return None
+    if (not isinstance(submeshes, list) or len(submeshes) != stages
+            or not all(_int_list(sub, 4) and min(sub[:2]) >= 1 and min(sub[2:]) >= 0
+                       for sub in submeshes)):
+        raise InputFileError(f"{source}: submeshes: expected one [nx, ny, loc_x, loc_y] per stage "
+                             f"({stages}), sizes >= 1 and corners >= 0")
+    for (i, a), (j, b) in itertools.combinations(enumerate(submeshes), 2):
+        if (a[2] < b[2] + b[0] and b[2] < a[2] + a[0]
+                and a[3] < b[3] + b[1] and b[3] < a[3] + a[1]):
+            raise InputFileError(f"{source}: submeshes of stages {i} {a} and {j} {b} overlap; "
+                                 "expected each stage on its own devices")
+    return tuple(tuple(sub) for sub in submeshes)
+
+
+def _check_sidecars(plan: PipelinePlan, dumps: list[str], sidecars: list[dict[str, Any]]) -> None:
+    """Each dump is the stage the plan says: its blocks, and the stage ids and submeshes it was
+    traced with (the sidecar's ``pipeline``), are the plan's."""
+    stage_ids = [list(pair) for pair in plan.stage_ids]
+    for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
+        blocks = sidecar.get("blocks")
+        if stage_ids and blocks is not None and list(blocks) != stage_ids[index]:
+            raise UsageError(f"{dump}: holds block pairs {blocks}, but {plan.path} gives stage "
+                             f"{index} the block pairs {stage_ids[index]}")
+        traced = sidecar.get("pipeline")
+        if not isinstance(traced, dict):
+            continue
+        if stage_ids and traced.get("stage_ids") not in (None, stage_ids):
+            raise UsageError(f"{dump}: traced with stage_ids {traced.get('stage_ids')}, but "
+                             f"{plan.path} has stage_ids {stage_ids}")
+        wanted = None if plan.submeshes is None else [list(sub) for sub in plan.submeshes]
+        if wanted is not None and traced.get("submeshes") not in (None, wanted):
+            raise UsageError(f"{dump}: traced on submeshes {traced.get('submeshes')}, but "
+                             f"{plan.path} has submeshes {wanted}")
 
 
 def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
@@ -163,6 +219,7 @@ def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
                          "given: expected one dump per stage, in stage order")
     system = load_system(hardware)
     sidecars = [_read_sidecar(dump) for dump in dumps]
+    _check_sidecars(plan, dumps, sidecars)
     stages = []
     for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
         following = sidecars[index + 1] if index + 1 < len(sidecars) else None

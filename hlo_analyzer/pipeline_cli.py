@@ -9,15 +9,15 @@ from collections.abc import Sequence
 
 import click
 
-from hlo_trace.cli import emit, run_click
+from hlo_trace.cli import MAX_COUNT, OneLineCommand, emit, run_click
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("pipeline", type=click.Path(dir_okay=False, path_type=str))
 @click.argument("dumps", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=str))
 @click.option("--hw", "hardware", default="tx8-16", show_default=True, metavar="NAME|FILE",
               help="System the stages run on (its chips hold the submeshes' device ids).")
-@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=30, show_default=True,
               help="Sampling steps of one inference.")
 @click.option("--schedule", type=click.Choice(["overlapped", "per-step"]), default=None,
               help="PipeFusion schedule: overlapped (steps overlap, fill and drain once per "

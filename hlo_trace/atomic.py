@@ -7,23 +7,61 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UsageError, shown
 
 
 def check_target(path: str | os.PathLike, *, force: bool = False) -> Path:
     """The checks ``atomic_write`` makes before writing, alone: a command calls it first, so that
     a long computation is not lost to an output it may not write."""
     target = Path(path)
+    name = shown(target)
+    if target.is_symlink() and not target.exists() and not force:
+        raise UsageError(f"{name}: is a dangling symbolic link; pass --force to replace the link")
     if target.exists() and not force:
-        raise UsageError(f"{target}: already exists; pass --force to overwrite it")
+        raise UsageError(f"{name}: already exists; pass --force to overwrite it")
     if target.exists() and not target.is_file():  # never replace a device, FIFO or directory
-        raise UsageError(f"{target}: is not a regular file; refusing to replace it")
+        raise UsageError(f"{name}: is not a regular file; refusing to replace it")
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
-        raise UsageError(f"{directory}: output directory does not exist")
+        raise UsageError(f"{shown(directory)}: output directory does not exist")
     if not os.access(directory, os.W_OK):
-        raise UsageError(f"{directory}: output directory is not writable")
+        raise UsageError(f"{shown(directory)}: output directory is not writable")
     return target
+
+
+_TMP_SUFFIX = ".tmp"
+#: Characters ``mkstemp`` adds between the prefix and the suffix.
+_TMP_RANDOM_CHARS = 8
+#: The file name limit when the file system does not say (Linux's NAME_MAX, in bytes).
+_DEFAULT_NAME_MAX = 255
+
+
+def _temporary_prefix(name: str, directory: Path) -> str:
+    """``.NAME.``, with NAME cut so that the temporary name (prefix, random part, suffix) fits
+    the directory's file name limit: a target name near the limit must not make the write fail."""
+    try:
+        name_max = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max = _DEFAULT_NAME_MAX
+    budget = name_max - len(_TMP_SUFFIX) - _TMP_RANDOM_CHARS - 2  # the two dots
+    while len(os.fsencode(name)) > budget:  # bytes: a multi-byte character counts as several
+        name = name[:-1]
+    return f".{name}."
+
+
+def check_targets(targets: dict[str, str | os.PathLike | None], *, force: bool = False) -> None:
+    """``check_target`` on each output a command was given (by option name, None when not
+    given), and no two naming the same file: one would silently replace the other."""
+    seen: dict[str, str] = {}
+    for option, path in targets.items():
+        if path is None:
+            continue
+        check_target(path, force=force)
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{shown(path)}: given to both {seen[key]} and {option}; expected two "
+                             "different files")
+        seen[key] = option
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
@@ -36,7 +74,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
     target = check_target(path, force=force)
     directory = target.parent if str(target.parent) else Path(".")
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(target.name, directory),
+                                    suffix=_TMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, mode) as handle:
             if isinstance(data, (str, bytes)):
@@ -52,6 +91,6 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
         if isinstance(exc, OSError):  # a full disk, a quota, an I/O error: one line
-            raise UsageError(f"{target}: cannot write: {exc.strerror or exc}") from None
+            raise UsageError(f"{shown(target)}: cannot write: {exc.strerror or exc}") from None
         raise
     return target

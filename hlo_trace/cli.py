@@ -4,6 +4,8 @@ and the option types they share."""
 from __future__ import annotations
 
 import errno
+import fcntl
+import io
 import math
 import os
 import sys
@@ -11,8 +13,12 @@ from collections.abc import Iterable, Sequence
 
 import click
 
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UsageError, shown
 
+#: Upper bound of physical quantities given as options (a bandwidth in GB/s, a latency in us):
+#: far above any machine (1e9 GB/s is an exabyte per second), and small enough that the
+#: products a report takes of them (bytes, seconds, FLOP/s) stay finite in a float.
+MAX_QUANTITY = 1e9
 #: Upper bound of count options (``--steps``, ``--blocks``): far above any real use (30 sampling
 #: steps, 28 block pairs) yet small enough that products of counts stay exact in a float.
 MAX_COUNT = 10**6
@@ -24,8 +30,9 @@ class PositiveFinite(click.ParamType):
 
     name = "number"
 
-    def __init__(self, *, allow_zero: bool = False) -> None:
+    def __init__(self, *, allow_zero: bool = False, maximum: float = math.inf) -> None:
         self.allow_zero = allow_zero
+        self.maximum = maximum
 
     def convert(self, value, param, ctx) -> float:
         try:
@@ -37,6 +44,8 @@ class PositiveFinite(click.ParamType):
         if number < 0 or (number == 0 and not self.allow_zero):
             bound = "at least 0" if self.allow_zero else "greater than 0"
             self.fail(f"{value!r} must be {bound}", param, ctx)
+        if number > self.maximum:
+            self.fail(f"{value!r} must be at most {self.maximum:g}", param, ctx)
         return number
 
 
@@ -56,6 +65,7 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
     Shared by the project's CLIs: click's own usage errors, the project's UsageError, a file
     system error (full disk, permissions) and an interrupted run all end without a traceback.
     """
+    _guard_closed_streams()
     try:
         result = command.main(args=list(argv) if argv is not None else None,
                               standalone_mode=False)
@@ -74,7 +84,7 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 1
     except OSError as exc:  # the system refused: disk full, permission, too many files, ...
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{shown(exc.filename)}: " if exc.filename else ""
         reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
         click.echo(f"Error: {where}{reason}", err=True)
         return 2
@@ -97,6 +107,51 @@ def emit(text: str | Iterable[str], output: str | None, *, force: bool = False) 
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text if isinstance(text, str) else "".join(text), nl=False)
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standard output when the command was started with it closed (``cmd >&-``): a report
+    written there is a usage error; flushing it is nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not text:
+            return 0
+        raise UsageError("standard output is closed: nowhere to write the report; "
+                         "pass -o FILE or open standard output")
+
+    def flush(self) -> None:
+        pass
+
+
+def _open_for_writing(fd: int) -> bool:
+    """Whether descriptor ``fd`` is open and writable (a closed standard stream may have been
+    taken by a file opened read-only before Python started, e.g. by a launcher script)."""
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return False
+    return flags & os.O_ACCMODE != os.O_RDONLY
+
+
+def _guard_closed_streams() -> None:
+    """A command started with standard output or error closed (``cmd >&-``) has a descriptor 1
+    (2) that is free, so the next file opened would take it, or already held by a read-only
+    file; and a Python stream that is None or fails. Hold the descriptor with /dev/null and
+    give Python a stream: for stdout, one that refuses the report with a usage error; for
+    stderr, /dev/null."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if _open_for_writing(fd) and getattr(sys, name) is not None:
+            continue
+        if not _open_for_writing(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        stream = _ClosedStdout() if fd == 1 else open(fd, "w", closefd=False)  # noqa: SIM115
+        setattr(sys, name, stream)
 
 
 def _one_line(message: str) -> str:

@@ -9,10 +9,16 @@ its result or its exception back through a pipe (pickled); the parent re-raises 
 ``UsageError`` that names the input and the signal. The cost on the happy path is one fork
 (~20 ms on a process that has jaxlib loaded) plus pickling the result: callers should return
 something small or already rendered (text), not live MLIR objects (they cannot cross processes).
+
+A child never outlives its parent: on Linux it asks the kernel for SIGKILL when its parent ends
+(``prctl(PR_SET_PDEATHSIG)``, so a ``kill -9`` of the command takes its children with it, and a
+child of a child likewise), and a parent ended by SIGTERM kills its live children first. So a
+child never writes the output of a command that was stopped.
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import logging
 import os
@@ -20,6 +26,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -34,6 +41,10 @@ _CHUNK = 1 << 20
 
 #: What a child keeps until it ends (``keep_until_exit``); None outside a child.
 _kept: list[Any] | None = None
+#: Children of this process that have not been collected: killed if SIGTERM ends it.
+_live_children: set[int] = set()
+#: prctl option: the signal a process gets when its parent ends (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
 
 
 class ChildFailed(Exception):
@@ -88,9 +99,13 @@ class ChildTask(Generic[T]):
         sys.stdout.flush()
         sys.stderr.flush()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by result()/cancel()
+        prctl = _prctl()  # resolved before the fork: no dynamic loading in the child
+        _kill_children_on_sigterm()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: never returns, whatever happens
             try:
+                _die_with(parent, prctl)
                 os.close(read_end)
                 global _kept
                 _kept = []
@@ -101,6 +116,7 @@ class ChildTask(Generic[T]):
             finally:
                 os._exit(1)
         os.close(write_end)
+        _live_children.add(pid)
         self._pid, self._read_end = pid, read_end
 
     def result(self) -> T:
@@ -110,6 +126,7 @@ class ChildTask(Generic[T]):
         try:
             payload = _read_all(self._read_end)
             _, status = os.waitpid(self._pid, 0)
+            _live_children.discard(self._pid)
             self._pid = 0
         finally:
             self.cancel()  # interrupted while the child runs: stop it, never leave it behind
@@ -230,6 +247,51 @@ def _stop(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
+    _live_children.discard(pid)
+
+
+_prctl_function: Any = None
+
+
+def _prctl() -> Any:
+    """libc's ``prctl`` (Linux), or None where there is none."""
+    global _prctl_function
+    if _prctl_function is None and sys.platform.startswith("linux"):
+        try:
+            _prctl_function = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+            _prctl_function = False
+    return _prctl_function or None
+
+
+def _die_with(parent: int, prctl: Any) -> None:
+    """In a new child: be killed when ``parent`` ends (PR_SET_PDEATHSIG), or end now if it
+    already has (it ended between the fork and the request: the child was re-parented); a
+    SIGTERM handler inherited from the parent is the parent's, not the child's."""
+    global _live_children
+    _live_children = set()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _kill_children_on_sigterm() -> None:
+    """Install (once, from the main thread, where SIGTERM is not already handled) a handler that
+    kills the live children and then ends this process by SIGTERM as it would have."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(number: int, frame: Any) -> None:
+    for pid in list(_live_children):
+        _stop(pid)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _crash_message(origin: str, what: str, number: int, reason: str) -> str:

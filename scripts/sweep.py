@@ -43,6 +43,7 @@ if str(REPO_ROOT) not in sys.path:
 import click  # noqa: E402
 
 from hlo_trace.atomic import atomic_write  # noqa: E402
+from hlo_trace.cli import OneLineCommand  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
 from models.opensora.parallel import default_mesh  # noqa: E402
@@ -433,8 +434,23 @@ def plan_pipelines(model_config: str, shapes: list[str], devices: int, pipelines
         counts = []
     if not counts or min(counts) < 1:
         raise UsageError(f"--patches {patch_counts!r}: expected positive integers, e.g. 2,4,8")
-    return [PipelineCase(model_config, shape, layout, patches, depth)
-            for shape in shapes for layout in layouts for patches in dict.fromkeys(counts)]
+    from tracing.config import PipelineConfigError
+    from tracing.pipefusion import patch_plan
+
+    model = get_config(model_config)
+    cases, skipped = [], []
+    for shape in shapes:
+        for patches in dict.fromkeys(counts):
+            try:
+                patch_plan(model, shape, patches)
+            except PipelineConfigError as error:  # more patches than the latent has rows
+                skipped.append(f"M = {patches} at {shape} ({error})")
+                continue
+            cases += [PipelineCase(model_config, shape, layout, patches, depth) for layout in layouts]
+    if skipped:
+        log.warning("pipeline cases skipped, their shape cannot be cut in that many patches: %s",
+                    "; ".join(skipped))
+    return cases
 
 
 def _jobs_within_memory(jobs: int) -> int:
@@ -515,7 +531,7 @@ def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *,
             else load_case(case, paths, settings) for case in cases]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "model_config", default="full", show_default=True,
               help="Model config: full, tiny or a model TOML file.")
 @click.option("--shapes", default=",".join(REFERENCE_SHAPES), show_default=True,

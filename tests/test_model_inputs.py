@@ -12,11 +12,12 @@ TINY = get_config("tiny")
 
 def test_parse_shape():
     assert parse_shape("204_640_360") == VideoShape(frames=204, width=640, height=360)
-    assert str(parse_shape(" 51_1280_720 ")) == "51_1280_720"
+    assert str(parse_shape("51_1280_720")) == "51_1280_720"
 
 
 @pytest.mark.parametrize("text", ["", "204x640x360", "204_640", "204_640_360_1", "a_b_c",
-                                  "204_-640_360", "0_640_360", "204_640_360.5"])
+                                  "204_-640_360", "0_640_360", "204_640_360.5",
+                                  " 51_1280_720 ", "\u0662\u0668_64_64"])  # issue 24: strict ASCII
 def test_malformed_shape_strings(text):
     with pytest.raises(ShapeError) as info:
         parse_shape(text)

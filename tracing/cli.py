@@ -20,7 +20,7 @@ import click
 
 from hlo_trace.cli import OneLineCommand
 from hlo_trace.errors import UsageError
-from tracing.config import INFERENCE_PATHS, PipelineConfig, build_config, load_config_file
+from tracing.config import INFERENCE_PATHS, PipelineConfig, build_config, check_trace_size, load_config_file
 
 log = logging.getLogger("tracing")
 
@@ -225,6 +225,7 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
         if devices is not None and devices != config.num_devices:
             raise UsageError(f"--devices {devices} does not match mesh {config.mesh_label} "
                              f"({config.num_devices} devices)")
+        check_trace_size(config)  # before torch allocates anything
         out = Path(out_dir)
         if all_stages:
             sys.exit(_trace_all_stages(config))

@@ -31,9 +31,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UsageError, shown
 from models.opensora.config import STDiT3Config, get_config
-from models.opensora.inputs import parse_shape
+from models.opensora.flops import parameter_count
+from models.opensora.inputs import geometry, parse_shape
 
 #: Names the CLI and TOML accept for the element type of weights and activations.
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
@@ -162,10 +163,11 @@ def default_shape(config_name: str) -> str:
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
-    """``"2x8"`` -> (2, 8)."""
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+    """``"2x8"`` -> (2, 8): ASCII digits and a lower-case ``x``, nothing else."""
+    match = re.fullmatch(r"([0-9]+)x([0-9]+)", str(text))
     if not match or min(int(match.group(1)), int(match.group(2))) < 1:
-        raise PipelineConfigError(f"bad mesh {text!r}: expected XxY with positive X and Y, e.g. 2x8")
+        raise PipelineConfigError(f"bad mesh {text!r}: expected XxY with positive X and Y in "
+                                  "ASCII digits, e.g. 2x8")
     return int(match.group(1)), int(match.group(2))
 
 
@@ -173,7 +175,7 @@ def parse_stage_ids(text: str) -> tuple[tuple[int, int], ...]:
     """``"0-13,14-27"`` -> ((0, 13), (14, 27)); a single number ``"5"`` means ``5-5``."""
     stages = []
     for part in str(text).split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
         if not match:
             raise PipelineConfigError(
                 f"bad stage ids {text!r}: expected FIRST-LAST[,FIRST-LAST...], e.g. 0-13,14-27")
@@ -238,7 +240,7 @@ def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
     """Read a pipeline TOML file; ``overrides`` (e.g. from CLI options) win over its values."""
     source = Path(path)
     if not source.is_file():
-        raise PipelineConfigError(f"{source}: pipeline file not found")
+        raise PipelineConfigError(f"{shown(source)}: pipeline file not found")
     try:
         data = tomllib.loads(source.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -298,6 +300,74 @@ _TOML_TYPES = {
 MAX_DEVICES = 1024
 #: Largest size (batch) accepted: an int32 dimension; no traced tensor gets near it.
 MAX_SIZE = 2**31 - 1
+#: Most elements one tensor of a traced stage may have: 2**40 (~1.1e12, 2.2 TB in bf16). The
+#: largest reference trace (full model, 102_1280_720, batch 2) peaks at 1.24e10 (its spatial
+#: attention scores, 2 x 30 x 16 x 3600**2), so this leaves a factor of ~90; beyond it torch
+#: overflows its size arithmetic or asks for memory no machine has, after seconds of work.
+MAX_TENSOR_ELEMENTS = 2**40
+#: Bytes per element of the host tensors a trace really allocates: the inputs are drawn in
+#: float32 (models.opensora.inputs.make_inputs) and the weights are created in float32.
+HOST_BYTES_PER_ELEMENT = 4
+
+
+def stage_tensor_elements(model: STDiT3Config, shape: str, batch: int) -> dict[str, int]:
+    """Elements of the largest tensors a traced stage holds (global, before sharding), by name:
+    the latent input, the token activations, the MLP hidden activation and the scores of the
+    three attentions (spatial: one per frame over S tokens; temporal: one per spatial position
+    over T; cross: every video token over the caption tokens)."""
+    geo = geometry(model, shape)
+    heads = model.num_heads
+    return {
+        "latent input z (batch x channels x latent frames x height x width)":
+            batch * model.in_channels * geo.T_lat * geo.H_lat * geo.W_lat,
+        "token activations (batch x N x hidden)": batch * geo.N * model.hidden_size,
+        "MLP hidden activations (batch x N x mlp hidden)": batch * geo.N * model.mlp_hidden,
+        "spatial attention scores (batch x T x heads x S x S)": batch * geo.T * heads * geo.S**2,
+        "temporal attention scores (batch x S x heads x T x T)": batch * geo.S * heads * geo.T**2,
+        "cross-attention scores (batch x heads x N x caption tokens)":
+            batch * heads * geo.N * model.model_max_length,
+    }
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's memory, or the address-space limit of this process if lower (None if
+    neither is known)."""
+    import os
+    import resource
+
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft)
+    return min(limits) if limits else None
+
+
+def check_trace_size(config: PipelineConfig, *, memory_bytes: int | None = None) -> None:
+    """Refuse, before torch allocates anything, a trace whose tensors exceed
+    ``MAX_TENSOR_ELEMENTS`` or whose host allocations (inputs and weights, in float32) exceed
+    ``memory_bytes`` (default: :func:`host_memory_bytes`). The error names ``--shape`` when
+    one sample is already too big, else ``--batch``."""
+    memory = host_memory_bytes() if memory_bytes is None else memory_bytes
+    for batch in (1, config.batch):
+        option = "--shape" if batch == 1 else "--batch"
+        value = config.shape if batch == 1 else config.batch
+        tensors = stage_tensor_elements(config.model, config.shape, batch)
+        name, elements = max(tensors.items(), key=lambda item: item[1])
+        if elements > MAX_TENSOR_ELEMENTS:
+            raise PipelineConfigError(
+                f"{option} {value}: the stage's {name} would hold {elements:.3g} elements, more "
+                f"than the {MAX_TENSOR_ELEMENTS:.3g} (2**40) one traced tensor may hold")
+        inputs = sum(elements for key, elements in tensors.items()
+                     if key.startswith(("latent", "token")))
+        host_bytes = HOST_BYTES_PER_ELEMENT * (inputs + parameter_count(config.model))
+        if memory is not None and host_bytes > memory:
+            raise PipelineConfigError(
+                f"{option} {value}: the stage's inputs and weights need {host_bytes / 1e9:.3g} GB "
+                f"of host memory, more than this machine's {memory / 1e9:.3g} GB")
 
 
 def _validate_stage_ids(ids: tuple[tuple[int, int], ...], depth: int) -> None:

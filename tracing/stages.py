@@ -169,18 +169,34 @@ def _describe(tensors: dict[str, torch.Tensor]) -> dict[str, dict]:
             for name, t in tensors.items()}
 
 
+def _cache_entries(cache_path: Path) -> list[dict]:
+    """The cache's well-formed entries (objects with a key and a list of stage records); an
+    unreadable file, or entries of any other form, are dropped with a warning and recomputed."""
+    try:
+        data = json.loads(cache_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        log.warning("shape cache %s is unreadable; recomputing", cache_path)
+        return []
+    good = [entry for entry in entries if isinstance(entry, dict) and "key" in entry
+            and isinstance(entry.get("stages"), list)
+            and all(isinstance(stage, dict) for stage in entry["stages"])]
+    if len(good) < len(entries):
+        log.warning("shape cache %s: %d malformed entries dropped", cache_path,
+                    len(entries) - len(good))
+    return good
+
+
 def boundary_shapes(config: PipelineConfig, cache_path: Path | None) -> list[dict]:
     """Boundary shapes of every stage, from the cache when it has them (else computed and added)."""
     key = shape_cache_key(config)
     entries: list[dict] = []
     if cache_path is not None and cache_path.is_file():
-        try:
-            entries = json.loads(cache_path.read_text()).get("entries", [])
-        except (json.JSONDecodeError, AttributeError):
-            log.warning("shape cache %s is unreadable; recomputing", cache_path)
-            entries = []
+        entries = _cache_entries(cache_path)
         for entry in entries:
-            if entry.get("key") == key:
+            if entry["key"] == key:
                 log.info("stage shapes from cache %s", cache_path)
                 return entry["stages"]
     stages = compute_boundary_shapes(config)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from models.opensora.config import STDiT3Config
+from models.opensora.config import MAX_SIZE, STDiT3Config
 from models.opensora.errors import ShapeError
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ __all__ = [
 # The four shapes the reference notes measure (frames_width_height).
 REFERENCE_SHAPES = ("204_640_360", "408_640_360", "51_1280_720", "102_1280_720")
 
-_SHAPE_RE = re.compile(r"^(\d+)_(\d+)_(\d+)$")
+#: ASCII digits only, no blanks: ``\d`` and ``int()`` would also take other scripts' digits.
+_SHAPE_RE = re.compile(r"([0-9]+)_([0-9]+)_([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,17 @@ def parse_shape(text: str | VideoShape) -> VideoShape:
     """`"204_640_360"` -> VideoShape(frames=204, width=640, height=360)."""
     if isinstance(text, VideoShape):
         return text
-    match = _SHAPE_RE.match(str(text).strip())
+    match = _SHAPE_RE.fullmatch(str(text))
     if not match:
         raise ShapeError(
-            f"bad video shape {text!r}: expected FRAMES_WIDTH_HEIGHT, e.g. 204_640_360")
+            f"bad video shape {text!r}: expected FRAMES_WIDTH_HEIGHT in ASCII digits, "
+            "e.g. 204_640_360")
     frames, width, height = (int(g) for g in match.groups())
     if min(frames, width, height) <= 0:
         raise ShapeError(f"bad video shape {text!r}: frames, width and height must be positive")
+    if max(frames, width, height) > MAX_SIZE:
+        raise ShapeError(f"bad video shape {text!r}: frames, width and height must be at most "
+                         f"{MAX_SIZE} (an int32 size)")
     return VideoShape(frames, width, height)
 
 
