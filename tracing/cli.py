@@ -20,7 +20,13 @@ import click
 
 from hlo_trace.cli import OneLineCommand
 from hlo_trace.errors import UsageError
-from tracing.config import INFERENCE_PATHS, PipelineConfig, build_config, check_trace_size, load_config_file
+from tracing.config import (
+    INFERENCE_PATHS,
+    PipelineConfig,
+    build_config,
+    check_trace_size,
+    load_config_file,
+)
 
 log = logging.getLogger("tracing")
 
