@@ -55,6 +55,11 @@ CASES = {
     # q, k, v, out of the split (temporal) attention and q, out of both cross-attentions: 8
     # all-to-alls over y = 2 of the device's A/4: A/4 * 1/2 each.
     "ds_ulysses": ("ds_ulysses", ["--mesh", "2x2"], {"all_to_all": (8, 8 * A // 8)}),
+    # The same 8 on 1 x 4: each device holds both samples (B/X = 2) and a quarter of the frames,
+    # a buffer of A/4, all-to-all over 4: A/4 * 3/4 each.  Nothing else: the local attention and
+    # the cross-attention queries keep the batch apart from the split frames (no resharding
+    # over pieces of y).
+    "ds_ulysses_1x4": ("ds_ulysses", ["--mesh", "1x4"], {"all_to_all": (8, 8 * A * 3 // 16)}),
     # K and V once around the ring of 2: 2 permutes of A/4; caption K, V of both
     # cross-attentions all-gathered over 2: C/2 each.
     "ring_attention": ("ring_attention", ["--mesh", "2x2"],
@@ -78,6 +83,7 @@ DEVICE_FLOPS = {
     "megatron_sp": PAIR_FLOPS + CAPTION_PROJECTION,  # split 2 of 4: repeated twice
     "two_dimension": PAIR_FLOPS + CAPTION_PROJECTION,
     "ds_ulysses": PAIR_FLOPS + CAPTION_PROJECTION,
+    "ds_ulysses_1x4": PAIR_FLOPS,  # the caption projection split over all of y = n: no repeat
     "ring_attention": PAIR_FLOPS + CAPTION_PROJECTION,
     "usp": PAIR_FLOPS + CAPTION_PROJECTION,  # split 4 of 8: repeated twice
     "none": PAIR_FLOPS,
@@ -129,7 +135,8 @@ def pair_dumps(tmp_path_factory) -> dict[str, Path]:
                         "0-0,1-1,2-2", "--stage", "1", "--strategy", strategy, *options,
                         "--path", "clean", "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
-        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_*_stage1_pairs1-1_clean.mlir"))
+        mesh = options[options.index("--mesh") + 1]
+        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_{mesh}_stage1_pairs1-1_clean.mlir"))
         assert len(mlir) == 1, result.stderr[-2000:]
         dumps[name] = mlir[0]
     return dumps

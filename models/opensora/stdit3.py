@@ -91,7 +91,9 @@ ANNOTATION_POINTS: dict[str, str] = {
     # STDiT3Block (B = batch, N = T*S tokens per sample, h = hidden)
     "x": "STDiT3Block: (B, N, h) at the block input and after each of its three residual adds "
          "(tokens in the state's token order)",
-    # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.
+    # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.  With
+    # the block's ``batch_apart`` set, the attention over the minor token factor keeps the batch
+    # and the major factor apart: B' stands for the two axes (B, major) there.
     "attn_in": "Attention: (B', L, h) input, tokens already grouped for this block's attention",
     "q": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
     "k": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
@@ -99,10 +101,13 @@ ANNOTATION_POINTS: dict[str, str] = {
     "attn_out": "Attention: (B', L, h) kernel output with heads merged, before proj",
     "proj_out": "Attention: (B', L, h) after proj",
     # MultiHeadCrossAttention: all samples flattened into one sequence
+    "cross_q_tokens": "MultiHeadCrossAttention: (B, N, heads, head_dim) q_linear output per "
+                      "sample, before the samples are flattened into one sequence",
     "cross_q": "MultiHeadCrossAttention: (1, heads, B*N, head_dim)",
     "cross_k": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
     "cross_v": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
     "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before proj",
+    "cross_out_tokens": "MultiHeadCrossAttention: (B, N, h) the same per sample, before proj",
     # Mlp
     "attn_kernel_out": "Attention: (B', heads, L, head_dim) attention kernel output",
     # MultiHeadCrossAttention inputs and outputs in the residual layout
@@ -167,18 +172,23 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale:
 
 
 @library_call("copy")
-def merge_heads_copy(out: Tensor, batch: int, length: int, hidden: int) -> Tensor:
-    """(B', heads, L, head_dim) -> (B', L, h): OpenSora's ``x.transpose(1, 2).reshape(B, N, C)``
+def merge_heads_copy(out: Tensor, length: int, hidden: int) -> Tensor:
+    """(*B', heads, L, head_dim) -> (*B', L, h): OpenSora's ``x.transpose(1, 2).reshape(B, N, C)``
     after its non-flash attention, a copy in PyTorch."""
-    return out.transpose(1, 2).reshape(batch, length, hidden)
+    return out.transpose(-3, -2).reshape(*out.shape[:-3], length, hidden)
 
 
 @library_call("copy")
-def swap_token_axes_copy(x: Tensor, batch: int, major: int, minor: int) -> Tensor:
+def swap_token_axes_copy(x: Tensor, batch: int, major: int, minor: int,
+                         merge_batch: bool = True) -> Tensor:
     """(B, major*minor, h) -> (B*minor, major, h), or back with the axes given swapped: an einops
-    rearrange of the token axes, which PyTorch runs as a copy."""
+    rearrange of the token axes, which PyTorch runs as a copy.  ``merge_batch=False`` gives
+    (B, minor*major, h) instead (the same data; the batch stays an axis of its own)."""
     hidden = x.shape[-1]
-    return x.reshape(batch, major, minor, hidden).transpose(1, 2).reshape(batch * minor, major, hidden)
+    swapped = x.reshape(batch, major, minor, hidden).transpose(1, 2)
+    if merge_batch:
+        return swapped.reshape(batch * minor, major, hidden)
+    return swapped.reshape(batch, minor * major, hidden)
 
 
 def block_diagonal_mask(batch: int, queries_per_sample: int, keys_per_sample: int,
@@ -232,19 +242,23 @@ def fused_rows_to_head_major(tensor: Tensor, parts: int, heads: int) -> Tensor:
 
 
 def split_fused(fused: Tensor, parts: int, heads: int, layout: str) -> tuple[Tensor, ...]:
-    """(B', L, parts*h) projection output -> `parts` tensors (B', heads, L, head_dim), reading
-    the rows in `layout` order (see FUSED_LAYOUTS)."""
-    batch, length, width = fused.shape
+    """(*B', L, parts*h) projection output -> `parts` tensors (*B', heads, L, head_dim), reading
+    the rows in `layout` order (see FUSED_LAYOUTS); B' is one or more batch axes."""
+    *lead, length, width = fused.shape
     head_dim = width // (parts * heads)
-    if layout == "head_major":
-        return fused.reshape(batch, length, heads, parts, head_dim).permute(3, 0, 2, 1, 4).unbind(0)
-    if layout == "opensora":
-        return fused.reshape(batch, length, parts, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    n = len(lead)
+    batch_dims = tuple(range(n))
+    if layout == "head_major":  # (*B', L, heads, parts, hd) -> (parts, *B', heads, L, hd)
+        return fused.reshape(*lead, length, heads, parts, head_dim).permute(
+            n + 2, *batch_dims, n + 1, n, n + 3).unbind(0)
+    if layout == "opensora":  # (*B', L, parts, heads, hd) -> (parts, *B', heads, L, hd)
+        return fused.reshape(*lead, length, parts, heads, head_dim).permute(
+            n + 1, *batch_dims, n + 2, n, n + 3).unbind(0)
     raise ValueError(f"fused layout {layout!r}: expected one of {FUSED_LAYOUTS}")
 
 
 class BlockLinear(nn.Linear):
-    """nn.Linear on a 3-D input written as one einsum, ``abi,oi->abo`` + bias.
+    """nn.Linear on a 3-D (or 4-D) input written as one einsum, ``abi,oi->abo`` + bias.
 
     nn.Linear flattens (a, b, i) to (a*b, i); when a strategy splits b but not all of a, the
     merged axis is no tile of the devices and GSPMD gathers the input and runs the product
@@ -254,7 +268,8 @@ class BlockLinear(nn.Linear):
 
     @library_call("linear")  # one cuBLASLt GEMM, the bias added in its epilogue
     def forward(self, x: Tensor) -> Tensor:
-        out = torch.einsum("abi,oi->abo", x, self.weight)
+        axes = "abcd"[:x.dim() - 1]
+        out = torch.einsum(f"{axes}i,oi->{axes}o", x, self.weight)
         return out + self.bias if self.bias is not None else out
 
 
@@ -447,9 +462,10 @@ class Attention(nn.Module):
         self.fused_layout = "opensora"
 
     def forward(self, x: Tensor) -> Tensor:
-        """(B', L, h) -> (B', L, h)."""
+        """(*B', L, h) -> (*B', L, h); B' is one batch axis, or two (see ``batch_apart``)."""
         x = self.annotate("attn_in", x)
-        batch, length, hidden = x.shape
+        *lead, length, hidden = x.shape
+        batch = math.prod(lead)
         # each (B', heads, L, hd)
         q, k, v = split_fused(self.qkv(x), 3, self.num_heads, self.fused_layout)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -463,10 +479,10 @@ class Attention(nn.Module):
         # the plain product and float32 softmax, whose output transpose + reshape is a copy.
         if length > batch and self.attention_fn is plain_attention:
             out = self.annotate("attn_kernel_out", flash_attention(q, k, v, None, self.scale))
-            out = out.transpose(1, 2).reshape(batch, length, hidden)
+            out = out.transpose(-3, -2).reshape(*lead, length, hidden)
         else:
             out = self.annotate("attn_kernel_out", self.attention_fn(q, k, v, None, self.scale))
-            out = merge_heads_copy(out, batch, length, hidden)
+            out = merge_heads_copy(out, length, hidden)
         out = self.annotate("attn_out", out)
         return self.annotate("proj_out", self.proj(out))
 
@@ -492,7 +508,9 @@ class MultiHeadCrossAttention(nn.Module):
         batch, tokens, hidden = x.shape
         keys = cond.shape[1]
         x, cond = self.annotate("cross_in", x), self.annotate("cross_cond", cond)
-        q = self.q_linear(x).reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self.annotate("cross_q_tokens",
+                          self.q_linear(x).reshape(batch, tokens, self.num_heads, self.head_dim))
+        q = q.reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
         # each (1, heads, B*TOKEN, hd)
         kv = self.annotate("cross_kv", self.kv_linear(cond))
         k, v = split_fused(kv, 2, self.num_heads, self.fused_layout)
@@ -504,7 +522,8 @@ class MultiHeadCrossAttention(nn.Module):
         out = self.annotate("cross_kernel_out", attention_fn(q, k, v, mask, self.scale))
         out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
         out = self.annotate("cross_out", out)
-        return self.annotate("cross_proj_out", self.proj(out.reshape(batch, tokens, hidden)))
+        out = self.annotate("cross_out_tokens", out.reshape(batch, tokens, hidden))
+        return self.annotate("cross_proj_out", self.proj(out))
 
 
 class Mlp(nn.Module):
@@ -540,6 +559,10 @@ class STDiT3Block(nn.Module):
         self.mlp = Mlp(h, config.mlp_hidden)
         self.scale_shift_table = nn.Parameter(torch.randn(6, h) / h ** 0.5)
         self.annotate: AnnotateFn = no_annotation
+        # Attend over the minor token factor on (B, major, minor, h) instead of (B*major, minor,
+        # h): the same arithmetic, but a strategy that splits the major factor and not the batch
+        # (a sequence split with B/X > 1) keeps a tiled layout (the merged B*major is no tile).
+        self.batch_apart = False
 
     def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, T: int, S: int,
                 token_order: TokenOrder = FRAME_MAJOR, x_mask: Tensor | None = None,
@@ -591,10 +614,13 @@ class STDiT3Block(nn.Module):
         batch, _, hidden = x.shape
         major, minor = token_axes(token_order, T, S)
         if self.temporal != major_axis_is_temporal(token_order):  # sequence = minor factor
+            if self.batch_apart:
+                return self.attn(x.reshape(batch, major, minor, hidden))
             return self.attn(x.reshape(batch * major, minor, hidden))
         # OpenSora's rearranges "B (T S) C -> (B S) T C" and back each copy the tensor.
         x = self.attn(swap_token_axes_copy(x, batch, major, minor))
-        return swap_token_axes_copy(x, batch, minor, major)
+        # Back to (B, N, h) without merging B and the (split) major factor (see batch_apart).
+        return swap_token_axes_copy(x, batch, minor, major, merge_batch=not self.batch_apart)
 
 
 class T2IFinalLayer(nn.Module):

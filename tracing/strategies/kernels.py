@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 
 def einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """softmax(q k^T * scale + mask) v on (batch, heads, L, head_dim), head-split friendly."""
+    """softmax(q k^T * scale + mask) v on (*batch, heads, L, head_dim) (one or two batch axes),
+    head-split friendly."""
     import torch
 
-    scores = torch.einsum("bhqd,bhkd->bhqk", q * scale, k).float()
+    batch = "bc"[:q.dim() - 3]
+    scores = torch.einsum(f"{batch}hqd,{batch}hkd->{batch}hqk", q * scale, k).float()
     if mask is not None:
         scores = scores + mask
     probs = scores.softmax(dim=-1).to(v.dtype)
-    return torch.einsum("bhqk,bhkd->bhqd", probs, v)
+    return torch.einsum(f"{batch}hqk,{batch}hkd->{batch}hqd", probs, v)
