@@ -95,6 +95,7 @@ ANNOTATION_POINTS: dict[str, str] = {
     # the block's ``batch_apart`` set, the attention over the minor token factor keeps the batch
     # and the major factor apart: B' stands for the two axes (B, major) there.
     "attn_in": "Attention: (B', L, h) input, tokens already grouped for this block's attention",
+    "qkv": "Attention: (B', L, 3h) fused qkv projection output, before the split into heads",
     "q": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
     "k": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
     "v": "Attention: (B', heads, L, head_dim) right before the attention kernel",
@@ -103,18 +104,20 @@ ANNOTATION_POINTS: dict[str, str] = {
     # MultiHeadCrossAttention: all samples flattened into one sequence
     "cross_q_tokens": "MultiHeadCrossAttention: (B, N, heads, head_dim) q_linear output per "
                       "sample, before the samples are flattened into one sequence",
-    "cross_q": "MultiHeadCrossAttention: (1, heads, B*N, head_dim)",
+    "cross_q": "MultiHeadCrossAttention: (1, heads, B*N, head_dim); (B, heads, N, head_dim) with "
+               "the block's batch_apart",
     "cross_k": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
     "cross_v": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
-    "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before proj",
-    "cross_out_tokens": "MultiHeadCrossAttention: (B, N, h) the same per sample, before proj",
+    "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before "
+                 "proj; (B, N, h) with the block's batch_apart",
     # Mlp
     "attn_kernel_out": "Attention: (B', heads, L, head_dim) attention kernel output",
     # MultiHeadCrossAttention inputs and outputs in the residual layout
     "cross_in": "MultiHeadCrossAttention: (B, N, h) video-token input, before q_linear",
     "cross_cond": "MultiHeadCrossAttention: (1, B*TOKEN, h) caption input, before kv_linear",
     "cross_kv": "MultiHeadCrossAttention: (1, B*TOKEN, 2h) fused caption K/V projection output",
-    "cross_kernel_out": "MultiHeadCrossAttention: (1, heads, B*N, head_dim) kernel output",
+    "cross_kernel_out": "MultiHeadCrossAttention: (1, heads, B*N, head_dim) kernel output; "
+                        "(B, heads, N, head_dim) with the block's batch_apart",
     "cross_proj_out": "MultiHeadCrossAttention: (B, N, h) after proj",
     "mlp_in": "Mlp: (B, N, h) input, before fc1",
     "mlp_hidden": "Mlp: (B, N, mlp_ratio*h) after fc1 and GELU",
@@ -467,7 +470,8 @@ class Attention(nn.Module):
         *lead, length, hidden = x.shape
         batch = math.prod(lead)
         # each (B', heads, L, hd)
-        q, k, v = split_fused(self.qkv(x), 3, self.num_heads, self.fused_layout)
+        q, k, v = split_fused(self.annotate("qkv", self.qkv(x)), 3, self.num_heads,
+                              self.fused_layout)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
@@ -502,6 +506,10 @@ class MultiHeadCrossAttention(nn.Module):
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention
         self.fused_layout = "opensora"
+        # Queries (B, heads, N, hd) against the (1, heads, B*TOKEN, hd) caption keys with a
+        # (B, 1, N, B*TOKEN) mask instead of one (1, heads, B*N, hd) sequence: the same scores
+        # and FLOPs, for layouts where B*N is no tile (see STDiT3Block.batch_apart).
+        self.batch_apart = False
 
     def forward(self, x: Tensor, cond: Tensor) -> Tensor:
         """x (B, N, h), cond (1, B*TOKEN, h) -> (B, N, h)."""
@@ -510,20 +518,24 @@ class MultiHeadCrossAttention(nn.Module):
         x, cond = self.annotate("cross_in", x), self.annotate("cross_cond", cond)
         q = self.annotate("cross_q_tokens",
                           self.q_linear(x).reshape(batch, tokens, self.num_heads, self.head_dim))
-        q = q.reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
+        if self.batch_apart:
+            q, mask = q.transpose(1, 2), mask.reshape(batch, 1, tokens, keys)
+        else:
+            q = q.reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
         # each (1, heads, B*TOKEN, hd)
         kv = self.annotate("cross_kv", self.kv_linear(cond))
         k, v = split_fused(kv, 2, self.num_heads, self.fused_layout)
         q = self.annotate("cross_q", q)
         k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
-        mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
         # OpenSora: one xformers memory_efficient_attention call with a block-diagonal mask.
         attention_fn = flash_attention if self.attention_fn is plain_attention else self.attention_fn
         out = self.annotate("cross_kernel_out", attention_fn(q, k, v, mask, self.scale))
-        out = out.transpose(1, 2).reshape(1, batch * tokens, hidden)
-        out = self.annotate("cross_out", out)
-        out = self.annotate("cross_out_tokens", out.reshape(batch, tokens, hidden))
-        return self.annotate("cross_proj_out", self.proj(out))
+        if self.batch_apart:
+            return self.annotate("cross_proj_out", self.proj(self.annotate(
+                "cross_out", out.transpose(1, 2).reshape(batch, tokens, hidden))))
+        out = self.annotate("cross_out", out.transpose(1, 2).reshape(1, batch * tokens, hidden))
+        return self.annotate("cross_proj_out", self.proj(out.reshape(batch, tokens, hidden)))
 
 
 class Mlp(nn.Module):

@@ -170,7 +170,7 @@ class Strategy:
         """Set the annotation hooks (and kernels) of the stage's blocks; never edits the model."""
         for index in block_indices:
             for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
-                block.batch_apart = self.batch_apart
+                block.batch_apart = block.cross_attn.batch_apart = self.batch_apart
                 hook = self._make_hook(mesh, block.temporal)
                 for module in (block, block.attn, block.cross_attn, block.mlp):
                     module.annotate = hook

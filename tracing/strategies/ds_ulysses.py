@@ -19,8 +19,9 @@ merged B*N of the cross-attention are no tiles of that layout (a contiguous chun
 is part of one sample's range, not a range of every sample), and GSPMD would reshuffle them with
 all-gathers, all-to-alls and collective-permutes over pieces of Y.  So ds_ulysses and
 opensora_sp keep the batch apart (``batch_apart``: the local attention runs on (B, major, minor,
-h)) and exchange the cross-attention queries per sample (``cross_q_tokens``,
-``cross_out_tokens``, before the samples merge), which holds on any X x Y mesh.
+h)) and attend from the cross-attention queries of each sample, (B, heads, N, hd), to the
+caption keys of all samples under the block-diagonal mask (the same scores), which holds on any
+X x Y mesh.
 
 ds_ulysses, layout choices (each one pinned with a mark):
 * split self-attention: q, k, v are computed sequence-split and resharded to a head split
@@ -148,16 +149,14 @@ class SequenceParallel(Strategy):
         return None
 
     def per_sample_cross_specs(self, point: str, heads_axis) -> Spec | Reshard | None:
-        """The cross-attention exchange made on (B, N, ...) before the samples merge: the
-        queries go tokens -> heads, the output heads -> tokens, one all-to-all each; the merged
-        (1, heads, B*N, hd) then has B*N split over x only (whole samples), a tile on any mesh."""
+        """The cross-attention exchange with the batch kept apart (``batch_apart``): the
+        queries (B, N, heads, hd) go tokens -> heads, the output (B, N, h) heads -> tokens, one
+        all-to-all each; the attention runs on (B, heads, N, hd), a tile on any mesh."""
         if point == "cross_q_tokens":  # (B, N, heads, hd)
             return Reshard(before=("x", self.seq, None, None), after=("x", None, heads_axis, None))
-        if point in ("cross_q", "cross_kernel_out"):  # (1, heads, B*N, hd)
-            return (None, heads_axis, "x", None)
-        if point == "cross_out":  # (1, B*N, h): heads merged into h, still head-split
-            return (None, "x", heads_axis)
-        if point == "cross_out_tokens":  # (B, N, h): heads -> tokens before proj
+        if point in ("cross_q", "cross_kernel_out"):  # (B, heads, N, hd)
+            return ("x", heads_axis, None, None)
+        if point == "cross_out":  # (B, N, h): heads -> tokens before proj
             return Reshard(before=("x", None, heads_axis), after=self.x_seq)
         if point == "cross_cond":  # every caption on every device
             return (None, None, None)

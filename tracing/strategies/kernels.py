@@ -21,8 +21,11 @@ def einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale
     import torch
 
     batch = "bc"[:q.dim() - 3]
-    scores = torch.einsum(f"{batch}hqd,{batch}hkd->{batch}hqk", q * scale, k).float()
+    keys = batch
+    if k.dim() == 4 and k.shape[0] == 1 < q.shape[0]:  # one key set for every query batch
+        k, v, keys = k[0], v[0], ""
+    scores = torch.einsum(f"{batch}hqd,{keys}hkd->{batch}hqk", q * scale, k).float()
     if mask is not None:
         scores = scores + mask
     probs = scores.softmax(dim=-1).to(v.dtype)
-    return torch.einsum(f"{batch}hqk,{batch}hkd->{batch}hqd", probs, v)
+    return torch.einsum(f"{batch}hqk,{keys}hkd->{batch}hqd", probs, v)
