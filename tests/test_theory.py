@@ -97,7 +97,8 @@ def test_final_layer_gathers_its_output_only_when_S_is_split():
 
 def test_strategy_table_meshes():
     assert STRATEGY_NAMES == ("none", "megatron", "megatron_sp", "two_dimension", "ds_ulysses",
-                              "ring_attention", "usp", "dp")
+                              "opensora_sp", "ring_attention", "usp", "dp")
+    assert default_mesh("opensora_sp", 8) == (1, 8)  # OpenSora's group spans all devices
     assert default_mesh("megatron", 16) == (1, 16) and default_mesh("none", 16) == (1, 1)
     assert default_mesh("usp", 16) == (2, 8) and default_mesh("dp", 16) == (1, 16)
     with pytest.raises(UsageError, match="even count"):
