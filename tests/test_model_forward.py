@@ -110,6 +110,7 @@ def test_annotation_points_and_layouts(tiny_model, token_order):
         for block in (spatial, temporal):
             fn = recorder(block.temporal)
             block.annotate = block.attn.annotate = block.cross_attn.annotate = block.mlp.annotate = fn
+    tiny_model.annotate = recorder(False)
     try:
         with torch.no_grad():
             tiny_model(**make_inputs(TINY, "17_64_64"), token_order=token_order)
@@ -118,8 +119,10 @@ def test_annotation_points_and_layouts(tiny_model, token_order):
             for block in (spatial, temporal):
                 block.annotate = block.attn.annotate = no_annotation
                 block.cross_attn.annotate = block.mlp.annotate = no_annotation
+        tiny_model.annotate = no_annotation
     B, T, S, N, TOKEN, h, heads, hd = 2, 5, 16, 80, 8, 64, 4, 16
     assert {p for p, _ in seen} == set(ANNOTATION_POINTS)
+    assert seen[("final_in", False)] == {(B, N, h)}
     for temporal, (bp, length) in ((False, (B * T, S)), (True, (B * S, T))):
         assert seen[("x", temporal)] == {(B, N, h)}
         assert seen[("attn_in", temporal)] == {(bp, length, h)}

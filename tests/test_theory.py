@@ -93,6 +93,9 @@ def test_final_layer_gathers_its_output_only_when_S_is_split():
     assert term.kind == "all_gather" and term.bytes_per_device == 2 * N_REF * 32 * 7 / 8
     assert theory.final_layer_collectives("ds_ulysses", BlockDims.of(FULL, 120, 920), (2, 8), 32) == ()
     assert theory.final_layer_collectives("megatron", REF, (1, 16), 32) == ()
+    # opensora_sp gathers the final layer's input (hidden h), whichever factor y divides
+    (term,) = theory.final_layer_collectives("opensora_sp", BlockDims.of(FULL, 120, 920), (1, 8), 32)
+    assert term.kind == "all_gather" and term.message_bytes == 2 * 2 * 120 * 920 * 1152
 
 
 def test_strategy_table_meshes():

@@ -217,7 +217,7 @@ def tiny_dumps(tmp_path_factory) -> dict[str, Path]:
     """Stage-1 dumps of 0-0,1-1 on the tiny config (one pair and the final layer)."""
     out = tmp_path_factory.mktemp("tiny_dumps")
     dumps = {}
-    for strategy in ("megatron", "ds_ulysses", "ring_attention"):
+    for strategy in ("megatron", "ds_ulysses", "ring_attention", "opensora_sp"):
         result = trace([*TINY, "--strategy", strategy, "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
         mlir = sorted(out.glob(f"tiny_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
@@ -238,6 +238,26 @@ def test_sidecar_describes_the_dump(tiny_dumps):
     assert sidecar["outputs"]["out"]["shape"] == [2, 8, 8, 8, 8]
     assert set(sidecar["versions"]) >= {"torch", "torch_xla", "jaxlib"}
     assert sidecar["peak_rss_bytes"] > 0 and sidecar["seconds"]["compile"] > 0
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_opensora_sp_gathers_the_final_layer_input(tiny_dumps):
+    """Stage 1 of 0-0,1-1 on tiny (h = 64, the shapes of A) on 2x2: the pair's 4 all-to-alls over
+    y = 2 of the device's (3 + 1 + 1 + 1) * A/4 (A/4 * 1/2 per A/4), and once the final layer's
+    input x (B/X, N, h) = A/2 all-gathered over y as OpenSora gathers S: A/2 * 1/2."""
+    from hlo_analyzer.report import analyze
+    from models.opensora.config import get_config
+    from models.opensora.theory import block_dims, final_layer_collectives, layout_bytes_by_kind
+
+    found = {kind: (entry["count"], entry["bytes_per_device"])
+             for kind, entry in analyze(tiny_dumps["opensora_sp"]).comm_by_kind().items()}
+    assert found == {"all_to_all": (4, 6 * A // 8), "all_gather": (1, A // 4)}
+    tiny = get_config("tiny")
+    dims = block_dims(tiny, "28_64_64")
+    (final,) = final_layer_collectives("opensora_sp", dims, (2, 2), tiny.final_out_features)
+    assert (final.kind, final.bytes_per_device) == ("all_gather", A // 4)
+    assert layout_bytes_by_kind("opensora_sp", dims, (2, 2)) == {"all_to_all": 6 * A // 8}
 
 
 @pytest.mark.trace

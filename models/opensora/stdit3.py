@@ -122,6 +122,8 @@ ANNOTATION_POINTS: dict[str, str] = {
     "mlp_in": "Mlp: (B, N, h) input, before fc1",
     "mlp_hidden": "Mlp: (B, N, mlp_ratio*h) after fc1 and GELU",
     "mlp_out": "Mlp: (B, N, h) after fc2",
+    # STDiT3
+    "final_in": "STDiT3.finalize: (B, N, h) input of the final layer (norm, modulation, linear)",
 }
 
 #: Row order of the fused qkv / kv projections.  OpenSora's weights order their rows
@@ -720,6 +722,7 @@ class STDiT3(nn.Module):
         self.temporal_blocks = nn.ModuleList(
             STDiT3Block(config, temporal=True) for _ in range(config.depth))
         self.final_layer = T2IFinalLayer(h, config.final_out_features, config.norm_eps)
+        self.annotate: AnnotateFn = no_annotation
 
     # Stage structure -----------------------------------------------------------------------
 
@@ -788,7 +791,8 @@ class STDiT3(nn.Module):
         if h_patches * w_patches != state.S:
             raise ValueError(f"state has S={state.S} but latent {state.H_lat}x{state.W_lat} "
                              f"gives {h_patches}x{w_patches} patches")
-        x = self.final_layer(state.x, state.t, state.x_mask, state.t0, state.T, state.S, state.token_order)
+        x = self.final_layer(self.annotate("final_in", state.x), state.t, state.x_mask, state.t0,
+                             state.T, state.S, state.token_order)
         batch = x.shape[0]
         c_out = self.config.out_channels
         # Unpatchify.  The token axis is (T, H, W) frame-major, (H, W, T) space-major; the one

@@ -491,10 +491,14 @@ def final_layer_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int
     """Collectives of the final layer (once per model, in the last stage): a token-split layout
     that splits S (space-major tokens: y does not divide T) all-gathers the final linear's
     output, q*(B/X)*N*out_features bytes, over y, because the unpatchified video splits H*W
-    rows that are no tile of its (H, W) axes.  With T split the video stays split on T."""
+    rows that are no tile of its (H, W) axes.  With T split the video stays split on T.
+    opensora_sp gathers the final layer's input instead, q*(B/X)*N*h bytes over y, as OpenSora
+    does."""
     x_devices, y_devices = mesh
-    splits_s = strategy == "opensora_sp" or dims.T % y_devices  # opensora_sp always splits S
-    if strategy not in TOKEN_SPLIT_STRATEGIES or not splits_s:
+    if strategy == "opensora_sp":  # OpenSora gathers x (hidden h) before its final layer
+        gathered = dims.bytes_per_element * dims.batch * dims.N * dims.hidden / x_devices
+        return (CollectiveTerm("all_gather", 1, y_devices, gathered, "final layer input, S split"),)
+    if strategy not in TOKEN_SPLIT_STRATEGIES or dims.T % y_devices == 0:
         return ()
     out = dims.bytes_per_element * dims.batch * dims.N * out_features / x_devices
     return (CollectiveTerm("all_gather", 1, y_devices, out, "final linear output, S split"),)

@@ -167,7 +167,9 @@ class Strategy:
         return tensor
 
     def install(self, model: STDiT3, block_indices: range, mesh) -> None:
-        """Set the annotation hooks (and kernels) of the stage's blocks; never edits the model."""
+        """Set the annotation hooks (and kernels) of the stage's blocks and of the final layer's
+        input; never edits the model."""
+        model.annotate = self._make_hook(mesh, temporal=False)
         for index in block_indices:
             for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
                 block.batch_apart = block.cross_attn.batch_apart = self.batch_apart

@@ -28,6 +28,9 @@ all-to-all over Y of the device's buffer: the spatial qkv (3*A/n), the spatial a
 (A/n), the spatial cross queries (A/n) and output (A/n): 4 all-to-alls moving 6*A/n * (Y-1)/Y
 bytes per device, nothing else (ds_ulysses: 8 all-to-alls, 8*A/n * (Y-1)/Y).  The caption K/V
 projection (4*B*TOKEN*h^2 FLOPs per block) runs unsplit on every device, as in the official code.
+Once per model, the final layer's input x is all-gathered over Y (q*B/X*N*h bytes in all) and
+the final layer runs on every token on each device, as OpenSora gathers S before it.  (Where
+OpenSora embeds every patch on each device and then slices, the traced embedding is split.)
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class OpenSoraSequenceParallel(SequenceParallel):
         self.require_divisible("heads", self.layout.model.num_heads, y_devices, "axis y")
 
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
+        if point == "final_in":  # gather_forward_split_backward(x, dim=2): S gathered before it
+            return ("x", None, None)
         spec = (self.temporal_spec(point, shape) if temporal
                 else self.spatial_spec(point, shape))
         return spec if spec is not None else self.token_spec(point, shape, temporal)
