@@ -48,10 +48,13 @@ def strategy_header(strategy: str, devices: int) -> str:
 
 def layout_volume(strategy: str, dims: BlockDims, devices: int) -> float | None:
     """Bytes per device per block pair of the traced layout; None where it cannot run (dp with
-    a batch the devices do not divide)."""
+    a batch the devices do not divide, opensora_sp with S the devices do not divide)."""
     if strategy == "dp" and dims.batch % devices:
         return None
-    return sum(layout_bytes_by_kind(strategy, dims, default_mesh(strategy, devices)).values())
+    try:
+        return sum(layout_bytes_by_kind(strategy, dims, default_mesh(strategy, devices)).values())
+    except DeviceCountError:
+        return None
 
 
 def build_table(config_name: str, shapes: list[str], devices: int, batch: int,

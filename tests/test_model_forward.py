@@ -89,23 +89,28 @@ def test_module_order_exposes_stage_split(tiny_model):
     assert not any(isinstance(m, (torch.nn.LayerNorm, torch.nn.GroupNorm)) for m in tiny_model.modules())
 
 
+def shape_recorder(seen: dict[tuple[str, bool], set]):
+    """recorder(temporal) -> an annotate hook that adds each point's shape to ``seen``."""
+    def recorder(temporal):
+        def annotate(point, tensor):
+            seen.setdefault((point, temporal), set()).add(tuple(tensor.shape))
+            return tensor
+        return annotate
+    return recorder
+
+
 @pytest.mark.parametrize("token_order", [FRAME_MAJOR, SPACE_MAJOR])
 def test_annotation_points_and_layouts(tiny_model, token_order):
     """Every hook point fires with the documented layout (B=2, T=5, S=16, TOKEN=8, h=64), in
     either token order: each attention still sees (B*T, S) or (B*S, T); the order only decides
     which of the two needs a transpose of x."""
     seen: dict[tuple[str, bool], set] = {}
-
-    def recorder(temporal):
-        def annotate(point, tensor):
-            seen.setdefault((point, temporal), set()).add(tuple(tensor.shape))
-            return tensor
-        return annotate
-
+    recorder = shape_recorder(seen)
     for spatial, temporal in tiny_model.block_pairs():
         for block in (spatial, temporal):
             fn = recorder(block.temporal)
             block.annotate = block.attn.annotate = block.cross_attn.annotate = block.mlp.annotate = fn
+    tiny_model.annotate = recorder(False)
     try:
         with torch.no_grad():
             tiny_model(**make_inputs(TINY, "17_64_64"), token_order=token_order)
@@ -114,14 +119,18 @@ def test_annotation_points_and_layouts(tiny_model, token_order):
             for block in (spatial, temporal):
                 block.annotate = block.attn.annotate = no_annotation
                 block.cross_attn.annotate = block.mlp.annotate = no_annotation
+        tiny_model.annotate = no_annotation
     B, T, S, N, TOKEN, h, heads, hd = 2, 5, 16, 80, 8, 64, 4, 16
     assert {p for p, _ in seen} == set(ANNOTATION_POINTS)
+    assert seen[("final_in", False)] == {(B, N, h)}
     for temporal, (bp, length) in ((False, (B * T, S)), (True, (B * S, T))):
         assert seen[("x", temporal)] == {(B, N, h)}
         assert seen[("attn_in", temporal)] == {(bp, length, h)}
         for point in ("q", "k", "v"):
             assert seen[(point, temporal)] == {(bp, heads, length, hd)}
         assert seen[("attn_out", temporal)] == seen[("proj_out", temporal)] == {(bp, length, h)}
+        assert seen[("qkv", temporal)] == {(bp, length, 3 * h)}
+        assert seen[("cross_q_tokens", temporal)] == {(B, N, heads, hd)}
         assert seen[("cross_q", temporal)] == {(1, heads, B * N, hd)}
         assert seen[("cross_k", temporal)] == seen[("cross_v", temporal)] == {(1, heads, B * TOKEN, hd)}
         assert seen[("cross_out", temporal)] == {(1, B * N, h)}
@@ -227,3 +236,38 @@ def test_space_major_stages_equal_whole_model(tiny_model):
 def test_unknown_token_order_is_rejected(tiny_model):
     with pytest.raises(ValueError, match="unknown token order 'time_major'"):
         tiny_model.embed(**make_inputs(TINY, "17_64_64"), token_order="time_major")
+
+
+@pytest.mark.parametrize("token_order", [FRAME_MAJOR, SPACE_MAJOR])
+def test_batch_apart_computes_the_same_blocks(tiny_model, token_order):
+    """``batch_apart`` (the layout ds_ulysses and opensora_sp need when a device holds several
+    samples) runs the minor-factor attention on (B, major, minor, h) and the cross-attention on
+    (B, heads, N, hd) queries against all captions under a (B, 1, N, B*TOKEN) mask: the same
+    function, so the same output as the merged-batch model, and the hooks see those shapes."""
+    inputs = make_inputs(TINY, "17_64_64")
+    seen: dict[tuple[str, bool], set] = {}
+    recorder = shape_recorder(seen)
+    blocks = [block for pair in tiny_model.block_pairs() for block in pair]
+    with torch.no_grad():
+        merged = tiny_model(**inputs, token_order=token_order)
+        try:
+            for block in blocks:
+                block.batch_apart = block.cross_attn.batch_apart = True
+                block.attn.annotate = block.cross_attn.annotate = recorder(block.temporal)
+            apart = tiny_model(**inputs, token_order=token_order)
+        finally:
+            for block in blocks:
+                block.batch_apart = block.cross_attn.batch_apart = False
+                block.attn.annotate = block.cross_attn.annotate = no_annotation
+    torch.testing.assert_close(apart, merged, rtol=1e-5, atol=1e-5)
+    B, T, S, N, TOKEN, h, heads, hd = 2, 5, 16, 80, 8, 64, 4, 16
+    # The minor factor is S frame-major (spatial block local), T space-major (temporal).
+    local_temporal = token_order == SPACE_MAJOR
+    major, minor = (S, T) if local_temporal else (T, S)
+    assert seen[("attn_in", local_temporal)] == {(B, major, minor, h)}
+    assert seen[("q", local_temporal)] == {(B, major, heads, minor, hd)}
+    assert seen[("attn_in", not local_temporal)] == {(B * minor, major, h)}
+    for temporal in (False, True):
+        assert seen[("cross_q", temporal)] == {(B, heads, N, hd)}
+        assert seen[("cross_k", temporal)] == {(1, heads, B * TOKEN, hd)}
+        assert seen[("cross_out", temporal)] == {(B, N, h)}

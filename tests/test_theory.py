@@ -93,11 +93,15 @@ def test_final_layer_gathers_its_output_only_when_S_is_split():
     assert term.kind == "all_gather" and term.bytes_per_device == 2 * N_REF * 32 * 7 / 8
     assert theory.final_layer_collectives("ds_ulysses", BlockDims.of(FULL, 120, 920), (2, 8), 32) == ()
     assert theory.final_layer_collectives("megatron", REF, (1, 16), 32) == ()
+    # opensora_sp gathers the final layer's input (hidden h), whichever factor y divides
+    (term,) = theory.final_layer_collectives("opensora_sp", BlockDims.of(FULL, 120, 920), (1, 8), 32)
+    assert term.kind == "all_gather" and term.message_bytes == 2 * 2 * 120 * 920 * 1152
 
 
 def test_strategy_table_meshes():
     assert STRATEGY_NAMES == ("none", "megatron", "megatron_sp", "two_dimension", "ds_ulysses",
-                              "ring_attention", "usp", "dp")
+                              "opensora_sp", "ring_attention", "usp", "dp")
+    assert default_mesh("opensora_sp", 8) == (1, 8)  # OpenSora's group spans all devices
     assert default_mesh("megatron", 16) == (1, 16) and default_mesh("none", 16) == (1, 1)
     assert default_mesh("usp", 16) == (2, 8) and default_mesh("dp", 16) == (1, 16)
     with pytest.raises(UsageError, match="even count"):

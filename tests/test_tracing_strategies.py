@@ -55,6 +55,16 @@ CASES = {
     # q, k, v, out of the split (temporal) attention and q, out of both cross-attentions: 8
     # all-to-alls over y = 2 of the device's A/4: A/4 * 1/2 each.
     "ds_ulysses": ("ds_ulysses", ["--mesh", "2x2"], {"all_to_all": (8, 8 * A // 8)}),
+    # The same 8 on 1 x 4: each device holds both samples (B/X = 2) and a quarter of the frames,
+    # a buffer of A/4, all-to-all over 4: A/4 * 3/4 each.  Nothing else: the local attention and
+    # the cross-attention queries keep the batch apart from the split frames (no resharding
+    # over pieces of y).
+    "ds_ulysses_1x4": ("ds_ulysses", ["--mesh", "1x4"], {"all_to_all": (8, 8 * A * 3 // 16)}),
+    # OpenSora v1.2's sequence parallelism on 1 x 4, S split (16 / 4): only the spatial block
+    # exchanges: its fused qkv (the device's 3*A/4) in one all-to-all, its attention output, its
+    # cross-attention queries and output (A/4 each), over 4: (3 + 1 + 1 + 1) * A/4 * 3/4.  The
+    # temporal block (every frame of the local positions) is local.
+    "opensora_sp": ("opensora_sp", ["--mesh", "1x4"], {"all_to_all": (4, 6 * A * 3 // 16)}),
     # K and V once around the ring of 2: 2 permutes of A/4; caption K, V of both
     # cross-attentions all-gathered over 2: C/2 each.
     "ring_attention": ("ring_attention", ["--mesh", "2x2"],
@@ -78,6 +88,9 @@ DEVICE_FLOPS = {
     "megatron_sp": PAIR_FLOPS + CAPTION_PROJECTION,  # split 2 of 4: repeated twice
     "two_dimension": PAIR_FLOPS + CAPTION_PROJECTION,
     "ds_ulysses": PAIR_FLOPS + CAPTION_PROJECTION,
+    "ds_ulysses_1x4": PAIR_FLOPS,  # the caption projection split over all of y = n: no repeat
+    # OpenSora projects the captions for all heads on every device: 3 of 4 devices repeat it.
+    "opensora_sp": PAIR_FLOPS + 3 * CAPTION_PROJECTION,
     "ring_attention": PAIR_FLOPS + CAPTION_PROJECTION,
     "usp": PAIR_FLOPS + CAPTION_PROJECTION,  # split 4 of 8: repeated twice
     "none": PAIR_FLOPS,
@@ -129,7 +142,8 @@ def pair_dumps(tmp_path_factory) -> dict[str, Path]:
                         "0-0,1-1,2-2", "--stage", "1", "--strategy", strategy, *options,
                         "--path", "clean", "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
-        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_*_stage1_pairs1-1_clean.mlir"))
+        mesh = options[options.index("--mesh") + 1]
+        mlir = sorted(out.glob(f"tiny3_28_64_64_{strategy}_{mesh}_stage1_pairs1-1_clean.mlir"))
         assert len(mlir) == 1, result.stderr[-2000:]
         dumps[name] = mlir[0]
     return dumps
@@ -156,8 +170,10 @@ def test_pair_collectives_are_the_layout_formula(pair_dumps, name):
     dims = block_dims(tiny3, "28_64_64", batch=batch)
     assert layout_bytes_by_kind(strategy, dims, mesh) == {
         kind: float(volume) for kind, (_, volume) in expected.items()}
-    assert {t.kind: t.count for t in layout_collectives(strategy, dims, mesh)} == {
-        kind: count for kind, (count, _) in expected.items()}
+    counts: Counter = Counter()
+    for term in layout_collectives(strategy, dims, mesh):
+        counts[term.kind] += term.count
+    assert dict(counts) == {kind: count for kind, (count, _) in expected.items()}
 
 
 @pytest.mark.trace
@@ -201,7 +217,7 @@ def tiny_dumps(tmp_path_factory) -> dict[str, Path]:
     """Stage-1 dumps of 0-0,1-1 on the tiny config (one pair and the final layer)."""
     out = tmp_path_factory.mktemp("tiny_dumps")
     dumps = {}
-    for strategy in ("megatron", "ds_ulysses", "ring_attention"):
+    for strategy in ("megatron", "ds_ulysses", "ring_attention", "opensora_sp"):
         result = trace([*TINY, "--strategy", strategy, "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
         mlir = sorted(out.glob(f"tiny_28_64_64_{strategy}_*_stage1_pairs1-1.mlir"))
@@ -222,6 +238,26 @@ def test_sidecar_describes_the_dump(tiny_dumps):
     assert sidecar["outputs"]["out"]["shape"] == [2, 8, 8, 8, 8]
     assert set(sidecar["versions"]) >= {"torch", "torch_xla", "jaxlib"}
     assert sidecar["peak_rss_bytes"] > 0 and sidecar["seconds"]["compile"] > 0
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_opensora_sp_gathers_the_final_layer_input(tiny_dumps):
+    """Stage 1 of 0-0,1-1 on tiny (h = 64, the shapes of A) on 2x2: the pair's 4 all-to-alls over
+    y = 2 of the device's (3 + 1 + 1 + 1) * A/4 (A/4 * 1/2 per A/4), and once the final layer's
+    input x (B/X, N, h) = A/2 all-gathered over y as OpenSora gathers S: A/2 * 1/2."""
+    from hlo_analyzer.report import analyze
+    from models.opensora.config import get_config
+    from models.opensora.theory import block_dims, final_layer_collectives, layout_bytes_by_kind
+
+    found = {kind: (entry["count"], entry["bytes_per_device"])
+             for kind, entry in analyze(tiny_dumps["opensora_sp"]).comm_by_kind().items()}
+    assert found == {"all_to_all": (4, 6 * A // 8), "all_gather": (1, A // 4)}
+    tiny = get_config("tiny")
+    dims = block_dims(tiny, "28_64_64")
+    (final,) = final_layer_collectives("opensora_sp", dims, (2, 2), tiny.final_out_features)
+    assert (final.kind, final.bytes_per_device) == ("all_gather", A // 4)
+    assert layout_bytes_by_kind("opensora_sp", dims, (2, 2)) == {"all_to_all": 6 * A // 8}
 
 
 @pytest.mark.trace
@@ -311,6 +347,15 @@ def test_frame_major_exchange_is_in_the_temporal_attention(tiny_dumps, strategy)
     """28_64_64 (T = 8): each device holds whole frames; the spatial attention is local."""
     found = self_attention_collectives(load_module(tiny_dumps[strategy]))
     assert found == {"spatial": {}, "temporal": SPLIT_ATTENTION[strategy, "2x2"]}
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_opensora_sp_exchanges_only_in_the_spatial_attention(pair_dumps):
+    """OpenSora's SeqParallelAttention in the spatial blocks: the fused qkv to heads and the
+    output back, 2 all-to-alls; the temporal attention is plain Attention on local data."""
+    found = self_attention_collectives(load_module(pair_dumps["opensora_sp"]))
+    assert found == {"spatial": {"all_to_all": 2}, "temporal": {}}
 
 
 @pytest.mark.trace

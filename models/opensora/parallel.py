@@ -53,6 +53,9 @@ STRATEGIES: dict[str, StrategyInfo] = {info.name: info for info in (
                  "2-D tensor parallel: batch on x, hidden on y"),
     StrategyInfo("ds_ulysses", "batch_x", ("all_to_all",),
                  "sequence parallel on y, all-to-all to heads (batch on x)"),
+    StrategyInfo("opensora_sp", "all", ("all_to_all",),
+                 "OpenSora v1.2's sequence parallelism: S over all devices, all-to-all to heads "
+                 "in the spatial blocks, temporal blocks local"),
     StrategyInfo("ring_attention", "batch_x", ("collective_permute", "all_gather"),
                  "sequence parallel on y, K/V ring (batch on x)"),
     StrategyInfo("usp", "batch_x", ("all_to_all", "collective_permute", "all_gather"),

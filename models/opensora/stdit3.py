@@ -91,29 +91,39 @@ ANNOTATION_POINTS: dict[str, str] = {
     # STDiT3Block (B = batch, N = T*S tokens per sample, h = hidden)
     "x": "STDiT3Block: (B, N, h) at the block input and after each of its three residual adds "
          "(tokens in the state's token order)",
-    # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.
+    # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.  With
+    # the block's ``batch_apart`` set, the attention over the minor token factor keeps the batch
+    # and the major factor apart: B' stands for the two axes (B, major) there.
     "attn_in": "Attention: (B', L, h) input, tokens already grouped for this block's attention",
+    "qkv": "Attention: (B', L, 3h) fused qkv projection output, before the split into heads",
     "q": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
     "k": "Attention: (B', heads, L, head_dim) right before the attention kernel (after norm, RoPE)",
     "v": "Attention: (B', heads, L, head_dim) right before the attention kernel",
     "attn_out": "Attention: (B', L, h) kernel output with heads merged, before proj",
     "proj_out": "Attention: (B', L, h) after proj",
     # MultiHeadCrossAttention: all samples flattened into one sequence
-    "cross_q": "MultiHeadCrossAttention: (1, heads, B*N, head_dim)",
+    "cross_q_tokens": "MultiHeadCrossAttention: (B, N, heads, head_dim) q_linear output per "
+                      "sample, before the samples are flattened into one sequence",
+    "cross_q": "MultiHeadCrossAttention: (1, heads, B*N, head_dim); (B, heads, N, head_dim) with "
+               "the block's batch_apart",
     "cross_k": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
     "cross_v": "MultiHeadCrossAttention: (1, heads, B*TOKEN, head_dim)",
-    "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before proj",
+    "cross_out": "MultiHeadCrossAttention: (1, B*N, h) kernel output with heads merged, before "
+                 "proj; (B, N, h) with the block's batch_apart",
     # Mlp
     "attn_kernel_out": "Attention: (B', heads, L, head_dim) attention kernel output",
     # MultiHeadCrossAttention inputs and outputs in the residual layout
     "cross_in": "MultiHeadCrossAttention: (B, N, h) video-token input, before q_linear",
     "cross_cond": "MultiHeadCrossAttention: (1, B*TOKEN, h) caption input, before kv_linear",
     "cross_kv": "MultiHeadCrossAttention: (1, B*TOKEN, 2h) fused caption K/V projection output",
-    "cross_kernel_out": "MultiHeadCrossAttention: (1, heads, B*N, head_dim) kernel output",
+    "cross_kernel_out": "MultiHeadCrossAttention: (1, heads, B*N, head_dim) kernel output; "
+                        "(B, heads, N, head_dim) with the block's batch_apart",
     "cross_proj_out": "MultiHeadCrossAttention: (B, N, h) after proj",
     "mlp_in": "Mlp: (B, N, h) input, before fc1",
     "mlp_hidden": "Mlp: (B, N, mlp_ratio*h) after fc1 and GELU",
     "mlp_out": "Mlp: (B, N, h) after fc2",
+    # STDiT3
+    "final_in": "STDiT3.finalize: (B, N, h) input of the final layer (norm, modulation, linear)",
 }
 
 #: Row order of the fused qkv / kv projections.  OpenSora's weights order their rows
@@ -152,27 +162,32 @@ def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale:
 
 
 @library_call("flash_attention")
-def merge_heads_flash(out: Tensor, batch: int, length: int, hidden: int) -> Tensor:
-    """(B', heads, L, head_dim) -> (B', L, h) after an attention OpenSora runs as one fused kernel
+def merge_heads_flash(out: Tensor, length: int, hidden: int) -> Tensor:
+    """(*B', heads, L, head_dim) -> (*B', L, h) after an attention OpenSora runs as one fused kernel
     (flash-attn, or xformers' memory-efficient attention for the masked cross-attention), which
     writes (B', L, heads, head_dim) itself: a view. Its lines mark the attention that feeds them as
     that one kernel for ``--exec torch`` (``models.opensora.library_calls``)."""
-    return out.transpose(1, 2).reshape(batch, length, hidden)
+    return out.transpose(-3, -2).reshape(*out.shape[:-3], length, hidden)
 
 
 @library_call("copy")
-def merge_heads_copy(out: Tensor, batch: int, length: int, hidden: int) -> Tensor:
-    """(B', heads, L, head_dim) -> (B', L, h): OpenSora's ``x.transpose(1, 2).reshape(B, N, C)``
+def merge_heads_copy(out: Tensor, length: int, hidden: int) -> Tensor:
+    """(*B', heads, L, head_dim) -> (*B', L, h): OpenSora's ``x.transpose(1, 2).reshape(B, N, C)``
     after its non-flash attention, a copy in PyTorch."""
-    return out.transpose(1, 2).reshape(batch, length, hidden)
+    return out.transpose(-3, -2).reshape(*out.shape[:-3], length, hidden)
 
 
 @library_call("copy")
-def swap_token_axes_copy(x: Tensor, batch: int, major: int, minor: int) -> Tensor:
+def swap_token_axes_copy(x: Tensor, batch: int, major: int, minor: int,
+                         merge_batch: bool = True) -> Tensor:
     """(B, major*minor, h) -> (B*minor, major, h), or back with the axes given swapped: an einops
-    rearrange of the token axes, which PyTorch runs as a copy."""
+    rearrange of the token axes, which PyTorch runs as a copy.  ``merge_batch=False`` gives
+    (B, minor*major, h) instead (the same data; the batch stays an axis of its own)."""
     hidden = x.shape[-1]
-    return x.reshape(batch, major, minor, hidden).transpose(1, 2).reshape(batch * minor, major, hidden)
+    swapped = x.reshape(batch, major, minor, hidden).transpose(1, 2)
+    if merge_batch:
+        return swapped.reshape(batch * minor, major, hidden)
+    return swapped.reshape(batch, minor * major, hidden)
 
 
 def block_diagonal_mask(batch: int, queries_per_sample: int, keys_per_sample: int,
@@ -226,19 +241,23 @@ def fused_rows_to_head_major(tensor: Tensor, parts: int, heads: int) -> Tensor:
 
 
 def split_fused(fused: Tensor, parts: int, heads: int, layout: str) -> tuple[Tensor, ...]:
-    """(B', L, parts*h) projection output -> `parts` tensors (B', heads, L, head_dim), reading
-    the rows in `layout` order (see FUSED_LAYOUTS)."""
-    batch, length, width = fused.shape
+    """(*B', L, parts*h) projection output -> `parts` tensors (*B', heads, L, head_dim), reading
+    the rows in `layout` order (see FUSED_LAYOUTS); B' is one or more batch axes."""
+    *lead, length, width = fused.shape
     head_dim = width // (parts * heads)
-    if layout == "head_major":
-        return fused.reshape(batch, length, heads, parts, head_dim).permute(3, 0, 2, 1, 4).unbind(0)
-    if layout == "opensora":
-        return fused.reshape(batch, length, parts, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    n = len(lead)
+    batch_dims = tuple(range(n))
+    if layout == "head_major":  # (*B', L, heads, parts, hd) -> (parts, *B', heads, L, hd)
+        return fused.reshape(*lead, length, heads, parts, head_dim).permute(
+            n + 2, *batch_dims, n + 1, n, n + 3).unbind(0)
+    if layout == "opensora":  # (*B', L, parts, heads, hd) -> (parts, *B', heads, L, hd)
+        return fused.reshape(*lead, length, parts, heads, head_dim).permute(
+            n + 1, *batch_dims, n + 2, n, n + 3).unbind(0)
     raise ValueError(f"fused layout {layout!r}: expected one of {FUSED_LAYOUTS}")
 
 
 class BlockLinear(nn.Linear):
-    """nn.Linear on a 3-D input written as one einsum, ``abi,oi->abo`` + bias.
+    """nn.Linear on a 3-D (or 4-D) input written as one einsum, ``abi,oi->abo`` + bias.
 
     nn.Linear flattens (a, b, i) to (a*b, i); when a strategy splits b but not all of a, the
     merged axis is no tile of the devices and GSPMD gathers the input and runs the product
@@ -248,7 +267,8 @@ class BlockLinear(nn.Linear):
 
     @library_call("linear")  # one cuBLASLt GEMM, the bias added in its epilogue
     def forward(self, x: Tensor) -> Tensor:
-        out = torch.einsum("abi,oi->abo", x, self.weight)
+        axes = "abcd"[:x.dim() - 1]
+        out = torch.einsum(f"{axes}i,oi->{axes}o", x, self.weight)
         return out + self.bias if self.bias is not None else out
 
 
@@ -443,11 +463,13 @@ class Attention(nn.Module):
         self.fused_layout = "opensora"
 
     def forward(self, x: Tensor) -> Tensor:
-        """(B', L, h) -> (B', L, h)."""
+        """(*B', L, h) -> (*B', L, h); B' is one batch axis, or two (see ``batch_apart``)."""
         x = self.annotate("attn_in", x)
-        batch, length, hidden = x.shape
+        *lead, length, hidden = x.shape
+        batch = math.prod(lead)
         # each (B', heads, L, hd)
-        q, k, v = split_fused(self.qkv(x), 3, self.num_heads, self.fused_layout)
+        q, k, v = split_fused(self.annotate("qkv", self.qkv(x)), 3, self.num_heads,
+                              self.fused_layout)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
@@ -461,7 +483,7 @@ class Attention(nn.Module):
         kernel = self.flash_fn if flash and self.attention_fn is plain_attention else self.attention_fn
         out = self.annotate("attn_kernel_out", kernel(q, k, v, None, self.scale))
         merge = merge_heads_flash if flash else merge_heads_copy
-        out = merge(out, batch, length, hidden)
+        out = merge(out, length, hidden)
         out = self.annotate("attn_out", out)
         return self.annotate("proj_out", self.proj(out))
 
@@ -483,24 +505,35 @@ class MultiHeadCrossAttention(nn.Module):
         # Where OpenSora calls its fused attention kernel (a GPU run may put SDPA here).
         self.flash_fn: AttentionFn = plain_attention
         self.fused_layout = "opensora"
+        # Queries (B, heads, N, hd) against the (1, heads, B*TOKEN, hd) caption keys with a
+        # (B, 1, N, B*TOKEN) mask instead of one (1, heads, B*N, hd) sequence: the same scores
+        # and FLOPs, for layouts where B*N is no tile (see STDiT3Block.batch_apart).
+        self.batch_apart = False
 
     def forward(self, x: Tensor, cond: Tensor) -> Tensor:
         """x (B, N, h), cond (1, B*TOKEN, h) -> (B, N, h)."""
         batch, tokens, hidden = x.shape
         keys = cond.shape[1]
         x, cond = self.annotate("cross_in", x), self.annotate("cross_cond", cond)
-        q = self.q_linear(x).reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self.annotate("cross_q_tokens",
+                          self.q_linear(x).reshape(batch, tokens, self.num_heads, self.head_dim))
+        mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
+        if self.batch_apart:
+            q, mask = q.transpose(1, 2), mask.reshape(batch, 1, tokens, keys)
+        else:
+            q = q.reshape(1, batch * tokens, self.num_heads, self.head_dim).transpose(1, 2)
         # each (1, heads, B*TOKEN, hd)
         kv = self.annotate("cross_kv", self.kv_linear(cond))
         k, v = split_fused(kv, 2, self.num_heads, self.fused_layout)
         q = self.annotate("cross_q", q)
         k, v = self.annotate("cross_k", k), self.annotate("cross_v", v)
-        mask = block_diagonal_mask(batch, tokens, keys // batch, device=x.device)
         # OpenSora: one xformers memory_efficient_attention call with a block-diagonal mask.
         attention_fn = self.flash_fn if self.attention_fn is plain_attention else self.attention_fn
         out = self.annotate("cross_kernel_out", attention_fn(q, k, v, mask, self.scale))
-        out = merge_heads_flash(out, 1, batch * tokens, hidden)
-        out = self.annotate("cross_out", out)
+        if self.batch_apart:  # (B, heads, N, hd) -> (B, N, h)
+            out = self.annotate("cross_out", merge_heads_flash(out, tokens, hidden))
+            return self.annotate("cross_proj_out", self.proj(out))
+        out = self.annotate("cross_out", merge_heads_flash(out, batch * tokens, hidden))
         return self.annotate("cross_proj_out", self.proj(out.reshape(batch, tokens, hidden)))
 
 
@@ -537,6 +570,10 @@ class STDiT3Block(nn.Module):
         self.mlp = Mlp(h, config.mlp_hidden)
         self.scale_shift_table = nn.Parameter(torch.randn(6, h) / h ** 0.5)
         self.annotate: AnnotateFn = no_annotation
+        # Attend over the minor token factor on (B, major, minor, h) instead of (B*major, minor,
+        # h): the same arithmetic, but a strategy that splits the major factor and not the batch
+        # (a sequence split with B/X > 1) keeps a tiled layout (the merged B*major is no tile).
+        self.batch_apart = False
 
     def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, T: int, S: int,
                 token_order: TokenOrder = FRAME_MAJOR, x_mask: Tensor | None = None,
@@ -588,10 +625,13 @@ class STDiT3Block(nn.Module):
         batch, _, hidden = x.shape
         major, minor = token_axes(token_order, T, S)
         if self.temporal != major_axis_is_temporal(token_order):  # sequence = minor factor
+            if self.batch_apart:
+                return self.attn(x.reshape(batch, major, minor, hidden))
             return self.attn(x.reshape(batch * major, minor, hidden))
         # OpenSora's rearranges "B (T S) C -> (B S) T C" and back each copy the tensor.
         x = self.attn(swap_token_axes_copy(x, batch, major, minor))
-        return swap_token_axes_copy(x, batch, minor, major)
+        # Back to (B, N, h) without merging B and the (split) major factor (see batch_apart).
+        return swap_token_axes_copy(x, batch, minor, major, merge_batch=not self.batch_apart)
 
 
 class T2IFinalLayer(nn.Module):
@@ -679,6 +719,7 @@ class STDiT3(nn.Module):
         self.temporal_blocks = nn.ModuleList(
             STDiT3Block(config, temporal=True) for _ in range(config.depth))
         self.final_layer = T2IFinalLayer(h, config.final_out_features, config.norm_eps)
+        self.annotate: AnnotateFn = no_annotation
 
     # Stage structure -----------------------------------------------------------------------
 
@@ -747,7 +788,8 @@ class STDiT3(nn.Module):
         if h_patches * w_patches != state.S:
             raise ValueError(f"state has S={state.S} but latent {state.H_lat}x{state.W_lat} "
                              f"gives {h_patches}x{w_patches} patches")
-        x = self.final_layer(state.x, state.t, state.x_mask, state.t0, state.T, state.S, state.token_order)
+        x = self.final_layer(self.annotate("final_in", state.x), state.t, state.x_mask, state.t0,
+                             state.T, state.S, state.token_order)
         batch = x.shape[0]
         c_out = self.config.out_channels
         # Unpatchify.  The token axis is (T, H, W) frame-major, (H, W, T) space-major; the one

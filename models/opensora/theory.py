@@ -428,6 +428,9 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
     * usp (Y = ring x ulysses): 8 all-to-alls over ulysses of A/n, 2*(ring-1)
       collective-permutes of A/n and 4 all-gathers over ring of C/ulysses (caption K and V of
       the local heads);
+    * opensora_sp (OpenSora v1.2's sequence parallelism, S over Y): in the spatial block only,
+      1 all-to-all over Y of 3*A/n (the fused qkv) and 3 of A/n (the attention output, the
+      cross-attention queries and output); the temporal block is local;
     * none, dp: nothing.
     """
     if strategy not in STRATEGY_TABLE:
@@ -453,6 +456,14 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
     if strategy == "ds_ulysses":
         return (CollectiveTerm("all_to_all", 8, y_devices, local,
                                "q, k, v, out of the split attention; q, out of 2 cross"),)
+    if strategy == "opensora_sp":
+        if dims.S % y_devices or dims.heads % y_devices:
+            raise DeviceCountError(
+                f"opensora_sp splits the spatial tokens S = {dims.S} and the {dims.heads} heads "
+                f"over mesh Y = {y_devices}: expected Y dividing both")
+        return (CollectiveTerm("all_to_all", 1, y_devices, 3 * local, "spatial fused qkv"),
+                CollectiveTerm("all_to_all", 3, y_devices, local,
+                               "spatial attention out; spatial cross q, out"))
     if strategy == "ring_attention":
         caption = q * dims.batch * dims.token * dims.hidden
         return (CollectiveTerm("collective_permute", 2 * (y_devices - 1), y_devices,
@@ -472,7 +483,7 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
 
 
 #: The strategies whose residual stream is split on tokens over y (ds_ulysses' layout).
-TOKEN_SPLIT_STRATEGIES = ("megatron_sp", "ds_ulysses", "ring_attention", "usp")
+TOKEN_SPLIT_STRATEGIES = ("megatron_sp", "ds_ulysses", "ring_attention", "usp", "opensora_sp")
 
 
 def final_layer_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
@@ -480,8 +491,13 @@ def final_layer_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int
     """Collectives of the final layer (once per model, in the last stage): a token-split layout
     that splits S (space-major tokens: y does not divide T) all-gathers the final linear's
     output, q*(B/X)*N*out_features bytes, over y, because the unpatchified video splits H*W
-    rows that are no tile of its (H, W) axes.  With T split the video stays split on T."""
+    rows that are no tile of its (H, W) axes.  With T split the video stays split on T.
+    opensora_sp gathers the final layer's input instead, q*(B/X)*N*h bytes over y, as OpenSora
+    does."""
     x_devices, y_devices = mesh
+    if strategy == "opensora_sp":  # OpenSora gathers x (hidden h) before its final layer
+        gathered = dims.bytes_per_element * dims.batch * dims.N * dims.hidden / x_devices
+        return (CollectiveTerm("all_gather", 1, y_devices, gathered, "final layer input, S split"),)
     if strategy not in TOKEN_SPLIT_STRATEGIES or dims.T % y_devices == 0:
         return ()
     out = dims.bytes_per_element * dims.batch * dims.N * out_features / x_devices
@@ -500,11 +516,12 @@ def layout_bytes_by_kind(strategy: str, dims: BlockDims, mesh: tuple[int, int],
 def caption_projection_split(strategy: str, mesh: tuple[int, int]) -> int:
     """Over how many devices a layout splits the caption K/V projection (the rest repeat it):
     megatron all n (kv column-split); the batch_x layouts only y (each batch group on x
-    projects every caption, as the flattened cross-attention needs all of them); dp and none 1."""
+    projects every caption, as the flattened cross-attention needs all of them); dp and none 1;
+    opensora_sp 1 (OpenSora projects the captions for all heads on every device)."""
     x_devices, y_devices = mesh
     if strategy == "megatron":
         return x_devices * y_devices
-    if strategy in ("dp", "none"):
+    if strategy in ("dp", "none", "opensora_sp"):
         return 1
     return y_devices
 

@@ -6,6 +6,7 @@ from tracing.strategies import (  # noqa: F401  (register)
     megatron,
     megatron_sp,
     none,
+    opensora_sp,
     ring_attention,
     two_dimension,
     usp,

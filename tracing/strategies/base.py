@@ -84,6 +84,10 @@ class Strategy:
     #: rows gives each device whole heads of q, k and v (OpenSora's own order would make GSPMD
     #: re-lay out the projection output).  The reference weights are reordered to match.
     fused_layout: ClassVar[str] = "head_major"
+    #: Whether the blocks attend over the minor token factor on (B, major, minor, h) rather than
+    #: (B*major, minor, h) (``STDiT3Block.batch_apart``): needed by a layout that splits the
+    #: major factor but leaves part of the batch whole on each device, where B*major is no tile.
+    batch_apart: ClassVar[bool] = False
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -163,9 +167,12 @@ class Strategy:
         return tensor
 
     def install(self, model: STDiT3, block_indices: range, mesh) -> None:
-        """Set the annotation hooks (and kernels) of the stage's blocks; never edits the model."""
+        """Set the annotation hooks (and kernels) of the stage's blocks and of the final layer's
+        input; never edits the model."""
+        model.annotate = self._make_hook(mesh, temporal=False)
         for index in block_indices:
             for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
+                block.batch_apart = block.cross_attn.batch_apart = self.batch_apart
                 hook = self._make_hook(mesh, block.temporal)
                 for module in (block, block.attn, block.cross_attn, block.mlp):
                     module.annotate = hook

@@ -13,16 +13,28 @@ tokens is chosen per layout (``choose_token_order``):
 
 The self-attention over the split factor has its sequence split; the other one is local (its
 batch B*major is split over (X, Y)).  The block linears are einsums (``BlockLinear``), so every
-projection runs on the local tokens only.
+projection runs on the local tokens only.  A device holds B/X whole samples; when B/X > 1 (e.g.
+a 1 x N mesh with the guidance batch B = 2) the merged B*major of the local attention and the
+merged B*N of the cross-attention are no tiles of that layout (a contiguous chunk of B*major
+is part of one sample's range, not a range of every sample), and GSPMD would reshuffle them with
+all-gathers, all-to-alls and collective-permutes over pieces of Y.  So ds_ulysses and
+opensora_sp keep the batch apart (``batch_apart``: the local attention runs on (B, major, minor,
+h)) and attend from the cross-attention queries of each sample, (B, heads, N, hd), to the
+caption keys of all samples under the block-diagonal mask (the same scores), which holds on any
+X x Y mesh.
 
 ds_ulysses, layout choices (each one pinned with a mark):
 * split self-attention: q, k, v are computed sequence-split and resharded to a head split
   (``Reshard``: one all-to-all each over Y); the kernel output is pinned head-split and the
   output before ``proj`` sequence-split (one all-to-all back);
-* cross-attention (OpenSora's sequence-parallel cross-attention): the queries go from a token
-  split to a head split (all-to-all), the caption K/V are projected head-split (every device
-  projects the captions for its heads; weights replicated), the output comes back (all-to-all).
-  Per block pair: 4 + 4 all-to-alls over Y, nothing else.
+* cross-attention (OpenSora's sequence-parallel cross-attention): the queries (B, N, heads,
+  hd) go from a token split to a head split (all-to-all), the caption K/V are projected
+  head-split (every device projects the captions for its heads; weights replicated), the output
+  (B, N, h) comes back (all-to-all).
+
+Per block pair: 4 + 4 all-to-alls over Y, nothing else.  Each moves one (B/X, N/Y, h) buffer
+of the device (q, k, v, the attention output, the cross queries, the cross output), so with
+A = bytes of the whole (B, N, h) activation a pair moves 8 * A/(X*Y) * (Y-1)/Y per device.
 """
 
 from __future__ import annotations
@@ -98,30 +110,54 @@ class SequenceParallel(Strategy):
         if point in ("x", "mlp_in", "mlp_hidden", "mlp_out", "cross_in", "cross_proj_out"):
             return self.x_seq
         if point in ("attn_in", "attn_out", "proj_out"):
+            if len(shape) == 4:  # (B, major, L, h) of the local attention, batch kept apart
+                return ("x", self.seq, None, None)
             return self.attention_layout(temporal)
         if point == "cross_out":  # (1, B*N, h)
             return (None, self.tokens, None)
         return None
 
-    def ulysses_specs(self, point: str, temporal: bool, heads_axis, rest=None) -> Spec | Reshard | None:
+    def ulysses_specs(self, point: str, shape: tuple[int, ...], temporal: bool, heads_axis,
+                      rest=None) -> Spec | Reshard | None:
         """Ulysses exchange of the self- and cross-attention over ``heads_axis``: q, k, v of the
         split attention and the cross-attention queries move from the sequence split to a head
         split (``rest``: what still splits the sequence, e.g. usp's ring axis), the kernel
-        outputs stay head-split; the local attention keeps its batch split."""
+        outputs stay head-split; the local attention keeps its batch split.  Without ``rest``
+        the cross-attention exchange is made per sample (see the module docstring)."""
         split = self.sequence_split(temporal)
         if point in ("q", "k", "v", "attn_kernel_out"):
             if not split:
+                if len(shape) == 5:  # (B, major, heads, L, hd), batch kept apart
+                    return ("x", self.seq, None, None, None)
                 return (self.tokens, None, None, None)
             head_split = ("x", heads_axis, rest, None)
             if point == "attn_kernel_out":
                 return head_split
             return Reshard(before=("x", None, self.seq, None), after=head_split)
-        cross_rows = "x" if rest is None else ("x", rest)
+        if rest is None:
+            return self.per_sample_cross_specs(point, heads_axis)
+        cross_rows = ("x", rest)
         if point == "cross_q":  # (1, heads, B*N, hd): tokens -> heads
             return Reshard(before=(None, None, self.tokens, None),
                            after=(None, heads_axis, cross_rows, None))
         if point == "cross_kernel_out":
             return (None, heads_axis, cross_rows, None)
+        if point == "cross_cond":  # every caption on every device
+            return (None, None, None)
+        if point in ("cross_k", "cross_v"):  # projected for the local heads
+            return (None, heads_axis, None, None)
+        return None
+
+    def per_sample_cross_specs(self, point: str, heads_axis) -> Spec | Reshard | None:
+        """The cross-attention exchange with the batch kept apart (``batch_apart``): the
+        queries (B, N, heads, hd) go tokens -> heads, the output (B, N, h) heads -> tokens, one
+        all-to-all each; the attention runs on (B, heads, N, hd), a tile on any mesh."""
+        if point == "cross_q_tokens":  # (B, N, heads, hd)
+            return Reshard(before=("x", self.seq, None, None), after=("x", None, heads_axis, None))
+        if point in ("cross_q", "cross_kernel_out"):  # (B, heads, N, hd)
+            return ("x", heads_axis, None, None)
+        if point == "cross_out":  # (B, N, h): heads -> tokens before proj
+            return Reshard(before=("x", None, heads_axis), after=self.x_seq)
         if point == "cross_cond":  # every caption on every device
             return (None, None, None)
         if point in ("cross_k", "cross_v"):  # projected for the local heads
@@ -134,6 +170,7 @@ class DeepSpeedUlysses(SequenceParallel):
     name = "ds_ulysses"
     summary = ("sequence parallel (batch on x, T or S on y); all-to-all to heads around the "
                "split self-attention and the cross-attention")
+    batch_apart = True
 
     def validate(self) -> None:
         super().validate()
@@ -141,7 +178,7 @@ class DeepSpeedUlysses(SequenceParallel):
                                "axis y")
 
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
-        spec = self.ulysses_specs(point, temporal, "y")
+        spec = self.ulysses_specs(point, shape, temporal, "y")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 
     def attention_fn(self, mesh, temporal: bool):

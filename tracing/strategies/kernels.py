@@ -16,11 +16,16 @@ if TYPE_CHECKING:
 
 
 def einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """softmax(q k^T * scale + mask) v on (batch, heads, L, head_dim), head-split friendly."""
+    """softmax(q k^T * scale + mask) v on (*batch, heads, L, head_dim) (one or two batch axes),
+    head-split friendly."""
     import torch
 
-    scores = torch.einsum("bhqd,bhkd->bhqk", q * scale, k).float()
+    batch = "bc"[:q.dim() - 3]
+    keys = batch
+    if k.dim() == 4 and k.shape[0] == 1 < q.shape[0]:  # one key set for every query batch
+        k, v, keys = k[0], v[0], ""
+    scores = torch.einsum(f"{batch}hqd,{keys}hkd->{batch}hqk", q * scale, k).float()
     if mask is not None:
         scores = scores + mask
     probs = scores.softmax(dim=-1).to(v.dtype)
-    return torch.einsum("bhqk,bhkd->bhqd", probs, v)
+    return torch.einsum(f"{batch}hqk,{keys}hkd->{batch}hqd", probs, v)

@@ -56,7 +56,7 @@ class UnifiedSequenceParallel(SequenceParallel):
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
         if point == "cross_kv":  # (1, B*TOKEN, 2h): caption rows over ring, heads over ulysses
             return (None, "ring", "ulysses")
-        spec = self.ulysses_specs(point, temporal, "ulysses", rest="ring")
+        spec = self.ulysses_specs(point, shape, temporal, "ulysses", rest="ring")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 
     def attention_fn(self, mesh, temporal: bool):
