@@ -49,6 +49,8 @@ from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS
 __all__ = ["RETURN_OP", "pair_owners"]
 
 RETURN_OP = "return"
+#: Element types of masks, which are never the residual stream.
+BOOLEAN_TYPES = frozenset({"i1", "pred"})
 #: How far (in ops) the residual add may lie after the GEMM it follows: a gate, a bias, the
 #: all-reduce or reduce-scatter of a tensor-parallel layout and their reshapes are a few dozen.
 RESIDUAL_SEARCH_LIMIT = 512
@@ -187,9 +189,12 @@ def _residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | N
         operands = list(_operand_markers(attributes))
         if any(p in from_proj for p, _ in operands):
             size = math.prod(attributes["result_shapes"][0]) if attributes["result_shapes"] else 0
-            for (producer, marker), shape in zip(operands, attributes["operand_shapes"]):
-                # the residual has the sum's shape (an index or a gate vector has not)
-                if producer not in from_proj and marker in behind_qkv and size > 1 and math.prod(shape) == size:
+            for (producer, marker), shape, dtype in zip(operands, attributes["operand_shapes"],
+                                                        attributes["operand_dtypes"]):
+                # the residual has the sum's shape (an index or a gate vector has not) and holds
+                # numbers (not the official path's temporal mask, broadcast to it for a select)
+                if producer not in from_proj and marker in behind_qkv and size > 1 and \
+                        math.prod(shape) == size and dtype not in BOOLEAN_TYPES:
                     root = _root(graph, producer, marker)
                     if not (isinstance(root, int) and nodes[root]["name"] in CONSTANT_OPS):
                         return root
