@@ -20,16 +20,17 @@ one memory-bound kernel over its ops. An op without a location is a call of its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 
-from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS
+from hlo_analyzer.dataflow import CONSTANT_OPS
 
 __all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "Call", "CallRegion", "call_groups",
-           "sidecar_call_regions"]
+           "folded_constants", "sidecar_call_regions"]
 
 LINEAR_CALL, ATTENTION_CALL, COPY_CALL = "linear", "flash_attention", "copy"
 #: torch-xla's name of a dtype cast it inserts (``x.float()`` gets it too).
@@ -116,24 +117,45 @@ def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
                 break
 
 
+def _scalar_arithmetic(attributes: dict[str, Any]) -> bool:
+    """An op on scalars alone (``eps * alpha`` of a Python number torch-xla passed as an
+    argument): PyTorch computes it on the host and passes the result to the kernel."""
+    def scalar(shape: Sequence[int]) -> bool:
+        return math.prod(shape) <= 1
+
+    return all(map(scalar, attributes["result_shapes"])) and all(map(scalar, attributes["operand_shapes"]))
+
+
+def folded_constants(graph: nx.DiGraph) -> set[int]:
+    """Constants and everything computed from constants alone (a ``mean``'s divisor, a view of a
+    constant that XLA shares between calls): PyTorch folds such values into the kernels that
+    read them (a scalar argument of the launch), so they are no kernel and no memory traffic."""
+    constant: set[int] = set()
+    attributes_of = graph.nodes
+    for node in sorted(graph):
+        attributes = attributes_of[node]
+        operands = attributes["operands"]
+        if attributes["name"] in CONSTANT_OPS or (operands and None not in operands and constant.issuperset(operands)):
+            constant.add(node)
+    return constant
+
+
 def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[CallRegion],
                 owners: dict[int, int] | None = None) -> list[Call]:
     """The library calls among ``nodes`` (module docstring), in program order of their first node.
 
-    Constants, and views of constants alone (which XLA shares between calls), belong to no call;
+    Constants, values computed from constants alone (:func:`folded_constants`) and arithmetic on
+    scalars alone belong to no call;
     ``owners`` (the block pair of each node, ``hlo_analyzer.pairs``) keeps a call within one pair,
     as the model's calls are. Two nodes are in one call when one reads the other and both
     have the same key: the region their source line lies in, else their torch call and frame.
     """
     attributes_of = graph.nodes
     keys: dict[int, Any] = {}
-    constant: set[int] = set()  # constants, and views of constants alone (XLA shares them)
+    constant = folded_constants(graph)
     for node in sorted(nodes):
         attributes = attributes_of[node]
-        operands = attributes["operands"]
-        if attributes["name"] in CONSTANT_OPS or (
-                attributes["name"] in FREE_MOVEMENT_OPS and operands and constant.issuperset(operands)):
-            constant.add(node)
+        if node in constant or _scalar_arithmetic(attributes):
             continue
         location = attributes.get("location", "")
         if not location:

@@ -76,6 +76,7 @@ from hlo_analyzer.library_calls import (
     LINEAR_CALL,
     CallRegion,
     call_groups,
+    folded_constants,
 )
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
@@ -771,7 +772,7 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     claimed = {p for work in attentions for p in work.positions}
     gemms = {p: w for p in sorted(is_gemm - claimed)
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
-    constant = {p for p in graph if attributes_of[p]["name"] in CONSTANT_OPS}
+    constant = folded_constants(graph)
     real = real_elements(attributes_of)
     vectors: list[_Work] = []
     for call in calls:

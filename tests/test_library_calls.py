@@ -13,7 +13,8 @@ from hlo_analyzer.library_calls import CallRegion, call_groups, sidecar_call_reg
 def _graph(*nodes: tuple[int, str, list[int | None], str]) -> nx.DiGraph:
     graph = nx.DiGraph()
     for node, name, operands, location in nodes:
-        graph.add_node(node, name=name, operands=operands, location=location)
+        graph.add_node(node, name=name, operands=operands, location=location,
+                       result_shapes=((4, 8),), operand_shapes=((4, 8),) * len(operands))
         graph.add_edges_from((p, node) for p in operands if p is not None)
     return graph
 
@@ -80,3 +81,12 @@ def test_gpu_descriptions_carry_per_class_efficiencies_and_the_40gb_a100():
     assert small.dram_capacity_bytes == 40e9
     assert small.gemm_flops_per_s == a100.gemm_flops_per_s
     assert load_chip("8xa100-40gb").name == "a100-sxm-40gb"
+
+
+def test_arithmetic_on_scalars_alone_belongs_to_no_call():
+    # eps * alpha of two Python numbers torch-xla passed as arguments: host arithmetic in PyTorch
+    graph = _graph((0, "reduce", [None], "aten__mean @ m.py:3"),
+                   (1, "multiply", [None, None], "aten__add.4/aten__add @ m.py:3"),
+                   (2, "add", [0, 1], "aten__add.4/aten__add @ m.py:3"))
+    graph.nodes[1]["result_shapes"], graph.nodes[1]["operand_shapes"] = ((),), ((), ())
+    assert _calls(graph) == [("mean", (0,)), ("add", (2,))]
