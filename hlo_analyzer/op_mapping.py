@@ -769,7 +769,7 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         attentions = [w for w in _attentions(graph, rows, is_gemm, options, cross_values)
                       if w.position in fused or _reaches(graph, w.position, fused, is_gemm)]
     fused_calls = {id(call_of[w.position]) for w in attentions if w.position in call_of}
-    claimed = {p for work in attentions for p in work.positions}
+    claimed = {p for work in attentions for p in work.positions} | _inside_fused_attentions(graph, attentions, is_gemm)
     gemms = {p: w for p in sorted(is_gemm - claimed)
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
     constant = folded_constants(graph)
@@ -810,6 +810,29 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         vectors.append(_Work(positions[-1], positions, f"{kernel}({call.kind})" if kernel != call.kind else kernel,
                              VECTOR_KIND, shapes, op=op))
     return [*attentions, *gemms.values(), *vectors]
+
+
+def _inside_fused_attentions(graph: nx.DiGraph, attentions: list[_Work], is_gemm: set[int]) -> set[int]:
+    """What a fused attention kernel does inside besides its GEMMs and softmax: the casts on the
+    way from the scores to the probabilities, and the scaling of q by a scalar (flash-attn and
+    xformers apply the scale and keep the scores in registers)."""
+    inside: set[int] = set()
+    nodes = graph.nodes
+    for work in attentions:
+        found = _probabilities(graph, work.position, is_gemm)
+        if found is None:
+            continue
+        _, scores, passed = found
+        inside |= passed
+        for score in scores:
+            for producer in nodes[score]["operands"]:
+                while producer is not None and nodes[producer]["name"] in FREE_MOVEMENT_OPS \
+                        and nodes[producer]["name"] != "convert" and nodes[producer]["operands"]:
+                    producer = nodes[producer]["operands"][0]
+                if producer is not None and nodes[producer]["name"] == "multiply" and \
+                        min(map(_elements, nodes[producer]["operand_shapes"])) <= 1:
+                    inside.add(producer)
+    return inside
 
 
 def _reaches(graph: nx.DiGraph, value_gemm: int, fused: set[int], is_gemm: set[int]) -> bool:
