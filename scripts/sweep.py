@@ -109,9 +109,15 @@ class Case:
 
 @dataclass(frozen=True)
 class Paths:
-    """Where the sweep keeps its cache: dumps, analyses and failures."""
+    """Where the sweep keeps its cache: dumps, analyses and failures. The dumps serve every
+    hardware; analyses and timelines are kept per hardware (a directory named after it)."""
 
     work: Path
+    hardware: str = "tx8-16"
+
+    @property
+    def _hardware_tag(self) -> str:
+        return Path(self.hardware).stem if self.hardware.endswith(".toml") else self.hardware
 
     @property
     def dumps(self) -> Path:
@@ -119,7 +125,7 @@ class Paths:
 
     @property
     def analyses(self) -> Path:
-        return self.work / "analyses"
+        return self.work / "analyses" / self._hardware_tag
 
     @property
     def failures(self) -> Path:
@@ -146,11 +152,11 @@ class Paths:
         return self.pipelines / f"{case.name}.toml"
 
     def pipeline_analysis(self, case: PipelineCase) -> Path:
-        return self.pipelines / "analyses" / f"{case.name}.json"
+        return self.pipelines / "analyses" / self._hardware_tag / f"{case.name}.json"
 
     @property
     def timelines(self) -> Path:
-        return self.work / "timelines"
+        return self.work / "timelines" / self._hardware_tag
 
     def timeline(self, case: Case) -> Path:
         """The trace-event timeline of block pair 0 of the case's stage-0 dump."""
@@ -601,7 +607,7 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
         if (results / SUMMARY).exists() and not force:
             raise UsageError(f"{results}: already holds a study ({SUMMARY}); pass --force to "
                              "rewrite its tables, or -o another directory")
-        paths = Paths(work=Path(work_dir) if work_dir else results / ".cache")
+        paths = Paths(work=Path(work_dir) if work_dir else results / ".cache", hardware=hardware)
         one_pair_ids, pairs = one_pair_stage_ids(model_config)
         settings = Settings(stage_ids=stage_ids, num_stages=num_stages, hardware=hardware,
                             steps=steps, dialect=dialect,

@@ -85,8 +85,8 @@ def test_unknown_strategy_is_a_usage_error(tmp_path):
         cwd=REPO_ROOT, capture_output=True, text=True)
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == [
-        "Error: --strategies: unknown tp3d; expected some of megatron, megatron_sp, two_dimension, "
-        "ds_ulysses, ring_attention, usp, dp, none"]
+        "Error: --strategies: unknown tp3d; expected some of none, megatron, megatron_sp, two_dimension, "
+        "ds_ulysses, opensora_sp, ring_attention, usp, dp"]
 
 
 def test_a_finished_study_is_not_rewritten_without_force(tmp_path):

@@ -624,14 +624,16 @@ class STDiT3Block(nn.Module):
         """
         batch, _, hidden = x.shape
         major, minor = token_axes(token_order, T, S)
+        # PipeFusion's stale K/V buffers (attn.kv_hook) hold the merged (B', heads, L, hd) layout.
+        apart = self.batch_apart and self.attn.kv_hook is None
         if self.temporal != major_axis_is_temporal(token_order):  # sequence = minor factor
-            if self.batch_apart:
+            if apart:
                 return self.attn(x.reshape(batch, major, minor, hidden))
             return self.attn(x.reshape(batch * major, minor, hidden))
         # OpenSora's rearranges "B (T S) C -> (B S) T C" and back each copy the tensor.
         x = self.attn(swap_token_axes_copy(x, batch, major, minor))
         # Back to (B, N, h) without merging B and the (split) major factor (see batch_apart).
-        return swap_token_axes_copy(x, batch, minor, major, merge_batch=not self.batch_apart)
+        return swap_token_axes_copy(x, batch, minor, major, merge_batch=not apart)
 
 
 class T2IFinalLayer(nn.Module):
