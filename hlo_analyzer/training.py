@@ -278,3 +278,10 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
         entry_row[1] += row.comm_bytes_per_device * row.count
     return TrainingSplit(memory=memory,
                          comm={key: (count, volume) for key, (count, volume) in comm.items()})
+
+
+def add_training_section(report: Any, module: ir.Module, sidecar_path: Path, origin: str) -> None:
+    """Add the ``training`` section to ``report`` when the sidecar describes a training step."""
+    layout = read_training_layout(sidecar_path)
+    if layout is not None:
+        report.extra["training"] = measure_training(module, layout, origin).to_dict()

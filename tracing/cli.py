@@ -134,6 +134,9 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         sidecar["pipefusion"] = plan.to_dict()
     if step is not None:
         sidecar["training"] = step.sidecar(config.dtype)
+        sidecar["inputs"] |= {  # the noise or the output gradients are stage inputs too
+            buffer["name"]: {"shape": buffer["shape"], "dtype": buffer["dtype"]}
+            for buffer in sidecar["training"]["arguments"] if buffer["class"] == "input"}
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
         written.append(atomic_write(json_path, json.dumps(sidecar, indent=2, sort_keys=True) + "\n",

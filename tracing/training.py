@@ -287,6 +287,8 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     import torch_xla
     import torch_xla.distributed.spmd as xs
 
+    from tracing.capture import is_stored_data
+    from tracing.stages import stage_parameters
     from tracing.strategies import get_strategy
     from tracing.tracer import _device_tensor, make_layout, prepare_stage, run_forward
 
@@ -309,7 +311,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     step = TrainStep(traced=traced, options=options, axis_sizes=axis_sizes)
     boundary = stage_shapes[stage_index]
 
-    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    params = stage_parameters(model, stage)  # (the other stages' stay on the meta device)
     for name, p in params.items():
         step.arguments.append(Buffer(name, PARAM, tuple(p.shape), config.dtype,
                                      layouts[name].param))
@@ -418,13 +420,17 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
                                  grad))
     for name, tensor in input_grads.items():
         grad = tensor.grad
-        if grad is None:
-            continue  # an input the stage does not differentiate through (e.g. t, mid-pipeline)
+        if grad is None or is_stored_data(grad):
+            continue  # not differentiated through, or handed back unchanged (t, mid-pipeline)
         spec = traced.strategy.input_spec(name, tuple(tensor.shape))
         _mark(grad, mesh, spec)
         step.outputs.append((Buffer(f"input_grad_{name}", OUTPUT, tuple(tensor.shape),
                                     str(tensor.dtype).removeprefix("torch."), spec), grad))
     _ = xs  # mark_sharding is reached through _mark
+    # A value handed on unchanged (t through a middle stage, its gradient back) is stored data,
+    # not something the program computes: XLA does not return it.
+    step.outputs = [(buffer, tensor) for buffer, tensor in step.outputs
+                    if not is_stored_data(tensor)]
     return step
 
 
