@@ -362,7 +362,7 @@ class MemoryVisitor(IRVisitor):
         block = function.operation.regions[0].blocks[0]
         remaining = ([(s.shape, s.dtype, s.name.startswith(STALE_KV_PREFIX)) for s in self.inputs]
                      if self.inputs is not None else None)
-        shardings = _argument_shardings(function)
+        shardings = argument_shardings(function)
         for index, argument in enumerate(block.arguments):
             nbytes = self._bytes(argument.type, function)
             shape = self.types.shape(argument, function) if nbytes else ()
@@ -409,7 +409,7 @@ def _use_outer(key: int, outer: tuple[tuple[_Liveness, int], ...]) -> None:
             return
 
 
-def _argument_shardings(function: Any) -> list[str | None]:
+def argument_shardings(function: Any) -> list[str | None]:
     attributes = function.operation.attributes
     count = len(function.operation.regions[0].blocks[0].arguments)
     if "arg_attrs" not in attributes:

@@ -46,7 +46,7 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CommVisitor
-from hlo_analyzer.memory import SIDECAR_DTYPES, global_shape
+from hlo_analyzer.memory import SIDECAR_DTYPES, argument_shardings, global_shape
 from hlo_analyzer.tensors import TypeTable, format_location
 from hlo_analyzer.visitor import symbol_name
 from hlo_trace.errors import InputFileError
@@ -178,9 +178,7 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
     memory = {PARAM: 0, GRAD: 0, OPTIMIZER_STATE: 0, "activation": 0, INPUT: 0}
 
     # Arguments: classes by (global shape, local shape, element type).
-    from hlo_analyzer.memory import _argument_shardings  # one reader of argument shardings
-
-    shardings = _argument_shardings(entry)
+    shardings = argument_shardings(entry)
     remaining = list(layout.arguments)
     argument_class: dict[int, str] = {}
     for index, argument in enumerate(block.arguments):

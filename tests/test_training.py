@@ -1,0 +1,264 @@
+"""Training steps (``trace-stage --mode train``): traced memory by class and collectives by phase
+and traffic against hand-derived numbers and the layout formulas of
+``models.opensora.training_theory``; ``--check --mode train``; the analyzer's training section.
+
+The stage traced is stage 1 of ``--stage-ids 0-0,1-1,2-2`` of a 3-pair tiny model (hidden
+h = 64, 4 heads of hd = 16, MLP 4h, TOKEN 8): one block pair, the gradients of its outputs
+arriving as inputs. Shape 28_64_64: N = 128 tokens; bf16 (q = 2).
+
+Hand count of one block's parameters: weights 3h^2 (qkv) + h^2 (proj) + h^2 (cross q) + 2h^2
+(cross kv) + h^2 (cross proj) + 4h^2 (fc1) + 4h^2 (fc2) = 16h^2 = 65536; biases 3h + h + h + 2h +
+h + 4h + h = 13h = 832; q/k norm weights 2hd = 32; scale-shift table 6h = 384: 66784 per block,
+133568 per pair (267136 bytes in bf16). The caption K/V projection: 2h^2 + 2h = 8320 per block.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch_xla")
+
+from hlo_analyzer import load_module  # noqa: E402
+from hlo_analyzer.training import measure_training, read_training_layout  # noqa: E402
+from models.opensora.config import get_config  # noqa: E402
+from models.opensora.theory import block_dims  # noqa: E402
+from models.opensora.training_theory import (  # noqa: E402
+    block_parameters,
+    layout_training_collectives,
+    training_buffer_bytes,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY3_TOML = "hidden_size = 64\ndepth = 3\nnum_heads = 4\ncaption_channels = 32\nmodel_max_length = 8\n"
+PAIR = ["--shape", "28_64_64", "--stage-ids", "0-0,1-1,2-2", "--stage", "1", "--mode", "train"]
+
+PAIR_PARAMS = 2 * 66784  # elements of one block pair (module docstring)
+KV_PARAMS = 2 * 8320  # the caption K/V projections' weights and biases, per pair
+SAVED_WEIGHTS = 2 * (16 * 64 * 64 + 2 * 16)  # every *.weight of a pair: 16h^2 + 2hd per block
+q = 2
+P = q * PAIR_PARAMS  # 267136 bytes
+
+
+def ring(kind: str, n: int, message: float) -> float:
+    """Per-device ring volume, written out (all-reduce 2M(n-1)/n, the others M(n-1)/n)."""
+    return (2 if kind == "all_reduce" else 1) * message * (n - 1) / n
+
+
+# dp on 2x2 with batch 4 (one sample per device): every gradient summed over n = 4 devices but
+# the caption K/V projection's (each device projects every caption; 4 caption-gradient
+# all-reduces of q*B*TOKEN*h = 2*4*8*64 = 4096 bytes instead).
+DP_GRADS = P - q * KV_PARAMS
+DP_CAPTION = ("backward", "activation", "all_reduce", 4, ring("all_reduce", 4, 4 * 4096))
+# megatron on 2x2 (batch 2): A = q*B*N*h = 2*2*128*64 = 32768 bytes, caption C = 2*2*8*64.
+# Megatron's per-device parameters: per block (16h^2 + 10h)/4 split + 9h + 2hd replicated =
+# 17152 elements, 68608 bytes per pair.
+A, C = 32768, 2048
+
+# name -> (options, {class: bytes per device}, {(phase, traffic, kind): (count, bytes)}).
+CASES = {
+    "dp": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4"],
+           {"param": P, "grad": P, "optimizer_state": 6 * P},
+           {("backward", "param_grad", "all_reduce"): (30, ring("all_reduce", 4, DP_GRADS)),
+            DP_CAPTION[:3]: DP_CAPTION[3:]}),
+    "zero1": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4", "--zero", "1"],
+              {"param": P, "grad": P, "optimizer_state": 6 * P // 4},
+              {("backward", "param_grad", "all_reduce"): (30, ring("all_reduce", 4, DP_GRADS)),
+               DP_CAPTION[:3]: DP_CAPTION[3:],
+               ("optimizer", "param_grad", "all_gather"): (34, ring("all_gather", 4, P))}),
+    "zero2": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4", "--zero", "2"],
+              {"param": P, "grad": P // 4, "optimizer_state": 6 * P // 4},
+              {("backward", "param_grad", "reduce_scatter"):
+               (30, ring("reduce_scatter", 4, DP_GRADS)),
+               DP_CAPTION[:3]: DP_CAPTION[3:],
+               ("optimizer", "param_grad", "all_gather"): (34, ring("all_gather", 4, P))}),
+    "zero3": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4", "--zero", "3"],
+              {"param": P // 4, "grad": P // 4, "optimizer_state": 6 * P // 4},
+              {("backward", "param_grad", "reduce_scatter"):
+               (30, ring("reduce_scatter", 4, DP_GRADS)),
+               DP_CAPTION[:3]: DP_CAPTION[3:],
+               ("forward", "param_grad", "all_gather"): (34, ring("all_gather", 4, P)),
+               ("backward", "param_grad", "all_gather"):
+               (18, ring("all_gather", 4, q * SAVED_WEIGHTS))}),
+    "megatron": (["--strategy", "megatron", "--mesh", "2x2"],
+                 {"param": 68608, "grad": 68608, "optimizer_state": 6 * 68608},
+                 {("forward", "activation", "all_reduce"): (6, 6 * ring("all_reduce", 4, A)),
+                  ("backward", "activation", "all_reduce"):
+                  (8, 6 * ring("all_reduce", 4, A) + 2 * ring("all_reduce", 4, C)),
+                  ("backward", "param_grad", "all_reduce"): (4, 4 * ring("all_reduce", 4, 32))}),
+}
+THEORY = {"dp": ("dp", 0, 4), "zero1": ("dp", 1, 4), "zero2": ("dp", 2, 4), "zero3": ("dp", 3, 4),
+          "megatron": ("megatron", 0, 2)}
+
+
+def trace(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tracing.cli", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def train_dumps(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("train_dumps")
+    config = out / "tiny3.toml"
+    config.write_text(TINY3_TOML)
+    dumps = {}
+    for name, (options, _, _) in CASES.items():
+        result = trace(["--config", str(config), *PAIR, *options, "-o", str(out)])
+        assert result.returncode == 0, result.stderr[-2000:]
+        dumps[name] = Path(result.stderr.strip().splitlines()[-1].split()[1])
+    return dumps
+
+
+def split_of(dump: Path):
+    return measure_training(load_module(dump), read_training_layout(dump.with_suffix(".json")))
+
+
+def test_the_hand_count_of_block_parameters_is_the_models():
+    import torch
+
+    from models.opensora.stdit3 import STDiT3
+
+    with torch.device("meta"):
+        model = STDiT3(get_config("tiny"))
+    prefix = "spatial_blocks.0."
+    shapes = {name.removeprefix(prefix): tuple(p.shape) for name, p in model.named_parameters()
+              if name.startswith(prefix)}
+    assert shapes == block_parameters(get_config("tiny"))
+    assert sum(p.numel() for name, p in model.named_parameters()
+               if name.startswith(prefix)) == PAIR_PARAMS // 2
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_training_memory_by_class_is_the_hand_count(train_dumps, name):
+    _, memory, _ = CASES[name]
+    split = split_of(train_dumps[name])
+    assert {key: split.memory[key] for key in memory} == memory
+    strategy, zero, _ = THEORY[name]
+    assert training_buffer_bytes(strategy, get_config("tiny"), (2, 2), zero) == memory
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_dumps, name):
+    _, _, comm = CASES[name]
+    split = split_of(train_dumps[name])
+    assert {key: (count, round(volume)) for key, (count, volume) in split.comm.items()} == \
+        {key: (count, round(volume)) for key, (count, volume) in comm.items()}
+    strategy, zero, batch = THEORY[name]
+    theory: dict = {}
+    dims = block_dims(get_config("tiny"), "28_64_64", batch=batch)
+    for term in layout_training_collectives(strategy, get_config("tiny"), dims, (2, 2), zero):
+        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
+        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
+                                                         volume + term.bytes_per_device)
+    assert {key: (count, round(volume)) for key, (count, volume) in theory.items()} == \
+        {key: (count, round(volume)) for key, (count, volume) in comm.items()}
+
+
+@pytest.mark.trace
+def test_gathered_weights_are_not_activations(train_dumps):
+    """ZeRO-3 gathers the weights in the forward and again in the backward: what the forward
+    keeps for the backward is the same as without ZeRO (the weights are parameters)."""
+    activations = {name: split_of(train_dumps[name]).memory["activation"]
+                   for name in ("dp", "zero3")}
+    assert activations["dp"] == activations["zero3"] > 0
+
+
+@pytest.mark.trace
+def test_the_sidecar_and_analyze_hlo_report_the_split(train_dumps):
+    dump = train_dumps["zero2"]
+    sidecar = json.loads(dump.with_suffix(".json").read_text())["training"]
+    assert sidecar["bytes_per_parameter"] == {"param": 2, "grad": 2, "optimizer_state": 12}
+    assert sidecar["zero"] == 2
+    result = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--format",
+                             "json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    training = json.loads(result.stdout)["training"]
+    assert training["memory_bytes"]["grad"] == P // 4
+    kinds = {(row["phase"], row["traffic"], row["kind"]) for row in training["comm"]}
+    assert ("backward", "param_grad", "reduce_scatter") in kinds
+    text = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300).stdout
+    assert "optimizer states (OS)" in text and "optimizer param_grad all_gather" in text
+
+
+@pytest.mark.trace
+def test_a_sidecar_that_does_not_match_the_program_is_one_error_line(train_dumps, tmp_path):
+    dump = train_dumps["dp"]
+    sidecar = json.loads(dump.with_suffix(".json").read_text())
+    sidecar["training"]["outputs"] = sidecar["training"]["outputs"][1:]
+    copy = tmp_path / dump.name
+    copy.write_text(dump.read_text())
+    copy.with_suffix(".json").write_text(json.dumps(sidecar))
+    result = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(copy)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error: ") and "training.outputs" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("options", [["--zero", "1"], ["--recompute", "full"],
+                                     ["--mode", "train", "--patches", "2"]])
+def test_training_options_need_train_mode_and_a_whole_stage(options, tmp_path):
+    result = trace(["--config", "tiny", "--strategy", "dp", "--mesh", "1x2", *options,
+                    "-o", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error: ") and len(result.stderr.strip().splitlines()) == 1
+
+
+CHECK_CASES = [("megatron", "2x2", []), ("dp", "2x2", ["--batch", "4", "--zero", "3"])]
+SLOW_CHECK_CASES = [("dp", "2x2", ["--batch", "4"]), ("dp", "2x2", ["--batch", "4", "--zero", "1"]),
+                    ("dp", "2x2", ["--batch", "4", "--zero", "2"]), ("megatron_sp", "2x2", []),
+                    ("ds_ulysses", "2x2", []), ("ring_attention", "2x2", []),
+                    ("usp", "2x4", []), ("usp", "2x4", ["--zero", "1"]),
+                    ("usp", "2x4", ["--zero", "3"])]
+
+
+def run_train_check(strategy: str, mesh: str, options: list[str]) -> subprocess.CompletedProcess:
+    return trace(["--config", "tiny", "--shape", "28_64_64", "--mode", "train", "--check",
+                  "--dtype", "float32", "--strategy", strategy, "--mesh", mesh, *options])
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, mesh, options", CHECK_CASES)
+def test_train_check_passes(strategy, mesh, options):
+    result = run_train_check(strategy, mesh, options)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "check PASS" in result.stderr
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, mesh, options", SLOW_CHECK_CASES)
+def test_train_check_passes_for_every_strategy(strategy, mesh, options):
+    result = run_train_check(strategy, mesh, options)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "check PASS" in result.stderr
+
+
+NEGATIVE_CONTROL = """
+from tracing.check import run_check
+from tracing.config import build_config
+from tracing.training import TrainOptions
+config = build_config(config="tiny", strategy="megatron", mesh="2x2", dtype="float32")
+report = run_check(config, 0, reorder_weights=False, train=TrainOptions())
+print(report.errors["grads"], report.passed)
+"""
+
+
+@pytest.mark.trace
+@pytest.mark.slow
+def test_train_check_fails_when_a_weight_layout_is_wrong():
+    """The traced model reads its fused qkv / kv rows head-major; given the OpenSora-ordered
+    weights unchanged, the gradients differ far beyond the tolerance."""
+    result = subprocess.run([sys.executable, "-c", NEGATIVE_CONTROL], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    error, passed = result.stdout.split()[-2:]
+    assert passed == "False" and float(error) > 1e-2
