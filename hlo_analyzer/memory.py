@@ -111,14 +111,21 @@ class MemoryUsage:
         }
 
 
-def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
-    """The ``inputs`` of a tracer sidecar, or None if the file has no such section."""
+def read_sidecar_section(path: str | Path, section: str) -> Any:
+    """The ``section`` of a tracer sidecar (None when it has none); one error line when the
+    file is not readable JSON."""
     path = Path(path)
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    inputs = document.get("inputs") if isinstance(document, dict) else None
+    return document.get(section) if isinstance(document, dict) else None
+
+
+def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
+    """The ``inputs`` of a tracer sidecar, or None if the file has no such section."""
+    path = Path(path)
+    inputs = read_sidecar_section(path, "inputs")
     if not isinstance(inputs, dict):
         return None
     signatures = []

@@ -37,7 +37,6 @@ counted by (phase, traffic, kind) with the CommVisitor's per-device ring volume.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,12 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CommVisitor
-from hlo_analyzer.memory import SIDECAR_DTYPES, argument_shardings, global_shape
+from hlo_analyzer.memory import (
+    SIDECAR_DTYPES,
+    argument_shardings,
+    global_shape,
+    read_sidecar_section,
+)
 from hlo_analyzer.tensors import TypeTable, format_location
 from hlo_analyzer.visitor import symbol_name
 from hlo_trace.errors import InputFileError
@@ -111,11 +115,7 @@ class TrainingSplit:
 def read_training_layout(path: str | Path) -> TrainingLayout | None:
     """The ``training`` section of a sidecar, or None when it has none."""
     path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    section = document.get("training") if isinstance(document, dict) else None
+    section = read_sidecar_section(path, "training")
     if not isinstance(section, dict):
         return None
 

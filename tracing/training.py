@@ -503,11 +503,13 @@ def _regather_hooks(gathered: dict[int, _Regather], mesh):
 
 
 def _checkpoint_blocks(model, stage) -> None:
-    """Activation checkpointing per block: each block's forward runs again in the backward."""
+    """Activation checkpointing per block: each block's forward runs again in the backward
+    (torch-xla's checkpoint: an optimization barrier keeps XLA from merging the recomputation
+    with the forward)."""
     import functools
 
-    from torch.utils.checkpoint import checkpoint
+    from torch_xla.utils.checkpoint import checkpoint
 
     for index in range(stage.first_block, stage.last_block + 1):
         for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            block.forward = functools.partial(checkpoint, block.forward)

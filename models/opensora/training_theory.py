@@ -34,10 +34,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hardware.collectives import per_device_bytes
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
-from models.opensora.theory import BlockDims
+from models.opensora.theory import BlockDims, CollectiveTerm
 
 __all__ = ["NOTES_TRAINING_TABLE", "TrainingTerm", "block_parameters", "layout_training_collectives",
            "parameter_splits", "training_buffer_bytes"]
@@ -115,28 +114,27 @@ def training_buffer_bytes(strategy: str, config: STDiT3Config, mesh: tuple[int, 
 
 
 @dataclass(frozen=True)
-class TrainingTerm:
-    """``count`` collectives of one kind in one phase moving ``traffic``, each over ``group``
-    devices with message ``message_bytes`` (as ``per_device_bytes`` takes it)."""
+class TrainingTerm(CollectiveTerm):
+    """A ``CollectiveTerm`` of the training step: in one ``phase`` (forward, backward,
+    optimizer), moving ``traffic`` (param_grad or activation)."""
 
-    phase: str
-    traffic: str
-    kind: str
-    count: int
-    group: int
-    message_bytes: float
-    what: str
+    phase: str = "forward"
+    traffic: str = "activation"
 
-    @property
-    def bytes_per_device(self) -> float:
-        return self.count * per_device_bytes(self.kind, self.group, self.message_bytes)
+
+def _term(phase: str, traffic: str, kind: str, count: int, group: int, message_bytes: float,
+          what: str) -> TrainingTerm:
+    return TrainingTerm(kind, count, group, message_bytes, what, phase=phase, traffic=traffic)
 
 
 def layout_training_collectives(strategy: str, config: STDiT3Config, dims: BlockDims,
-                                mesh: tuple[int, int], zero: int = 0) -> tuple[TrainingTerm, ...]:
+                                mesh: tuple[int, int], zero: int = 0,
+                                recompute: bool = False) -> tuple[TrainingTerm, ...]:
     """The collectives of one block pair's training step in the traced layout (module
     docstring); dp with ZeRO 0-3 and megatron (ZeRO 0: every weight is split, nothing is
-    replicated but the norm weights, biases and tables, which ZeRO would shard)."""
+    replicated but the norm weights, biases and tables, which ZeRO would shard). With
+    ``recompute`` (``--recompute full``) the backward runs each block's forward again, with its
+    collectives (megatron: 6 all-reduces of A more; dp: none)."""
     n, q = mesh[0] * mesh[1], dims.bytes_per_element
     h = dims.hidden
     hd = h // dims.heads
@@ -146,19 +144,19 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
         grads = {name: shape for name, shape in params.items()
                  if not name.startswith("cross_attn.kv_linear")}
         grad_kind = "reduce_scatter" if zero >= 2 else "all_reduce"
-        terms = [TrainingTerm("backward", "param_grad", grad_kind, 1, n,
+        terms = [_term("backward", "param_grad", grad_kind, 1, n,
                               q * math.prod(shape), f"gradient of {name}")
                  for _ in range(2) for name, shape in grads.items()]
-        terms.append(TrainingTerm("backward", "activation", "all_reduce", 4, n, caption,
+        terms.append(_term("backward", "activation", "all_reduce", 4, n, caption,
                                   "caption K and V gradients of 2 cross-attentions"))
         if zero >= 1:
-            terms += [TrainingTerm("optimizer" if zero < 3 else "forward", "param_grad",
+            terms += [_term("optimizer" if zero < 3 else "forward", "param_grad",
                                    "all_gather", 2, n, q * math.prod(shape),
                                    f"{name} (updated)" if zero < 3 else f"{name} before use")
                       for name, shape in params.items()]
         if zero >= 3:
             saved = [name for name in params if name.endswith("weight")]
-            terms += [TrainingTerm("backward", "param_grad", "all_gather", 2, n,
+            terms += [_term("backward", "param_grad", "all_gather", 2, n,
                                    q * math.prod(params[name]), f"{name} again for the backward")
                       for name in saved]
         return tuple(terms)
@@ -167,13 +165,14 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
             raise TrainingTheoryError("megatron splits every weight over all devices: no ZeRO "
                                       "formula (the replicated biases would be sharded)")
         activation = q * dims.batch * dims.N * h
-        return (TrainingTerm("forward", "activation", "all_reduce", 6, n, activation,
+        return (_term("forward", "activation", "all_reduce", 6, n, activation,
                              "after proj, cross proj, fc2"),
-                TrainingTerm("backward", "activation", "all_reduce", 6, n, activation,
-                             "input gradients of qkv, cross q, fc1"),
-                TrainingTerm("backward", "activation", "all_reduce", 2, n, caption,
+                _term("backward", "activation", "all_reduce", 6 * (2 if recompute else 1), n,
+                      activation, "input gradients of qkv, cross q, fc1 (and the recomputed "
+                      "forward's sums)"),
+                _term("backward", "activation", "all_reduce", 2, n, caption,
                              "caption gradient of the kv projections"),
-                TrainingTerm("backward", "param_grad", "all_reduce", 4, n, q * hd,
+                _term("backward", "param_grad", "all_reduce", 4, n, q * hd,
                              "q and k RMSNorm weight gradients"))
     raise TrainingTheoryError(f"no training-step layout formula for {strategy!r} here: dp, "
                               "megatron")
