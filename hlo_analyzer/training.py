@@ -20,7 +20,8 @@ each program argument and each output with a class (``param``, ``grad``, ``optim
 
 **Phases.** An op is *forward* when its location (torch-xla's ``op_name``, which GSPMD copies to
 the collectives it inserts for the op) carries the sidecar's forward scope, *optimizer* with
-the optimizer scope, *backward* otherwise.
+the optimizer scope, *backward* otherwise; a sidecar may name a backward marker too
+(``scopes.backward``: JAX names the backward of a scope ``transpose(jvp(scope))``), which wins.
 
 **Traffic.** A collective moves *parameters or gradients* (``param_grad``) when
 
@@ -84,6 +85,14 @@ class TrainingLayout:
     outputs: tuple[TrainingBuffer, ...]
     forward_scope: str
     optimizer_scope: str
+    backward_marker: str | None = None  # e.g. JAX's "transpose(": backward even in the scope
+
+    def phase(self, location: str) -> str:
+        if self.backward_marker and self.backward_marker in location:
+            return BACKWARD
+        if self.forward_scope in location:
+            return FORWARD
+        return OPTIMIZER if self.optimizer_scope in location else BACKWARD
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,8 @@ def read_training_layout(path: str | Path) -> TrainingLayout | None:
     scopes = section.get("scopes") or {}
     return TrainingLayout(arguments=buffers("arguments"), outputs=buffers("outputs"),
                           forward_scope=str(scopes.get("forward", "hlo_trace_forward")),
-                          optimizer_scope=str(scopes.get("optimizer", "hlo_trace_optimizer")))
+                          optimizer_scope=str(scopes.get("optimizer", "hlo_trace_optimizer")),
+                          backward_marker=scopes.get("backward"))
 
 
 def entry_function(module: ir.Module) -> Any:
@@ -228,9 +238,7 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
     saved: set[int] = set()
     op_phase: dict[int, str] = {}
     for op in ops[:-1]:
-        location = format_location(op.operation.location)
-        phase = (FORWARD if layout.forward_scope in location else
-                 OPTIMIZER if layout.optimizer_scope in location else BACKWARD)
+        phase = layout.phase(format_location(op.operation.location))
         op_phase[hash(op.operation)] = phase
         operand_keys = [hash(v) for v in op.operation.operands]
         if phase == BACKWARD:
@@ -264,9 +272,7 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
     for row, op in zip(comm_visitor.rows, comm_visitor.ops):
         phase = op_phase.get(hash(op.operation))
         if phase is None:  # a collective inside a called function or loop body
-            location = row.location
-            phase = (FORWARD if layout.forward_scope in location else
-                     OPTIMIZER if layout.optimizer_scope in location else BACKWARD)
+            phase = layout.phase(row.location)
         operands = [hash(v) for v in op.operation.operands]
         moves_weights = bool(operands) and all(key in from_weights for key in operands)
         reaches_state = any(hash(v) in reaches for v in op.operation.results)
