@@ -25,8 +25,9 @@ the optimizer scope, *backward* otherwise; a sidecar may name a backward marker 
 
 **Traffic.** A collective moves *parameters or gradients* (``param_grad``) when
 
-* its operand is computed from parameters and optimizer states alone (a ZeRO-3 gather of a
-  weight, in the forward or again in the backward), or
+* its operand is computed from parameters and optimizer states (and constants) alone, with at
+  least one of them (a ZeRO-3 gather of a weight, in the forward or again in the backward; a
+  rotation of constant zeros is activation traffic), or
 * its result reaches a ``param``, ``grad`` or ``optimizer_state`` output through element-wise
   and layout ops only: no contraction (dot, convolution) and no reduction on the way (the sum of
   a weight gradient, the gather of the updated parameters);
@@ -228,8 +229,11 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
 
     # Forward pass over the ops: phases, values computed from the weights alone, saved values.
     phase_of_value: dict[int, str] = {}
+    # Values computed from the parameters and states (and constants), with at least one of
+    # them; and values computed from constants and scalars alone.
     from_weights: set[int] = {key for key, klass in argument_class.items()
-                              if klass in (PARAM, OPTIMIZER_STATE, "scalar")}
+                              if klass in (PARAM, OPTIMIZER_STATE)}
+    static: set[int] = {key for key, klass in argument_class.items() if klass == "scalar"}
     value_bytes: dict[int, int] = {}
     inputs = {key for key, klass in argument_class.items() if klass == INPUT}
     for argument in block.arguments:
@@ -243,14 +247,18 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
         operand_keys = [hash(v) for v in op.operation.operands]
         if phase == BACKWARD:
             for key in operand_keys:
-                if (key not in from_weights and key not in saved
+                if (key not in from_weights and key not in static and key not in saved
                         and (phase_of_value.get(key) == FORWARD or key in inputs)):
                     saved.add(key)
-        weights_only = all(key in from_weights for key in operand_keys)
+        is_static = all(key in static for key in operand_keys)
+        is_weight = not is_static and all(key in from_weights or key in static
+                                          for key in operand_keys)
         for value in op.operation.results:
             key = hash(value)
             phase_of_value[key] = phase
-            if weights_only:
+            if is_static:
+                static.add(key)
+            elif is_weight:
                 from_weights.add(key)
             elif phase == FORWARD:
                 value_bytes[key] = types.nbytes(value, op)

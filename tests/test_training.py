@@ -104,17 +104,46 @@ THEORY = {"dp": ("dp", 0, 4), "zero1": ("dp", 1, 4), "zero2": ("dp", 2, 4), "zer
           "megatron": ("megatron", 0, 2), "megatron_recompute": ("megatron", 0, 2)}
 
 
-@pytest.fixture(scope="session")
-def train_dumps(tmp_path_factory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("train_dumps")
+# The sequence-parallel layouts (and Megatron-SP): P / G / OS per device by hand, and the
+# forward's collectives, which must be those of the inference layout (theory.layout_collectives).
+# Megatron-SP over y = 2: per block (16h^2 + 10h)/2 split + 9h + 2hd = 33696, 134784 B per pair.
+SP_CASES = {
+    "ds_ulysses": (["--strategy", "ds_ulysses", "--mesh", "2x2"], (2, 2), 0,
+                   {"param": P, "grad": P, "optimizer_state": 6 * P}),
+    "ring_attention": (["--strategy", "ring_attention", "--mesh", "2x2"], (2, 2), 0,
+                       {"param": P, "grad": P, "optimizer_state": 6 * P}),
+    "megatron_sp": (["--strategy", "megatron_sp", "--mesh", "2x2"], (2, 2), 0,
+                    {"param": 134784, "grad": 134784, "optimizer_state": 6 * 134784}),
+    "usp": (["--strategy", "usp", "--mesh", "2x4"], (2, 4), 0,
+            {"param": P, "grad": P, "optimizer_state": 6 * P}),
+    "usp_zero2": (["--strategy", "usp", "--mesh", "2x4", "--zero", "2"], (2, 4), 2,
+                  {"param": P, "grad": P // 8, "optimizer_state": 6 * P // 8}),
+    "usp_zero3": (["--strategy", "usp", "--mesh", "2x4", "--zero", "3"], (2, 4), 3,
+                  {"param": P // 8, "grad": P // 8, "optimizer_state": 6 * P // 8}),
+}
+
+
+def trace_pairs(out: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
     config = out / "tiny3.toml"
     config.write_text(TINY3_TOML)
     dumps = {}
-    for name, (options, _, _) in CASES.items():
+    for name, options in cases.items():
         result = trace(["--config", str(config), *PAIR, *options, "-o", str(out)])
         assert result.returncode == 0, result.stderr[-2000:]
         dumps[name] = Path(result.stderr.strip().splitlines()[-1].split()[1])
     return dumps
+
+
+@pytest.fixture(scope="session")
+def train_dumps(tmp_path_factory) -> dict[str, Path]:
+    return trace_pairs(tmp_path_factory.mktemp("train_dumps"),
+                       {name: options for name, (options, *_) in CASES.items()})
+
+
+@pytest.fixture(scope="session")
+def sp_dumps(tmp_path_factory) -> dict[str, Path]:
+    return trace_pairs(tmp_path_factory.mktemp("sp_train_dumps"),
+                       {name: options for name, (options, *_) in SP_CASES.items()})
 
 
 def split_of(dump: Path):
@@ -163,6 +192,31 @@ def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_
                                                          volume + term.bytes_per_device)
     assert {key: (count, round(volume)) for key, (count, volume) in theory.items()} == \
         {key: (count, round(volume)) for key, (count, volume) in comm.items()}
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", sorted(SP_CASES))
+def test_sequence_parallel_training_memory_and_forward_collectives(sp_dumps, name):
+    from models.opensora.theory import layout_collectives
+
+    _, mesh, zero, memory = SP_CASES[name]
+    split = split_of(sp_dumps[name])
+    strategy = name.split("_zero")[0]
+    assert {key: split.memory[key] for key in memory} == memory
+    assert training_buffer_bytes(strategy, get_config("tiny"), mesh, zero) == memory
+    forward = {kind: (split.comm_count("forward", "activation", kind),
+                      round(split.comm_bytes("forward", "activation", kind)))
+               for kind in {k for (p, t, k) in split.comm if p == "forward" and t == "activation"}}
+    expected: dict[str, tuple[int, int]] = {}
+    for term in layout_collectives(strategy, block_dims(get_config("tiny"), "28_64_64"), mesh):
+        count, volume = expected.get(term.kind, (0, 0))
+        expected[term.kind] = (count + term.count, round(volume + term.bytes_per_device))
+    assert forward == expected
+    if strategy in ("ds_ulysses", "usp"):  # the backward exchanges what the forward did
+        assert (split.comm_count("backward", "activation", "all_to_all"),
+                split.comm_bytes("backward", "activation", "all_to_all")) == \
+            (split.comm_count("forward", "activation", "all_to_all"),
+             split.comm_bytes("forward", "activation", "all_to_all"))
 
 
 def gemm_flops_per_device(dump: Path) -> int:
