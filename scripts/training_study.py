@@ -201,10 +201,27 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
                         "activation_comm_forward": volume("activation", "forward"),
                         "activation_comm_backward": volume("activation", "backward"),
                         "gemm_over_3x_forward": ratio})
-    lines += ["", "Where traced and notes differ, docs/training.md says why (the notes' Act "
-              "counts one standard transformer layer's tensors; the traced Act is every value "
-              "the forward keeps for autograd's backward, attention probabilities and float32 "
-              "norm statistics included; ZeRO-1 runs with a full gradient all-reduce)."]
+    lines += ["", "Reading the table:", "",
+              "- The DP rows train 16 samples (one per device), the others the guidance batch of "
+              "2 (batch on x): their Act is not comparable per sample. OpenSora's flattened "
+              "cross-attention scores every query against every caption of the batch (masked), "
+              "so with 16 captions each device keeps 55200 x 4800 scores per head and "
+              "cross-attention: most of DP's 68 GiB, and the caption K/V projection that every "
+              "DP device repeats for all captions is its GEMM excess (1.0070).",
+              "- Act traced vs notes: the notes count one standard transformer layer's tensors "
+              "(bsh(34 + 5as/h)); the traced Act is every value the forward keeps for autograd's "
+              "backward (fp32 norm statistics and attention probabilities, masks, the flattened "
+              "cross-attention's scores), so it is larger everywhere.",
+              "- Megatron-SP here is tensor parallel over y = 8 with the batch on x: P, G and OS "
+              "are split 8 ways, not the notes' 16.",
+              "- ZeRO-1 sums the gradients with an all-reduce (PyTorch's ZeroRedundancyOptimizer)"
+              " and all-gathers the updated parameters: 1.5x the notes' traffic; ZeRO-2/3 "
+              "reduce-scatter. Under usp GSPMD sums most gradients in two all-reduces (over y, "
+              "then x), so few of them are reduce-scatters (docs/training.md).",
+              "- ds_ulysses and usp exceed 3x the forward's GEMM work by 0.39% and 0.25%: the "
+              "backward multiplies the caption K/V gradient, gathered to every head, by the whole "
+              "kv weight on every device (GSPMD's choice; the forward projects only the local "
+              "heads)."]
     stream = io.StringIO()
     if records:
         writer = csv.DictWriter(stream, fieldnames=list(records[0]))
