@@ -22,7 +22,9 @@ backward is derived term by term here:
   block, activation traffic) and the kv weights' gradients are whole on every device. zero >= 1
   all-gathers every updated parameter (optimizer); zero 3 all-gathers every parameter before the
   forward and, in the backward, again each weight that autograd saved (every ``*.weight``:
-  16h^2 + 2*hd per block; not the biases and the scale-shift table, which no backward reads);
+  16h^2 + 2*hd per block; not the biases and the scale-shift table, which no backward reads).
+  A parameter with no dimension that n divides (hd = 72 over 16 devices: the q/k norm weights)
+  stays replicated: its gradient is all-reduced, nothing is gathered;
 * ``megatron`` (1-D tensor parallel over n): forward the 6 all-reduces of A of the inference
   layout; backward 6 all-reduces of A (the input gradients of qkv, cross q and fc1) and 2 of the
   caption gradient (the kv projection's input gradient, q*B*TOKEN*h); the q/k RMSNorm weights
@@ -141,24 +143,28 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
     params = block_parameters(config)
     caption = q * dims.batch * dims.token * h
     if strategy == "dp":
-        grads = {name: shape for name, shape in params.items()
-                 if not name.startswith("cross_attn.kv_linear")}
-        grad_kind = "reduce_scatter" if zero >= 2 else "all_reduce"
-        terms = [_term("backward", "param_grad", grad_kind, 1, n,
-                              q * math.prod(shape), f"gradient of {name}")
-                 for _ in range(2) for name, shape in grads.items()]
+        def sharded(shape: tuple[int, ...]) -> bool:  # ZeRO finds a dimension n divides
+            return _zero_splits(shape, (1,) * len(shape), n) != (1,) * len(shape)
+
+        terms = []
+        for name, shape in params.items():
+            if name.startswith("cross_attn.kv_linear"):
+                continue  # whole on every device: the caption K/V gradients are summed instead
+            kind = "reduce_scatter" if zero >= 2 and sharded(shape) else "all_reduce"
+            terms.append(_term("backward", "param_grad", kind, 2, n, q * math.prod(shape),
+                               f"gradient of {name}"))
         terms.append(_term("backward", "activation", "all_reduce", 4, n, caption,
-                                  "caption K and V gradients of 2 cross-attentions"))
+                           "caption K and V gradients of 2 cross-attentions"))
         if zero >= 1:
-            terms += [_term("optimizer" if zero < 3 else "forward", "param_grad",
-                                   "all_gather", 2, n, q * math.prod(shape),
-                                   f"{name} (updated)" if zero < 3 else f"{name} before use")
-                      for name, shape in params.items()]
+            terms += [_term("optimizer" if zero < 3 else "forward", "param_grad", "all_gather",
+                            2, n, q * math.prod(shape),
+                            f"{name} (updated)" if zero < 3 else f"{name} before use")
+                      for name, shape in params.items() if sharded(shape)]
         if zero >= 3:
-            saved = [name for name in params if name.endswith("weight")]
             terms += [_term("backward", "param_grad", "all_gather", 2, n,
-                                   q * math.prod(params[name]), f"{name} again for the backward")
-                      for name in saved]
+                            q * math.prod(shape), f"{name} again for the backward")
+                      for name, shape in params.items()
+                      if name.endswith("weight") and sharded(shape)]
         return tuple(terms)
     if strategy == "megatron":
         if zero:
