@@ -139,7 +139,7 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
         source = reference_params.get(name)
         if source is not None and reorder_weights:
             source = strategy.reference_parameter(name, source.detach())
-        tensor = _device_tensor(tuple(param.shape), dtype, spec, mesh, device,
+        tensor = device_tensor(tuple(param.shape), dtype, spec, mesh, device,
                                 source.detach() if source is not None else None)
         _replace_parameter(model, name, tensor, requires_grad)
     boundary = stage_shapes[stage_index]["inputs"]
@@ -148,13 +148,13 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
         shape = tuple(boundary[name]["shape"])
         input_dtype = getattr(torch, boundary[name]["dtype"])
         source = reference_inputs.get(name) if reference_inputs is not None else None
-        inputs[name] = _device_tensor(shape, input_dtype, strategy.input_spec(name, shape), mesh,
+        inputs[name] = device_tensor(shape, input_dtype, strategy.input_spec(name, shape), mesh,
                                       device, source)
     strategy.install(model, range(stage.first_block, stage.last_block + 1), mesh)
     if stale_kv:
         from tracing.pipefusion import install_stale_kv
 
-        inputs.update(install_stale_kv(model, stage, stale_kv, lambda shape: _device_tensor(
+        inputs.update(install_stale_kv(model, stage, stale_kv, lambda shape: device_tensor(
             shape, dtype, None, mesh, device, None)))
     seconds["shard"] = time.perf_counter() - started
 
@@ -172,7 +172,7 @@ def compile_stage(session: capture.CaptureSession, traced: TracedStage,
     return text
 
 
-def _device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
+def device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
     """A tensor on the XLA device: a placeholder when replicated and no values are needed."""
     import torch
     import torch_xla.distributed.spmd as xs

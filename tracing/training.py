@@ -285,12 +285,11 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     inputs: ``noise`` (last stage) or ``grad_<output>`` (inner stages)."""
     import torch
     import torch_xla
-    import torch_xla.distributed.spmd as xs
 
     from tracing.capture import is_stored_data
     from tracing.stages import stage_parameters
     from tracing.strategies import get_strategy
-    from tracing.tracer import _device_tensor, make_layout, prepare_stage, run_forward
+    from tracing.tracer import device_tensor, make_layout, prepare_stage, run_forward
 
     options.validate()
     strategy = get_strategy(config.strategy, make_layout(config, stage_index))
@@ -340,7 +339,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     extra = {}
     for name, (shape, spec, extra_dtype) in extra_specs.items():
         source = reference_inputs.get(name) if reference_inputs is not None else None
-        extra[name] = _device_tensor(shape, getattr(torch, extra_dtype), spec, mesh, device,
+        extra[name] = device_tensor(shape, getattr(torch, extra_dtype), spec, mesh, device,
                                      source)
         step.arguments.append(Buffer(name, INPUT, shape, extra_dtype, spec))
 
@@ -396,7 +395,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
                     source = (_reference_value(traced.strategy, name, reference_params,
                                                reorder_weights).float()
                               if state_name == "master" else torch.zeros(shape))
-                states[state_name] = _device_tensor(shape, torch.float32, layout.state, mesh,
+                states[state_name] = device_tensor(shape, torch.float32, layout.state, mesh,
                                                     device, source)
                 step.arguments.append(Buffer(f"{name}.{state_name}", OPTIMIZER_STATE, shape,
                                              "float32", layout.state))
@@ -426,7 +425,6 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
         _mark(grad, mesh, spec)
         step.outputs.append((Buffer(f"input_grad_{name}", OUTPUT, tuple(tensor.shape),
                                     str(tensor.dtype).removeprefix("torch."), spec), grad))
-    _ = xs  # mark_sharding is reached through _mark
     # A value handed on unchanged (t through a middle stage, its gradient back) is stored data,
     # not something the program computes: XLA does not return it.
     step.outputs = [(buffer, tensor) for buffer, tensor in step.outputs
