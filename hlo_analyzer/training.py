@@ -12,7 +12,8 @@ each program argument and each output with a class (``param``, ``grad``, ``optim
   (its local shape times the tiles of its ``mhlo.sharding``), local shape, element type): two
   entries alike in all three have the same bytes, so a tie cannot change a total;
 * ``grad``: bytes of the outputs that are gradients (outputs keep their order: the sidecar's
-  ``outputs`` list is the entry function's results, checked by shape and type);
+  ``outputs`` list is the entry function's results, checked by type and by shape: the local
+  shape, or for an output left to GSPMD's layout a shape that tiles the global one);
 * ``activation``: what the forward keeps for the backward: the values defined by a forward op,
   and the stage inputs, that a backward op reads, each counted once, except values computed
   from the parameters and optimizer states alone (a gathered weight is a parameter, not an
@@ -219,7 +220,11 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
     output_classes: list[str] = []
     for index, (value, buffer) in enumerate(zip(results, layout.outputs)):
         local = types.shape(value, terminator)
-        if (local, types.dtype(value)) != (buffer.local_shape, buffer.dtype):
+        # An output its tracer left unmarked has the layout GSPMD gave it: its local shape need
+        # only tile the global one.
+        tiles = len(local) == len(buffer.shape) and all(
+            size and whole % size == 0 for size, whole in zip(local, buffer.shape))
+        if types.dtype(value) != buffer.dtype or not (local == buffer.local_shape or tiles):
             raise InputFileError(
                 f"{origin}: output {index} is {local}x{types.dtype(value)}, the sidecar's "
                 f"training.outputs[{index}] ({buffer.name}) {buffer.local_shape}x{buffer.dtype}")

@@ -333,3 +333,19 @@ def test_train_check_fails_when_a_weight_layout_is_wrong():
     assert result.returncode == 0, result.stderr[-2000:]
     error, passed = result.stdout.split()[-2:]
     assert passed == "False" and float(error) > 1e-2
+
+
+@pytest.mark.trace
+def test_a_first_stage_that_hands_on_its_outputs(tmp_path):
+    """Stage 0 of two (embeddings + pair 0): the gradients of x, y, t, t_mlp arrive as inputs;
+    outputs the strategy leaves unmarked take GSPMD's layout. usp + ZeRO-2 over all 8 devices:
+    every parameter of the tiny stage has a dimension 8 divides, so G = P/8 and OS = 6P/8."""
+    result = trace(["--config", "tiny", "--stage-ids", "0-0,1-1", "--stage", "0", "--mode",
+                    "train", "--strategy", "usp", "--mesh", "2x4", "--zero", "2",
+                    "-o", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    dump = Path(result.stderr.strip().splitlines()[-1].split()[1])
+    sidecar = json.loads(dump.with_suffix(".json").read_text())
+    assert {"grad_x", "grad_y", "grad_t", "grad_t_mlp"} <= set(sidecar["inputs"])
+    memory = split_of(dump).memory
+    assert memory["grad"] * 8 == memory["param"] and memory["optimizer_state"] * 8 == 6 * memory["param"]
