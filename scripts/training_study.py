@@ -1,11 +1,13 @@
 """Training study: the notes' training table (note 000, "Comparison of Different Parallelism in
 Training") reproduced from traces of one STDiT3 block pair's training step at the full config,
-beside the notes' formulas and the traced layout's exact formulas.
+beside the notes' formulas and the traced layout's exact formulas, with the step's latency mapped
+on the TX8 cluster (tx8-16) and on 16 H100s.
 
 Each row of the notes is one case: ``trace-stage --mode train`` of stage 1 of ``--stage-ids
 0-0,1-1,2-27`` (one block pair, no embeddings, no final layer) on 16 devices, then
-``analyze-hlo --format json``. The analyses, kept in the work directory (``results/.cache/training``
-by default), are the cache: a rerun only rebuilds the tables (seconds). Traces run one at a time
+``analyze-hlo --format json`` (and ``--hw`` per system). The analyses, kept in the work directory
+(``results/.cache/training`` by default, with the dumps), are the cache: a rerun only rebuilds the
+tables (seconds). Traces run one at a time
 under ``flock /tmp/fulltrace.lock`` (a full-size trace takes tens of seconds and gigabytes).
 
     python3 scripts/training_study.py                 # -> results/training.md, .csv, .png
@@ -75,30 +77,51 @@ ROWS = (
 )
 
 
+#: Systems the step's latency is mapped on: the TX8 cluster, and 16 H100s (one per device of
+#: the 16-device dump; the 8-GPU systems hold only 8).
+SYSTEMS = ("tx8-16", "h100-sxm")
+
+
+def dump_name(row: Row) -> str:
+    zero = f"_zero{row.zero}" if row.zero else ""
+    return (f"full_{SHAPE}_{row.strategy}_{row.mesh[0]}x{row.mesh[1]}_stage1_pairs1-1_train"
+            f"{zero}.mlir")
+
+
 def analyze_row(row: Row, work: Path) -> dict | None:
-    """The cached analysis of ``row``, traced and analyzed when missing (None if that fails)."""
+    """The cached analysis of ``row``: traced when its dump is missing, analyzed (and mapped on
+    ``SYSTEMS``) when its analysis is (None if that fails)."""
     cached = work / f"{row.key}.analysis.json"
     if cached.is_file():
-        return json.loads(cached.read_text())
-    dumps = work / "dumps"
-    result = subprocess.run(["flock", "/tmp/fulltrace.lock", sys.executable, "-m", "tracing.cli",
-                             *STAGE, *row.options(), "-o", str(dumps), "--force"],
-                            cwd=REPO_ROOT, capture_output=True, text=True)
-    if result.returncode:
-        click.echo(f"{row.label}: trace failed: {result.stderr.strip().splitlines()[-1:]}",
-                   err=True)
-        return None
-    dump = Path(result.stderr.strip().splitlines()[-1].split()[1])
-    analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--format",
-                               "json"], cwd=REPO_ROOT, capture_output=True, text=True)
-    if analysis.returncode:
-        click.echo(f"{row.label}: analysis failed: {analysis.stderr.strip()}", err=True)
-        return None
-    document = json.loads(analysis.stdout)
-    kept = {"totals": document["totals"], "training": document["training"]}
+        kept = json.loads(cached.read_text())
+        if set(kept.get("latency", {})) == set(SYSTEMS):
+            return kept
+    dump = work / "dumps" / dump_name(row)
+    if not dump.is_file():
+        result = subprocess.run(["flock", "/tmp/fulltrace.lock", sys.executable, "-m",
+                                 "tracing.cli", *STAGE, *row.options(), "-o", str(dump.parent),
+                                 "--force"], cwd=REPO_ROOT, capture_output=True, text=True)
+        if result.returncode:
+            click.echo(f"{row.label}: trace failed: {result.stderr.strip().splitlines()[-1:]}",
+                       err=True)
+            return None
+    kept: dict = {"latency": {}}
+    for system in (None, *SYSTEMS):
+        options = ["--hw", system] if system else []
+        analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), *options,
+                                   "--format", "json"], cwd=REPO_ROOT, capture_output=True,
+                                  text=True)
+        if analysis.returncode:
+            click.echo(f"{row.label}: analysis failed: {analysis.stderr.strip()}", err=True)
+            return None
+        document = json.loads(analysis.stdout)
+        if system is None:
+            kept |= {"totals": document["totals"], "training": document["training"]}
+        else:
+            totals = document["mapping"]["totals"]
+            kept["latency"][system] = {"step_s": totals["step_latency_s"],
+                                       "seconds_by_kind": totals["seconds_by_kind"]}
     atomic_write(cached, json.dumps(kept, indent=1, sort_keys=True) + "\n", force=True)
-    dump.unlink(missing_ok=True)  # the analysis is the cache; dumps are tens of MB
-    dump.with_suffix(".json").unlink(missing_ok=True)
     return kept
 
 
@@ -150,14 +173,14 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
              "| row | strategy | mesh | batch | P traced / layout / notes | G traced / layout / "
              "notes | OS traced / layout / notes | Act traced / notes | param+grad comm (fwd, bwd, "
              "opt) | activation comm (fwd, bwd) | kinds (param+grad; activation) | GEMM / "
-             "(3 x forward) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(3 x forward) | step on tx8-16 / 16 x H100 (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     records = []
     for label, (row, analysis) in results.items():
         notes = notes_values(row)
         if analysis is None:
             lines.append(f"| {label} | {row.strategy} | {row.mesh[0]}x{row.mesh[1]} | "
-                         f"{row.batch} | not traced | | | | | | | |")
+                         f"{row.batch} | not traced | | | | | | | | |")
             continue
         training = analysis["training"]
         memory = training["memory_bytes"]
@@ -173,6 +196,7 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
                             if r["traffic"] == traffic})
             return ", ".join(found) or "none"
 
+        latency = {system: analysis["latency"][system]["step_s"] for system in SYSTEMS}
         forward = block_gemm_flops(block_dims(config, SHAPE, batch=row.batch))
         ratio = DEVICES * analysis["totals"]["gemm_flops"] / (3 * forward)
         text = NOTES_TRAINING_TABLE[label]
@@ -188,7 +212,7 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
             f"{gb(volume('param_grad', 'optimizer'))} (notes: {text[0]}, {text[1]}) | "
             f"{gb(volume('activation', 'forward'))}, {gb(volume('activation', 'backward'))} "
             f"(notes: {text[2]}, {text[3]}) | {kinds('param_grad')}; {kinds('activation')} | "
-            f"{ratio:.4f} |")
+            f"{ratio:.4f} | {1e3 * latency['tx8-16']:.1f} / {1e3 * latency['h100-sxm']:.1f} |")
         records.append({"row": label, "strategy": row.strategy, "mesh": f"{row.mesh[0]}x{row.mesh[1]}",
                         "batch": row.batch, "zero": row.zero,
                         **{f"{key}_traced": memory[key] for key in
@@ -200,7 +224,8 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
                         "param_grad_comm_optimizer": volume("param_grad", "optimizer"),
                         "activation_comm_forward": volume("activation", "forward"),
                         "activation_comm_backward": volume("activation", "backward"),
-                        "gemm_over_3x_forward": ratio})
+                        "gemm_over_3x_forward": ratio,
+                        **{f"step_s_{system}": latency[system] for system in SYSTEMS}})
     lines += ["", "Reading the table:", "",
               "- The DP rows train 16 samples (one per device), the others the guidance batch of "
               "2 (batch on x): their Act is not comparable per sample. OpenSora's flattened "
