@@ -335,7 +335,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
         extra_specs = {f"grad_{name}": (tuple(spec["shape"]),
                                         traced.strategy.output_spec(name, tuple(spec["shape"])),
                                         spec["dtype"])
-                       for name, spec in boundary["outputs"].items()}
+                       for name, spec in boundary["outputs"].items() if spec["dtype"] != "bool"}
     extra = {}
     for name, (shape, spec, extra_dtype) in extra_specs.items():
         source = reference_inputs.get(name) if reference_inputs is not None else None
@@ -360,7 +360,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     if loss is not None:
         loss.backward()
     else:
-        names = list(traced.outputs)
+        names = [name for name in traced.outputs if f"grad_{name}" in extra]  # floating ones
         torch.autograd.backward([traced.outputs[n] for n in names],
                                 [extra[f"grad_{n}"] for n in names])
 
@@ -370,8 +370,8 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     else:
         for name, tensor in traced.outputs.items():  # the activations handed on
             spec = traced.strategy.output_spec(name, tuple(tensor.shape))
-            step.outputs.append((Buffer(name, OUTPUT, tuple(tensor.shape), config.dtype, spec),
-                                 tensor))
+            step.outputs.append((Buffer(name, OUTPUT, tuple(tensor.shape),
+                                        str(tensor.dtype).removeprefix("torch."), spec), tensor))
     master_needed = config.dtype != "float32"
     reference_params = dict(reference.named_parameters()) if reference is not None else {}
     with torch.no_grad(), ir_scope(OPTIMIZER_SCOPE):
