@@ -296,7 +296,11 @@ CHECK_CASES = [("megatron", "2x2", []), ("dp", "2x2", ["--batch", "4", "--zero",
                ("dp", "2x2", ["--batch", "4", "--zero", "2"]), ("megatron_sp", "2x2", []),
                ("ds_ulysses", "2x2", []), ("ring_attention", "2x2", []),
                ("usp", "2x4", []), ("usp", "2x4", ["--zero", "1"]),
-               ("usp", "2x4", ["--zero", "3"])]
+               ("usp", "2x4", ["--zero", "3"]),
+               # an inner stage (output gradients arrive as inputs) and a last stage of two
+               ("ds_ulysses", "2x2", ["--stage-ids", "0-0,1-1", "--stage", "0"]),
+               ("dp", "2x2", ["--batch", "4", "--zero", "2", "--stage-ids", "0-0,1-1",
+                              "--stage", "1"])]
 
 
 def run_train_check(strategy: str, mesh: str, options: list[str]) -> subprocess.CompletedProcess:
