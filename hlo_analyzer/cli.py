@@ -305,6 +305,11 @@ def _measure(module: Any, request: _Request) -> tuple[Report, nx.DiGraph | None]
         if task is not None:
             task.cancel()
     add_memory_section(report, usage, sidecar_path)
+    if sidecar_path is not None:
+        from hlo_analyzer.training import add_training_section
+
+        with _as_usage_error(dump, "its training step cannot be split"):
+            add_training_section(report, module, sidecar_path, dump)
     return report, None if dataflow is None else dataflow.graph
 
 

@@ -20,9 +20,10 @@ collective_permute     operand             ``M`` (each sender sends its buffer o
 collective_broadcast   operand             ``M``
 =====================  ==================  =====================================================
 
-An ``all_reduce`` whose every user is a ``dynamic_slice`` keeping 1/n of it is a reduce-scatter
-that XLA's CPU backend never forms as one op (GSPMD writes it that way): it is counted as
-``reduce_scatter`` (``M * (n-1) / n``), since a real backend sends only that.
+An ``all_reduce`` whose every user is a ``dynamic_slice`` keeping 1/n of it (directly or through
+transposes, reshapes and copies) is a reduce-scatter that XLA's CPU backend never forms as one op
+(GSPMD writes it that way): it is counted as ``reduce_scatter`` (``M * (n-1) / n``), since a real
+backend sends only that.
 
 The brief writes Bruck's all-to-all as ``M' * n * log2(n) / 2`` with ``M'`` the block sent to each
 peer; with ``M = n * M'`` the device's whole buffer that is ``M * log2(n) / 2``.
@@ -49,6 +50,10 @@ from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import UnsupportedIRError
 
 CollectiveTime = Callable[[str, int, int], float]
+
+#: Ops that move elements without changing them, between an all-reduce and the dynamic_slice
+#: that makes it a reduce-scatter.
+_LAYOUT_OPS = (".transpose", ".reshape", ".copy", ".bitcast")
 
 
 @dataclass(frozen=True)
@@ -101,16 +106,28 @@ class CommVisitor(IRVisitor):
         self._record(op, kind, comm_bytes, groups=groups)
 
     def _is_sliced_apart(self, op: Any, group_size: int) -> bool:
-        """True when every user keeps exactly 1/group_size of the result with a dynamic_slice."""
+        """True when every user keeps exactly 1/group_size of the result with a dynamic_slice,
+        directly or after layout ops that keep every element (transpose, reshape, copy: GSPMD
+        puts the sum before the transpose of a weight gradient)."""
         results = self.types.row_shapes(op, self.op_name).results
         if len(results) != 1 or group_size <= 1:
             return False
         whole = num_elements(results[0])
-        users = [use.owner for use in op.operation.result.uses]
-        return bool(users) and all(
-            user.name.endswith(".dynamic_slice")
-            and num_elements(self.types.shape(user.results[0], user)) * group_size == whole
-            for user in users)
+        pending = [op.operation.result]
+        slices = 0
+        while pending:
+            value = pending.pop()
+            for use in value.uses:
+                user = use.owner
+                if user.name.endswith(".dynamic_slice"):
+                    if num_elements(self.types.shape(user.results[0], user)) * group_size != whole:
+                        return False
+                    slices += 1
+                elif user.name.endswith(_LAYOUT_OPS) and len(user.results) == 1:
+                    pending.append(user.results[0])
+                else:
+                    return False
+        return slices > 0
 
     def visit_all_gather(self, op: Any) -> None:
         if _is_annotation(self.op_name):

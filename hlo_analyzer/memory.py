@@ -111,14 +111,21 @@ class MemoryUsage:
         }
 
 
-def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
-    """The ``inputs`` of a tracer sidecar, or None if the file has no such section."""
+def read_sidecar_section(path: str | Path, section: str) -> Any:
+    """The ``section`` of a tracer sidecar (None when it has none); one error line when the
+    file is not readable JSON."""
     path = Path(path)
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    inputs = document.get("inputs") if isinstance(document, dict) else None
+    return document.get(section) if isinstance(document, dict) else None
+
+
+def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
+    """The ``inputs`` of a tracer sidecar, or None if the file has no such section."""
+    path = Path(path)
+    inputs = read_sidecar_section(path, "inputs")
     if not isinstance(inputs, dict):
         return None
     signatures = []
@@ -362,7 +369,7 @@ class MemoryVisitor(IRVisitor):
         block = function.operation.regions[0].blocks[0]
         remaining = ([(s.shape, s.dtype, s.name.startswith(STALE_KV_PREFIX)) for s in self.inputs]
                      if self.inputs is not None else None)
-        shardings = _argument_shardings(function)
+        shardings = argument_shardings(function)
         for index, argument in enumerate(block.arguments):
             nbytes = self._bytes(argument.type, function)
             shape = self.types.shape(argument, function) if nbytes else ()
@@ -409,7 +416,7 @@ def _use_outer(key: int, outer: tuple[tuple[_Liveness, int], ...]) -> None:
             return
 
 
-def _argument_shardings(function: Any) -> list[str | None]:
+def argument_shardings(function: Any) -> list[str | None]:
     attributes = function.operation.attributes
     count = len(function.operation.regions[0].blocks[0].arguments)
     if "arg_attrs" not in attributes:

@@ -99,6 +99,8 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     lines += sections_lines(report.sections)
     if "memory" in report.extra:
         lines += _memory_lines(report.extra["memory"])
+    if "training" in report.extra:
+        lines += _training_lines(report.extra["training"])
     if report.unhandled:
         listed = ", ".join(f"{name} x{count}" for name, count in report.unhandled.items())
         lines.append(f"Unhandled ops (not measured): {listed}")
@@ -165,6 +167,22 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
     if memory["capacity_bytes"] is not None:
         verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
         lines.append(f"  capacity              {si(memory['capacity_bytes'], 'B'):>12}  {verdict}")
+    return lines
+
+
+def _training_lines(training: dict[str, Any]) -> list[str]:
+    """The training step's memory by class and its traffic by phase and kind."""
+    memory = training["memory_bytes"]
+    lines = ["", "Training step, memory per device (hlo_analyzer.training):"]
+    for key, label in (("param", "parameters (P)"), ("grad", "gradients (G)"),
+                       ("optimizer_state", "optimizer states (OS)"),
+                       ("activation", "activations kept for the backward (Act)"),
+                       ("input", "stage inputs")):
+        lines.append(f"  {label:<40} {si(memory[key], 'B'):>12}")
+    lines.append("Training step, collectives per device by phase, traffic and kind:")
+    for row in training["comm"]:
+        lines.append(f"  {row['phase']:<9} {row['traffic']:<10} {row['kind']:<18} "
+                     f"x{row['count']:<5} {si(row['bytes_per_device'], 'B'):>12}")
     return lines
 
 

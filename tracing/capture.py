@@ -227,6 +227,16 @@ def _empty_directory(directory: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
+def is_stored_data(tensor) -> bool:
+    """True when the lazy tensor is a device buffer (or a placeholder), not a computation: its
+    root IR node, read from torch-xla's debug info (no walk of the graph)."""
+    import torch_xla
+
+    info = torch_xla._XLAC._get_xla_tensor_debug_info(tensor)
+    root = next((line for line in info.splitlines() if line.startswith("IR:")), "IR: None")
+    return root == "IR: None" or "xla::device_data" in root
+
+
 def tool_versions() -> dict[str, str]:
     """Versions of the tools that shaped the dump, for the sidecar."""
     import jaxlib

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +28,10 @@ from tracing.config import (
     check_trace_size,
     load_config_file,
 )
+
+if TYPE_CHECKING:
+    from tracing.capture import CaptureSession
+    from tracing.training import TrainOptions
 
 log = logging.getLogger("tracing")
 
@@ -41,10 +46,12 @@ def _progress(stage: int, dump: str):
 
 
 def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, force: bool,
-              shape_cache: Path | None) -> tuple[list[Path], CaptureSession]:  # noqa: F821
-    """Trace, compile, convert and write one stage; returns the written paths and the capture
-    session, whose compile may still run in the background (see tracing.capture): end the
-    process with ``capture.end_process(session)``."""
+              shape_cache: Path | None, train: TrainOptions | None = None,
+              ) -> tuple[list[Path], CaptureSession]:
+    """Trace, compile, convert and write one stage (one training step of it with ``train``,
+    see tracing.training); returns the written paths and the capture session, whose compile
+    may still run in the background (see tracing.capture): end the process with
+    ``capture.end_process(session)``."""
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
     from hlo_trace.atomic import atomic_write
     from tracing import capture
@@ -55,7 +62,11 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     started = time.perf_counter()
     stage_spec(config, stage)  # stage index check before anything heavy
     get_strategy(config.strategy, make_layout(config, stage))  # strategy + mesh checks
-    name = config.dump_name(stage)
+    name = config.dump_name(stage) + (f"_{train.label()}" if train is not None else "")
+    if train is not None:
+        train.validate()
+        if config.patches > 1:
+            raise UsageError("--mode train traces a whole stage: --patches must be 1")
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
     _check_output(out_dir, [mlir_path, json_path], force)
     require_trace_extra()
@@ -78,9 +89,20 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         capture.enable_spmd()
         from tracing.tracer import compile_stage, trace_stage
 
-        traced = trace_stage(traced_config, stage, shapes, progress=progress,
-                             stale_kv=stale_shapes)
-        hlo_text = compile_stage(session, traced, progress)
+        if train is not None:
+            from tracing.training import trace_train_step
+
+            step = trace_train_step(traced_config, stage, shapes, train, progress=progress)
+            traced = step.traced
+            progress("compile")
+            started_compile = time.perf_counter()
+            hlo_text = capture.capture_partitioned_hlo(session, step.output_tensors())
+            traced.seconds["compile"] = time.perf_counter() - started_compile
+        else:
+            step = None
+            traced = trace_stage(traced_config, stage, shapes, progress=progress,
+                                 stale_kv=stale_shapes)
+            hlo_text = compile_stage(session, traced, progress)
     finally:
         capture.release(session)
     progress("convert")
@@ -119,6 +141,11 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     }
     if plan is not None:
         sidecar["pipefusion"] = plan.to_dict()
+    if step is not None:
+        sidecar["training"] = step.sidecar(config.dtype)
+        sidecar["inputs"] |= {  # the noise or the output gradients are stage inputs too
+            buffer["name"]: {"shape": buffer["shape"], "dtype": buffer["dtype"]}
+            for buffer in sidecar["training"]["arguments"] if buffer["class"] == "input"}
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
         written.append(atomic_write(json_path, json.dumps(sidecar, indent=2, sort_keys=True) + "\n",
@@ -204,12 +231,21 @@ def _strategy_help() -> str:
 @click.option("--force", is_flag=True, help="Overwrite an existing dump.")
 @click.option("--check", is_flag=True,
               help="Instead of dumping: run the stage through XLA and eagerly on CPU and compare outputs (use with --config tiny).")
+@click.option("--mode", type=click.Choice(["infer", "train"]), default="infer", show_default=True,
+              help="infer: the stage's forward; train: one training step (forward, diffusion "
+                   "loss, backward, AdamW) as one program (docs/training.md).")
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="--mode train: ZeRO stage over the mesh axes that replicate each weight "
+                   "(1: optimizer states sharded, 2: + gradients, 3: + parameters, FSDP).")
+@click.option("--recompute", type=click.Choice(["none", "full"]), default="none",
+              show_default=True, help="--mode train: activation checkpointing per block.")
 @click.option("-v", "--verbose", is_flag=True, help="Log details (cache hits, sizes) to stderr.")
 def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str | None,
          model_config: str, pipeline_file: str | None, devices: int | None, dtype: str, batch: int,
          patches: int, all_stages: bool, ring_degree: int | None, ulysses_degree: int | None,
          inference_path: str, dialect: str,
-         out_dir: str, shape_cache: str | None, force: bool, check: bool, verbose: bool) -> None:
+         out_dir: str, shape_cache: str | None, force: bool, check: bool, mode: str, zero: int,
+         recompute: str, verbose: bool) -> None:
     """Trace one pipeline stage of OpenSora STDiT3 with torch-xla SPMD on virtual CPU devices
     and write the per-device program after SPMD partitioning as MLIR, with a JSON sidecar
     (OUT/<model>_<shape>_<strategy>_<mesh>_stage<k>_pairs<first>-<last>.mlir and .json; OUT is
@@ -233,19 +269,27 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
                              f"({config.num_devices} devices)")
         check_trace_size(config)  # before torch allocates anything
         out = Path(out_dir)
+        train = None
+        if mode == "train":
+            from tracing.training import TrainOptions
+
+            train = TrainOptions(zero=zero, recompute=recompute)
+        elif zero or recompute != "none":
+            raise UsageError("--zero and --recompute apply to --mode train only")
         if all_stages:
             sys.exit(_trace_all_stages(config))
         if check:
             require_trace_extra()
             from tracing.check import run_check
 
-            report = run_check(config, stage, progress=_progress(stage, f"check {config.strategy}"))
+            report = run_check(config, stage, progress=_progress(stage, f"check {config.strategy}"),
+                               train=train)
             click.echo(report.summary(), err=True)
             if not report.passed:
                 sys.exit(1)
             return
         cache = Path(shape_cache) if shape_cache else out / "stage_shapes.json"
-        written, session = run_trace(config, stage, out, dialect, force, cache)
+        written, session = run_trace(config, stage, out, dialect, force, cache, train)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)

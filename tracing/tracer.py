@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracing import capture
 from tracing.config import PipelineConfig
@@ -46,6 +46,7 @@ class TracedStage:
     inputs: dict[str, torch.Tensor]
     outputs: dict[str, torch.Tensor]
     seconds: dict[str, float] = field(default_factory=dict)
+    mesh: Any = None  # the strategy's xs.Mesh
 
 
 #: The layout of a stage (model, shape, batch, submesh, usp degrees): one definition, in base.
@@ -58,7 +59,43 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
                 progress: Progress = lambda step: None,
                 stale_kv: dict[str, tuple[int, ...]] | None = None,
                 reorder_weights: bool = True) -> TracedStage:
-    """Build, shard and lazily run stage ``stage_index`` on the XLA device.
+    """Build, shard and lazily run stage ``stage_index`` on the XLA device under ``no_grad``
+    (:func:`prepare_stage` then :func:`run_forward`; see the first for the arguments)."""
+    traced = prepare_stage(config, stage_index, stage_shapes, materialize=materialize,
+                           reference=reference, reference_inputs=reference_inputs,
+                           progress=progress, stale_kv=stale_kv, reorder_weights=reorder_weights)
+    run_forward(traced, config, progress)
+    return traced
+
+
+def run_forward(traced: TracedStage, config: PipelineConfig,
+                progress: Progress = lambda step: None, requires_grad: bool = False) -> None:
+    """Run the prepared stage lazily (recorded for autograd when ``requires_grad``) and mark
+    its outputs with the strategy's output specs; fills ``traced.outputs``."""
+    import torch
+    import torch_xla.distributed.spmd as xs
+
+    progress("trace")
+    started = time.perf_counter()
+    with torch.set_grad_enabled(requires_grad):
+        outputs = run_stage(traced.model, traced.stage, traced.inputs, config)
+    for name, tensor in outputs.items():
+        spec = traced.strategy.output_spec(laid_out_as(name), tuple(tensor.shape))
+        if spec is not None:
+            xs.mark_sharding(tensor, traced.mesh, spec)
+    traced.outputs = outputs
+    traced.seconds["trace"] = time.perf_counter() - started
+
+
+def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dict], *,
+                  materialize: str = "placeholder", reference: STDiT3 | None = None,
+                  reference_inputs: dict[str, torch.Tensor] | None = None,
+                  progress: Progress = lambda step: None,
+                  stale_kv: dict[str, tuple[int, ...]] | None = None,
+                  reorder_weights: bool = True, requires_grad: bool = False,
+                  parameter_spec: Callable | None = None) -> TracedStage:
+    """Build and shard stage ``stage_index`` on the XLA device (parameters and inputs placed
+    with the strategy's specs, its annotation hooks installed), ready for :func:`run_forward`.
 
     ``materialize``: "placeholder" (compile only: replicated tensors hold no data) or "values"
     (copy parameters from ``reference`` and inputs from ``reference_inputs``, to execute).
@@ -66,10 +103,12 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
     spatial attentions of a stage traced on one patch; they become extra stage inputs.
     ``reorder_weights``: bring the reference's fused projection rows into the strategy's order
     (False only for the negative control of ``--check``, which must then fail).
+    ``requires_grad``: the stage's parameters require gradients (``--mode train``).
+    ``parameter_spec(name, shape, spec) -> spec``: overrides the strategy's spec of a parameter
+    (ZeRO-3 shards the parameters over the mesh axes that replicate them).
     """
     import torch
     import torch_xla
-    import torch_xla.distributed.spmd as xs
 
     from models.opensora.stdit3 import STDiT3
 
@@ -95,39 +134,33 @@ def trace_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[dic
     reference_params = dict(reference.named_parameters()) if reference is not None else {}
     for name, param in stage_parameters(model, stage).items():
         spec = strategy.parameter_spec(name, tuple(param.shape))
+        if parameter_spec is not None:
+            spec = parameter_spec(name, tuple(param.shape), spec)
         source = reference_params.get(name)
         if source is not None and reorder_weights:
             source = strategy.reference_parameter(name, source.detach())
-        tensor = _device_tensor(tuple(param.shape), dtype, spec, mesh, device,
+        tensor = device_tensor(tuple(param.shape), dtype, spec, mesh, device,
                                 source.detach() if source is not None else None)
-        _replace_parameter(model, name, tensor)
+        _replace_parameter(model, name, tensor, requires_grad)
     boundary = stage_shapes[stage_index]["inputs"]
     inputs = {}
     for name in stage.input_names():
         shape = tuple(boundary[name]["shape"])
         input_dtype = getattr(torch, boundary[name]["dtype"])
         source = reference_inputs.get(name) if reference_inputs is not None else None
-        inputs[name] = _device_tensor(shape, input_dtype, strategy.input_spec(_laid_out_as(name), shape),
-                                      mesh, device, source)
+        inputs[name] = device_tensor(shape, input_dtype,
+                                     strategy.input_spec(laid_out_as(name), shape), mesh, device,
+                                     source)
     strategy.install(model, range(stage.first_block, stage.last_block + 1), mesh)
     if stale_kv:
         from tracing.pipefusion import install_stale_kv
 
-        inputs.update(install_stale_kv(model, stage, stale_kv, lambda shape: _device_tensor(
+        inputs.update(install_stale_kv(model, stage, stale_kv, lambda shape: device_tensor(
             shape, dtype, None, mesh, device, None)))
     seconds["shard"] = time.perf_counter() - started
 
-    progress("trace")
-    started = time.perf_counter()
-    with torch.no_grad():
-        outputs = run_stage(model, stage, inputs, config)
-    for name, tensor in outputs.items():
-        spec = strategy.output_spec(_laid_out_as(name), tuple(tensor.shape))
-        if spec is not None:
-            xs.mark_sharding(tensor, mesh, spec)
-    seconds["trace"] = time.perf_counter() - started
-    return TracedStage(stage=stage, strategy=strategy, model=model, inputs=inputs,
-                       outputs=outputs, seconds=seconds)
+    return TracedStage(stage=stage, strategy=strategy, model=model, inputs=inputs, outputs={},
+                       seconds=seconds, mesh=mesh)
 
 
 def compile_stage(session: capture.CaptureSession, traced: TracedStage,
@@ -140,7 +173,7 @@ def compile_stage(session: capture.CaptureSession, traced: TracedStage,
     return text
 
 
-def _device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
+def device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
     """A tensor on the XLA device: a placeholder when replicated and no values are needed."""
     import torch
     import torch_xla.distributed.spmd as xs
@@ -160,13 +193,14 @@ def _device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
     return tensor
 
 
-def _replace_parameter(model: STDiT3, name: str, tensor: torch.Tensor) -> None:
+def _replace_parameter(model: STDiT3, name: str, tensor: torch.Tensor,
+                       requires_grad: bool = False) -> None:
     """Swap the (meta) parameter ``name`` for ``tensor`` without touching the module's code."""
     import torch
 
     owner_name, _, leaf = name.rpartition(".")
     owner = model.get_submodule(owner_name)
-    owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
+    owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=requires_grad)
 
 
 #: The official path's stage tensors (tracing.stages.STAGE_INPUTS_OFFICIAL) are laid out as the
@@ -175,5 +209,5 @@ def _replace_parameter(model: STDiT3, name: str, tensor: torch.Tensor) -> None:
 _LAYOUT_OF = {"t0": "t", "t0_mlp": "t_mlp", "x_mask": "t"}
 
 
-def _laid_out_as(name: str) -> str:
+def laid_out_as(name: str) -> str:
     return _LAYOUT_OF.get(name, name)

@@ -189,6 +189,13 @@ class Strategy:
 
         def annotate(point: str, tensor: torch.Tensor) -> torch.Tensor:
             spec = self.activation_spec(point, tuple(tensor.shape), temporal)
+            if (spec is not None and tensor.requires_grad
+                    and not getattr(tensor, "hlo_trace_placeholder", False)):
+                # Training: the gradient flowing back through this point gets the same
+                # layout (pin_with_gradient), so the backward exchanges what the forward did.
+                if isinstance(spec, Reshard):
+                    return pin_with_gradient(tensor, mesh, spec.before, spec.after)
+                return pin_with_gradient(tensor, mesh, spec, None)
             if isinstance(spec, Reshard):
                 xs.mark_sharding(tensor, mesh, spec.before)
                 tensor = tensor.clone()
@@ -207,6 +214,52 @@ class Strategy:
             return tensor
 
         return annotate
+
+
+def pin_with_gradient(tensor: torch.Tensor, mesh, before: Spec, after: Spec | None):
+    """``tensor`` marked ``before`` (and a copy of it marked ``after`` for a reshard), through an
+    autograd function whose backward marks the incoming gradient the same way in reverse:
+    ``after`` (if any), then a copy marked ``before``. Gradients that are stored data (a stage's
+    output gradient arriving as an input) keep their input spec."""
+    return _pin_function()(tensor, mesh, before, after)
+
+
+_PIN = None
+
+
+def _pin_function():
+    global _PIN
+    if _PIN is None:
+        import torch
+        import torch_xla.distributed.spmd as xs
+
+        from tracing.capture import is_stored_data
+
+        def mark(t, mesh, spec):
+            if not is_stored_data(t):
+                xs.mark_sharding(t, mesh, spec)
+
+        class Pin(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, tensor, mesh, before, after):
+                ctx.mesh, ctx.before, ctx.after = mesh, before, after
+                xs.mark_sharding(tensor, mesh, before)
+                if after is None:
+                    return tensor
+                out = tensor.clone()
+                xs.mark_sharding(out, mesh, after)
+                return out
+
+            @staticmethod
+            def backward(ctx, grad):
+                if ctx.after is not None:
+                    mark(grad, ctx.mesh, ctx.after)
+                    grad = grad.clone()
+                mark(grad, ctx.mesh, ctx.before)
+                return grad, None, None, None
+
+        _PIN = Pin.apply
+    return _PIN
 
 
 def block_parameter_name(name: str) -> str | None:
