@@ -78,7 +78,8 @@ def test_tiny_sweep_draws_a_gantt_chart_per_strategy_from_cached_timelines(tmp_p
     for strategy, mesh in (("megatron", "1x4"), ("none", "1x1")):
         png = tmp_path / "plots" / f"gantt_28_64_64_{strategy}.png"
         assert png.read_bytes().startswith(PNG_MAGIC)
-        timeline = cache / "timelines" / f"tiny_28_64_64_{strategy}_{mesh}_stage0_pairs0-0.pair0.json"
+        # timelines are cached per hardware (the sweep's default: tx8-16)
+        timeline = cache / "timelines" / "tx8-16" / f"tiny_28_64_64_{strategy}_{mesh}_stage0_pairs0-0.pair0.json"
         trace = json.loads(timeline.read_text())
         check_trace_events(trace)
         # what the chart draws is the timeline, and it is block pair 0 of the stage-0 analysis

@@ -51,7 +51,13 @@ def test_neither_t_nor_s_divisible_names_both_and_axis_y(strategy):
     assert "2x3" in message
 
 
-@pytest.mark.parametrize("strategy", sorted(set(strategy_names()) - set(SEQUENCE_PARALLEL)))
+def test_opensora_sp_splits_the_spatial_tokens_as_opensora_does():
+    # OpenSora v1.2 splits S (dim 2 of B T S C) over the sequence-parallel group: space-major.
+    config = build_config(config="tiny", shape="17_64_64", strategy="opensora_sp", mesh="1x2")
+    assert stage_token_order(config, 0) == SPACE_MAJOR
+
+
+@pytest.mark.parametrize("strategy", sorted(set(strategy_names()) - set(SEQUENCE_PARALLEL) - {"opensora_sp"}))
 def test_other_strategies_keep_frame_major(strategy):
     # The strategy's own checks may reject the layout; the order asked of it is still frame-major.
     config = build_config(config="tiny", shape="17_64_64", strategy=strategy, mesh="2x2")
