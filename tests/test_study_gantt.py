@@ -83,18 +83,18 @@ def test_tiny_sweep_draws_a_gantt_chart_per_strategy_from_cached_timelines(tmp_p
         trace = json.loads(timeline.read_text())
         check_trace_events(trace)
         # what the chart draws is the timeline, and it is block pair 0 of the stage-0 analysis
-        analysis = json.loads((cache / "analyses" / timeline.name.replace(".pair0", "")).read_text())
+        analysis = json.loads((cache / "analyses" / "tx8-16" / timeline.name.replace(".pair0", "")).read_text())
         [pair0] = [p for p in analysis["mapping"]["pairs"] if p["pair"] == 0]
         assert gantt_chart(trace).span_ms == pytest.approx(pair0["latency_s"] * 1e3, rel=1e-9)
         timelines[timeline] = timeline.stat().st_mtime_ns
 
     # cached: a rerun redoes neither analyses nor timelines; a missing timeline alone is redone
-    analyses = {path: path.stat().st_mtime_ns for path in (cache / "analyses").iterdir()}
+    analyses = {path: path.stat().st_mtime_ns for path in (cache / "analyses" / "tx8-16").iterdir()}
     missing = next(iter(timelines))
     missing.unlink()
     again = subprocess.run(command + ["--force"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
-    assert {path: path.stat().st_mtime_ns for path in (cache / "analyses").iterdir()} == analyses
+    assert {path: path.stat().st_mtime_ns for path in (cache / "analyses" / "tx8-16").iterdir()} == analyses
     assert missing.exists()
     assert [(p, p.stat().st_mtime_ns) for p in timelines if p != missing] == \
         [(p, stamp) for p, stamp in timelines.items() if p != missing]
