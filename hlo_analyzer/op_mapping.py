@@ -785,7 +785,7 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         feeding = {_gemm_behind(attributes_of, p, gemms) for p, _ in io.entering} - {None}
         if len(feeding) == 1 and (call.kind == LINEAR_CALL or not call.in_region) and \
                 (gemm := feeding.pop()) in gemms and gemms[gemm].epilogue is None and \
-                (call.kind == LINEAR_CALL or gemm in call.nodes):
+                gemms[gemm].op.batch == 1 and (call.kind == LINEAR_CALL or gemm in call.nodes):
             work = gemms[gemm]
             m, n = work.op.output_shape
             flops = sum(_vector_flops(rows[p], signatures.exp_ops) for p in rest if p in rows)
