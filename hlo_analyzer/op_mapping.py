@@ -777,6 +777,10 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     vectors: list[_Work] = []
     for call in calls:
         rest = [n for n in call.nodes if n not in claimed and n not in gemms]
+        if any(n in gemms for n in call.nodes):
+            # the slice of a weight that GSPMD cut for a GEMM is what that GEMM reads, no kernel
+            rest = [n for n in rest if attributes_of[n]["name"] not in OPERAND_SLICES
+                    or not _feeds(graph, n, gemms)]
         if id(call) in fused_calls or not rest:
             continue  # inside a fused attention kernel, or a GEMM with nothing around it
         if call.kind != COPY_CALL and not _computes(attributes_of, rest):
@@ -842,6 +846,23 @@ def _reaches(graph: nx.DiGraph, value_gemm: int, fused: set[int], is_gemm: set[i
     reached, _ = walk_until(graph, graph.successors(value_gemm), backward=False,
                             stop=lambda n: n in fused or n in is_gemm, limit=SOFTMAX_SPAN_LIMIT)
     return not reached.isdisjoint(fused)
+
+
+#: Ops that cut a piece of an operand (GSPMD's local slice of a weight).
+OPERAND_SLICES = frozenset({"dynamic_slice", "slice"})
+
+
+def _feeds(graph: nx.DiGraph, node: int, gemms: dict[int, _Work]) -> bool:
+    """True when ``node``'s result goes (through views) into a GEMM and nowhere else."""
+    readers = list(graph.successors(node))
+    while readers:
+        reader = readers.pop()
+        if reader in gemms:
+            continue
+        if graph.nodes[reader]["name"] not in FREE_MOVEMENT_OPS:
+            return False
+        readers.extend(graph.successors(reader))
+    return True
 
 
 def _gemm_behind(attributes_of: dict[int, dict[str, Any]], node: int | None, gemms: dict[int, _Work]) -> int | None:

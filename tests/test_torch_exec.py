@@ -89,3 +89,22 @@ def test_kernel_classes_against_their_first_principles_bound(mapping):
     assert norms["bound_seconds"] == pytest.approx(8 * moved / H100_BANDWIDTH, rel=1e-9)
     assert norms["seconds"] == pytest.approx(8 * (moved / (H100_BANDWIDTH * LAYER_NORM_EFFICIENCY) + 3e-6))
     assert sum(c["seconds"] for c in mapping["classes"]) == pytest.approx(mapping["totals"]["step_latency_s"])
+
+
+def test_a_strategys_own_attention_code_keeps_the_official_dispatch(tmp_path):
+    """ds_ulysses swaps in its einsum attention: the two cross-attentions of a pair are still the
+    fused kernels OpenSora calls (the merge of their heads is the declared flash_attention call),
+    the self-attentions (L <= B' on the tiny shape) still the plain product, and its 14 biased
+    linears one GEMM each, even where XLA shares a broadcast between two of them."""
+    subprocess.run([sys.executable, "-m", "tracing.cli", "--config", "tiny", "--strategy", "ds_ulysses",
+                    "--mesh", "2x2", "--stage", "1", "--stage-ids", "0-0,1-1", "-o", str(tmp_path)],
+                   check=True, capture_output=True)
+    dump = next(tmp_path.glob("*.mlir"))
+    report = tmp_path / "report.json"
+    assert run_click(analyze_command, [str(dump), "--hw", "8xh100", "--format", "json", "-o", str(report)]) == 0
+    mapping = json.loads(report.read_text())["mapping"]
+    names = Counter(k["name"] for k in mapping["kernels"] if k["pair"] == 0)  # the dump's one pair
+    assert sum(n for name, n in names.items() if name.startswith("flash_attention")) == 2
+    assert names["softmax"] == 2
+    assert sum(n for name, n in names.items() if name.endswith("+linear")) == 14
+    assert names["all_to_all"] == 8
