@@ -685,17 +685,23 @@ def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, An
         inputs = tuple([s for _, s in entering])
         shapes = signatures.shapes_text(inputs, (result,))
         if epilogue_of is not None:
-            gemm = gemms[epilogue_of]
-            m, n = gemm.op.output_shape
-            epilogue = Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.op.bytes_per_element)
-            with_epilogue[epilogue_of] = gemm._replace(positions=tuple(sorted(gemm.positions + positions)),
-                                                       name=f"{gemm.name}+{name}", epilogue=epilogue)
+            with_epilogue[epilogue_of] = _with_epilogue(gemms[epilogue_of], name, flops, positions)
             continue
         op = signatures.vector_op(name, inputs, _rows_of(largest.op.split(".", 1)[-1], result),
                                   out_elements or _elements(result), flops, _bytes(largest.dtype))
         # A fused kernel runs once all its inputs are ready: at its last member.
         works.append(_Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
     return works, with_epilogue
+
+
+def _with_epilogue(gemm: _Work, name: str, flops: int, positions: tuple[int, ...]) -> _Work:
+    """The GEMM ``gemm`` with the element-wise work ``name`` (``flops``, the ops at
+    ``positions``) done in its epilogue, on its (M, N) output."""
+    assert gemm.op is not None
+    m, n = gemm.op.output_shape
+    epilogue = Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.op.bytes_per_element)
+    return gemm._replace(positions=tuple(sorted(gemm.positions + positions)), name=f"{gemm.name}+{name}",
+                         epilogue=epilogue)
 
 
 def _result_elements(row: OpRow) -> int:
@@ -790,21 +796,15 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         if len(feeding) == 1 and (call.kind == LINEAR_CALL or not call.in_region) and \
                 (gemm := feeding.pop()) in gemms and gemms[gemm].epilogue is None and \
                 gemms[gemm].op.batch == 1 and (call.kind == LINEAR_CALL or gemm in call.nodes):
-            work = gemms[gemm]
-            m, n = work.op.output_shape
             flops = sum(_vector_flops(rows[p], signatures.exp_ops) for p in rest if p in rows)
-            epilogue = Op(call.kind, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), work.op.bytes_per_element)
-            gemms[gemm] = work._replace(positions=tuple(sorted(work.positions + tuple(rest))),
-                                        name=f"{work.name}+{call.kind}", epilogue=epilogue)
+            gemms[gemm] = _with_epilogue(gemms[gemm], call.kind, flops, tuple(rest))
             continue
         vector_rows = [rows[p] for p in rest if p in rows and rows[p].category == VECTOR]
         flops = sum(_vector_flops(r, signatures.exp_ops) for r in vector_rows)
         largest = max(vector_rows, key=_result_elements) if vector_rows else None
         result = largest.result_shapes[0] if largest is not None and largest.result_shapes else \
             attributes_of[rest[-1]]["result_shapes"][0]
-        kernel = KERNEL_CLASSES.get(call.kind, ELEMENTWISE_CLASS if _computes(attributes_of, rest) else "copy")
-        if all(attributes_of[n]["name"] in FREE_MOVEMENT_OPS for n in rest):
-            kernel = "copy" if call.kind == COPY_CALL else ELEMENTWISE_CLASS  # a copy or a cast
+        kernel = KERNEL_CLASSES.get(call.kind, ELEMENTWISE_CLASS)  # a lone cast is element-wise
         rows_count = _rows_of(largest.op.split(".", 1)[-1], result) if largest is not None else 1
         # Bytes, not elements: a kernel reads and writes tensors of several element types.
         op = signatures.vector_op(kernel, tuple((max(1, b),) for b in io.entering_bytes),
@@ -829,10 +829,8 @@ def _inside_fused_attentions(graph: nx.DiGraph, attentions: list[_Work], is_gemm
         _, scores, passed = found
         inside |= passed
         for score in scores:
-            for producer in nodes[score]["operands"]:
-                while producer is not None and nodes[producer]["name"] in FREE_MOVEMENT_OPS \
-                        and nodes[producer]["name"] != "convert" and nodes[producer]["operands"]:
-                    producer = nodes[producer]["operands"][0]
+            for operand in nodes[score]["operands"]:
+                producer = _behind_views(nodes, operand)
                 if producer is not None and nodes[producer]["name"] == "multiply" and \
                         min(map(_elements, nodes[producer]["operand_shapes"])) <= 1:
                     inside.add(producer)
@@ -865,14 +863,19 @@ def _feeds(graph: nx.DiGraph, node: int, gemms: dict[int, _Work]) -> bool:
     return True
 
 
+def _behind_views(attributes_of: Any, node: int | None) -> int | None:
+    """The op whose result ``node`` holds, followed back through views (a cast is no view: it
+    is a kernel in PyTorch); None for an argument."""
+    while node is not None and attributes_of[node]["name"] in FREE_MOVEMENT_OPS \
+            and attributes_of[node]["name"] != "convert" and attributes_of[node]["operands"]:
+        node = attributes_of[node]["operands"][0]
+    return node
+
+
 def _gemm_behind(attributes_of: dict[int, dict[str, Any]], node: int | None, gemms: dict[int, _Work]) -> int | None:
     """The GEMM whose result ``node`` holds, through views, or None."""
-    while node is not None and node not in gemms:
-        attributes = attributes_of[node]
-        if attributes["name"] not in FREE_MOVEMENT_OPS or attributes["name"] == "convert" or not attributes["operands"]:
-            return None
-        node = attributes["operands"][0]
-    return node
+    producer = _behind_views(attributes_of, node)
+    return producer if producer in gemms else None
 
 
 # -- collectives -----------------------------------------------------------------------------------------
