@@ -212,13 +212,9 @@ def _render(request: _Request) -> str | None:
     report, graph = _measure(module, request)
     if request.hardware is not None:
         from hardware import load_chip
-        from hlo_analyzer.hw_mapping import (
-            add_hardware_sections,
-            read_sidecar,
-            sidecar_caption_tokens,
-        )
+        from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
         from hlo_analyzer.library_calls import sidecar_call_regions
-        from hlo_analyzer.memory import sidecar_for
+        from hlo_analyzer.memory import read_sidecar, sidecar_for
         from hlo_analyzer.op_mapping import MappingOptions, default_execution
 
         log.info("mapping every op on %s", request.hardware)

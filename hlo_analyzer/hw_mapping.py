@@ -18,9 +18,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -56,7 +54,7 @@ from hlo_analyzer.sections import (
     MappingTotals,
     PairGroup,
 )
-from hlo_trace.errors import InputFileError, UsageError
+from hlo_trace.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +134,6 @@ def sidecar_caption_tokens(document: dict[str, Any]) -> int | None:
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
 
 
-def read_sidecar(path: str | Path | None) -> dict[str, Any] | None:
-    """The tracer sidecar at ``path`` as a JSON object (None: no sidecar, or not an object)."""
-    if path is None:
-        return None
-    try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    return document if isinstance(document, dict) else None
-
-
 def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
              attentions: list[Attention]) -> Segmentation | None:
     try:
@@ -196,4 +183,4 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
 
 
 __all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section",
-           "read_sidecar", "sidecar_caption_tokens"]
+           "sidecar_caption_tokens"]

@@ -111,15 +111,23 @@ class MemoryUsage:
         }
 
 
-def read_sidecar_section(path: str | Path, section: str) -> Any:
-    """The ``section`` of a tracer sidecar (None when it has none); one error line when the
-    file is not readable JSON."""
+def read_sidecar(path: str | Path | None) -> dict[str, Any] | None:
+    """The tracer sidecar at ``path`` as a JSON object (None: no path, or not an object); one
+    error line when the file is not readable JSON."""
+    if path is None:
+        return None
     path = Path(path)
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    return document.get(section) if isinstance(document, dict) else None
+    return document if isinstance(document, dict) else None
+
+
+def read_sidecar_section(path: str | Path, section: str) -> Any:
+    """The ``section`` of a tracer sidecar (None when it has none)."""
+    document = read_sidecar(path)
+    return document.get(section) if document is not None else None
 
 
 def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
