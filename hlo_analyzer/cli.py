@@ -285,7 +285,8 @@ def _measure(module: Any, request: _Request) -> tuple[Report, nx.DiGraph | None]
     if request.hardware is not None:
         from hlo_analyzer.dataflow import DataflowVisitor
 
-        dataflow = DataflowVisitor(types)
+        # the ops' locations only where --exec torch may read them (a GPU's default)
+        dataflow = DataflowVisitor(types, locations=request.execution in (None, "torch"))
     try:
         with _as_usage_error(dump, "cannot be measured"):
             report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,

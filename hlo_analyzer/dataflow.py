@@ -46,9 +46,11 @@ class DataflowVisitor(IRVisitor):
 
     skip_scalar_bodies = True
 
-    def __init__(self, types: TypeTable | None = None) -> None:
+    def __init__(self, types: TypeTable | None = None, *, locations: bool = True) -> None:
         super().__init__()
         self.types = types if types is not None else TypeTable()
+        #: record each op's location (``--exec torch`` reads them; a fifth of the walk's time)
+        self.locations = locations
         self.types.reads_values = True  # producers are found by the operand values
         self._nodes: list[tuple[int, dict[str, Any]]] = []
         self._producers: dict[int, list[int]] = {}  # node -> producers of its operands
@@ -64,7 +66,7 @@ class DataflowVisitor(IRVisitor):
         """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
         the producers of its operands, for fast backward walks."""
         if self._graph is None:
-            graph = self._graph = nx.DiGraph(producers=self._producers)
+            graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations)
             graph.add_nodes_from([node for node, _ in self._nodes])
             nodes = graph.nodes
             for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs
@@ -107,8 +109,10 @@ class DataflowVisitor(IRVisitor):
         attributes: dict[str, Any] = {
             "name": name, "op": full_name, "operands": producers, "arguments": arguments,
             "operand_shapes": operand_shapes, "result_shapes": result_shapes, "dtype": dtype,
-            "operand_dtypes": operand_dtypes, "location": types.location(node),
+            "operand_dtypes": operand_dtypes,
         }
+        if self.locations:
+            attributes["location"] = types.location(node)
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
         self._nodes.append((position, attributes))

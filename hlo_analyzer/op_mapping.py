@@ -765,6 +765,8 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     ``flash_attention`` call whose attention is found is one fused kernel, its other ops inside it;
     any other call that computes is one memory-bound kernel reading what enters it and writing
     what leaves it, each tensor in its own element type."""
+    if not graph.graph.get("locations", True):
+        raise ValueError("--exec torch needs the ops' locations: build the dataflow graph with locations")
     nodes = [p for p in graph if (rows.get(p) is None or rows[p].category != COMM)
              and attributes_of[p]["result_shapes"] and attributes_of[p]["name"] not in _NOT_KERNELS]
     calls = call_groups(graph, nodes, options.library_calls, owners)
