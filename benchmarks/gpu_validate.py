@@ -4,7 +4,8 @@
 
 For each reference shape it builds one spatial and one temporal block of the full OpenSora v1.2
 config (bf16, B = 2, attention through ``F.scaled_dot_product_attention`` so the self-attentions
-run FlashAttention-2 and the masked cross-attention the memory-efficient kernel), warms up, then
+run FlashAttention-2, and so does the cross-attention, one sample's queries against its own
+caption keys as xformers' block-diagonal mask runs it), warms up, then
 runs the pair once under ``torch.profiler`` and takes, for every top-level ATen op, the GPU time
 of the kernels it launched. The same ops are mapped with the tool on the GPU's chip description
 under the eager execution model (one library kernel per framework op, each with the per-kernel
@@ -26,8 +27,12 @@ the tiny config, on the GPU if there is one, else on the CPU (CPU times: no vali
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import math
+import statistics
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +114,24 @@ def render_markdown(rows: Sequence[ErrorRow], header: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_walls(runs: Sequence[PairRun], pairs: int, steps: int) -> str:
+    """The pair's wall-clock time beside the sum of its kernels, the sampling loop it implies
+    (``pairs`` pairs a forward, ``steps`` forwards, the CFG batch of 2 inside each), and the loop
+    of whole forwards where one was timed."""
+    lines = ["", f"Wall-clock per pair (median of {WALL_RUNS} runs outside the profiler), the loop it implies "
+             f"({pairs} pairs x {steps} steps), and {steps} whole forwards (every pair, embedders, final layer):", "",
+             "| shape | kernels (ms) | pair wall (ms) | gaps | loop from the pair (s) | forward (ms) | loop (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        kernels = sum(t.measured_s for t in run.timings)
+        gaps = run.wall_s / kernels - 1 if kernels > 0 else math.nan
+        forward = ("| |" if run.forward_s is None else
+                   f"| {run.forward_s * 1e3:.1f} | {run.forward_s * steps:.2f} |")
+        lines.append(f"| {run.shape} | {kernels * 1e3:.3f} | {run.wall_s * 1e3:.3f} | {gaps:+.1%} | "
+                     f"{run.wall_s * pairs * steps:.2f} {forward}")
+    return "\n".join(lines) + "\n"
+
+
 def render_csv(rows: Sequence[ErrorRow]) -> str:
     lines = ["shape,kind,ops,measured_s,predicted_s,error"]
     lines += [f"{r.shape},{r.kind},{r.ops},{r.measured_s:.9g},{r.predicted_s:.9g},{r.error:.6g}" for r in rows]
@@ -184,47 +207,114 @@ def _chip_for(device_name: str, override: str | None) -> str:
     raise SystemExit(f"Error: no bundled chip for {device_name!r}; pass --hw NAME|FILE")
 
 
-def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_name: str = "full",  # noqa: ANN001 - torch is imported lazily
-                 device: str = "cuda") -> list[KernelTiming]:
-    """One spatial + temporal block pair of ``config_name`` at ``shape``, profiled on ``device``
-    (``cuda``: the GPU time of each op's kernels; ``cpu``: its CPU time, for ``--quick``), run as
-    OpenSora's official code runs it (docs/gpu.md): the text-to-video path (an all-ones temporal
-    mask, the timestep-0 modulation), the library kernels the official code calls where the model
-    writes plain ops: ``BlockLinear`` as ``nn.Linear`` (one GEMM with its bias; the profiler also
-    records ``aten::linear``'s shapes, not those of ``aten::einsum``'s tensor list), ``LayerNorm``
-    as ``F.layer_norm``, and SDPA where the official code calls flash attention or xformers (the
-    model's ``flash_fn``); the other self-attentions run the plain product as the official code."""
+@dataclass(frozen=True)
+class PairRun:
+    """One shape's block pair: its profiled framework ops, and the pair's wall-clock seconds
+    (median of timed runs outside the profiler: kernels plus the gaps between their launches)."""
+
+    shape: str
+    timings: tuple[KernelTiming, ...]
+    wall_s: float
+    #: one whole forward's wall seconds (:func:`measure_forward`), when measured
+    forward_s: float | None = None
+
+
+#: Timed runs of the pair outside the profiler (their median is the pair's wall-clock time).
+WALL_RUNS = 5
+
+
+def official_kernels(model, torch, config) -> None:  # noqa: ANN001
+    """Give ``model`` (a block, or the whole STDiT3) the library kernels the official code calls
+    where the model writes plain ops: ``BlockLinear`` as ``nn.Linear`` (one GEMM with its bias; the
+    profiler also records ``aten::linear``'s shapes, not those of ``aten::einsum``'s tensor list),
+    ``LayerNorm`` as ``F.layer_norm``, SDPA where the official code calls flash attention, and the
+    cross-attention per sample as xformers' block-diagonal mask runs it."""
     import types
 
     import torch.nn.functional as F
+
+    from models.opensora.stdit3 import Attention, BlockLinear, LayerNorm, MultiHeadCrossAttention
+
+    def sdpa(q, k, v, mask, scale):  # noqa: ANN001, ANN202, ARG001 - self-attention: no mask
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    def cross_per_sample(q, k, v, mask, scale):  # noqa: ANN001, ANN202, ARG001
+        # each sample's queries against its own caption keys, no mask tensor:
+        # q (1, heads, B*N, hd), k and v (1, heads, B*L, hd) -> (1, heads, B*N, hd)
+        batch = k.shape[-2] // config.model_max_length
+        per_sample = [part[0].unflatten(1, (batch, -1)).transpose(0, 1) for part in (q, k, v)]
+        out = F.scaled_dot_product_attention(*per_sample, scale=scale)
+        return out.transpose(0, 1).flatten(1, 2).unsqueeze(0)
+
+    def layer_norm(module, x):  # noqa: ANN001, ANN202
+        return F.layer_norm(x, (config.hidden_size,), eps=module.eps)
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.flash_fn = sdpa
+        elif isinstance(module, MultiHeadCrossAttention):
+            module.flash_fn = cross_per_sample
+        elif isinstance(module, BlockLinear):
+            module.forward = types.MethodType(torch.nn.Linear.forward, module)
+        elif isinstance(module, LayerNorm):
+            module.forward = types.MethodType(layer_norm, module)
+
+
+def flash_attention_2(torch, on_gpu: bool):  # noqa: ANN001, ANN201
+    """SDPA restricted to FlashAttention-2, the kernels of the flash-attn package the official
+    code calls (by itself SDPA picks cuDNN's attention on Hopper); any backend on the CPU."""
+    if not on_gpu:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+def measure_forward(shape: str, torch, runs: int = 3, *, config_name: str = "full", device: str = "cuda") -> float:  # noqa: ANN001
+    """Median wall seconds of one whole STDiT3 forward (every pair, the embedders and the final
+    layer) of ``config_name`` at ``shape``, official path, bf16, the CFG batch of 2."""
+    from models.opensora.config import get_config
+    from models.opensora.inputs import make_inputs
+    from models.opensora.stdit3 import STDiT3
+
+    config = get_config(config_name)
+    on_gpu = device == "cuda"
+    model = STDiT3(config).to(device, torch.bfloat16).eval()
+    official_kernels(model, torch, config)
+    inputs = make_inputs(config, shape, dtype=torch.bfloat16, device=device)
+    synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
+    seconds = []
+    with torch.no_grad(), flash_attention_2(torch, on_gpu):
+        for index in range(runs + 1):
+            synchronize()
+            start = time.perf_counter()
+            model(**inputs, official=True)
+            synchronize()
+            if index:  # the first is a warm-up
+                seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_name: str = "full",  # noqa: ANN001 - torch is imported lazily
+                 device: str = "cuda") -> PairRun:
+    """One spatial + temporal block pair of ``config_name`` at ``shape``, profiled on ``device``
+    (``cuda``: the GPU time of each op's kernels; ``cpu``: its CPU time, for ``--quick``), run as
+    OpenSora's official code runs it (docs/gpu.md): the text-to-video path (an all-ones temporal
+    mask, the timestep-0 modulation) with the library kernels of :func:`official_kernels`; the
+    self-attentions the official code runs without flash run the plain product as it does."""
     from torch.profiler import ProfilerActivity, profile
 
     from models.opensora.config import get_config
     from models.opensora.inputs import geometry
-    from models.opensora.stdit3 import BlockLinear, LayerNorm, STDiT3Block
+    from models.opensora.stdit3 import STDiT3Block
 
     config = get_config(config_name)
     on_gpu = device == "cuda"
     geo = geometry(config, shape)
     h, batch = config.hidden_size, 2
-
-    def sdpa(q, k, v, mask, scale):  # noqa: ANN001, ANN202
-        # SDPA takes an additive mask in the query's dtype (the model builds it in float32).
-        mask = mask.to(q.dtype) if mask is not None else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-
-    def layer_norm(module, x):  # noqa: ANN001, ANN202
-        return F.layer_norm(x, (h,), eps=module.eps)
-
     blocks = [STDiT3Block(config, temporal=t).to(device, torch.bfloat16).eval() for t in (False, True)]
     for block in blocks:
-        block.attn.flash_fn = sdpa
-        block.cross_attn.flash_fn = sdpa
-        for module in block.modules():
-            if isinstance(module, BlockLinear):
-                module.forward = types.MethodType(torch.nn.Linear.forward, module)
-            if isinstance(module, LayerNorm):
-                module.forward = types.MethodType(layer_norm, module)
+        official_kernels(block, torch, config)
     x = torch.randn(batch, geo.T * geo.S, h, device=device, dtype=torch.bfloat16)
     y = torch.randn(1, batch * config.model_max_length, h, device=device, dtype=torch.bfloat16)
     t_mlp = torch.randn(batch, 6 * h, device=device, dtype=torch.bfloat16)
@@ -238,13 +328,19 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
         for block in blocks:
             out = block(out, y, t_mlp, geo.T, geo.S, x_mask=x_mask, t0_mlp=t0_mlp)
 
-    with torch.no_grad():
+    with torch.no_grad(), flash_attention_2(torch, on_gpu):
         for _ in range(warmup):
             run()
         synchronize()
         with profile(activities=activities, record_shapes=True) as prof:
             run()
             synchronize()
+        walls = []
+        for _ in range(WALL_RUNS):
+            start = time.perf_counter()
+            run()
+            synchronize()
+            walls.append(time.perf_counter() - start)
     timings = []
     for index, event in enumerate(e for e in prof.events() if e.name.startswith("aten::")):
         parent = event.cpu_parent
@@ -256,7 +352,7 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
             continue
         timings.append(KernelTiming(shape, f"{index:03d}_{event.name.removeprefix('aten::')}", kernel_class(op),
                                     measured, predict(op, chip)))
-    return timings
+    return PairRun(shape, tuple(timings), statistics.median(walls))
 
 
 def _copies(event) -> bool:  # noqa: ANN001 - a torch.autograd.profiler FunctionEvent
@@ -278,24 +374,31 @@ def _versions(torch) -> list[str]:  # noqa: ANN001
 
 def quick(torch, hardware: str | None) -> int:  # noqa: ANN001
     """``--quick``: the whole path on one pair of the tiny config; prints the table, writes nothing."""
+    from hlo_analyzer.hw_mapping import DIFFUSION_STEPS
+    from models.opensora.config import get_config
     from tracing.config import default_shape
 
     on_gpu = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name(0) if on_gpu else "CPU"
     chip_name = _chip_for(device_name, hardware) if on_gpu else hardware or "h100-sxm"
-    timings = measure_pair(default_shape("tiny"), load_chip(chip_name), torch, warmup=1,
-                           config_name="tiny", device="cuda" if on_gpu else "cpu")
+    config = get_config("tiny")
+    shape, device = default_shape("tiny"), "cuda" if on_gpu else "cpu"
+    run = measure_pair(shape, load_chip(chip_name), torch, warmup=1, config_name="tiny", device=device)
+    run = dataclasses.replace(run, forward_s=measure_forward(shape, torch, 1, config_name="tiny", device=device))
+    timings = run.timings
     missing = [kind for kind in KINDS if kind not in {t.kind for t in timings}]
     if missing:
         print(f"gpu_validate --quick: no {', '.join(missing)} op measured in the pair", file=sys.stderr)
         return 1
     header = [f"device: {device_name}", f"predicted with: {chip_name}",
               "--quick: the tiny config, one pair" + ("" if on_gpu else "; CPU times, no validation")]
-    print(render_markdown(summarize(timings), header))
+    print(render_markdown(summarize(timings), header) + render_walls([run], config.depth, DIFFUSION_STEPS))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hlo_analyzer.hw_mapping import DIFFUSION_STEPS
+    from models.opensora.config import get_config
     from models.opensora.inputs import REFERENCE_SHAPES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -319,10 +422,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name(0)
     chip_name = _chip_for(device_name, args.hw)
     chip = load_chip(chip_name)
-    timings = [t for shape in args.shapes.split(",") for t in measure_pair(shape, chip, torch)]
+    runs = []
+    for shape in args.shapes.split(","):
+        pair = measure_pair(shape, chip, torch)
+        torch.cuda.empty_cache()
+        runs.append(dataclasses.replace(pair, forward_s=measure_forward(shape, torch)))
+        torch.cuda.empty_cache()
+        print(f"gpu_validate: {shape}: pair {pair.wall_s * 1e3:.2f} ms, forward {runs[-1].forward_s * 1e3:.1f} ms wall",
+              file=sys.stderr, flush=True)
+    timings = [t for run in runs for t in run.timings]
     rows = summarize(timings)
     header = [*_versions(torch), f"predicted with: {chip_name} (eager model: one kernel per framework op)"]
-    text = render_markdown(rows, header)
+    text = render_markdown(rows, header) + render_walls(runs, get_config("full").depth, DIFFUSION_STEPS)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
