@@ -3,17 +3,19 @@
     python3 benchmarks/gpu_validate.py [--hw h100-sxm] [--shapes 204_640_360,...] [--out results/gpu_validation]
 
 For each reference shape it builds one spatial and one temporal block of the full OpenSora v1.2
-config (bf16, B = 2, attention through ``F.scaled_dot_product_attention`` so the self-attentions
-run FlashAttention-2, and so does the cross-attention, one sample's queries against its own
-caption keys as xformers' block-diagonal mask runs it), warms up, then
-runs the pair once under ``torch.profiler`` and takes, for every top-level ATen op, the GPU time
-of the kernels it launched. The same ops are mapped with the tool on the GPU's chip description
-under the eager execution model (one library kernel per framework op, each with the per-kernel
-overhead of the chip's ``[kernel_model]``): matmuls as GEMMs, SDPA as flash attention, every
-other op as a memory-bound kernel that reads its inputs and writes an output as large as its
-largest input. It prints and writes (``results/gpu_validation/<device>.md`` and ``.csv``) the
-measured and predicted time per op kind and per block pair with the error
-``predicted / measured - 1``, with the device name, driver, CUDA and torch versions.
+config (bf16, B = 2, the official path; attention through ``F.scaled_dot_product_attention``
+restricted to FlashAttention-2, the kernels of the flash-attn package the official code calls,
+the cross-attention one sample's queries against its own caption keys as xformers'
+block-diagonal mask runs it), warms up, then runs the pair once under ``torch.profiler`` and
+takes, for every top-level ATen op, the GPU time of the kernels it launched, beside its own
+ATen-level estimate on the GPU's chip description (one kernel per framework op: matmuls as GEMMs,
+SDPA as flash attention, every other op a memory-bound kernel reading its inputs and writing an
+output as large as its largest input, every tensor taken as bf16; the tool's prediction of the
+traced program is ``scripts/gpu_predictions.py``'s). It also times the pair's wall clock outside
+the profiler and whole STDiT3 forwards (every pair, the embedders, the final layer: the residual
+stream in the layout the patch embedding leaves it), whose 30 make the sampling loop. It prints
+and writes (``results/gpu_validation/<device>.md``, ``.csv`` and ``_ops.csv``) the tables with
+the device name, driver, CUDA and torch versions.
 
 Without CUDA it says so in one line and exits 0. The table logic (:func:`summarize`,
 :func:`render_markdown`) needs neither torch nor a GPU and is tested on synthetic timings.

@@ -20,6 +20,7 @@ from hardware.mapping import FlashAttentionTiling, GemmTiling, KernelTiling, Map
 from hardware.model_info import ModelAssumptions, model_assumptions
 from hardware.ops import Op, OpType
 from hardware.spec import (
+    KERNEL_CLASS_VARIANTS,
     ChipSpec,
     KernelModel,
     SystemSpec,
@@ -34,6 +35,7 @@ from hardware.vector_mapper import MappingError, vector_mapper
 
 __all__ = [
     "BLOCK_SHAPE_KEYS",
+    "KERNEL_CLASS_VARIANTS",
     "BlockMapping",
     "BlockShapes",
     "ChipSpec",

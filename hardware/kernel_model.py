@@ -147,7 +147,7 @@ def gpu_vector_mapping(op: Op, chip: ChipSpec) -> Mapping:
 def gpu_flash_attention_mapping(op: Op, chip: ChipSpec) -> Mapping:
     """One FlashAttention-2 forward kernel at the efficiency of its (padded) head-dim kernel."""
     batch, heads, s_q, s_kv, head_dim = attention_dims(op)
-    kernel_dim, efficiency = _model(chip).flash_efficiency_for(head_dim)
+    kernel_dim, efficiency = _model(chip).flash_efficiency_for(head_dim, s_kv)
     padded_flops = 4 * batch * heads * s_q * s_kv * kernel_dim
     compute_s = padded_flops / (chip.gemm_flops_per_s * efficiency)
     dram_bytes = batch * heads * (2 * s_q + 2 * s_kv) * head_dim * op.bytes_per_element

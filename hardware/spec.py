@@ -69,6 +69,18 @@ _ALGORITHMS_BY_TOPOLOGY = {
 }
 
 
+#: Kernel classes of PyTorch's eager memory-bound kernels that vary another class, and the class
+#: whose efficiency they run at when a chip file gives them none. ``broadcast``: an element-wise
+#: kernel reading a tensor broadcast along an axis (TensorIterator's strided path); ``select``:
+#: ``torch.where`` with a broadcast mask; ``reduction``: a row reduction (a mean over the head
+#: dim); ``widening_cast``: a cast to a wider type; ``strided``: an element-wise kernel whose
+#: full-size inputs lie in different layouts (the official STDiT3's residual stream keeps the
+#: channel-major layout of its patch embedding); ``transpose_copy``: the copy that makes such a
+#: tensor contiguous for a library call that needs contiguous rows.
+KERNEL_CLASS_VARIANTS = {"broadcast": "elementwise", "select": "elementwise", "reduction": "elementwise",
+                         "widening_cast": "elementwise", "strided": "elementwise", "transpose_copy": "copy"}
+
+
 @dataclass(frozen=True)
 class KernelModel:
     """Achieved-efficiency constants of one GPU, the ``[kernel_model]`` table of its chip file
@@ -82,18 +94,30 @@ class KernelModel:
     flash_head_dims: tuple[int, ...]
     flash_efficiency: tuple[float, ...]
     #: In-model HBM efficiency of memory-bound kernels by kernel class (``layer_norm``,
-    #: ``softmax``, ``gelu``, ``elementwise``, ``copy``: the classes of PyTorch's eager kernels);
-    #: a class not listed runs at ``hbm_efficiency``.
+    #: ``softmax``, ``gelu``, ``elementwise``, ``copy`` and the :data:`KERNEL_CLASS_VARIANTS`:
+    #: the classes of PyTorch's eager kernels); a variant not listed runs at the efficiency of
+    #: the class it varies, any other class not listed at ``hbm_efficiency``.
     vector_efficiency: tuple[tuple[str, float], ...] = ()
+    #: Keys a fused attention kernel's per-query-tile cost amounts to besides its key loop (the
+    #: tile's Q load, softmax rescale and output write): a kernel attending to ``s_kv`` keys runs
+    #: at ``flash_efficiency * s_kv / (s_kv + flash_kv_overhead)`` (0: no such cost).
+    flash_kv_overhead: int = 0
 
     def hbm_efficiency_for(self, kernel_class: str) -> float:
         """The HBM efficiency of a memory-bound kernel of ``kernel_class``."""
-        return dict(self.vector_efficiency).get(kernel_class, self.hbm_efficiency)
+        table = dict(self.vector_efficiency)
+        if kernel_class in table:
+            return table[kernel_class]
+        return table.get(KERNEL_CLASS_VARIANTS.get(kernel_class, ""), self.hbm_efficiency)
 
-    def flash_efficiency_for(self, head_dim: int) -> tuple[int, float]:
-        """``(kernel head dim, efficiency)`` of the kernel that runs ``head_dim``."""
+    def flash_efficiency_for(self, head_dim: int, s_kv: int | None = None) -> tuple[int, float]:
+        """``(kernel head dim, efficiency)`` of the kernel that runs ``head_dim`` over ``s_kv``
+        keys (None: the kernel's efficiency over long sequences)."""
         kernel = flash_kernel_head_dim(head_dim, self.flash_head_dims)
-        return kernel, self.flash_efficiency[self.flash_head_dims.index(kernel)]
+        efficiency = self.flash_efficiency[self.flash_head_dims.index(kernel)]
+        if s_kv is not None:
+            efficiency *= s_kv / (s_kv + self.flash_kv_overhead)
+        return kernel, efficiency
 
 
 def flash_kernel_head_dim(head_dim: int, kernel_head_dims: tuple[int, ...]) -> int:
@@ -331,9 +355,10 @@ _KERNEL_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "flash_head_dims": ("flash_head_dims", _int_list),
     "flash_efficiency": ("flash_efficiency", _fraction_list),
     "vector_efficiency": ("vector_efficiency", _class_fractions),
+    "flash_kv_overhead": ("flash_kv_overhead", _non_negative_int),
 }
 #: Fields of the [kernel_model] table that may be left out (the dataclass has their defaults).
-_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"vector_efficiency"})
+_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"vector_efficiency", "flash_kv_overhead"})
 
 
 def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:

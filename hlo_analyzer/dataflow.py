@@ -113,6 +113,8 @@ class DataflowVisitor(IRVisitor):
         }
         if self.locations:
             attributes["location"] = types.location(node)
+            if name == "transpose":  # which axes a view permutes decides PyTorch's strides
+                attributes["permutation"] = permutation(node)
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
         self._nodes.append((position, attributes))
@@ -153,6 +155,25 @@ class DataflowVisitor(IRVisitor):
             measure = conv_dims if name == "convolution" else dot_dims
             dims = self._dims[key] = measure(op, operand_shapes, result_shape)
         return dims
+
+
+#: A value of the dataflow graph: the node that made it, or ``("argument", i)``.
+Marker = int | tuple[str, int]
+
+
+def operand_markers(attributes: dict[str, Any]) -> list[Marker]:
+    """A node's operands as values: the producing node, or ``("argument", i)``."""
+    return [producer if producer is not None else ("argument", argument)
+            for producer, argument in zip(attributes["operands"], attributes["arguments"])]
+
+
+def permutation(op: Any) -> tuple[int, ...]:
+    """The ``permutation`` of a transpose op (an i64 array in StableHLO, dense elements in MHLO)."""
+    attribute = op.operation.attributes["permutation"]
+    try:
+        return tuple(ir.DenseI64ArrayAttr(attribute))
+    except (ValueError, TypeError):  # MHLO: dense integer elements
+        return tuple(int(v) for v in ir.DenseIntElementsAttr(attribute))
 
 
 #: The attributes that, with the operand shapes, decide a GEMM's (M, K, N, batch).

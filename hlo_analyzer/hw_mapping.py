@@ -43,7 +43,7 @@ from hlo_analyzer.op_mapping import (
     ProgramMapping,
     map_program,
 )
-from hlo_analyzer.pairs import pair_owners
+from hlo_analyzer.pairs import pair_owners, residual_inputs
 from hlo_analyzer.report import Report
 from hlo_analyzer.rows import COMM
 from hlo_analyzer.sections import (
@@ -163,8 +163,9 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     if segmentation is None and pairs is not None:
         raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
     owners = pair_owners(graph, segmentation) if segmentation is not None else {}
+    residual = [m for m in residual_inputs(graph, segmentation) if m is not None] if segmentation is not None else []
     program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,
-                          cross_values=cross_values, owners=owners)
+                          cross_values=cross_values, owners=owners, residual_inputs=residual)
     log.info("mapped %d kernels (%d distinct searches); cross-attention: %s (%d kernels per sample)",
              len(program.ops), program.distinct_mappings, program.cross_attention,
              program.per_sample_attentions)

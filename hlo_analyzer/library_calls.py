@@ -14,8 +14,10 @@ op made on those lines is one call of that kind, whatever torch call made it. Ki
 meaning here: ``linear`` (its element-wise ops are the epilogue of the GEMM they read: cuBLASLt's
 bias epilogue), ``flash_attention`` (the attention whose result reaches these lines, directly or
 through a ring attention's combining ops, is one fused kernel: the official code calls flash-attn
-or xformers there), ``copy`` (its data movement is one copy kernel). Any other kind (``layer_norm``) is
-one memory-bound kernel over its ops. An op without a location is a call of its own.
+or xformers there), ``copy`` (its data movement is one copy kernel), ``transposed_tokens`` (a view
+that leaves the model's residual stream channel-major in every stage: ``hlo_analyzer.torch_layouts``).
+Any other kind (``layer_norm``) is one memory-bound kernel over its ops. An op without a location
+is a call of its own.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import networkx as nx
 
 from hlo_analyzer.dataflow import CONSTANT_OPS
 
-__all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "Call", "CallRegion", "call_groups",
+__all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "TRANSPOSED_TOKENS_CALL", "Call", "CallRegion", "call_groups",
            "folded_constants", "sidecar_call_regions"]
 
 LINEAR_CALL, ATTENTION_CALL, COPY_CALL = "linear", "flash_attention", "copy"
+TRANSPOSED_TOKENS_CALL = "transposed_tokens"
 #: torch-xla's name of a dtype cast it inserts (``x.float()`` gets it too).
 CAST_CALL = "xla__cast"
 

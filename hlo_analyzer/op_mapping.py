@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import networkx as nx
 
 from hardware import (
+    KERNEL_CLASS_VARIANTS,
     ChipSpec,
     Mapping,
     MappingError,
@@ -68,18 +69,27 @@ from hlo_analyzer.dataflow import (
     FREE_MOVEMENT_OPS,
     SOFTMAX_SPAN_LIMIT,
     after_exponential,
+    operand_markers,
     walk_until,
 )
 from hlo_analyzer.library_calls import (
     ATTENTION_CALL,
     COPY_CALL,
     LINEAR_CALL,
+    TRANSPOSED_TOKENS_CALL,
     CallRegion,
     call_groups,
     folded_constants,
 )
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
+from hlo_analyzer.torch_layouts import (
+    COPY_CLASS,
+    TRANSPOSED,
+    layouts,
+    mixes_transposed,
+    noncontiguous_behind,
+)
 
 __all__ = ["CROSS_ATTENTION_MODES", "DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions",
            "KernelClass", "ProgramMapping", "default_execution", "kernel_class_of", "map_program"]
@@ -101,7 +111,10 @@ EPILOGUE_SIDE_INPUT_ROWS = 8
 KERNEL_CLASSES = {"layer_norm": "layer_norm", "softmax": "softmax", "tanh_gelu": "gelu", "gelu": "gelu",
                   COPY_CALL: "copy"}
 ELEMENTWISE_CLASS = "elementwise"
-TORCH_KERNEL_CLASSES = frozenset({*KERNEL_CLASSES.values(), ELEMENTWISE_CLASS})
+#: Library calls that write a contiguous result whatever the layout of their inputs
+#: (:mod:`hlo_analyzer.torch_layouts`); element-wise calls write in their first input's layout.
+CONTIGUOUS_CALLS = frozenset({"layer_norm", "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
+TORCH_KERNEL_CLASSES = frozenset({*KERNEL_CLASSES.values(), ELEMENTWISE_CLASS, *KERNEL_CLASS_VARIANTS})
 #: Launch overhead when the hardware description gives none (see the module docstring).
 DEFAULT_LAUNCH_OVERHEAD_S = 0.0
 
@@ -616,6 +629,7 @@ class _GroupIO(NamedTuple):
     out_elements: int
     entering_bytes: list[int]  # of each entering tensor, in its element type
     out_bytes: int
+    entering_values: list[tuple[Any, tuple[int, ...], str]]  # (producer or ("argument", i), shape, dtype)
 
 
 def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
@@ -643,11 +657,12 @@ def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], membe
         source = _computing_source(attributes_of, node, inside)
         if source is not None and real[node] >= leaving.get(source, (0, ""))[0]:
             leaving[source] = (real[node], attributes["dtype"])
-    read = [(producer, shape, dtype) for producer, shape, dtype in entering.values() if shape is not None]
-    return _GroupIO([(producer, shape) for producer, shape, _ in read],
+    read = [(key, producer, shape, dtype) for key, (producer, shape, dtype) in entering.items() if shape is not None]
+    return _GroupIO([(producer, shape) for _, producer, shape, _ in read],
                     sum(size for size, _ in leaving.values()),
-                    [_elements(shape) * _bytes(dtype) for _, shape, dtype in read],
-                    sum(size * _bytes(dtype) for size, dtype in leaving.values()))
+                    [_elements(shape) * _bytes(dtype) for _, _, shape, dtype in read],
+                    sum(size * _bytes(dtype) for size, dtype in leaving.values()),
+                    [(key, shape, dtype) for key, _, shape, dtype in read])
 
 
 def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
@@ -673,7 +688,7 @@ def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, An
     for members in sorted(groups):
         vector_rows = [rows[n] for n in members if n in vector_nodes]
         flops = sum([_vector_flops(r, exp_ops) for r in vector_rows])
-        entering, out_elements, _, _ = _group_io(graph, attributes_of, members, constant, real)
+        entering, out_elements, _, _, _ = _group_io(graph, attributes_of, members, constant, real)
         largest = max(vector_rows, key=_result_elements)
         result = largest.result_shapes[0] if largest.result_shapes else ()
         update = _slice_write_update(attributes_of, members, constant)
@@ -758,7 +773,8 @@ def _computes(attributes_of: dict[int, dict[str, Any]], nodes: Iterable[int]) ->
 
 def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
                  chip: ChipSpec, options: MappingOptions, cross_values: Collection[int],
-                 signatures: _Signatures, is_gemm: set[int], owners: dict[int, int]) -> list[_Work]:
+                 signatures: _Signatures, is_gemm: set[int], owners: dict[int, int],
+                 residual_inputs: tuple[Any, ...]) -> list[_Work]:
     """Kernels as PyTorch launches them eagerly: one per library call (module docstring of
     :mod:`hlo_analyzer.library_calls`). A call with a GEMM is that GEMM, its element-wise ops its
     epilogue (``addmm``'s bias; a ``linear`` call's bias add reading a GEMM outside the call); a
@@ -782,6 +798,20 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
     constant = folded_constants(graph)
     real = real_elements(attributes_of)
+
+    with_gemm = {id(call) for call in calls if any(n in gemms for n in call.nodes)}
+
+    def writes_contiguous(node: int) -> bool:  # a GEMM's call (a convolution's layout changes too)
+        call = call_of.get(node)
+        return node in gemms or node in claimed or \
+            (call is not None and (call.kind in CONTIGUOUS_CALLS or id(call) in with_gemm))
+
+    transposed = any(region.kind == TRANSPOSED_TOKENS_CALL for region in options.library_calls)
+    layout = layouts(attributes_of, sorted(graph), writes_contiguous, real, lambda node: _feeds(graph, node, gemms),
+                     dict.fromkeys(residual_inputs, TRANSPOSED) if transposed else {})
+    copies = [copy for p in gemms for operand, shape, dtype in
+              zip(operand_markers(attributes_of[p]), attributes_of[p]["operand_shapes"], attributes_of[p]["operand_dtypes"])
+              if (copy := _layout_copy(attributes_of, operand, shape, dtype, p, layout, signatures)) is not None]
     vectors: list[_Work] = []
     for call in calls:
         rest = [n for n in call.nodes if n not in claimed and n not in gemms]
@@ -806,16 +836,73 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         largest = max(vector_rows, key=_result_elements) if vector_rows else None
         result = largest.result_shapes[0] if largest is not None and largest.result_shapes else \
             attributes_of[rest[-1]]["result_shapes"][0]
-        kernel = KERNEL_CLASSES.get(call.kind, ELEMENTWISE_CLASS)  # a lone cast is element-wise
+        if mixes_transposed(attributes_of, [(key, shape) for key, shape, _ in io.entering_values],
+                            _elements(result), layout):
+            kernel = "strided"
+        else:
+            kernel = KERNEL_CLASSES.get(call.kind) or _elementwise_variant(attributes_of, rest, constant, real, io)
+        if kernel == "layer_norm":  # it needs contiguous rows
+            copies += [copy for key, shape, dtype in io.entering_values
+                       if (copy := _layout_copy(attributes_of, key, shape, dtype, rest[0], layout, signatures))]
         rows_count = _rows_of(largest.op.split(".", 1)[-1], result) if largest is not None else 1
-        # Bytes, not elements: a kernel reads and writes tensors of several element types.
+        # Bytes, not elements: a kernel reads and writes tensors of several element types. A
+        # copy's views leave as views of what entered, yet the copy writes all it reads.
+        out_bytes = io.out_bytes or (sum(io.entering_bytes) if call.kind == COPY_CALL else 0)
         op = signatures.vector_op(kernel, tuple((max(1, b),) for b in io.entering_bytes),
-                                  rows_count, max(1, io.out_bytes), flops, 1)
+                                  rows_count, max(1, out_bytes), flops, 1)
         positions = tuple(rest)
         shapes = signatures.shapes_text(tuple(s for _, s in io.entering), (tuple(result),))
         vectors.append(_Work(positions[-1], positions, f"{kernel}({call.kind})" if kernel != call.kind else kernel,
                              VECTOR_KIND, shapes, op=op))
-    return [*attentions, *gemms.values(), *vectors]
+    return [*attentions, *gemms.values(), *vectors, *copies]
+
+
+def _layout_copy(attributes_of: dict[int, dict[str, Any]], operand: Any, shape: Sequence[int], dtype: str,
+                 reader: int, layout: dict[int, str], signatures: _Signatures) -> _Work | None:
+    """The copy PyTorch makes of a non-contiguous ``operand`` before ``reader``, a kernel that
+    needs contiguous rows (:mod:`hlo_analyzer.torch_layouts`), or None when it is contiguous."""
+    kind = noncontiguous_behind(attributes_of, operand, layout)
+    if kind is None:
+        return None
+    size = _elements(shape) * _bytes(dtype)
+    name = COPY_CLASS[kind]
+    op = signatures.vector_op(name, ((size,),), 1, size, 0, 1)
+    text = signatures.shapes_text((tuple(shape),), (tuple(shape),))
+    return _Work(reader, (reader,), f"{name}({kind} input)", VECTOR_KIND, text, op=op)
+
+
+def _elementwise_variant(attributes_of: dict[int, dict[str, Any]], members: list[int], constant: set[int],
+                         real: dict[int, int], io: _GroupIO) -> str:
+    """The class of an element-wise kernel of PyTorch (``KERNEL_CLASS_VARIANTS``): a row
+    reduction, a ``where``, one that reads a tensor broadcast along an axis, a widening cast, or
+    a plain (contiguous, same-shape) element-wise kernel."""
+    names = {attributes_of[n]["name"] for n in members}
+    if names & REDUCTION_OPS:
+        return "reduction"
+    if "select" in names:
+        return "select"
+    if _reads_broadcast(attributes_of, members, constant, real):
+        return "broadcast"
+    if all(name in FREE_MOVEMENT_OPS for name in names) and io.out_bytes > sum(io.entering_bytes):
+        return "widening_cast"  # converts (and views) alone, writing more than they read
+    return ELEMENTWISE_CLASS
+
+
+def _reads_broadcast(attributes_of: dict[int, dict[str, Any]], members: list[int], constant: set[int],
+                     real: dict[int, int]) -> bool:
+    """True when the kernel reads a tensor of more than one value broadcast to a larger shape:
+    a broadcast among its ops, or entering it (``real_elements`` holds a broadcast at its
+    operand's size)."""
+    inside = set(members)
+    for node in members:
+        attributes = attributes_of[node]
+        if attributes["name"] == "broadcast_in_dim" and 1 < real[node] < _elements(attributes["result_shapes"][0]):
+            return True
+        for producer, shape in zip(attributes["operands"], attributes["operand_shapes"]):
+            if producer is not None and producer not in inside and producer not in constant \
+                    and 1 < real[producer] < _elements(shape):
+                return True
+    return False
 
 
 def _inside_fused_attentions(graph: nx.DiGraph, attentions: list[_Work], is_gemm: set[int]) -> set[int]:
@@ -906,8 +993,10 @@ def _bound_mapping(op: Op, chip: ChipSpec) -> Mapping:
 
 def _signature(op: Op, epilogue: Op | None) -> tuple:
     def one(o: Op | None) -> tuple | None:
+        # a memory-bound kernel's name is its class, which picks its efficiency on a GPU
         return None if o is None else (o.op_type, o.input_shapes, o.weight_shape, o.output_shape, o.flops,
-                                       o.vector_flops, o.bytes_per_element, o.batch)
+                                       o.vector_flops, o.bytes_per_element, o.batch,
+                                       o.name if o.op_type is OpType.VECTOR else None)
 
     return one(op), one(epilogue)
 
@@ -961,13 +1050,14 @@ def _chip_for(chip: ChipSpec, options: MappingOptions) -> ChipSpec:
 
 
 def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: MappingOptions,
-           cross_values: Collection[int], owners: dict[int, int]) -> list[_Work]:
+           cross_values: Collection[int], owners: dict[int, int], residual_inputs: tuple[Any, ...]) -> list[_Work]:
     attributes_of = dict(graph.nodes(data=True))
     signatures = _Signatures(options.exp_ops)
     is_gemm = {p for p, r in rows.items() if r.category == GEMM and p in graph and "dot_dims" in attributes_of[p]}
     if options.execution == "torch":
         collectives = [w for r in rows.values() if r.category == COMM and (w := _collective_work(r))]
-        works = _torch_works(graph, attributes_of, rows, chip, options, cross_values, signatures, is_gemm, owners)
+        works = _torch_works(graph, attributes_of, rows, chip, options, cross_values, signatures, is_gemm, owners,
+                             residual_inputs)
         return sorted([*works, *collectives], key=lambda w: w.position)
     attentions = _attentions(graph, rows, is_gemm, options, cross_values) if chip.fused_attention_kernel else []
     claimed = {p for work in attentions for p in work.positions}
@@ -992,18 +1082,20 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
 
 def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system: SystemSpec,
                 options: MappingOptions = DEFAULT_OPTIONS, *, cross_values: Collection[int] = (),
-                owners: dict[int, int] | None = None) -> ProgramMapping:
+                owners: dict[int, int] | None = None, residual_inputs: Collection[Any] = ()) -> ProgramMapping:
     """Map every op of a program (its report rows and dataflow graph) on ``chip``; collectives on
     ``system``. ``cross_values``: value-GEMM positions of the program's cross-attentions (charged
     per sample when ``options`` ask for it). ``owners``: the block pair of each node
-    (:func:`hlo_analyzer.pairs.pair_owners`), so that no fused kernel spans two pairs. See the
-    module docstring for what becomes what."""
+    (:func:`hlo_analyzer.pairs.pair_owners`), so that no fused kernel spans two pairs.
+    ``residual_inputs``: each pair's input on the residual stream
+    (:func:`hlo_analyzer.pairs.residual_inputs`), channel-major under ``--exec torch`` when the
+    model declares ``transposed_tokens``. See the module docstring for what becomes what."""
     chip = _chip_for(chip, options)
     launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
         if options.execution in ("eager", "torch") else 0.0
     mapper = _Mapper(chip, system, launch_s or 0.0)
     by_position = {row.position: row for row in rows}
-    works = _works(graph, by_position, chip, options, frozenset(cross_values), owners or {})
+    works = _works(graph, by_position, chip, options, frozenset(cross_values), owners or {}, tuple(residual_inputs))
     mapped = tuple(mapper(work) for work in works)
     return ProgramMapping(chip=chip.name, execution=options.execution, ops=mapped,
                           distinct_mappings=len(mapper.cache) + len(mapper.comm_cache),

@@ -44,9 +44,9 @@ from collections.abc import Iterable
 import networkx as nx
 
 from hlo_analyzer.blocks import Segmentation
-from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS
+from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS, Marker, operand_markers
 
-__all__ = ["RETURN_OP", "pair_owners"]
+__all__ = ["RETURN_OP", "pair_owners", "residual_inputs"]
 
 RETURN_OP = "return"
 #: Element types of masks, which are never the residual stream.
@@ -55,8 +55,6 @@ BOOLEAN_TYPES = frozenset({"i1", "pred"})
 #: all-reduce or reduce-scatter of a tensor-parallel layout and their reshapes are a few dozen.
 RESIDUAL_SEARCH_LIMIT = 512
 
-#: A node of the graph, or ("argument", n) for the function argument numbered n.
-Marker = int | tuple[str, int]
 
 
 def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]:
@@ -64,12 +62,8 @@ def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]
     the number of pairs as its owner; work before them (the embeddings) is absent."""
     blocks = segmentation.blocks
     pairs = len(blocks) // 2
-    levels_of: dict[Marker, int] = {}
-    for pair in range(pairs):
-        spatial = blocks[2 * pair].self_attention
-        marker = _residual_input(graph, spatial.out_proj, spatial.q_proj)
-        if marker is not None:
-            levels_of[marker] = pair
+    levels_of: dict[Marker, int] = {marker: pair for pair, marker in enumerate(residual_inputs(graph, segmentation))
+                                    if marker is not None}
     last = blocks[-1]
     output = _residual_output(graph, last.fc2, last.self_attention.q_proj)
     if output is not None:
@@ -94,6 +88,15 @@ def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]
         if _reads_own_data(names[node], owner, side[node]):
             owner[node] = side[node]
     return owner
+
+
+def residual_inputs(graph: nx.DiGraph, segmentation: Segmentation) -> list[Marker | None]:
+    """Each pair's input ``X_k`` on the residual stream (step 1 of the module docstring): the op
+    that made it, or ``("argument", i)`` in a stage that reads it from the previous one; None
+    where it is not found."""
+    blocks = segmentation.blocks
+    return [_residual_input(graph, blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
+            for pair in range(len(blocks) // 2)]
 
 
 def _reads_own_data(attributes: dict, owner: dict[int, int], pair: int) -> bool:
@@ -128,8 +131,7 @@ def _levels(graph: nx.DiGraph, levels_of: dict[Marker, int]) -> dict[int, int]:
 
 
 def _operand_markers(attributes: dict) -> Iterable[tuple[int | None, Marker]]:
-    for producer, argument in zip(attributes["operands"], attributes["arguments"]):
-        yield producer, (("argument", argument) if producer is None else producer)
+    return zip(attributes["operands"], operand_markers(attributes))
 
 
 def _after(graph: nx.DiGraph, start: int) -> Iterable[int]:

@@ -6,7 +6,10 @@ runs some of those groups as one library kernel: ``nn.LayerNorm`` (or apex's fus
 ``nn.Linear`` (a cuBLASLt GEMM with the bias added in its epilogue), ``flash_attn_func`` or
 xformers' memory-efficient attention (the model marks the function that reads such an
 attention's result: whatever kernel a strategy swaps in, that attention is the fused one), and
-the copy that ``reshape`` makes of a permuted tensor.
+the copy that ``reshape`` makes of a permuted tensor. One kind is no kernel but a fact about
+layouts: ``transposed_tokens`` marks the view that leaves the tokens channel-major (the patch
+embedding's ``x.flatten(2).transpose(1, 2)``), a layout PyTorch keeps along the residual stream
+(``hlo_analyzer.torch_layouts``), in every stage of the model.
 
 A function of the model that is one such call says so with a decorator::
 
@@ -30,8 +33,9 @@ from typing import TypeVar
 
 __all__ = ["CALL_KINDS", "CallRegion", "call_regions", "library_call"]
 
-#: The library kernels a model may mark, each one kernel in eager PyTorch.
-CALL_KINDS = ("layer_norm", "linear", "flash_attention", "copy")
+#: The library kernels a model may mark, each one kernel in eager PyTorch, and the view that
+#: leaves its residual stream channel-major.
+CALL_KINDS = ("layer_norm", "linear", "flash_attention", "copy", "transposed_tokens")
 
 F = TypeVar("F", bound=Callable)
 

@@ -382,8 +382,15 @@ class PatchEmbed3D(nn.Module):
         pad = (0, -width % pw, 0, -height % ph, 0, -frames % pt)
         if any(pad):  # static: depends on shapes only
             z = F.pad(z, pad)
-        x = self.proj(z)
-        return x.flatten(2).transpose(1, 2)
+        return patch_tokens(self.proj(z))
+
+
+@library_call("transposed_tokens")
+def patch_tokens(x: Tensor) -> Tensor:
+    """(B, hidden, T, H, W) -> (B, N, hidden) as OpenSora's PatchEmbed3D does it: a view, so in
+    PyTorch the tokens stay channel-major, and its residual stream with them (``x + ...`` keeps
+    its first input's layout): ``--exec torch`` charges the copies and strided adds that costs."""
+    return x.flatten(2).transpose(1, 2)
 
 
 class TimestepEmbedder(nn.Module):

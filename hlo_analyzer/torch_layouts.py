@@ -1,0 +1,117 @@
+"""PyTorch's strides in an eager run: the tensors a model leaves non-contiguous, and their cost.
+
+A traced program has no strides (XLA picks every layout), but an eager PyTorch run keeps the
+strides of each view: a ``transpose`` or ``permute`` makes a non-contiguous view, and an
+element-wise kernel (TensorIterator) writes its output in the layout of its first full-size
+input, so a non-contiguous tensor stays so through casts and arithmetic. A library call that
+needs contiguous rows copies such a tensor first: LayerNorm, the activation of a linear layer,
+the operands of a batched matmul (``torch.matmul`` folds the batch axes into one, a copy when they
+are permuted). Every other kernel (a GEMM, a library call, a reduction, a concatenation) writes a
+contiguous result. Two kinds of non-contiguous tensor cost differently:
+
+- :data:`TRANSPOSED`: its last axis moved, e.g. the official STDiT3's patch embedding
+  ``x.flatten(2).transpose(1, 2)``, channel-major tokens that its residual stream keeps through
+  every block. Its copy reads across rows (kernel class ``transpose_copy``), and an element-wise
+  kernel that mixes it with contiguous full-size inputs runs strided (class ``strided``).
+- :data:`PERMUTED`: other axes moved, rows intact, e.g. the heads split off q, k and v. Its copy
+  is a permuted copy (class ``copy``); kernels that read it run as usual.
+
+A transpose that swaps the last two axes alone and feeds GEMMs alone is how a matmul operand is
+transposed (``k^T``): cuBLAS reads it as it is, so it makes nothing non-contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hlo_analyzer.dataflow import FREE_MOVEMENT_OPS, Marker, operand_markers
+from hlo_analyzer.tensors import SAME_SHAPE_OPS
+
+__all__ = ["COPY_CLASS", "PERMUTED", "TRANSPOSED", "layouts", "mixes_transposed", "noncontiguous_behind",
+           "transpose_kind"]
+
+TRANSPOSED, PERMUTED = "transposed", "permuted"
+#: The kernel class of the copy that makes a tensor of each kind contiguous.
+COPY_CLASS = {TRANSPOSED: "transpose_copy", PERMUTED: "copy"}
+#: Element-wise ops whose output follows the layout of their first full-size input.
+_TENSOR_ITERATOR_OPS = SAME_SHAPE_OPS | {"stablehlo.select", "mhlo.select", "stablehlo.clamp", "mhlo.clamp"}
+
+
+def _elements(shape: Iterable[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def transpose_kind(permutation: tuple[int, ...], feeds_gemms: bool) -> str | None:
+    """The layout a transpose of a contiguous tensor leaves (None: none, the identity, or a swap
+    of the last two axes of an operand that GEMMs alone read, which cuBLAS reads as it is)."""
+    rank = len(permutation)
+    if permutation == tuple(range(rank)):
+        return None
+    if feeds_gemms and rank >= 2 and permutation == (*range(rank - 2), rank - 1, rank - 2):
+        return None
+    return TRANSPOSED if permutation[-1] != rank - 1 else PERMUTED
+
+
+def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writes_contiguous: Callable[[int], bool],
+            real: dict[int, int], feeds_gemms: Callable[[int], bool],
+            seeds: dict[Marker, str] | None = None) -> dict[Marker, str]:
+    """The non-contiguous values: each node of ``order`` (program order) or argument
+    (``("argument", i)``) -> :data:`TRANSPOSED` or :data:`PERMUTED`. ``writes_contiguous(node)``:
+    the node belongs to a kernel that writes a contiguous result (a GEMM, a library call, a
+    fused attention). ``real``: each node's real elements (``op_mapping.real_elements``: a
+    broadcast at its operand's size). ``feeds_gemms(node)``: GEMMs alone read the node's result
+    (through views). ``seeds``: values known to be non-contiguous (a stage's residual input)."""
+    layout: dict[Marker, str] = dict(seeds or {})
+    for node in order:
+        if node in layout or writes_contiguous(node):
+            continue
+        attributes = attributes_of[node]
+        operands = operand_markers(attributes)
+        name = attributes["name"]
+        if name == "transpose":
+            inherited = layout.get(operands[0]) if operands else None
+            kind = inherited or transpose_kind(tuple(attributes.get("permutation", ())), feeds_gemms(node))
+            if kind is not None:
+                layout[node] = kind
+        elif name in FREE_MOVEMENT_OPS:
+            if operands and operands[0] in layout:
+                layout[node] = layout[operands[0]]
+        elif attributes["op"] in _TENSOR_ITERATOR_OPS:
+            size = _elements(attributes["result_shapes"][0])
+            first = next((marker for marker, shape in zip(operands, attributes["operand_shapes"])
+                          if _elements(shape) == size and (not isinstance(marker, int) or real.get(marker, size) == size)),
+                         None)
+            if first in layout:
+                layout[node] = layout[first]
+    return layout
+
+
+def noncontiguous_behind(attributes_of: dict[int, dict[str, Any]], marker: Marker | None,
+                         layout: dict[Marker, str]) -> str | None:
+    """The layout of the value ``marker`` (a node or ``("argument", i)``) holds, looking back
+    through views (those inside a library call too, which ``layouts`` does not visit): None
+    when it is contiguous."""
+    while marker is not None:
+        if marker in layout:
+            return layout[marker]
+        if not isinstance(marker, int):
+            return None
+        attributes = attributes_of[marker]
+        if attributes["name"] not in FREE_MOVEMENT_OPS or not attributes["operands"]:
+            return None
+        marker = operand_markers(attributes)[0]
+    return None
+
+
+def mixes_transposed(attributes_of: dict[int, dict[str, Any]], entering: Iterable[tuple[Marker, tuple[int, ...]]],
+                     result_elements: int, layout: dict[Marker, str]) -> bool:
+    """True when a kernel's full-size inputs (``entering``: value and read shape) mix a
+    :data:`TRANSPOSED` tensor with a contiguous one: TensorIterator then walks one of them across
+    its rows (the ``strided`` class)."""
+    kinds = {noncontiguous_behind(attributes_of, producer, layout) == TRANSPOSED
+             for producer, shape in entering if _elements(shape) == result_elements}
+    return kinds == {True, False}

@@ -1,0 +1,98 @@
+"""hlo_analyzer.torch_layouts: which tensors an eager PyTorch run leaves non-contiguous, on
+hand-built dataflow nodes (each a dict as the dataflow graph holds it), and the kernel model's
+classes and fused-attention key overhead that price them (hardware/spec.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardware import KERNEL_CLASS_VARIANTS, Op, OpType, load_chip, map_op
+from hlo_analyzer.torch_layouts import (
+    PERMUTED,
+    TRANSPOSED,
+    layouts,
+    mixes_transposed,
+    transpose_kind,
+)
+
+
+def node(name, operands, operand_shapes, result_shape, op=None, arguments=None, **extra):
+    """``operands``: producing nodes, None for a function argument (numbered by ``arguments``)."""
+    return {"name": name, "op": op or f"stablehlo.{name}", "operands": list(operands),
+            "arguments": list(arguments or [None] * len(operands)),
+            "operand_shapes": tuple(map(tuple, operand_shapes)), "result_shapes": (tuple(result_shape),), **extra}
+
+
+@pytest.mark.parametrize(("permutation", "feeds_gemms", "expected"), [
+    ((0, 2, 1), False, TRANSPOSED),        # (B, C, N) -> (B, N, C): the last axis moved
+    ((0, 2, 1), True, None),               # the same swap as a matmul operand: cuBLAS reads it so
+    ((2, 0, 3, 1, 4), False, PERMUTED),    # the heads split off a fused qkv: rows intact
+    ((0, 1, 2), False, None),              # the identity
+    ((1, 0, 2), True, PERMUTED),           # batch axes swapped: a copy for torch.matmul
+])
+def test_transpose_kind(permutation, feeds_gemms, expected):
+    assert transpose_kind(permutation, feeds_gemms) == expected
+
+
+def residual_program():
+    """0: argument view (B, C, N); 1: transpose to (B, N, C); 2: convert; 3: a contiguous update
+    (a GEMM's result); 4: x + update; 5: update + x; 6: a broadcast vector; 7: x * vector;
+    8: a reduction of x."""
+    b, c, n = 2, 8, 16
+    return {
+        0: node("reshape", [None], [(b, c, n)], (b, c, n)),
+        1: node("transpose", [0], [(b, c, n)], (b, n, c), permutation=(0, 2, 1)),
+        2: node("convert", [1], [(b, n, c)], (b, n, c)),
+        3: node("dot_general", [None, None], [(b, n, c), (c, c)], (b, n, c)),
+        4: node("add", [2, 3], [(b, n, c)] * 2, (b, n, c)),
+        5: node("add", [3, 2], [(b, n, c)] * 2, (b, n, c)),
+        6: node("broadcast_in_dim", [None], [(c,)], (b, n, c)),
+        7: node("multiply", [6, 4], [(b, n, c)] * 2, (b, n, c)),
+        8: node("reduce", [4, None], [(b, n, c), ()], (b, n)),
+    }
+
+
+def test_an_element_wise_result_follows_its_first_full_size_input():
+    program = residual_program()
+    real = {k: (8 if k == 6 else 2 * 16 * 8) for k in program}  # the broadcast holds its 8 values
+    layout = layouts(program, sorted(program), lambda n: n == 3, real, lambda n: False)
+    assert layout == {1: TRANSPOSED, 2: TRANSPOSED, 4: TRANSPOSED, 7: TRANSPOSED}
+    # node 5 starts with the contiguous update: PyTorch writes it contiguous; the reduction too
+    assert 5 not in layout and 8 not in layout
+    full = (2, 16, 8)
+    assert mixes_transposed(program, [(2, full), (3, full)], 2 * 16 * 8, layout)
+    assert not mixes_transposed(program, [(2, full), (6, (8,))], 2 * 16 * 8, layout)  # a vector is no input of its size
+
+
+def test_a_stage_input_declared_channel_major_carries_its_layout():
+    """A later stage reads the residual stream as argument 3: seeded TRANSPOSED, the add that
+    starts with it is too, and mixing it with a contiguous update is strided."""
+    shape = (2, 16, 8)
+    program = {0: node("dot_general", [None, None], [shape, (8, 8)], shape, arguments=[0, 1]),
+               1: node("add", [None, 0], [shape, shape], shape, arguments=[3, None])}
+    layout = layouts(program, [0, 1], lambda n: n == 0, {0: 256, 1: 256}, lambda n: False,
+                     {("argument", 3): TRANSPOSED})
+    assert layout[1] == TRANSPOSED
+    assert mixes_transposed(program, [(("argument", 3), shape), (0, shape)], 256, layout)
+
+
+def test_kernel_class_variants_fall_back_to_the_class_they_vary():
+    a100 = load_chip("a100-sxm").kernel_model  # measured classes: layer_norm, softmax, gelu, elementwise, copy
+    assert a100.hbm_efficiency_for("broadcast") == a100.hbm_efficiency_for("elementwise") == 0.75
+    assert a100.hbm_efficiency_for("transpose_copy") == a100.hbm_efficiency_for("copy")
+    h100 = load_chip("h100-sxm").kernel_model  # every variant measured on an H100
+    assert {name: h100.hbm_efficiency_for(name) for name in KERNEL_CLASS_VARIANTS} == {
+        "broadcast": 0.41, "select": 0.65, "reduction": 0.36, "widening_cast": 0.56, "strided": 0.21,
+        "transpose_copy": 0.15}
+
+
+def test_flash_kv_overhead_slows_short_key_sequences():
+    """h100-sxm: the 96 kernel at 0.30 of 989.4 TFLOPS, times 300 / (300 + 112) over 300 keys;
+    head dim 72 runs padded to 96. One (2, 16, 1000, 72) x 300-key attention, plus 3 us."""
+    chip = load_chip("h100-sxm")
+    q, k = (2, 16, 1000, 72), (2, 16, 300, 72)
+    op = Op("attention", OpType.FLASH_ATTENTION, (q, k, k), None, q, 4 * 2 * 16 * 1000 * 300 * 72, 2,
+            vector_flops=2 * 16 * 1000 * 300)
+    padded = 4 * 2 * 16 * 1000 * 300 * 96
+    expected = padded / (989.4e12 * 0.30 * 300 / (300 + 112)) + 3e-6
+    assert map_op(op, chip).latency_s == pytest.approx(expected, rel=1e-3)
