@@ -42,6 +42,8 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
             "gemm_cta_tiles": ["x".join(map(str, t)) for t in kernel_model.gemm_cta_tiles],
             "hbm_efficiency": kernel_model.hbm_efficiency,
             "flash_efficiency_by_head_dim": dict(zip(map(str, kernel_model.flash_head_dims), kernel_model.flash_efficiency, strict=True)),
+            "flash_kv_overhead": kernel_model.flash_kv_overhead,
+            "vector_efficiency": dict(kernel_model.vector_efficiency),
         }
     return ModelAssumptions(
         hardware=system.name,

@@ -144,7 +144,10 @@ def model_lines(model: dict[str, Any]) -> list[str]:
         flash = ", ".join(f"{dim}:{value:.2f}" for dim, value in eff["flash_efficiency_by_head_dim"].items())
         execution += (f" (per-kernel overhead {seconds(eff['kernel_overhead_s'])}, GEMM mma efficiency "
                       f"{eff['gemm_mma_efficiency']:.2f} + {eff['gemm_k_overhead_elements']} K steps per tile, "
-                      f"HBM {eff['hbm_efficiency']:.2f} of peak, flash attention by kernel head dim {flash})")
+                      f"HBM {eff['hbm_efficiency']:.2f} of peak, flash attention by kernel head dim {flash}"
+                      + (f" over s_kv / (s_kv + {eff['flash_kv_overhead']}) keys" if eff.get("flash_kv_overhead") else "")
+                      + (", kernel classes " + ", ".join(f"{name} {value:.2f}" for name, value in eff["vector_efficiency"].items())
+                         if eff.get("vector_efficiency") else "") + ")")
     network = f"{model['collective_algorithm']} on {model['topology']}"
     if model["transfers_through_dram"]:
         network += ", transfers staged through DRAM"

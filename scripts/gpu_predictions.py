@@ -4,9 +4,10 @@ For each shape it traces (or reuses) one device's stage 0 of the split ``0-0,1-2
 embeddings and one block pair; the split-independence invariant makes one pair x 28 the whole
 model: results/split.md), analyzes it with ``--pairs 28`` on each GPU description in the execution
 mode the tool picks for a traced PyTorch model on a GPU (``torch``: one kernel per library call),
-and prints the loop's predicted time beside the figure OpenSora's README publishes for a whole
-generation on one "80G H100" (text encoder + 30 steps + VAE decode; docs/sources.md), and the
-kernels of one step at the first shape by class, with each class's first-principles bound.
+and prints the loop's predicted time beside the loop measured on an H100 SXM by this project
+(results/gpu_validation) and the figure OpenSora's README publishes for a whole generation on one
+"80G H100" (text encoder + 30 steps + VAE decode; docs/sources.md), and the kernels of one step
+at the first shape by class, with each class's first-principles bound.
 
     python3 scripts/gpu_predictions.py [--out DIR] [--hw h100-sxm,h100-pcie,...] [--shapes ...]
 
@@ -30,6 +31,11 @@ import click
 #: OpenSora v1.2 README (hpcaitech/Open-Sora at v1.2.0, "Gradio Demo" section): generation time
 #: on one 80 GB H100, 30 sampling steps; 51 frames are "2s", 102 "4s", 204 "8s", 408 "16s".
 PUBLISHED_H100_S = {"204_640_360": 62.0, "408_640_360": 121.0, "51_1280_720": 68.0, "102_1280_720": 130.0}
+#: Measured by this project on one H100 SXM5 80GB (results/gpu_validation/NVIDIA_H100_80GB_HBM3.md,
+#: "loop (s)": 30 whole STDiT3 forwards of the official path, FlashAttention-2, bf16, B = 2).
+MEASURED_H100_SXM_LOOP_S = {"204_640_360": 57.73, "408_640_360": 116.41, "51_1280_720": 61.31, "102_1280_720": 121.10}
+#: The same card's spatial VAE decode of one generation (results/gpu_validation/vae_decode_*.md).
+MEASURED_H100_SXM_DECODE_S = {"204_640_360": 2.963, "408_640_360": 5.929, "51_1280_720": 3.800, "102_1280_720": 7.601}
 PAIRS = 28
 SPLIT = "0-0,1-27"
 
@@ -65,17 +71,20 @@ def main(out: Path, hardware: str, shapes: str) -> None:
     gpus = [h for h in hardware.split(",") if h]
     shape_list = [s for s in shapes.split(",") if s]
     mappings = {(s, h): _mapping(_dump(out, s), h) for s in shape_list for h in gpus}
-    click.echo("| shape | published, one 80G H100 (whole generation) | "
-               + " | ".join(f"{h}: 30-step loop" for h in gpus) + " |")
-    click.echo("|---|---|" + "---|" * len(gpus))
+    click.echo("| shape | published, one 80G H100 (whole generation) | measured here, H100 SXM: loop, "
+               "+ spatial VAE decode | " + " | ".join(f"{h}: 30-step loop (/ measured, / published)" for h in gpus) + " |")
+    click.echo("|---|---|---|" + "---|" * len(gpus))
     for shape in shape_list:
         published = PUBLISHED_H100_S.get(shape)
+        measured = MEASURED_H100_SXM_LOOP_S.get(shape)
+        decode = MEASURED_H100_SXM_DECODE_S.get(shape)
         cells = []
         for h in gpus:
             seconds = mappings[shape, h]["totals"]["inference_latency_s"]
-            ratio = f" ({seconds / published:.2f}x)" if published else ""
-            cells.append(f"{seconds:.1f} s{ratio}")
-        click.echo(f"| {shape} | {published if published else '-'} s | " + " | ".join(cells) + " |")
+            ratios = [f"{seconds / reference:.2f}x" for reference in (measured, published) if reference]
+            cells.append(f"{seconds:.1f} s" + (f" ({', '.join(ratios)})" if ratios else ""))
+        here = f"{measured:.1f} s, {measured + decode:.1f} s" if measured and decode else "-"
+        click.echo(f"| {shape} | {f'{published} s' if published else '-'} | {here} | " + " | ".join(cells) + " |")
     first = mappings[shape_list[0], gpus[0]]
     click.echo(f"\nKernels of one step of the traced program (embeddings + one pair) at {shape_list[0]} "
                f"on {gpus[0]}, execution {first['execution']}:\n")
