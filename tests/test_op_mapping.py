@@ -283,3 +283,19 @@ def test_a_batched_dot_general_is_one_kernel_with_one_launch(capsys, tmp_path, e
         assert kernel["latency_s"] == pytest.approx(latency, rel=1e-9)
         if hardware == "a100-sxm":  # exactly one overhead: the rest is the kernel's compute
             assert kernel["latency_s"] - kernel["compute_s"] == pytest.approx(3 * US, rel=1e-9)
+
+
+USP = ROOT / "dumps" / "split" / "tiny_102_256_256_usp_2x4_stage0_pairs0-0.mlir"
+
+
+@pytest.mark.parametrize(("hardware", "execution"), [("tx8", "fused"), ("8xh100", "torch")])
+def test_each_block_of_a_ring_attention_is_one_fused_kernel(capsys, hardware, execution):
+    """usp's spatial attention is a ring of 2 (the 2x4 mesh's x axis): each block's probabilities
+    also depend on the earlier block's scores, through the running row maximum of the online
+    softmax. Each block is one fused kernel over its own keys (as traced: 60 (batch x heads)
+    instances of 128 queries against 128 keys, head dim 16), and the two share no op."""
+    document = analyze_json(capsys, USP, "--hw", hardware, "--exec", execution)
+    ring = [k for k in document["mapping"]["kernels"] if k["kind"] == "flash_attention" and k["pair"] == 0
+            and k["shapes"].startswith("q 60x128x16, kv 60x128x16")]
+    assert len(ring) == 2
+    assert set(ring[0]["hlo_positions"]).isdisjoint(ring[1]["hlo_positions"])
