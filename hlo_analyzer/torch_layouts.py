@@ -22,6 +22,7 @@ transposed (``k^T``): cuBLAS reads it as it is, so it makes nothing non-contiguo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,13 +37,6 @@ TRANSPOSED, PERMUTED = "transposed", "permuted"
 COPY_CLASS = {TRANSPOSED: "transpose_copy", PERMUTED: "copy"}
 #: Element-wise ops whose output follows the layout of their first full-size input.
 _TENSOR_ITERATOR_OPS = SAME_SHAPE_OPS | {"stablehlo.select", "mhlo.select", "stablehlo.clamp", "mhlo.clamp"}
-
-
-def _elements(shape: Iterable[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def transpose_kind(permutation: tuple[int, ...], feeds_gemms: bool) -> str | None:
@@ -81,9 +75,9 @@ def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writ
             if operands and operands[0] in layout:
                 layout[node] = layout[operands[0]]
         elif attributes["op"] in _TENSOR_ITERATOR_OPS:
-            size = _elements(attributes["result_shapes"][0])
+            size = math.prod(attributes["result_shapes"][0])
             first = next((marker for marker, shape in zip(operands, attributes["operand_shapes"])
-                          if _elements(shape) == size and (not isinstance(marker, int) or real.get(marker, size) == size)),
+                          if math.prod(shape) == size and (not isinstance(marker, int) or real.get(marker, size) == size)),
                          None)
             if first in layout:
                 layout[node] = layout[first]
@@ -113,5 +107,5 @@ def mixes_transposed(attributes_of: dict[int, dict[str, Any]], entering: Iterabl
     :data:`TRANSPOSED` tensor with a contiguous one: TensorIterator then walks one of them across
     its rows (the ``strided`` class)."""
     kinds = {noncontiguous_behind(attributes_of, producer, layout) == TRANSPOSED
-             for producer, shape in entering if _elements(shape) == result_elements}
+             for producer, shape in entering if math.prod(shape) == result_elements}
     return kinds == {True, False}
