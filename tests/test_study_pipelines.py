@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hlo_trace.errors import UsageError
-from scripts.study_pipelines import (
+from tracing.plans import (
     PipelineCase,
     PipelineShape,
     default_pipelines,
