@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hlo_trace.errors import UsageError
+from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
 from tracing.plans import (
     PipelineCase,
     PipelineShape,
@@ -16,7 +17,6 @@ from tracing.plans import (
     parse_pipelines,
     split_pairs,
 )
-from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
 
 
 def test_split_pairs_is_even_with_the_longer_stages_first():
