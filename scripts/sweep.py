@@ -76,7 +76,7 @@ def strategy_mesh(strategy: str, devices: int) -> str:
     return f"{x_devices}x{y_devices}"
 
 
-def load_pipeline_case(case: PipelineCase, paths: Paths) -> PipelineResult:
+def load_pipeline_case(case: PipelineCase, paths: Paths, steps: int = 30) -> PipelineResult:
     """The cached analysis of a finished pipeline case (or its failure)."""
     result = PipelineResult(case.config, case.shape, case.pipeline.stages, case.pipeline.chips,
                             case.pipeline.strategy, case.patches)
@@ -84,7 +84,7 @@ def load_pipeline_case(case: PipelineCase, paths: Paths) -> PipelineResult:
     if failure.exists():
         result.error = failure.read_text().strip()
     else:
-        result.analysis = json.loads(paths.pipeline_analysis(case).read_text())
+        result.analysis = json.loads(paths.pipeline_analysis(case, steps).read_text())
     return result
 
 
@@ -177,11 +177,13 @@ def machine_description() -> dict:
 
 
 def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
-          retry_failed: bool, progress: Progress) -> list[CaseResult | PipelineResult]:
-    """Run every case not cached (``tracing.runner.run_cases``), flat and pipeline alike; their
-    results in the same order."""
-    run_cases(cases, paths, settings, jobs=jobs, retry_failed=retry_failed, progress=progress)
-    return [load_pipeline_case(case, paths) if isinstance(case, PipelineCase)
+          retry_failed: bool, progress: Progress,
+          scheduler: str | None = None) -> list[CaseResult | PipelineResult]:
+    """Run every case not cached (``tracing.runner.run_cases``, on a Dask cluster given its
+    ``scheduler``), flat and pipeline alike; their results in the same order."""
+    run_cases(cases, paths, settings, jobs=jobs, retry_failed=retry_failed, progress=progress,
+              scheduler=scheduler)
+    return [load_pipeline_case(case, paths, settings.steps) if isinstance(case, PipelineCase)
             else load_case(case, paths, settings) for case in cases]
 
 
@@ -214,6 +216,10 @@ def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *,
               show_default=True, help="Dialect of the cached dumps.")
 @click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Cases run in parallel processes (clamped to the memory available, ~4 GiB each).")
+@click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
+              help="Run the cases on the workers of this Dask distributed scheduler (the "
+                   "cluster extra; the work directory must be on a filesystem every worker "
+                   "sees at the same path).  [default: a local pool of --jobs]")
 @click.option("-o", "--results", "results_dir", default="study", show_default=True,
               type=click.Path(file_okay=False),
               help="Directory of the tables and plots. The committed study is results/: write "
@@ -226,7 +232,7 @@ def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *,
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots (they need matplotlib).")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def main(model_config: str, shapes: str, strategies: str, devices: int, stage_ids: str | None,
-         pipelines: str | None, pipeline_shapes: str | None, patch_counts: str, hardware: str, steps: int, dialect: str, jobs: int, results_dir: str,
+         pipelines: str | None, pipeline_shapes: str | None, patch_counts: str, hardware: str, steps: int, dialect: str, jobs: int, scheduler: str | None, results_dir: str,
          force: bool, work_dir: str | None, retry_failed: bool, no_plots: bool,
          verbose: bool) -> None:
     """Sweep shapes x strategies: trace each stage, analyze it, map it on a hardware system,
@@ -264,7 +270,7 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                                       for case in [*cases, *pipeline_cases]))
         everything = sweep([*cases, *pipeline_cases], paths, settings,
                            jobs=jobs_within_memory(jobs), retry_failed=retry_failed,
-                           progress=progress)
+                           progress=progress, scheduler=scheduler)
         outcomes = everything[:len(cases)]
         pipeline_outcomes = everything[len(cases):]
         run = {"command": "python3 scripts/sweep.py " + " ".join(sys.argv[1:]),

@@ -579,9 +579,10 @@ def _best(traced: dict, limit: float):
 
 
 def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
-                  progress_stream=None) -> Tracer:
+                  progress_stream=None, scheduler: str | None = None) -> Tracer:
     """A tracer that runs each plan's case with ``tracing.runner`` in ``work`` (cached by
-    content: a plan traced before is read back) and reads ``analyze-pipeline``'s totals."""
+    content: a plan traced before is read back) and reads ``analyze-pipeline``'s totals;
+    ``scheduler``: on the workers of that Dask scheduler."""
     from tracing.runner import Paths, Progress, Settings, jobs_within_memory, run_cases
 
     paths = Paths(work=work, hardware=hardware)
@@ -593,14 +594,14 @@ def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
         kwargs = {} if progress_stream is None else {"stream": progress_stream}
         progress = Progress(total=sum(case.pipeline.stages for case in cases), **kwargs)
         run_cases(cases, paths, settings, jobs=jobs_within_memory(jobs), retry_failed=False,
-                  progress=progress)
+                  progress=progress, scheduler=scheduler)
         results: list[tuple[float, float] | str] = []
         for case in cases:
             failure = paths.failure(case)
             if failure.exists():
                 results.append(failure.read_text().strip())
                 continue
-            totals = json.loads(paths.pipeline_analysis(case).read_text())["totals"]
+            totals = json.loads(paths.pipeline_analysis(case, steps).read_text())["totals"]
             results.append((float(totals["inference_s"]), float(totals["memory_per_device_bytes"])))
         return results
 

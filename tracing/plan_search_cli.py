@@ -126,6 +126,10 @@ def result_document(result) -> dict:
 @click.option("-j", "--jobs", type=click.IntRange(min=1, max=MAX_COUNT), default=1,
               show_default=True,
               help="Plans traced at once (clamped to the memory available, ~4 GiB a trace).")
+@click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
+              help="Trace on the workers of this Dask distributed scheduler (the cluster "
+                   "extra; --work-dir must be on a filesystem every worker sees at the same "
+                   "path).  [default: a local process pool of --jobs]")
 @click.option("--work-dir", default="plan-search", show_default=True,
               type=click.Path(file_okay=False),
               help="Cache of dumps and analyses (shared with other runs: keyed by content).")
@@ -142,7 +146,8 @@ def result_document(result) -> dict:
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
                         memory_limit_gb: float | None, budget: int, strategies: str | None,
                         stage_counts: str | None, splits: int, patch_counts: str, steps: int,
-                        jobs: int, work_dir: str, plan_out: str, json_out: str | None,
+                        jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
+                        json_out: str | None,
                         exhaustive: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
@@ -182,6 +187,10 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     check_target(plan_out, force=force)
     if json_out:
         check_target(json_out, force=force)
+    if scheduler is not None:
+        from tracing.runner import check_scheduler
+
+        check_scheduler(scheduler)
     space = enumerate_plans(model_config, shape, devices, strategies=chosen,
                             stage_counts=stages, splits=splits, patch_counts=patches)
     if not space.plans:
@@ -190,7 +199,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"{space.infeasible[0][1] if space.infeasible else 'none'})")
     click.echo(f"estimating {len(space.plans)} plans ({len(space.infeasible)} refused by the "
                "tracer) ...", err=True)
-    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs)
+    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler)
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
                     memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
                     budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive)

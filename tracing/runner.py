@@ -117,8 +117,11 @@ class Paths:
     def pipeline_file(self, case: PipelineCase) -> Path:
         return self.pipelines / f"{case.name}.toml"
 
-    def pipeline_analysis(self, case: PipelineCase) -> Path:
-        return self.pipelines / "analyses" / self._hardware_tag / f"{case.name}.json"
+    def pipeline_analysis(self, case: PipelineCase, steps: int = 30) -> Path:
+        """The case's ``analyze-pipeline`` JSON for ``steps`` sampling steps (named apart
+        unless 30, the study's)."""
+        suffix = "" if steps == 30 else f"_steps{steps}"
+        return self.pipelines / "analyses" / self._hardware_tag / f"{case.name}{suffix}.json"
 
     @property
     def timelines(self) -> Path:
@@ -172,12 +175,12 @@ class _Steps:
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
 
-    def run(self, command: list[str]) -> subprocess.CompletedProcess:
+    def run(self, command: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
         if self.stopping.is_set():
             raise Interrupted
         with self._lock:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True, env=_step_environment())
+                                       text=True, env=_step_environment(), cwd=cwd)
             self._running.add(process)
         try:
             stdout, stderr = process.communicate()
@@ -211,10 +214,10 @@ _INTERRUPTED_CODES = {-signal.SIGINT, -signal.SIGTERM, 130}
 STEPS = _Steps()
 
 
-def _run(command: list[str], what: str) -> None:
-    """Run one step; a failure becomes CaseFailed with the step's last error line, an
-    interrupt becomes Interrupted."""
-    completed = STEPS.run(command)
+def _run(command: list[str], what: str, cwd: Path | None = None) -> None:
+    """Run one step (in ``cwd``); a failure becomes CaseFailed with the step's last error
+    line, an interrupt becomes Interrupted."""
+    completed = STEPS.run(command, cwd)
     if completed.returncode:
         lines = [line for line in completed.stderr.splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("Error:")]
@@ -306,7 +309,9 @@ def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
 def run_pipeline_case(case: PipelineCase, paths: Paths, settings: Settings,
                       progress: Progress) -> None:
     """Write the case's pipeline file, trace every stage on one of its M patches (cached like
-    the flat cases' stages) and analyze the set with ``analyze-pipeline``."""
+    the flat cases' stages) and analyze the set with ``analyze-pipeline``.  The steps run in the
+    work directory on paths relative to it, so the analysis names the same files wherever the
+    work directory is (a cluster's workers and a local run write the same bytes)."""
     from tracing.config import load_config_file
 
     plan = paths.pipeline_file(case)
@@ -317,28 +322,34 @@ def run_pipeline_case(case: PipelineCase, paths: Paths, settings: Settings,
     dump_dir = paths.pipelines / "dumps"
     dumps = [dump_dir / f"{config.dump_name(stage)}.mlir" for stage in range(case.pipeline.stages)]
     label = f"{case.shape} {case.pipeline.label} M={case.patches}"
+
+    def here(path: Path) -> str:
+        return os.path.relpath(path, paths.work)
+
     for stage, dump in enumerate(dumps):
         if dump.exists() and dump.with_suffix(".json").exists():
             progress.show(f"{label} stage {stage}: cached", advance=1)
             continue
         progress.show(f"{label} stage {stage}: tracing")
         try:
-            _run([sys.executable, "-m", "tracing.cli", "--pipeline", str(plan),
-                  "--stage", str(stage), "--dialect", settings.dialect, "-o", str(dump_dir),
-                  "--force"], f"trace stage {stage}")
+            _run([sys.executable, "-m", "tracing.cli", "--pipeline", here(plan),
+                  "--stage", str(stage), "--dialect", settings.dialect, "-o", here(dump_dir),
+                  "--force"], f"trace stage {stage}", cwd=paths.work)
         except CaseFailed:
             progress.show(f"{label}: failed", advance=case.pipeline.stages - stage)
             raise
         progress.show(f"{label} stage {stage}: done", advance=1)
-    analysis = paths.pipeline_analysis(case)
+    analysis = paths.pipeline_analysis(case, settings.steps)
     newest_dump = max(dump.stat().st_mtime for dump in dumps)
     if analysis.exists() and analysis.stat().st_mtime >= max(newest_dump, plan.stat().st_mtime):
         return
     progress.show(f"{label}: analyzing")
     analysis.parent.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "hlo_analyzer.pipeline_cli", str(plan), *map(str, dumps),
-          "--hw", settings.hardware, "--steps", str(settings.steps), "--format", "json",
-          "-o", str(analysis), "--force"], "analyze pipeline")
+    hardware = (str(Path(settings.hardware).resolve()) if settings.hardware.endswith(".toml")
+                else settings.hardware)
+    _run([sys.executable, "-m", "hlo_analyzer.pipeline_cli", here(plan), *map(here, dumps),
+          "--hw", hardware, "--steps", str(settings.steps), "--format", "json",
+          "-o", here(analysis), "--force"], "analyze pipeline", cwd=paths.work)
 
 
 def jobs_within_memory(jobs: int) -> int:
@@ -366,10 +377,12 @@ def _step_environment() -> dict[str, str]:
 
 
 def run_cases(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
-              retry_failed: bool, progress: Progress) -> None:
+              retry_failed: bool, progress: Progress, scheduler: str | None = None) -> None:
     """Run every case not cached, flat and pipeline alike, ``jobs`` at a time; a failed case is
     recorded (``paths.failure``) and skipped on later runs unless ``retry_failed``.  Ctrl-C
-    stops the running steps and raises KeyboardInterrupt; nothing is recorded for them."""
+    stops the running steps and raises KeyboardInterrupt; nothing is recorded for them.
+    ``scheduler``: the address of a Dask distributed scheduler (``tcp://HOST:PORT``) whose
+    workers run the cases instead (:func:`run_cases_on_cluster`)."""
     for directory in (paths.dumps, paths.analyses, paths.failures, paths.timelines):
         directory.mkdir(parents=True, exist_ok=True)
     pending = []
@@ -382,6 +395,9 @@ def run_cases(cases: list[Case | PipelineCase], paths: Paths, settings: Settings
                           advance=stage_steps(case, settings))
         else:
             pending.append(case)
+    if scheduler is not None:
+        run_cases_on_cluster(pending, paths, settings, scheduler, progress)
+        return
 
     def attempt(case: Case | PipelineCase) -> None:
         try:
@@ -409,3 +425,82 @@ def run_cases(cases: list[Case | PipelineCase], paths: Paths, settings: Settings
         raise
     pool.shutdown(wait=True)
     progress.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# On a Dask distributed cluster (the ``cluster`` extra)
+# ---------------------------------------------------------------------------------------------
+
+#: Seconds to wait for the scheduler to answer before giving up with one line.
+SCHEDULER_TIMEOUT_S = 5
+
+
+def run_case_on_worker(case: Case | PipelineCase, paths: Paths, settings: Settings) -> str | None:
+    """What a Dask worker runs for one case: the same steps as a local run, in the same work
+    directory (a filesystem every worker sees at the same path); its one-line error if it
+    failed, else None.  A worker lost mid-case leaves no half-written file (every output is
+    written atomically) and the scheduler gives the case to another worker."""
+    progress = Progress(stage_steps(case, settings), stream=open(os.devnull, "w"))
+    try:
+        if isinstance(case, PipelineCase):
+            run_pipeline_case(case, paths, settings, progress)
+        else:
+            run_case(case, paths, settings, progress)
+    except CaseFailed as error:
+        return str(error)
+    return None
+
+
+def check_scheduler(scheduler: str) -> None:
+    """One line now, before any work, when no Dask scheduler answers at ``scheduler``."""
+    _cluster_client(scheduler).close()
+
+
+def _cluster_client(scheduler: str):
+    """A client of the scheduler at ``scheduler``, or one line saying why not."""
+    from hlo_trace.errors import UsageError
+
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError("--scheduler needs Dask distributed: pip install 'hlo-trace[cluster]'"
+                         ) from None
+    try:
+        return Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as error:
+        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answered ({error})") from None
+
+
+def run_cases_on_cluster(cases: list[Case | PipelineCase], paths: Paths, settings: Settings,
+                         scheduler: str, progress: Progress) -> None:
+    """Run ``cases`` on the workers of the Dask scheduler at ``scheduler``, each case one task
+    (:func:`run_case_on_worker`), as many at once as the workers take.  The work directory must
+    be on a filesystem every worker sees at the same path; the files are named by content, so
+    any worker writes the same bytes a local run would.  A worker that dies mid-case has its
+    case run again elsewhere (the scheduler's ``allowed-failures``, 3 by default); a failed case
+    is recorded as a local run records it; Ctrl-C cancels what is queued or running."""
+    from distributed import as_completed
+
+    work = Paths(work=paths.work.resolve(), hardware=paths.hardware)
+    client = _cluster_client(scheduler)
+    futures: dict = {}
+    try:
+        futures = {client.submit(run_case_on_worker, case, work, settings, pure=False,
+                                 key=f"hlo-trace-{case.name}"): case for case in cases}
+        for future in as_completed(futures):
+            case = futures[future]
+            error = future.result()
+            if error is not None:
+                atomic_write(paths.failure(case), f"{error}\n", force=True)
+                progress.show(f"{case.name}: FAILED ({error}); skipped",
+                              advance=stage_steps(case, settings))
+                log.warning("%s failed: %s", case.name, error)
+            else:
+                progress.show(f"{case.name}: done on the cluster",
+                              advance=stage_steps(case, settings))
+    except KeyboardInterrupt:
+        client.cancel(list(futures))
+        raise
+    finally:
+        client.close()
+        progress.close()
