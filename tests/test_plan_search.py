@@ -275,7 +275,7 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
                                 stage_counts=(1, 2), patch_counts=(1, 2, 4)).plans)
     assert plans == 14
     searched = _run([*space, "--budget", str(plans // 3), "--json", "search.json",
-                     "-o", "best.toml"], tmp_path)
+                     "-o", "best.toml", "--plot", "front.png"], tmp_path)
     assert searched.returncode == 0, searched.stderr[-2000:]
     exhaustive = _run([*space, "--exhaustive", "--json", "all.json", "-o", "all.toml"], tmp_path)
     assert exhaustive.returncode == 0, exhaustive.stderr[-2000:]
@@ -308,3 +308,5 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
     analysis = analyze_pipeline(load_plan(str(best)), dumps, "tx8-16")
     assert analysis.step.inference_s == pytest.approx(optimum["traced"]["latency_s"])
     assert tomllib.loads(best.read_text())["strategy"] == config.strategy
+    if (tmp_path / "front.png").exists():  # drawn when matplotlib is there (the plot extra)
+        assert (tmp_path / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

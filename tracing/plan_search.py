@@ -38,6 +38,7 @@ rank correlation, worst ratio) comes with it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -339,8 +340,14 @@ def _ideal_block(model: STDiT3Config, T: int, S: int, strategy: str, mesh: tuple
         basis, divide = "one device / n (no even ideal layout)", nx * ny
     if kv_scale != 1.0:
         shapes = dataclasses.replace(shapes, S_KV_spt=round(shapes.S_KV_spt * kv_scale))
-    seconds = map_block(build_stdit_block_ops(shapes), system.chip).latency_s / divide
-    return seconds, basis, shapes
+    return _pair_seconds(shapes, system.chip) / divide, basis, shapes
+
+
+@functools.lru_cache(maxsize=4096)
+def _pair_seconds(shapes, chip) -> float:
+    """One pair of ``shapes`` mapped on ``chip`` (the plans of a space share most of them: a
+    split, a patch count or a stage count changes no per-device shape)."""
+    return map_block(build_stdit_block_ops(shapes), chip).latency_s
 
 
 def _group_devices(group: int, mesh: tuple[int, int], first: int) -> list[int]:

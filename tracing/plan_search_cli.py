@@ -98,6 +98,48 @@ def result_document(result) -> dict:
                            for label, reason in result.space.infeasible]}
 
 
+def plot_front(result, path: str, *, force: bool) -> None:
+    """A PNG of every traced plan's latency against its memory per device (log latency), the
+    Pareto front joined, the best plan marked and the memory limit drawn (the plot extra)."""
+    import io
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'hlo-trace[plot]'") from None
+    from hlo_trace.atomic import atomic_write
+
+    traced = [o for o in result.traced]
+    fig, axis = plt.subplots(figsize=(7.5, 4.8))
+    axis.scatter([o.traced_memory_bytes / GIGA for o in traced],
+                 [o.traced_latency_s for o in traced], s=14, color="0.6", label="traced plans")
+    front = list(result.pareto)
+    axis.plot([o.traced_memory_bytes / GIGA for o in front],
+              [o.traced_latency_s for o in front], "o-", color="C0", label="Pareto front")
+    if result.best is not None:
+        axis.scatter([result.best.traced_memory_bytes / GIGA], [result.best.traced_latency_s],
+                     marker="*", s=160, color="C3", zorder=3,
+                     label=f"best that fits: {result.best.plan.label}")
+    largest = max((o.traced_memory_bytes for o in traced), default=0.0)
+    if result.memory_limit_bytes <= 4 * largest:
+        axis.axvline(result.memory_limit_bytes / GIGA, color="C3", linestyle="--",
+                     label=f"memory limit {result.memory_limit_bytes / GIGA:.3g} GB")
+    axis.set_yscale("log")
+    axis.set_xlabel("memory per device, GB (traced)")
+    axis.set_ylabel(f"inference latency, s ({result.steps} steps, traced; log)")
+    axis.set_title(f"plan-search: {result.config} {result.shape} on {result.hardware} "
+                   f"({result.devices} devices)", fontsize=9)
+    axis.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(path, buffer.getvalue(), force=force)
+
+
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "model_config", default="full", show_default=True,
               help="Model config: full, tiny or a model TOML file.")
@@ -138,6 +180,9 @@ def result_document(result) -> dict:
               help="Where the best plan is written, as a pipeline TOML.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the whole result as JSON to this file.")
+@click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False),
+              help="Also draw the traced plans' latency against memory per device, the Pareto "
+                   "front and the best plan, as a PNG to this file (the plot extra).")
 @click.option("--exhaustive", is_flag=True,
               help="Trace every plan (no budget, no bound): the reference to measure a search "
                    "against; slow.")
@@ -147,7 +192,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         memory_limit_gb: float | None, budget: int, strategies: str | None,
                         stage_counts: str | None, splits: int, patch_counts: str, steps: int,
                         jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
-                        json_out: str | None,
+                        json_out: str | None, plot_out: str | None,
                         exhaustive: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
@@ -185,8 +230,9 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     stages = None if stage_counts is None else _int_list(stage_counts, "--stages")
     patches = _int_list(patch_counts, "--patches")
     check_target(plan_out, force=force)
-    if json_out:
-        check_target(json_out, force=force)
+    for target in (json_out, plot_out):
+        if target:
+            check_target(target, force=force)
     if scheduler is not None:
         from tracing.runner import check_scheduler
 
@@ -207,6 +253,9 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     if json_out:
         atomic_write(json_out, json.dumps(result_document(result), indent=1) + "\n", force=force)
         click.echo(f"wrote {json_out}", err=True)
+    if plot_out:
+        plot_front(result, plot_out, force=force)
+        click.echo(f"wrote {plot_out}", err=True)
     if result.best is None:
         click.echo("No traced plan fits the memory limit: no plan file written (raise --budget "
                    "or --memory-limit).", err=True)
