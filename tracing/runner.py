@@ -376,6 +376,22 @@ def _step_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
+def run_one(case: Case | PipelineCase, paths: Paths, settings: Settings,
+            progress: Progress) -> None:
+    """Run one case of either kind (CaseFailed when a step fails)."""
+    if isinstance(case, PipelineCase):
+        run_pipeline_case(case, paths, settings, progress)
+    else:
+        run_case(case, paths, settings, progress)
+
+
+def _record_failure(case: Case | PipelineCase, error: str, paths: Paths, progress: Progress,
+                    advance: int = 0) -> None:
+    atomic_write(paths.failure(case), f"{error}\n", force=True)
+    progress.show(f"{case.name}: FAILED ({error}); skipped", advance=advance)
+    log.warning("%s failed: %s", case.name, error)
+
+
 def run_cases(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
               retry_failed: bool, progress: Progress, scheduler: str | None = None) -> None:
     """Run every case not cached, flat and pipeline alike, ``jobs`` at a time; a failed case is
@@ -401,14 +417,9 @@ def run_cases(cases: list[Case | PipelineCase], paths: Paths, settings: Settings
 
     def attempt(case: Case | PipelineCase) -> None:
         try:
-            if isinstance(case, PipelineCase):
-                run_pipeline_case(case, paths, settings, progress)
-            else:
-                run_case(case, paths, settings, progress)
+            run_one(case, paths, settings, progress)
         except CaseFailed as error:
-            atomic_write(paths.failure(case), f"{error}\n", force=True)
-            progress.show(f"{case.name}: FAILED ({error}); skipped")
-            log.warning("%s failed: %s", case.name, error)
+            _record_failure(case, str(error), paths, progress)
         except Interrupted:  # not a failure: the next run does this case again
             STEPS.stopping.set()
 
@@ -442,10 +453,7 @@ def run_case_on_worker(case: Case | PipelineCase, paths: Paths, settings: Settin
     written atomically) and the scheduler gives the case to another worker."""
     progress = Progress(stage_steps(case, settings), stream=open(os.devnull, "w"))
     try:
-        if isinstance(case, PipelineCase):
-            run_pipeline_case(case, paths, settings, progress)
-        else:
-            run_case(case, paths, settings, progress)
+        run_one(case, paths, settings, progress)
     except CaseFailed as error:
         return str(error)
     return None
@@ -491,10 +499,7 @@ def run_cases_on_cluster(cases: list[Case | PipelineCase], paths: Paths, setting
             case = futures[future]
             error = future.result()
             if error is not None:
-                atomic_write(paths.failure(case), f"{error}\n", force=True)
-                progress.show(f"{case.name}: FAILED ({error}); skipped",
-                              advance=stage_steps(case, settings))
-                log.warning("%s failed: %s", case.name, error)
+                _record_failure(case, error, paths, progress, stage_steps(case, settings))
             else:
                 progress.show(f"{case.name}: done on the cluster",
                               advance=stage_steps(case, settings))
