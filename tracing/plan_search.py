@@ -72,8 +72,8 @@ MEMORY_SLACK = 1.5
 #: The bound's allowance for the estimate's error: an untraced plan is assumed to trace at no
 #: less than its estimate times the smallest traced/estimated ratio seen so far, divided by
 #: this. Tracing stops once even that cannot beat the best traced plan (module doc). 1.5: the
-#: ratios of the tiny exhaustive space spread over 4x, but within one strategy family and mesh
-#: (the plans that compete at the top) by less than 1.3x (docs/plan_search.md).
+#: ratios of the tiny exhaustive space spread over 4x, but across the patch counts of one
+#: strategy, mesh and stage count by at most 1.3x but for one group (1.6x) (docs/plan_search.md).
 BOUND_MARGIN = 1.5
 #: Classifier-free guidance: every inference runs the batch of 2 (docs/model.md).
 GUIDANCE_BATCH = 2
