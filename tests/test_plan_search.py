@@ -194,7 +194,12 @@ def test_search_never_answers_a_plan_over_the_memory_limit_or_one_that_failed():
     assert result.best.plan.label == order[2]  # the 1 s plan needs 5 MB > 2 MB
     nothing = search("tiny", "28_64_64", "tx8-16", space, lambda plans: [(1.0, 9e9)] * len(plans),
                      devices=8, budget=2, memory_limit_bytes=2e6)
-    assert nothing.best is None
+    assert nothing.best is None and len(nothing.traced) == 2
+    # a limit no estimate fits (the weights alone are ~0.7 MB): nothing is traced at all
+    calls = []
+    none_fit = search("tiny", "28_64_64", "tx8-16", space, lambda plans: calls.extend(plans) or [],
+                      devices=8, budget=2, memory_limit_bytes=1e3)
+    assert none_fit.best is None and calls == [] and none_fit.stopped.startswith("no plan")
 
 
 def test_search_stops_when_the_bound_rules_out_every_untraced_plan():

@@ -540,7 +540,8 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
     if exhaustive:
         budget = len(candidates)
     traced: dict[Plan, tuple[float, float] | str] = {}
-    stopped = "every plan estimated to fit was traced"
+    stopped = ("every plan estimated to fit was traced" if candidates else
+               f"no plan is estimated to fit in {MEMORY_SLACK} x the memory limit")
     while candidates:
         if len(traced) >= budget:
             stopped = f"budget of {budget} traced plans spent"
