@@ -21,7 +21,7 @@ BENCHMARKS = sorted((REPO_ROOT / "benchmarks").glob("*.py"))
 
 #: Scripts whose quick mode needs these modules (absent: skipped). gpu_validate needs torch too,
 #: but says so in one line and exits 0 without it, which is run.
-NEEDS = {"trace_full": ("torch", "torch_xla")}
+NEEDS = {"trace_full": ("torch", "torch_xla"), "plan_search": ("torch", "torch_xla")}
 
 #: Seconds a quick run may take on the shared 2-core development machine (they take 1-10 s).
 TIMEOUT_S = 120

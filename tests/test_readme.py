@@ -34,7 +34,10 @@ NOT_RUN = {
 }
 
 #: The console scripts, run through their modules so that they resolve to this checkout.
-COMMANDS = {"analyze-hlo": "hlo_analyzer.cli", "trace-stage": "tracing.cli"}
+COMMANDS = {"analyze-hlo": "hlo_analyzer.cli", "trace-stage": "tracing.cli",
+            "plan-search": "tracing.plan_search_cli"}
+#: Commands that trace: they run in an empty directory (their outputs land there).
+TRACING_COMMANDS = ("trace-stage", "plan-search")
 
 
 def code_blocks() -> list[tuple[str, str]]:
@@ -103,7 +106,7 @@ def test_command_block_runs(index, tmp_path):
     _, body = code_blocks()[index]
     lines = [line.split("#")[0].strip() for line in body.splitlines()]
     lines = [line for line in lines if line and not any(f in line for f in NOT_RUN)]
-    traces = any(line.startswith("trace-stage") for line in lines)
+    traces = any(line.startswith(TRACING_COMMANDS) for line in lines)
     if traces and importlib.util.find_spec("torch_xla") is None:
         pytest.skip("the block traces: needs the trace extra")
     cwd = tmp_path if traces else REPO_ROOT

@@ -302,53 +302,54 @@ def test_trace_stage_click_errors_are_one_line():
 
 def _sweep_with_step(tmp_path: Path, step: list[str]):
     from scripts import sweep as sweep_module
+    from tracing import runner
 
-    case = sweep_module.Case("tiny", "28_64_64", "megatron", "1x4", "0-0,1-1")
-    paths = sweep_module.Paths(work=tmp_path)
-    settings = sweep_module.Settings(stage_ids="0-0,1-1", num_stages=2, hardware="tx8-16",
-                                     steps=30, dialect="stablehlo")
+    case = runner.Case("tiny", "28_64_64", "megatron", "1x4", "0-0,1-1")
+    paths = runner.Paths(work=tmp_path)
+    settings = runner.Settings(stage_ids="0-0,1-1", num_stages=2, hardware="tx8-16",
+                               steps=30, dialect="stablehlo")
 
     def run_stage(case, stage, paths, settings, progress):
-        sweep_module._run(step, f"trace stage {stage}")
+        runner._run(step, f"trace stage {stage}")
 
-    return sweep_module, case, paths, settings, run_stage
+    return sweep_module, runner, case, paths, settings, run_stage
 
 
 def test_sweep_interrupted_step_is_not_recorded_as_failed(tmp_path, monkeypatch):
     # The step dies of SIGINT, as a traced stage does when Ctrl-C reaches its process group.
     step = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGINT)"]
-    sweep_module, case, paths, settings, run_stage = _sweep_with_step(tmp_path, step)
-    monkeypatch.setattr(sweep_module, "_run_stage", run_stage)
-    monkeypatch.setattr(sweep_module, "STEPS", sweep_module._Steps())
+    sweep_module, runner, case, paths, settings, run_stage = _sweep_with_step(tmp_path, step)
+    monkeypatch.setattr(runner, "_run_stage", run_stage)
+    monkeypatch.setattr(runner, "STEPS", runner._Steps())
     with pytest.raises(KeyboardInterrupt):
         sweep_module.sweep([case], paths, settings, jobs=1, retry_failed=False,
-                           progress=sweep_module.Progress(2, stream=open(os.devnull, "w")))
+                           progress=runner.Progress(2, stream=open(os.devnull, "w")))
     assert list(paths.failures.iterdir()) == []
 
 
 def test_sweep_failed_step_is_recorded(tmp_path, monkeypatch):
     # The control: a step that fails with a usage error is recorded and skipped next time.
     step = [sys.executable, "-c", "import sys; print('Error: no fit', file=sys.stderr); sys.exit(2)"]
-    sweep_module, case, paths, settings, run_stage = _sweep_with_step(tmp_path, step)
-    monkeypatch.setattr(sweep_module, "_run_stage", run_stage)
-    monkeypatch.setattr(sweep_module, "STEPS", sweep_module._Steps())
+    sweep_module, runner, case, paths, settings, run_stage = _sweep_with_step(tmp_path, step)
+    monkeypatch.setattr(runner, "_run_stage", run_stage)
+    monkeypatch.setattr(runner, "STEPS", runner._Steps())
     monkeypatch.setattr(sweep_module, "load_case", lambda *args: None)
     sweep_module.sweep([case], paths, settings, jobs=1, retry_failed=False,
-                       progress=sweep_module.Progress(2, stream=open(os.devnull, "w")))
+                       progress=runner.Progress(2, stream=open(os.devnull, "w")))
     assert paths.failure(case).read_text() == "trace stage 0: no fit\n"
 
 
 def test_sweep_stop_interrupts_a_running_step(tmp_path):
     # Ctrl-C delivered to the sweep alone: stop() sends SIGINT to the running step and waits.
-    from scripts import sweep as sweep_module
+    from tracing import runner
 
-    steps = sweep_module._Steps()
+    steps = runner._Steps()
     outcome = []
 
     def run():
         try:
             steps.run([sys.executable, "-c", "import time; time.sleep(60)"])
-        except sweep_module.Interrupted:
+        except runner.Interrupted:
             outcome.append("interrupted")
 
     worker = threading.Thread(target=run)

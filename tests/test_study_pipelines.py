@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from hlo_trace.errors import UsageError
-from scripts.study_pipelines import (
+from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
+from tracing.plans import (
     PipelineCase,
     PipelineShape,
     default_pipelines,
     parse_pipelines,
     split_pairs,
 )
-from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
 
 
 def test_split_pairs_is_even_with_the_longer_stages_first():

@@ -120,7 +120,8 @@ class PipelineConfig:
 
         The block pairs make two stage splits distinct: stage 0 of ``0-13,14-27`` and of
         ``0-6,7-27`` are different programs. (A stage's pair range also fixes whether it holds
-        the embeddings, first pair 0, or the final layer, the last pair.)
+        the embeddings, first pair 0, or the final layer, the last pair.) usp degrees given
+        explicitly are named too (``_ring2``, ``_ulysses4``): two degrees are two programs.
         """
         model = Path(self.model_config_name).stem if self.model_config_name.endswith(".toml") \
             else self.model_config_name
@@ -128,7 +129,9 @@ class PipelineConfig:
         first, last = self.stage_ids[stage]
         patch = f"_patch1of{self.patches}" if self.patches > 1 else ""
         path = "" if self.inference_path == INFERENCE_PATHS[0] else f"_{self.inference_path}"
-        return (f"{model}_{self.shape}_{self.strategy}_{mesh.nx}x{mesh.ny}"
+        degrees = "".join(f"_{name}{value}" for name, value in (
+            ("ring", self.ring_degree), ("ulysses", self.ulysses_degree)) if value is not None)
+        return (f"{model}_{self.shape}_{self.strategy}_{mesh.nx}x{mesh.ny}{degrees}"
                 f"_stage{stage}_pairs{first}-{last}{patch}{path}")
 
     def to_dict(self) -> dict:

@@ -1,16 +1,19 @@
-"""The pipeline configurations of the strategy study: P stages of C chips each, a strategy inside
-every stage, PipeFusion with M patches (docs/pipeline.md).
+"""Pipeline plans: P stages of C chips each, a strategy inside every stage, PipeFusion with M
+patches (docs/pipeline.md); the study's pipeline configurations and the plan search's plans
+(a flat plan is one stage holding every block pair).
 
 A configuration is written ``PxC:STRATEGY`` (``2x8:ds_ulysses``: 2 stages of 8 chips, Ulysses
 inside each). This module only plans: the block pairs of every stage, the submesh each stage
 runs on, and the pipeline TOML that ``trace-stage --pipeline`` and ``analyze-pipeline`` read.
-The sweep (``scripts/sweep.py``) runs them; the tables (``scripts/study_tables.py``) read the
-results. No torch.
+The runner (``tracing.runner``) traces them for the sweep (``scripts/sweep.py``) and the plan
+search (``tracing.plan_search``); the tables (``scripts/study_tables.py``) read the results.
+No torch.
 
 Layout: a stage's submesh is the strategy's own mesh on C chips (``models.opensora.parallel``:
-2 x C/2 for the strategies that put the guidance batch on x, 1 x 1 for ``none``); the stages
-sit side by side along y, so stage k holds columns ``k*ny .. (k+1)*ny - 1`` of a
-``nx x P*ny`` mesh, and consecutive stages are neighbours.
+2 x C/2 for the strategies that put the guidance batch on x, 1 x 1 for ``none``) unless the case
+names one (``mesh``, the plan search's factorisations); the stages sit side by side along y, so
+stage k holds columns ``k*ny .. (k+1)*ny - 1`` of a ``nx x P*ny`` mesh, and consecutive stages
+are neighbours. The pairs are split as evenly as possible unless the case names a ``split``.
 """
 
 from __future__ import annotations
@@ -52,21 +55,42 @@ class PipelineCase:
     pipeline: PipelineShape
     patches: int
     depth: int
+    #: Each stage's submesh (nx, ny); None: the strategy's study mesh on C chips.
+    mesh: tuple[int, int] | None = None
+    #: Block pairs of each stage, ``((first, last), ...)``; None: the even split.
+    split: tuple[tuple[int, int], ...] | None = None
+    #: usp only: the ring degree over mesh axis y (None: the tracer's default).
+    ring: int | None = None
 
     @property
     def name(self) -> str:
         p = self.pipeline
-        return (f"{Path(self.config).stem}_{self.shape}_pp{p.stages}x{p.chips}_{p.strategy}"
+        name = (f"{Path(self.config).stem}_{self.shape}_pp{p.stages}x{p.chips}_{p.strategy}"
                 f"_M{self.patches}")
+        if self.mesh is not None:
+            name += f"_mesh{self.mesh[0]}x{self.mesh[1]}"
+        if self.split is not None and self.split != split_pairs(self.depth, p.stages):
+            name += "_pairs" + ".".join(f"{a}-{b}" for a, b in self.split)
+        if self.ring is not None:
+            name += f"_ring{self.ring}"
+        return name
 
     @property
     def stage_ids(self) -> tuple[tuple[int, int], ...]:
-        return split_pairs(self.depth, self.pipeline.stages)
+        return self.split if self.split is not None else split_pairs(self.depth,
+                                                                      self.pipeline.stages)
+
+    @property
+    def stage_mesh(self) -> tuple[int, int]:
+        """(nx, ny) of every stage's submesh."""
+        if self.mesh is not None:
+            return self.mesh
+        return strategy_info(self.pipeline.strategy).mesh(self.pipeline.chips)
 
     def submeshes(self) -> tuple[tuple[int, int, int, int], ...]:
-        """``(nx, ny, loc_x, loc_y)`` of every stage: the strategy's mesh on C chips, the
-        stages side by side along y."""
-        nx, ny = strategy_info(self.pipeline.strategy).mesh(self.pipeline.chips)
+        """``(nx, ny, loc_x, loc_y)`` of every stage: the stage mesh, the stages side by side
+        along y."""
+        nx, ny = self.stage_mesh
         return tuple((nx, ny, 0, stage * ny) for stage in range(self.pipeline.stages))
 
     def toml(self) -> str:
@@ -76,8 +100,7 @@ class PipelineCase:
         # a model file named in a pipeline file is read relative to that file: make it absolute
         config = str(Path(self.config).resolve()) if self.config.endswith(".toml") else self.config
         lines = [
-            f"# Study pipeline {self.pipeline.label}, M = {self.patches} "
-            "(written by scripts/sweep.py)",
+            f"# Pipeline plan {self.pipeline.label}, M = {self.patches} (tracing.plans)",
             f"config = {json.dumps(config)}",
             f'shape = "{self.shape}"',
             f'strategy = "{self.pipeline.strategy}"',
@@ -89,6 +112,10 @@ class PipelineCase:
             f"warmup_steps = {WARMUP_STEPS}",
             f'schedule = "{SCHEDULE}"',
         ]
+        if self.ring is not None:
+            nx, ny = self.stage_mesh
+            lines.append(f"ring_degree = {self.ring}")
+            lines.append(f"ulysses_degree = {ny // self.ring}")
         return "\n".join(lines) + "\n"
 
 

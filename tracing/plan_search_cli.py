@@ -1,0 +1,273 @@
+"""``plan-search``: the fastest parallel plan that fits, estimated over the whole space and traced
+only where it matters (``tracing.plan_search``; docs/plan_search.md)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from hlo_trace.cli import MAX_COUNT, OneLineCommand, run_click
+from hlo_trace.errors import UsageError
+
+#: Bytes per GB as the report prints memory (decimal, as the study's tables).
+GIGA = 1e9
+
+
+def _int_list(text: str, option: str, *, minimum: int = 1) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < minimum:
+        raise UsageError(f"{option} {text!r}: expected comma-separated integers of at least "
+                         f"{minimum}, e.g. 1,2,4")
+    return list(dict.fromkeys(values))
+
+
+def render_report(result) -> str:
+    """The search's report as text: the answer, the Pareto front, every traced plan's estimate
+    beside its traced figures with the estimate's error, and how the space was cut."""
+    limit = result.memory_limit_bytes / GIGA
+    lines = [f"plan-search: {result.config} at {result.shape} on {result.hardware} "
+             f"({result.devices} devices), memory limit {limit:.4g} GB per device, "
+             f"{result.steps} sampling steps",
+             f"space: {len(result.space.plans)} plans the tracer accepts, "
+             f"{len(result.space.infeasible)} refused; estimated all, traced "
+             f"{len(result.traced)} (budget {result.budget}); stopped: {result.stopped}", ""]
+    best = result.best
+    if best is None:
+        lines.append("best plan: none of the traced plans fits the memory limit")
+    else:
+        lines.append(f"best plan (traced): {best.plan.label}: {best.traced_latency_s:.6g} s, "
+                     f"{best.traced_memory_bytes / GIGA:.4g} GB per device")
+    lines += ["", "Pareto front of the traced plans (latency against memory per device):"]
+    for outcome in result.pareto:
+        lines.append(f"  {outcome.traced_memory_bytes / GIGA:10.4g} GB  "
+                     f"{outcome.traced_latency_s:12.6g} s  {outcome.plan.label}")
+    lines += ["", "traced plans, estimate beside traced (latency s; memory GB per device):",
+              f"  {'plan':58s} {'estimate s':>12s} {'traced s':>12s} {'est/traced':>10s} "
+              f"{'est GB':>9s} {'traced GB':>9s}  fits"]
+    for outcome in result.outcomes:
+        if outcome.error is not None:
+            lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} "
+                         f"failed: {outcome.error}")
+        elif outcome.traced:
+            fits = "yes" if outcome.traced_memory_bytes <= result.memory_limit_bytes else "no"
+            lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} "
+                         f"{outcome.traced_latency_s:12.6g} {outcome.ratio:10.3f} "
+                         f"{outcome.estimate.memory_bytes / GIGA:9.4g} "
+                         f"{outcome.traced_memory_bytes / GIGA:9.4g}  {fits}")
+    rho, worst = result.spearman, result.worst_ratio
+    lines.append("estimate on the traced plans: Spearman rank correlation "
+                 + ("n/a (fewer than 2 traced)" if rho is None else f"{rho:.3f}")
+                 + ", worst ratio " + ("n/a" if worst is None else f"{worst:.3f}")
+                 + " (max of estimate/traced and traced/estimate)")
+    untraced = [o for o in result.outcomes if not o.traced and o.error is None]
+    lines += ["", f"untraced plans, best 10 of {len(untraced)} by estimate (never an answer):"]
+    for outcome in untraced[:10]:
+        lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} s "
+                     f"{outcome.estimate.memory_bytes / GIGA:9.4g} GB")
+    return "\n".join(lines) + "\n"
+
+
+def result_document(result) -> dict:
+    """The search's result as JSON-able data (``--json``)."""
+    def outcome(o) -> dict:
+        return {"plan": o.plan.label, "case": o.plan.case.name,
+                "estimate": {"latency_s": o.estimate.latency_s,
+                             "memory_bytes": o.estimate.memory_bytes,
+                             "compute_s": o.estimate.compute_s, "comm_s": o.estimate.comm_s,
+                             "basis": o.estimate.basis},
+                "traced": None if not o.traced else {"latency_s": o.traced_latency_s,
+                                                     "memory_bytes": o.traced_memory_bytes},
+                "error": o.error}
+
+    return {"config": result.config, "shape": result.shape, "hardware": result.hardware,
+            "devices": result.devices, "memory_limit_bytes": result.memory_limit_bytes,
+            "budget": result.budget, "steps": result.steps, "stopped": result.stopped,
+            "best": None if result.best is None else outcome(result.best),
+            "pareto": [o.plan.label for o in result.pareto],
+            "spearman": result.spearman, "worst_ratio": result.worst_ratio,
+            "plans": [outcome(o) for o in result.outcomes],
+            "infeasible": [{"plan": label, "reason": reason}
+                           for label, reason in result.space.infeasible]}
+
+
+def plot_front(result, path: str, *, force: bool) -> None:
+    """A PNG of every traced plan's latency against its memory per device (log latency), the
+    Pareto front joined, the best plan marked and the memory limit drawn (the plot extra)."""
+    import io
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'hlo-trace[plot]'") from None
+    from hlo_trace.atomic import atomic_write
+
+    traced = [o for o in result.traced]
+    fig, axis = plt.subplots(figsize=(7.5, 4.8))
+    axis.scatter([o.traced_memory_bytes / GIGA for o in traced],
+                 [o.traced_latency_s for o in traced], s=14, color="0.6", label="traced plans")
+    front = list(result.pareto)
+    axis.plot([o.traced_memory_bytes / GIGA for o in front],
+              [o.traced_latency_s for o in front], "o-", color="C0", label="Pareto front")
+    if result.best is not None:
+        axis.scatter([result.best.traced_memory_bytes / GIGA], [result.best.traced_latency_s],
+                     marker="*", s=160, color="C3", zorder=3,
+                     label=f"best that fits: {result.best.plan.label}")
+    largest = max((o.traced_memory_bytes for o in traced), default=0.0)
+    if result.memory_limit_bytes <= 4 * largest:
+        axis.axvline(result.memory_limit_bytes / GIGA, color="C3", linestyle="--",
+                     label=f"memory limit {result.memory_limit_bytes / GIGA:.3g} GB")
+    axis.set_yscale("log")
+    axis.set_xlabel("memory per device, GB (traced)")
+    axis.set_ylabel(f"inference latency, s ({result.steps} steps, traced; log)")
+    axis.set_title(f"plan-search: {result.config} {result.shape} on {result.hardware} "
+                   f"({result.devices} devices)", fontsize=9)
+    axis.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write(path, buffer.getvalue(), force=force)
+
+
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "model_config", default="full", show_default=True,
+              help="Model config: full, tiny or a model TOML file.")
+@click.option("--shape", default=None,
+              help="Video shape FRAMES_WIDTH_HEIGHT.  [default: 204_640_360 for full, else "
+                   "the small test shape]")
+@click.option("--hw", "hardware", default="tx8-16", show_default=True, metavar="NAME|FILE",
+              help="Hardware system (a system name or file: its chips hold the plans).")
+@click.option("--devices", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+              help="Devices the plans use.  [default: the system's chips]")
+@click.option("--memory-limit", "memory_limit_gb", type=click.FloatRange(min=0, min_open=True),
+              default=None, help="Memory per device in GB.  [default: the chip's capacity]")
+@click.option("--budget", type=click.IntRange(min=1, max=MAX_COUNT), default=12,
+              show_default=True, help="Most plans traced.")
+@click.option("--strategies", default=None,
+              help="Comma-separated strategies.  [default: every strategy of the table]")
+@click.option("--stages", "stage_counts", default=None,
+              help="Pipeline stage counts P, comma-separated (1 = flat).  [default: every "
+                   "divisor of the devices up to the model's block pairs]")
+@click.option("--splits", type=click.IntRange(min=1, max=MAX_COUNT), default=2, show_default=True,
+              help="Splits of the block pairs per stage count (the even one first).")
+@click.option("--patches", "patch_counts", default="1,2,4", show_default=True,
+              help="PipeFusion patch counts M of the pipelines, comma-separated.")
+@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=30, show_default=True,
+              help="Sampling steps of one inference.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1, max=MAX_COUNT), default=1,
+              show_default=True,
+              help="Plans traced at once (clamped to the memory available, ~4 GiB a trace).")
+@click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
+              help="Trace on the workers of this Dask distributed scheduler (the cluster "
+                   "extra; --work-dir must be on a filesystem every worker sees at the same "
+                   "path).  [default: a local process pool of --jobs]")
+@click.option("--work-dir", default="plan-search", show_default=True,
+              type=click.Path(file_okay=False),
+              help="Cache of dumps and analyses (shared with other runs: keyed by content).")
+@click.option("-o", "--plan-out", default="best_plan.toml", show_default=True,
+              type=click.Path(dir_okay=False),
+              help="Where the best plan is written, as a pipeline TOML.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the whole result as JSON to this file.")
+@click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False),
+              help="Also draw the traced plans' latency against memory per device, the Pareto "
+                   "front and the best plan, as a PNG to this file (the plot extra).")
+@click.option("--exhaustive", is_flag=True,
+              help="Trace every plan (no budget, no bound): the reference to measure a search "
+                   "against; slow.")
+@click.option("--force", is_flag=True, help="Overwrite existing --plan-out / --json files.")
+@click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
+def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
+                        memory_limit_gb: float | None, budget: int, strategies: str | None,
+                        stage_counts: str | None, splits: int, patch_counts: str, steps: int,
+                        jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
+                        json_out: str | None, plot_out: str | None,
+                        exhaustive: bool, force: bool, verbose: bool) -> int:
+    """Search the parallel plans of a model at a shape on a hardware system: estimate every
+    plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
+    tracing, trace the most promising within the budget, and report the best traced plan that
+    fits, the latency-memory Pareto front and the estimate's error on the traced plans.  The
+    best plan is written as a pipeline TOML that trace-stage --pipeline and analyze-pipeline
+    read as is.  Progress goes to stderr."""
+    from hardware import load_system
+    from hlo_trace.atomic import atomic_write, check_target
+    from models.opensora.parallel import STRATEGY_NAMES
+    from tracing.config import default_shape
+    from tracing.plan_search import (
+        check_plan_inputs,
+        enumerate_plans,
+        plan_file_text,
+        runner_tracer,
+        search,
+    )
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    shape = shape or default_shape(model_config)
+    check_plan_inputs(model_config, shape)
+    system = load_system(hardware)
+    devices = devices or system.chip_count
+    if devices > system.chip_count:
+        raise UsageError(f"--devices {devices}: {system.name} has {system.chip_count} chip(s); "
+                         "expected a system with enough chips (e.g. --hw tx8-16, --hw 8xh100)")
+    chosen = STRATEGY_NAMES if strategies is None else tuple(
+        s.strip() for s in strategies.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in STRATEGY_NAMES]
+    if unknown or not chosen:
+        raise UsageError(f"--strategies: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"expected some of {', '.join(STRATEGY_NAMES)}")
+    stages = None if stage_counts is None else _int_list(stage_counts, "--stages")
+    patches = _int_list(patch_counts, "--patches")
+    check_target(plan_out, force=force)
+    for target in (json_out, plot_out):
+        if target:
+            check_target(target, force=force)
+    if scheduler is not None:
+        from tracing.runner import check_scheduler
+
+        check_scheduler(scheduler)
+    space = enumerate_plans(model_config, shape, devices, strategies=chosen,
+                            stage_counts=stages, splits=splits, patch_counts=patches)
+    if not space.plans:
+        raise UsageError(f"no plan of {model_config} at {shape} on {devices} devices is "
+                         f"accepted by the tracer ({len(space.infeasible)} refused, e.g. "
+                         f"{space.infeasible[0][1] if space.infeasible else 'none'})")
+    click.echo(f"estimating {len(space.plans)} plans ({len(space.infeasible)} refused by the "
+               "tracer) ...", err=True)
+    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler)
+    result = search(model_config, shape, hardware, space, tracer, devices=devices,
+                    memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
+                    budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive)
+    click.echo(render_report(result), nl=False)
+    if json_out:
+        atomic_write(json_out, json.dumps(result_document(result), indent=1) + "\n", force=force)
+        click.echo(f"wrote {json_out}", err=True)
+    if plot_out:
+        plot_front(result, plot_out, force=force)
+        click.echo(f"wrote {plot_out}", err=True)
+    if result.best is None:
+        click.echo("No traced plan fits the memory limit: no plan file written (raise --budget "
+                   "or --memory-limit).", err=True)
+        return 1
+    atomic_write(plan_out, plan_file_text(result.best, result), force=force)
+    click.echo(f"wrote {plan_out}", err=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    sys.exit(run_click(plan_search_command, argv))
+
+
+if __name__ == "__main__":
+    main()
