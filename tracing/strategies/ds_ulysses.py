@@ -40,7 +40,15 @@ A = bytes of the whole (B, N, h) activation a pair moves 8 * A/(X*Y) * (Y-1)/Y p
 from __future__ import annotations
 
 from models.opensora.token_order import FRAME_MAJOR, SPACE_MAJOR, TokenOrder, major_axis_is_temporal
-from tracing.strategies.base import Layout, Reshard, Spec, Strategy, StrategyError, register
+from tracing.strategies.base import (
+    Layout,
+    ReplicatedCopy,
+    Reshard,
+    Spec,
+    Strategy,
+    StrategyError,
+    register,
+)
 from tracing.strategies.kernels import einsum_attention
 
 
@@ -177,7 +185,14 @@ class DeepSpeedUlysses(SequenceParallel):
         self.require_divisible("heads", self.layout.model.num_heads, self.layout.mesh_shape[1],
                                "axis y")
 
-    def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
+    def activation_spec(self, point: str, shape: tuple[int, ...],
+                        temporal: bool) -> Spec | Reshard | ReplicatedCopy | None:
+        if point == "cross_kv":  # (1, B*TOKEN, 2h), head-major rows: the local heads' K, V
+            return (None, None, "y")
+        if point == "cross_kv_weight":  # (2h, h): the local heads' rows of the replicated weight
+            # (without it GSPMD multiplies the K/V gradient, gathered to every head, by the
+            # whole weight in the backward)
+            return ReplicatedCopy(("y", None))
         spec = self.ulysses_specs(point, shape, temporal, "y")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 

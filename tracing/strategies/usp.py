@@ -20,7 +20,7 @@ Y).  Their product must be Y and ulysses must divide the heads.
 from __future__ import annotations
 
 from models.opensora.theory import usp_degrees
-from tracing.strategies.base import Reshard, Spec, register
+from tracing.strategies.base import ReplicatedCopy, Reshard, Spec, register
 from tracing.strategies.ds_ulysses import SequenceParallel
 from tracing.strategies.kernels import einsum_attention
 from tracing.strategies.ring_attention import make_ring_attention
@@ -56,6 +56,10 @@ class UnifiedSequenceParallel(SequenceParallel):
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
         if point == "cross_kv":  # (1, B*TOKEN, 2h): caption rows over ring, heads over ulysses
             return (None, "ring", "ulysses")
+        if point == "cross_cond":  # (1, B*TOKEN, h): the caption rows this ring rank projects
+            return ReplicatedCopy((None, "ring", None))
+        if point == "cross_kv_weight":  # (2h, h): the local heads' rows of the replicated weight
+            return ReplicatedCopy(("ulysses", None))
         spec = self.ulysses_specs(point, shape, temporal, "ulysses", rest="ring")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 
