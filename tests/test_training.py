@@ -245,6 +245,34 @@ def test_a_training_step_is_three_forwards_of_gemm_work_four_with_recompute(trai
     assert 0 < kept["megatron_recompute"] < kept["megatron"] / 10
 
 
+# The caption K/V projection of a pair, 2 * 4*B*TOKEN*h^2 (B = 2, TOKEN = 8, h = 64).
+CAPTION_PROJECTION = 2 * 4 * 2 * 8 * 64 * 64
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "megatron_sp", "usp"])
+def test_sequence_parallel_training_steps_repeat_no_product(sp_dumps, name):
+    """Devices x per-device GEMM FLOPs = 3x the forward, plus only what the inference layout
+    repeats: both x rows project every caption (one extra caption K/V projection, times 3).
+    Without the kv weight copy of the local heads, ds_ulysses and usp multiplied the K/V
+    gradient by the whole weight on every device in the backward."""
+    options, mesh, _, _ = SP_CASES[name]
+    forward = block_gemm_flops(block_dims(get_config("tiny"), "28_64_64"))
+    devices = mesh[0] * mesh[1]
+    assert devices * gemm_flops_per_device(sp_dumps[name]) == \
+        3 * (forward + (mesh[0] - 1) * CAPTION_PROJECTION)
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", ["dp", "zero2"])
+def test_data_parallel_training_steps_project_each_caption_once(train_dumps, name):
+    """dp, batch 4 on 4 devices: each device projects its own sample's caption, so the step is
+    exactly 3x the forward of batch 4 (with every caption replicated each device would project
+    all 4, forward and backward)."""
+    forward = block_gemm_flops(block_dims(get_config("tiny"), "28_64_64", batch=4))
+    assert 4 * gemm_flops_per_device(train_dumps[name]) == 3 * forward
+
+
 @pytest.mark.trace
 def test_gathered_weights_are_not_activations(train_dumps):
     """ZeRO-3 gathers the weights in the forward and again in the backward: what the forward
