@@ -29,8 +29,10 @@ ds_ulysses, layout choices (each one pinned with a mark):
   output before ``proj`` sequence-split (one all-to-all back);
 * cross-attention (OpenSora's sequence-parallel cross-attention): the queries (B, N, heads,
   hd) go from a token split to a head split (all-to-all), the caption K/V are projected
-  head-split (every device projects the captions for its heads; weights replicated), the output
-  (B, N, h) comes back (all-to-all).
+  head-split (every device projects the captions for its heads; weights replicated; a
+  training step reads them through a copy of the local heads' rows, ``ReplicatedCopy``, so
+  that its backward multiplies the K/V gradient by those rows only), the output (B, N, h) comes back
+  (all-to-all).
 
 Per block pair: 4 + 4 all-to-alls over Y, nothing else.  Each moves one (B/X, N/Y, h) buffer
 of the device (q, k, v, the attention output, the cross queries, the cross output), so with
@@ -187,11 +189,13 @@ class DeepSpeedUlysses(SequenceParallel):
 
     def activation_spec(self, point: str, shape: tuple[int, ...],
                         temporal: bool) -> Spec | Reshard | ReplicatedCopy | None:
-        if point == "cross_kv":  # (1, B*TOKEN, 2h), head-major rows: the local heads' K, V
+        # Training: the caption K/V projection on the local heads' rows of the replicated
+        # weight, its output and gradient pinned there; without it GSPMD multiplies the K/V
+        # gradient, gathered to every head, by the whole weight in the backward.  (The forward
+        # already projects the local heads: inference needs no pin.)
+        if self.layout.training and point == "cross_kv":  # (1, B*TOKEN, 2h), head-major rows
             return (None, None, "y")
-        if point == "cross_kv_weight":  # (2h, h): the local heads' rows of the replicated weight
-            # (without it GSPMD multiplies the K/V gradient, gathered to every head, by the
-            # whole weight in the backward)
+        if self.layout.training and point == "cross_kv_weight":  # (2h, h)
             return ReplicatedCopy(("y", None))
         spec = self.ulysses_specs(point, shape, temporal, "y")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
