@@ -41,7 +41,6 @@ PAIR = ["--shape", "28_64_64", "--stage-ids", "0-0,1-1,2-2", "--stage", "1", "--
         "--path", "clean"]
 
 PAIR_PARAMS = 2 * 66784  # elements of one block pair (module docstring)
-KV_PARAMS = 2 * 8320  # the caption K/V projections' weights and biases, per pair
 SAVED_WEIGHTS = 2 * (16 * 64 * 64 + 2 * 16)  # every *.weight of a pair: 16h^2 + 2hd per block
 q = 2
 P = q * PAIR_PARAMS  # 267136 bytes
@@ -52,11 +51,14 @@ def ring(kind: str, n: int, message: float) -> float:
     return (2 if kind == "all_reduce" else 1) * message * (n - 1) / n
 
 
-# dp on 2x2 with batch 4 (one sample per device): every gradient summed over n = 4 devices but
-# the caption K/V projection's (each device projects every caption; 4 caption-gradient
-# all-reduces of q*B*TOKEN*h = 2*4*8*64 = 4096 bytes instead).
-DP_GRADS = P - q * KV_PARAMS
-DP_CAPTION = ("backward", "activation", "all_reduce", 4, ring("all_reduce", 4, 4 * 4096))
+# dp on 2x2 with batch 4 (one sample per device): every gradient summed over n = 4 devices (34
+# parameters per pair). Each device projects its own sample's caption: the caption K and V of
+# both cross-attentions (q*B*TOKEN*h = 2*4*8*64 = 4096 bytes each) all-gathered in the forward,
+# their gradients reduce-scattered in the backward.
+DP_GRADS = P
+DP_CAPTION = {("forward", "activation", "all_gather"): (4, ring("all_gather", 4, 4 * 4096)),
+              ("backward", "activation", "reduce_scatter"):
+              (4, ring("reduce_scatter", 4, 4 * 4096))}
 # megatron on 2x2 (batch 2): A = q*B*N*h = 2*2*128*64 = 32768 bytes, caption C = 2*2*8*64.
 # Megatron's per-device parameters: per block (16h^2 + 10h)/4 split + 9h + 2hd replicated =
 # 17152 elements, 68608 bytes per pair.
@@ -66,24 +68,24 @@ A, C = 32768, 2048
 CASES = {
     "dp": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4"],
            {"param": P, "grad": P, "optimizer_state": 6 * P},
-           {("backward", "param_grad", "all_reduce"): (30, ring("all_reduce", 4, DP_GRADS)),
-            DP_CAPTION[:3]: DP_CAPTION[3:]}),
+           {("backward", "param_grad", "all_reduce"): (34, ring("all_reduce", 4, DP_GRADS)),
+            **DP_CAPTION}),
     "zero1": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4", "--zero", "1"],
               {"param": P, "grad": P, "optimizer_state": 6 * P // 4},
-              {("backward", "param_grad", "all_reduce"): (30, ring("all_reduce", 4, DP_GRADS)),
-               DP_CAPTION[:3]: DP_CAPTION[3:],
+              {("backward", "param_grad", "all_reduce"): (34, ring("all_reduce", 4, DP_GRADS)),
+               **DP_CAPTION,
                ("optimizer", "param_grad", "all_gather"): (34, ring("all_gather", 4, P))}),
     "zero2": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4", "--zero", "2"],
               {"param": P, "grad": P // 4, "optimizer_state": 6 * P // 4},
               {("backward", "param_grad", "reduce_scatter"):
-               (30, ring("reduce_scatter", 4, DP_GRADS)),
-               DP_CAPTION[:3]: DP_CAPTION[3:],
+               (34, ring("reduce_scatter", 4, DP_GRADS)),
+               **DP_CAPTION,
                ("optimizer", "param_grad", "all_gather"): (34, ring("all_gather", 4, P))}),
     "zero3": (["--strategy", "dp", "--mesh", "2x2", "--batch", "4", "--zero", "3"],
               {"param": P // 4, "grad": P // 4, "optimizer_state": 6 * P // 4},
               {("backward", "param_grad", "reduce_scatter"):
-               (30, ring("reduce_scatter", 4, DP_GRADS)),
-               DP_CAPTION[:3]: DP_CAPTION[3:],
+               (34, ring("reduce_scatter", 4, DP_GRADS)),
+               **DP_CAPTION,
                ("forward", "param_grad", "all_gather"): (34, ring("all_gather", 4, P)),
                ("backward", "param_grad", "all_gather"):
                (18, ring("all_gather", 4, q * SAVED_WEIGHTS))}),
@@ -241,6 +243,34 @@ def test_a_training_step_is_three_forwards_of_gemm_work_four_with_recompute(trai
             for name in ("megatron", "megatron_recompute")}
     # Recomputed: only the blocks' inputs are kept (x of both blocks, y, t_mlp ...).
     assert 0 < kept["megatron_recompute"] < kept["megatron"] / 10
+
+
+# The caption K/V projection of a pair, 2 * 4*B*TOKEN*h^2 (B = 2, TOKEN = 8, h = 64).
+CAPTION_PROJECTION = 2 * 4 * 2 * 8 * 64 * 64
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "megatron_sp", "usp"])
+def test_sequence_parallel_training_steps_repeat_no_product(sp_dumps, name):
+    """Devices x per-device GEMM FLOPs = 3x the forward, plus only what the inference layout
+    repeats: both x rows project every caption (one extra caption K/V projection, times 3).
+    Without the kv weight copy of the local heads, ds_ulysses and usp multiplied the K/V
+    gradient by the whole weight on every device in the backward."""
+    options, mesh, _, _ = SP_CASES[name]
+    forward = block_gemm_flops(block_dims(get_config("tiny"), "28_64_64"))
+    devices = mesh[0] * mesh[1]
+    assert devices * gemm_flops_per_device(sp_dumps[name]) == \
+        3 * (forward + (mesh[0] - 1) * CAPTION_PROJECTION)
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", ["dp", "zero2"])
+def test_data_parallel_training_steps_project_each_caption_once(train_dumps, name):
+    """dp, batch 4 on 4 devices: each device projects its own sample's caption, so the step is
+    exactly 3x the forward of batch 4 (with every caption replicated each device would project
+    all 4, forward and backward)."""
+    forward = block_gemm_flops(block_dims(get_config("tiny"), "28_64_64", batch=4))
+    assert 4 * gemm_flops_per_device(train_dumps[name]) == 3 * forward
 
 
 @pytest.mark.trace

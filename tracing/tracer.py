@@ -124,7 +124,7 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
     started = time.perf_counter()
     with torch.device("meta"):
         model = STDiT3(config.model).to(dtype)
-    strategy = get_strategy(config.strategy, make_layout(config, stage_index))
+    strategy = get_strategy(config.strategy, make_layout(config, stage_index, requires_grad))
     seconds["build"] = time.perf_counter() - started
 
     progress("shard")

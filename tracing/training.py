@@ -298,7 +298,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     )
 
     options.validate()
-    strategy = get_strategy(config.strategy, make_layout(config, stage_index))
+    strategy = get_strategy(config.strategy, make_layout(config, stage_index, training=True))
     axis_sizes = mesh_axis_sizes(strategy.make_mesh())
     layouts: dict[str, BufferLayouts] = {}
 

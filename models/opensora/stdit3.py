@@ -263,12 +263,21 @@ class BlockLinear(nn.Linear):
     merged axis is no tile of the devices and GSPMD gathers the input and runs the product
     unsplit on every device.  The einsum keeps both axes, so the same weights give the same
     result and the product stays split.
+
+    ``weight_point``: when set (by the owning module), the weight is read through the
+    annotation hook at that point, so a strategy can lay out the copy the product reads (and
+    with it the products of the backward).
     """
+
+    weight_point: str | None = None
+    annotate: AnnotateFn = staticmethod(no_annotation)
 
     @library_call("linear")  # one cuBLASLt GEMM, the bias added in its epilogue
     def forward(self, x: Tensor) -> Tensor:
         axes = "abcd"[:x.dim() - 1]
-        out = torch.einsum(f"{axes}i,oi->{axes}o", x, self.weight)
+        weight = self.weight if self.weight_point is None else self.annotate(self.weight_point,
+                                                                             self.weight)
+        out = torch.einsum(f"{axes}i,oi->{axes}o", x, weight)
         return out + self.bias if self.bias is not None else out
 
 
@@ -506,6 +515,7 @@ class MultiHeadCrossAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.q_linear = BlockLinear(hidden, hidden, bias=True)
         self.kv_linear = BlockLinear(hidden, 2 * hidden, bias=True)
+        self.kv_linear.weight_point = "cross_kv_weight"
         self.proj = BlockLinear(hidden, hidden, bias=True)
         self.annotate: AnnotateFn = no_annotation
         self.attention_fn: AttentionFn = plain_attention

@@ -16,10 +16,12 @@ The collectives of the step (``layout_training_collectives``), per block pair, p
 backward is derived term by term here:
 
 * ``dp`` (batch over all n devices): every block parameter's gradient is summed over n: an
-  all-reduce (zero 0, 1) or a reduce-scatter (zero 2, 3) of each, except the caption K/V
-  projection (cross_attn.kv_linear): each device holds every caption and projects them all, so the
-  backward sums the caption K and V gradients instead (2 all-reduces of B*TOKEN*h*q bytes per
-  block, activation traffic) and the kv weights' gradients are whole on every device. zero >= 1
+  all-reduce (zero 0, 1) or a reduce-scatter (zero 2, 3) of each. Each device holds and
+  projects only its own samples' captions; the flattened cross-attention needs every caption's
+  K and V, so the forward all-gathers them and the backward reduce-scatters their gradients
+  (2 all-gathers and 2 reduce-scatters of B*TOKEN*h*q bytes per block, activation traffic: the
+  bytes of the 2 all-reduces that summing the K/V gradients of a replicated caption projection
+  would need, without repeating that projection on every device). zero >= 1
   all-gathers every updated parameter (optimizer); zero 3 all-gathers every parameter before the
   forward and, in the backward, again each weight that autograd saved (every ``*.weight``:
   16h^2 + 2*hd per block; not the biases and the scale-shift table, which no backward reads).
@@ -148,13 +150,13 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
 
         terms = []
         for name, shape in params.items():
-            if name.startswith("cross_attn.kv_linear"):
-                continue  # whole on every device: the caption K/V gradients are summed instead
             kind = "reduce_scatter" if zero >= 2 and sharded(shape) else "all_reduce"
             terms.append(_term("backward", "param_grad", kind, 2, n, q * math.prod(shape),
                                f"gradient of {name}"))
-        terms.append(_term("backward", "activation", "all_reduce", 4, n, caption,
-                           "caption K and V gradients of 2 cross-attentions"))
+        terms += [_term("forward", "activation", "all_gather", 4, n, caption,
+                        "caption K and V of 2 cross-attentions (each device projects its own)"),
+                  _term("backward", "activation", "reduce_scatter", 4, n, caption,
+                        "their gradients, back to the devices that projected them")]
         if zero >= 1:
             terms += [_term("optimizer" if zero < 3 else "forward", "param_grad", "all_gather",
                             2, n, q * math.prod(shape),

@@ -59,6 +59,9 @@ class Layout:
     mesh_shape: tuple[int, int]
     ring_degree: int | None = None  # usp only: ring x Ulysses degrees over mesh axis y
     ulysses_degree: int | None = None
+    #: Traced for a training step (forward, backward, optimizer): a strategy may lay out the
+    #: forward differently where the backward makes another layout the cheaper one (dp).
+    training: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -72,6 +75,16 @@ class Reshard:
 
     before: Spec
     after: Spec
+
+
+@dataclass(frozen=True)
+class ReplicatedCopy:
+    """Read a replicated tensor (a weight, a replicated stage input) through a copy laid out as
+    ``spec`` (e.g. the rows of the local heads): the products that read it, the backward's
+    included, are partitioned on that layout, and its gradient comes back replicated
+    (``laid_out_copy``)."""
+
+    spec: Spec
 
 
 class Strategy:
@@ -174,7 +187,8 @@ class Strategy:
             for block in (model.spatial_blocks[index], model.temporal_blocks[index]):
                 block.batch_apart = block.cross_attn.batch_apart = self.batch_apart
                 hook = self._make_hook(mesh, block.temporal)
-                for module in (block, block.attn, block.cross_attn, block.mlp):
+                for module in (block, block.attn, block.cross_attn, block.mlp,
+                               block.cross_attn.kv_linear):
                     module.annotate = hook
                 block.attn.fused_layout = block.cross_attn.fused_layout = self.fused_layout
                 kernel = self.attention_fn(mesh, block.temporal)
@@ -189,6 +203,8 @@ class Strategy:
 
         def annotate(point: str, tensor: torch.Tensor) -> torch.Tensor:
             spec = self.activation_spec(point, tuple(tensor.shape), temporal)
+            if isinstance(spec, ReplicatedCopy):
+                return laid_out_copy(tensor, mesh, spec.spec)
             if (spec is not None and tensor.requires_grad
                     and not getattr(tensor, "hlo_trace_placeholder", False)):
                 # Training: the gradient flowing back through this point gets the same
@@ -262,6 +278,47 @@ def _pin_function():
     return _PIN
 
 
+def laid_out_copy(tensor: torch.Tensor, mesh, spec: Spec):
+    """A copy of the replicated ``tensor`` laid out as ``spec``, through an autograd function
+    whose backward pins the incoming gradient to ``spec`` and hands back a replicated copy.  The
+    copy is first pinned replicated: a tensor without a buffer is a graph parameter whose layout
+    GSPMD would otherwise take from its use."""
+    return _replicated_copy_function()(tensor, mesh, spec)
+
+
+_REPLICATED_COPY = None
+
+
+def _replicated_copy_function():
+    global _REPLICATED_COPY
+    if _REPLICATED_COPY is None:
+        import torch
+        import torch_xla.distributed.spmd as xs
+
+        def replicated(t):
+            return (None,) * t.dim()
+
+        class ReplicatedCopyFn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, tensor, mesh, spec):
+                ctx.mesh, ctx.spec = mesh, spec
+                # A clone of device data is that data again: the copy takes custom annotations.
+                copy = tensor.clone()
+                xs.annotate_custom_sharding(copy, mesh, replicated(copy))
+                xs.annotate_custom_sharding(copy, mesh, spec)
+                return copy
+
+            @staticmethod
+            def backward(ctx, grad):
+                xs.mark_sharding(grad, ctx.mesh, ctx.spec)
+                grad = grad.clone()
+                xs.mark_sharding(grad, ctx.mesh, replicated(grad))
+                return grad, None, None
+
+        _REPLICATED_COPY = ReplicatedCopyFn.apply
+    return _REPLICATED_COPY
+
+
 def block_parameter_name(name: str) -> str | None:
     """``spatial_blocks.3.attn.qkv.weight`` -> ``attn.qkv.weight``; None outside the blocks."""
     parts = name.split(".")
@@ -302,11 +359,13 @@ def get_strategy(name: str, layout: Layout) -> Strategy:
     return strategy
 
 
-def stage_layout(config: PipelineConfig, stage_index: int) -> Layout:
-    """The layout of stage ``stage_index``: the model, the shape and the stage's submesh."""
+def stage_layout(config: PipelineConfig, stage_index: int, training: bool = False) -> Layout:
+    """The layout of stage ``stage_index``: the model, the shape and the stage's submesh
+    (``training``: traced for a training step)."""
     return Layout(model=config.model, geometry=geometry(config.model, config.shape),
                   batch=config.batch, mesh_shape=config.submesh(stage_index).shape,
-                  ring_degree=config.ring_degree, ulysses_degree=config.ulysses_degree)
+                  ring_degree=config.ring_degree, ulysses_degree=config.ulysses_degree,
+                  training=training)
 
 
 def stage_token_order(config: PipelineConfig, stage_index: int) -> TokenOrder:

@@ -29,8 +29,10 @@ ds_ulysses, layout choices (each one pinned with a mark):
   output before ``proj`` sequence-split (one all-to-all back);
 * cross-attention (OpenSora's sequence-parallel cross-attention): the queries (B, N, heads,
   hd) go from a token split to a head split (all-to-all), the caption K/V are projected
-  head-split (every device projects the captions for its heads; weights replicated), the output
-  (B, N, h) comes back (all-to-all).
+  head-split (every device projects the captions for its heads; weights replicated; a
+  training step reads them through a copy of the local heads' rows, ``ReplicatedCopy``, so
+  that its backward multiplies the K/V gradient by those rows only), the output (B, N, h) comes back
+  (all-to-all).
 
 Per block pair: 4 + 4 all-to-alls over Y, nothing else.  Each moves one (B/X, N/Y, h) buffer
 of the device (q, k, v, the attention output, the cross queries, the cross output), so with
@@ -40,7 +42,15 @@ A = bytes of the whole (B, N, h) activation a pair moves 8 * A/(X*Y) * (Y-1)/Y p
 from __future__ import annotations
 
 from models.opensora.token_order import FRAME_MAJOR, SPACE_MAJOR, TokenOrder, major_axis_is_temporal
-from tracing.strategies.base import Layout, Reshard, Spec, Strategy, StrategyError, register
+from tracing.strategies.base import (
+    Layout,
+    ReplicatedCopy,
+    Reshard,
+    Spec,
+    Strategy,
+    StrategyError,
+    register,
+)
 from tracing.strategies.kernels import einsum_attention
 
 
@@ -177,7 +187,16 @@ class DeepSpeedUlysses(SequenceParallel):
         self.require_divisible("heads", self.layout.model.num_heads, self.layout.mesh_shape[1],
                                "axis y")
 
-    def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
+    def activation_spec(self, point: str, shape: tuple[int, ...],
+                        temporal: bool) -> Spec | Reshard | ReplicatedCopy | None:
+        # Training: the caption K/V projection on the local heads' rows of the replicated
+        # weight, its output and gradient pinned there; without it GSPMD multiplies the K/V
+        # gradient, gathered to every head, by the whole weight in the backward.  (The forward
+        # already projects the local heads: inference needs no pin.)
+        if self.layout.training and point == "cross_kv":  # (1, B*TOKEN, 2h), head-major rows
+            return (None, None, "y")
+        if self.layout.training and point == "cross_kv_weight":  # (2h, h)
+            return ReplicatedCopy(("y", None))
         spec = self.ulysses_specs(point, shape, temporal, "y")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 

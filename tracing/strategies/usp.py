@@ -9,7 +9,10 @@ Ulysses group), keeping the sequence split over ``ring``; the attention is then 
 with one all-to-all.  The cross-attention does the Ulysses exchange of ds_ulysses over
 ``ulysses`` (queries and output); the caption K/V are projected for the local heads and a
 1/ring slice of the captions (``cross_kv`` split over both) and all-gathered over ``ring``, so
-the caption projection is split over all of y as in the other strategies.  ring = 1 is
+the caption projection is split over all of y as in the other strategies.  In a training
+step the projection reads copies of the replicated captions and weight holding only those rows
+(``ReplicatedCopy``), so that the backward's products stay on them too (else GSPMD gathers the
+K/V gradient and multiplies it by the whole weight, or by every caption, on each device).  ring = 1 is
 ds_ulysses' layout, ulysses = 1 ring_attention's self-attention.
 
 Degrees: ``--ring-degree`` / ``--ulysses-degree`` (or ``ring_degree`` / ``ulysses_degree`` in
@@ -20,7 +23,7 @@ Y).  Their product must be Y and ulysses must divide the heads.
 from __future__ import annotations
 
 from models.opensora.theory import usp_degrees
-from tracing.strategies.base import Reshard, Spec, register
+from tracing.strategies.base import ReplicatedCopy, Reshard, Spec, register
 from tracing.strategies.ds_ulysses import SequenceParallel
 from tracing.strategies.kernels import einsum_attention
 from tracing.strategies.ring_attention import make_ring_attention
@@ -56,6 +59,13 @@ class UnifiedSequenceParallel(SequenceParallel):
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
         if point == "cross_kv":  # (1, B*TOKEN, 2h): caption rows over ring, heads over ulysses
             return (None, "ring", "ulysses")
+        if self.layout.training and point == "cross_cond":
+            # (1, B*TOKEN, h): the caption rows this ring rank projects (the forward already
+            # projects only them: inference needs no pin)
+            return ReplicatedCopy((None, "ring", None))
+        if self.layout.training and point == "cross_kv_weight":
+            # (2h, h): the local heads' rows of the replicated weight
+            return ReplicatedCopy(("ulysses", None))
         spec = self.ulysses_specs(point, shape, temporal, "ulysses", rest="ring")
         return spec if spec is not None else self.token_spec(point, shape, temporal)
 
