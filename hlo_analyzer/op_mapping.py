@@ -329,9 +329,11 @@ def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows:
         return None
     side, scores, passed = found
     # A ring attention's later block reaches the earlier blocks' scores too, through the running
-    # row maximum its rescale reads: those belong to the earlier blocks' kernels, found first.
+    # row maximum its rescale reads: those belong to the earlier blocks' kernels, found first. It
+    # still has an exponential of its own; a backward product (dS @ K) reaches only the forward's.
     scores, passed = scores - claimed, passed - claimed
-    if not scores or any(rows[p].category == COMM for p in passed if p in rows):
+    if not scores or not any(graph.nodes[p]["name"] == "exponential" for p in passed) or \
+            any(rows[p].category == COMM for p in passed if p in rows):
         return None
     m_v, k_v, n_v, heads = graph.nodes[value_gemm]["dot_dims"]
     # probabilities (S_Q x S_KV) @ v (S_KV x head_dim), or v^T @ probabilities^T
