@@ -49,10 +49,9 @@ def make_ring_attention(mesh, ring_axis: str, batch_axis, ring_size: int, heads_
         if mask is not None:
             raise ValueError("ring attention here serves the unmasked self-attention only")
         batch, heads, length, head_dim = q.shape
-        chunk = length // ring_size
 
-        def blocks(t: Tensor) -> Tensor:
-            return pin(t.reshape(batch, heads, ring_size, chunk, head_dim), block_spec)
+        def blocks(t: Tensor) -> Tensor:  # K/V may be longer than q: PipeFusion's full stale K/V
+            return pin(t.reshape(batch, heads, ring_size, t.shape[2] // ring_size, head_dim), block_spec)
 
         def rotate(t: Tensor) -> Tensor:
             return pin(torch.cat((t[:, :, -1:], t[:, :, :-1]), dim=2), block_spec)
