@@ -630,11 +630,10 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
 class _GroupIO(NamedTuple):
     """What a kernel over a group of nodes reads and writes (:func:`_group_io`)."""
 
-    entering: list[tuple[int | None, tuple[int, ...]]]  # (producer, what is read of it)
+    entering: list[tuple[Any, tuple[int, ...]]]  # (producer or ("argument", i), what is read of it)
     out_elements: int
     entering_bytes: list[int]  # of each entering tensor, in its element type
     out_bytes: int
-    entering_values: list[tuple[Any, tuple[int, ...], str]]  # (producer or ("argument", i), shape, dtype)
 
 
 def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
@@ -662,12 +661,11 @@ def _group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], membe
         source = _computing_source(attributes_of, node, inside)
         if source is not None and real[node] >= leaving.get(source, (0, ""))[0]:
             leaving[source] = (real[node], attributes["dtype"])
-    read = [(key, producer, shape, dtype) for key, (producer, shape, dtype) in entering.items() if shape is not None]
-    return _GroupIO([(producer, shape) for _, producer, shape, _ in read],
+    read = [(key, shape, dtype) for key, (_, shape, dtype) in entering.items() if shape is not None]
+    return _GroupIO([(key, shape) for key, shape, _ in read],
                     sum(size for size, _ in leaving.values()),
-                    [_elements(shape) * _bytes(dtype) for _, _, shape, dtype in read],
-                    sum(size * _bytes(dtype) for size, dtype in leaving.values()),
-                    [(key, shape, dtype) for key, _, shape, dtype in read])
+                    [_elements(shape) * _bytes(dtype) for _, shape, dtype in read],
+                    sum(size * _bytes(dtype) for size, dtype in leaving.values()))
 
 
 def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
@@ -693,7 +691,7 @@ def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, An
     for members in sorted(groups):
         vector_rows = [rows[n] for n in members if n in vector_nodes]
         flops = sum([_vector_flops(r, exp_ops) for r in vector_rows])
-        entering, out_elements, _, _, _ = _group_io(graph, attributes_of, members, constant, real)
+        entering, out_elements, _, _ = _group_io(graph, attributes_of, members, constant, real)
         largest = max(vector_rows, key=_result_elements)
         result = largest.result_shapes[0] if largest.result_shapes else ()
         update = _slice_write_update(attributes_of, members, constant)
@@ -816,7 +814,8 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
                      dict.fromkeys(residual_inputs, TRANSPOSED) if transposed else {})
     copies = [copy for p in gemms for operand, shape, dtype in
               zip(operand_markers(attributes_of[p]), attributes_of[p]["operand_shapes"], attributes_of[p]["operand_dtypes"])
-              if (copy := _layout_copy(attributes_of, operand, shape, dtype, p, layout, signatures)) is not None]
+              if (copy := _layout_copy(attributes_of, operand, shape, _elements(shape) * _bytes(dtype), p, layout,
+                                       signatures)) is not None]
     vectors: list[_Work] = []
     for call in calls:
         rest = [n for n in call.nodes if n not in claimed and n not in gemms]
@@ -841,14 +840,13 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         largest = max(vector_rows, key=_result_elements) if vector_rows else None
         result = largest.result_shapes[0] if largest is not None and largest.result_shapes else \
             attributes_of[rest[-1]]["result_shapes"][0]
-        if mixes_transposed(attributes_of, [(key, shape) for key, shape, _ in io.entering_values],
-                            _elements(result), layout):
+        if mixes_transposed(attributes_of, io.entering, _elements(result), layout):
             kernel = "strided"
         else:
             kernel = KERNEL_CLASSES.get(call.kind) or _elementwise_variant(attributes_of, rest, constant, real, io)
         if kernel == "layer_norm":  # it needs contiguous rows
-            copies += [copy for key, shape, dtype in io.entering_values
-                       if (copy := _layout_copy(attributes_of, key, shape, dtype, rest[0], layout, signatures))]
+            copies += [copy for (key, shape), size in zip(io.entering, io.entering_bytes)
+                       if (copy := _layout_copy(attributes_of, key, shape, size, rest[0], layout, signatures))]
         rows_count = _rows_of(largest.op.split(".", 1)[-1], result) if largest is not None else 1
         # Bytes, not elements: a kernel reads and writes tensors of several element types. A
         # copy's views leave as views of what entered, yet the copy writes all it reads.
@@ -862,14 +860,13 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     return [*attentions, *gemms.values(), *vectors, *copies]
 
 
-def _layout_copy(attributes_of: dict[int, dict[str, Any]], operand: Any, shape: Sequence[int], dtype: str,
+def _layout_copy(attributes_of: dict[int, dict[str, Any]], operand: Any, shape: Sequence[int], size: int,
                  reader: int, layout: dict[int, str], signatures: _Signatures) -> _Work | None:
     """The copy PyTorch makes of a non-contiguous ``operand`` before ``reader``, a kernel that
     needs contiguous rows (:mod:`hlo_analyzer.torch_layouts`), or None when it is contiguous."""
     kind = noncontiguous_behind(attributes_of, operand, layout)
     if kind is None:
         return None
-    size = _elements(shape) * _bytes(dtype)
     name = COPY_CLASS[kind]
     op = signatures.vector_op(name, ((size,),), 1, size, 0, 1)
     text = signatures.shapes_text((tuple(shape),), (tuple(shape),))
@@ -959,8 +956,8 @@ def _feeds(graph: nx.DiGraph, node: int, gemms: dict[int, _Work]) -> bool:
 
 def _behind_views(attributes_of: Any, node: int | None) -> int | None:
     """The op whose result ``node`` holds, followed back through views (a cast is no view: it
-    is a kernel in PyTorch); None for an argument."""
-    while node is not None and attributes_of[node]["name"] in FREE_MOVEMENT_OPS \
+    is a kernel in PyTorch); an argument as it is given (None, or ``("argument", i)``)."""
+    while isinstance(node, int) and attributes_of[node]["name"] in FREE_MOVEMENT_OPS \
             and attributes_of[node]["name"] != "convert" and attributes_of[node]["operands"]:
         node = attributes_of[node]["operands"][0]
     return node
