@@ -33,7 +33,9 @@ Memory-bound (Vector) ops
     bytes = every input and the weight read once, the output written once; the efficiency is
     ``vector_efficiency[class]`` when the op is named after a kernel class listed there (the
     in-model figure of a LayerNorm, softmax, GELU ... kernel: ``--exec torch`` names its kernels
-    so), else ``hbm_efficiency``.
+    so), else ``hbm_efficiency``. A GroupNorm adds the pass that computes each (sample, group)
+    row's moments, one thread block a row: ``input bytes / min(rows * group_norm_row_bandwidth,
+    sustained bandwidth)``.
 
 Flash attention (FlashAttention-2 kernels)
     The library instantiates kernels for a fixed set of head dims (``flash_head_dims``); a head
@@ -47,6 +49,7 @@ Flash attention (FlashAttention-2 kernels)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hardware.mapping import KernelTiling, Mapping
@@ -54,7 +57,11 @@ from hardware.ops import Op, OpType, attention_dims, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec, KernelModel
 from hardware.tiling import round_up
 
+#: The kernel class whose time has a per-row moments pass (``KernelModel.group_norm_row_bandwidth_bytes_per_s``).
+GROUP_NORM_CLASS = "group_norm"
+
 __all__ = [
+    "GROUP_NORM_CLASS",
     "gemm_tile_time_s",
     "gpu_flash_attention_mapping",
     "gpu_gemm_mapping",
@@ -140,8 +147,16 @@ def gpu_vector_mapping(op: Op, chip: ChipSpec) -> Mapping:
     dram_bytes = (op.input_elements + op.weight_elements + op.output_elements) * op.bytes_per_element
     compute_s = op.flops / chip.vector_flops_per_s
     tiling = KernelTiling(kernel="vector", tile_m=0, tile_n=0, waves=0, head_dim=0)
-    return _mapping(op, op.name, "gpu_vector_kernel", chip, compute_s=compute_s, dram_bytes=dram_bytes,
-                    peak=chip.vector_flops_per_s, tiling=tiling, kernel_class=op.name)
+    mapping = _mapping(op, op.name, "gpu_vector_kernel", chip, compute_s=compute_s, dram_bytes=dram_bytes,
+                       peak=chip.vector_flops_per_s, tiling=tiling, kernel_class=op.name)
+    row_bandwidth = _model(chip).group_norm_row_bandwidth_bytes_per_s
+    if op.name != GROUP_NORM_CLASS or row_bandwidth <= 0:
+        return mapping
+    rows = op.output_shape[0]  # (sample, group) rows: hlo_analyzer.op_mapping
+    moments_s = op.input_elements * op.bytes_per_element / min(rows * row_bandwidth, _sustained_bandwidth(chip))
+    latency_s = mapping.latency_s + moments_s
+    return dataclasses.replace(mapping, latency_s=latency_s, dram_s=mapping.dram_s + moments_s,
+                               utilization=min(1.0, op.flops / latency_s / chip.vector_flops_per_s))
 
 
 def gpu_flash_attention_mapping(op: Op, chip: ChipSpec) -> Mapping:

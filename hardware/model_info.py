@@ -43,6 +43,7 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
             "hbm_efficiency": kernel_model.hbm_efficiency,
             "flash_efficiency_by_head_dim": dict(zip(map(str, kernel_model.flash_head_dims), kernel_model.flash_efficiency, strict=True)),
             "flash_kv_overhead": kernel_model.flash_kv_overhead,
+            "group_norm_row_bandwidth_bytes_per_s": kernel_model.group_norm_row_bandwidth_bytes_per_s,
             "vector_efficiency": dict(kernel_model.vector_efficiency),
         }
     return ModelAssumptions(

@@ -76,9 +76,12 @@ _ALGORITHMS_BY_TOPOLOGY = {
 #: dim); ``widening_cast``: a cast to a wider type; ``strided``: an element-wise kernel whose
 #: full-size inputs lie in different layouts (the official STDiT3's residual stream keeps the
 #: channel-major layout of its patch embedding); ``transpose_copy``: the copy that makes such a
-#: tensor contiguous for a library call that needs contiguous rows.
+#: tensor contiguous for a library call that needs contiguous rows; ``group_norm``: nn.GroupNorm's
+#: kernel (OpenSora's VAE); ``layout_transpose``: the NCHW <-> NHWC transposes cuDNN runs around a
+#: convolution.
 KERNEL_CLASS_VARIANTS = {"broadcast": "elementwise", "select": "elementwise", "reduction": "elementwise",
-                         "widening_cast": "elementwise", "strided": "elementwise", "transpose_copy": "copy"}
+                         "widening_cast": "elementwise", "strided": "elementwise", "transpose_copy": "copy",
+                         "group_norm": "layer_norm", "layout_transpose": "copy"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ class KernelModel:
     #: tile's Q load, softmax rescale and output write): a kernel attending to ``s_kv`` keys runs
     #: at ``flash_efficiency * s_kv / (s_kv + flash_kv_overhead)`` (0: no such cost).
     flash_kv_overhead: int = 0
+    #: PyTorch's GroupNorm first computes each (sample, group)'s mean and variance in one thread
+    #: block (``RowwiseMomentsCUDAKernel``), which streams its row at about this rate; with few
+    #: rows (32 groups of one sample) that pass, not the bandwidth, sets the time. The kernel
+    #: then applies the norm in an element-wise pass at ``vector_efficiency["group_norm"]``
+    #: (0: a GroupNorm is one pass like any other class).
+    group_norm_row_bandwidth_bytes_per_s: float = 0.0
 
     def hbm_efficiency_for(self, kernel_class: str) -> float:
         """The HBM efficiency of a memory-bound kernel of ``kernel_class``."""
@@ -356,9 +365,10 @@ _KERNEL_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "flash_efficiency": ("flash_efficiency", _fraction_list),
     "vector_efficiency": ("vector_efficiency", _class_fractions),
     "flash_kv_overhead": ("flash_kv_overhead", _non_negative_int),
+    "group_norm_row_bandwidth": ("group_norm_row_bandwidth_bytes_per_s", _quantity(Dimension.BANDWIDTH)),
 }
 #: Fields of the [kernel_model] table that may be left out (the dataclass has their defaults).
-_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"vector_efficiency", "flash_kv_overhead"})
+_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"vector_efficiency", "flash_kv_overhead", "group_norm_row_bandwidth"})
 
 
 def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:

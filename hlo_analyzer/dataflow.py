@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
@@ -115,6 +116,8 @@ class DataflowVisitor(IRVisitor):
             attributes["location"] = types.location(node)
             if name == "transpose":  # which axes a view permutes decides PyTorch's strides
                 attributes["permutation"] = permutation(node)
+            elif name == "convolution":  # cuDNN's layout transposes around it (op_mapping)
+                attributes["conv_layout"] = conv_layout(node)
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
         self._nodes.append((position, attributes))
@@ -221,6 +224,24 @@ def conv_dims(op: Any, operand_shapes: tuple, result_shape: tuple) -> tuple[int,
         dims.kernel_input_feature_dimension]
     m = math.prod(result_shape) // max(1, out_features)
     return m, k, out_features // max(1, groups), max(1, groups)
+
+
+@dataclass(frozen=True)
+class ConvLayout:
+    """How a convolution lays out its input: features right after the batch (PyTorch's NCHW /
+    NCDHW) or last, and how many taps its window has (1 for a 1x1 convolution)."""
+
+    channels_first: bool
+    window_taps: int
+
+
+def conv_layout(op: Any) -> ConvLayout:
+    operation = op.operation
+    dialect = _DIALECTS[operation.name.split(".", 1)[0]]
+    dims = dialect.ConvDimensionNumbers(operation.attributes["dimension_numbers"])
+    kernel = ir.RankedTensorType(operation.operands[1].type).shape
+    taps = math.prod(kernel[d] for d in dims.kernel_spatial_dimensions)
+    return ConvLayout(channels_first=dims.input_feature_dimension == 1, window_taps=taps)
 
 
 def build_dataflow(module: ir.Module) -> nx.DiGraph:

@@ -108,12 +108,17 @@ REDUCTION_OPS = frozenset({"reduce", "reduce_window"})
 EPILOGUE_SIDE_INPUT_ROWS = 8
 #: Kernel class of a library call's kind (``hlo_analyzer.library_calls``): the GPU kernel model
 #: gives each class its own in-model bandwidth efficiency (``KernelModel.vector_efficiency``).
-KERNEL_CLASSES = {"layer_norm": "layer_norm", "softmax": "softmax", "tanh_gelu": "gelu", "gelu": "gelu",
-                  COPY_CALL: "copy"}
+KERNEL_CLASSES = {"layer_norm": "layer_norm", "group_norm": "group_norm", "softmax": "softmax",
+                  "tanh_gelu": "gelu", "gelu": "gelu", COPY_CALL: "copy"}
+#: Torch calls that torch-xla lowers with a dot (a one-hot product) but PyTorch runs as one
+#: memory-bound kernel that gathers its input.
+GATHER_CALLS = frozenset({"upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"})
+#: Norms: one kernel each that needs contiguous rows (PyTorch copies a permuted input first).
+NORM_CLASSES = frozenset({"layer_norm", "group_norm"})
 ELEMENTWISE_CLASS = "elementwise"
 #: Library calls that write a contiguous result whatever the layout of their inputs
 #: (:mod:`hlo_analyzer.torch_layouts`); element-wise calls write in their first input's layout.
-CONTIGUOUS_CALLS = frozenset({"layer_norm", "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
+CONTIGUOUS_CALLS = frozenset({*NORM_CLASSES, *GATHER_CALLS, "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
 TORCH_KERNEL_CLASSES = frozenset({*KERNEL_CLASSES.values(), ELEMENTWISE_CLASS, *KERNEL_CLASS_VARIANTS})
 #: Launch overhead when the hardware description gives none (see the module docstring).
 DEFAULT_LAUNCH_OVERHEAD_S = 0.0
@@ -790,6 +795,9 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
              and attributes_of[p]["result_shapes"] and attributes_of[p]["name"] not in _NOT_KERNELS]
     calls = call_groups(graph, nodes, options.library_calls, owners)
     call_of = {node: call for call in calls for node in call.nodes}
+    # torch-xla lowers a nearest upsampling to a product with a one-hot matrix; PyTorch runs it
+    # as one memory-bound kernel (upsample_nearest2d): no GEMM.
+    is_gemm = {p for p in is_gemm if p not in call_of or call_of[p].kind not in GATHER_CALLS}
     attentions = []
     if chip.fused_attention_kernel:
         fused = {n for call in calls if call.in_region and call.kind == ATTENTION_CALL for n in call.nodes}
@@ -816,6 +824,8 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
               zip(operand_markers(attributes_of[p]), attributes_of[p]["operand_shapes"], attributes_of[p]["operand_dtypes"])
               if (copy := _layout_copy(attributes_of, operand, shape, _elements(shape) * _bytes(dtype), p, layout,
                                        signatures)) is not None]
+    copies += [copy for p in gemms if attributes_of[p]["name"] == "convolution"
+               for copy in _cudnn_layout_transposes(attributes_of[p], p, signatures)]
     vectors: list[_Work] = []
     for call in calls:
         rest = [n for n in call.nodes if n not in claimed and n not in gemms]
@@ -829,8 +839,12 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
             continue  # views only
         io = _group_io(graph, attributes_of, rest, constant, real)
         feeding = {_gemm_behind(attributes_of, p, gemms) for p, _ in io.entering} - {None}
+        # A call's element-wise work on one GEMM's result runs in that GEMM's epilogue (an
+        # nn.Linear's bias in cuBLASLt), except after a convolution: PyTorch adds a convolution's
+        # bias in a kernel of its own (aten/src/ATen/native/Convolution.cpp, ``output.add_``).
         if len(feeding) == 1 and (call.kind == LINEAR_CALL or not call.in_region) and \
                 (gemm := feeding.pop()) in gemms and gemms[gemm].epilogue is None and \
+                attributes_of[gemm]["name"] != "convolution" and \
                 gemms[gemm].op.batch == 1 and (call.kind == LINEAR_CALL or gemm in call.nodes):
             flops = sum(_vector_flops(rows[p], signatures.exp_ops) for p in rest if p in rows)
             gemms[gemm] = _with_epilogue(gemms[gemm], call.kind, flops, tuple(rest))
@@ -844,10 +858,12 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
             kernel = "strided"
         else:
             kernel = KERNEL_CLASSES.get(call.kind) or _elementwise_variant(attributes_of, rest, constant, real, io)
-        if kernel == "layer_norm":  # it needs contiguous rows
+        if kernel in NORM_CLASSES:  # it needs contiguous rows
             copies += [copy for (key, shape), size in zip(io.entering, io.entering_bytes)
                        if (copy := _layout_copy(attributes_of, key, shape, size, rest[0], layout, signatures))]
         rows_count = _rows_of(largest.op.split(".", 1)[-1], result) if largest is not None else 1
+        if kernel == "group_norm":
+            rows_count = _group_norm_rows(attributes_of, rest) or rows_count
         # Bytes, not elements: a kernel reads and writes tensors of several element types. A
         # copy's views leave as views of what entered, yet the copy writes all it reads.
         out_bytes = io.out_bytes or (sum(io.entering_bytes) if call.kind == COPY_CALL else 0)
@@ -871,6 +887,41 @@ def _layout_copy(attributes_of: dict[int, dict[str, Any]], operand: Any, shape: 
     op = signatures.vector_op(name, ((size,),), 1, size, 0, 1)
     text = signatures.shapes_text((tuple(shape),), (tuple(shape),))
     return _Work(reader, (reader,), f"{name}({kind} input)", VECTOR_KIND, text, op=op)
+
+
+def _group_norm_rows(attributes_of: dict[int, dict[str, Any]], members: list[int]) -> int | None:
+    """The (sample, group) rows of a GroupNorm call: torch-xla lowers ``native_group_norm`` to a
+    ``batch_norm_training`` over a (1, N * G, rest) view, its features the rows; None when the
+    call holds no such op."""
+    for node in members:
+        attributes = attributes_of[node]
+        if attributes["name"] == "batch_norm_training" and len(attributes["operand_shapes"][0]) >= 2:
+            return int(attributes["operand_shapes"][0][1])
+    return None
+
+
+#: The kernel class of the transposes cuDNN runs around a convolution (hardware.spec).
+LAYOUT_TRANSPOSE_CLASS = "layout_transpose"
+
+
+def _cudnn_layout_transposes(attributes: dict[str, Any], position: int, signatures: _Signatures) -> list[_Work]:
+    """The layout transposes PyTorch's cuDNN convolution runs around a convolution with a window
+    (not 1x1) on a channels-first tensor: cuDNN's fast kernels on Hopper read and write
+    channels-last, so the input is transposed to NHWC first and the result back to NCHW, each a
+    kernel of its own (``nchwToNhwcKernel`` / ``nhwcToNchwKernel``: measured by
+    benchmarks/gpu_vae_decode.py). The weights' transposes (a few MB) are not charged."""
+    layout = attributes.get("conv_layout")
+    if layout is None or not layout.channels_first or layout.window_taps == 1:
+        return []
+    transposes = []
+    for shape, dtype, side in ((attributes["operand_shapes"][0], attributes["operand_dtypes"][0], "input"),
+                               (attributes["result_shapes"][0], attributes["dtype"], "output")):
+        size = _elements(shape) * _bytes(dtype)
+        op = signatures.vector_op(LAYOUT_TRANSPOSE_CLASS, ((size,),), 1, size, 0, 1)
+        text = signatures.shapes_text((tuple(shape),), (tuple(shape),))
+        transposes.append(_Work(position, (position,), f"{LAYOUT_TRANSPOSE_CLASS}(convolution {side})",
+                                VECTOR_KIND, text, op=op))
+    return transposes
 
 
 def _elementwise_variant(attributes_of: dict[int, dict[str, Any]], members: list[int], constant: set[int],

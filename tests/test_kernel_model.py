@@ -161,3 +161,24 @@ def test_bad_kernel_model_table(tmp_path):
     bad.write_text(text.replace("gemm_k_overhead = 256", "gemm_k_overhead = 256\nbogus = 1"))
     with pytest.raises(InputFileError, match="kernel_model.bogus"):
         load_chip(bad)
+
+
+def test_group_norm_pays_its_moments_pass_one_row_per_block():
+    """h100-sxm: a GroupNorm of 32 (sample, group) rows over 1 x 512 x 5 x 45 x 80 bf16
+    (9,216,000 elements, 18,432,000 B each way). Apply pass: 36,864,000 B at 3.35e12 x 0.46
+    = 23.922 us, plus 3 us; moments pass: 18,432,000 B at 32 x 2.5 GB/s = 80 GB/s = 230.4 us.
+    With 128 rows the moments pass streams 320 GB/s (57.6 us); with 4096 rows it is capped at
+    the chip's sustained bandwidth (3.35e12 x hbm_efficiency 0.78)."""
+    h100 = load_chip("h100-sxm")
+    elements = 512 * 5 * 45 * 80
+
+    def latency(rows):
+        op = Op("group_norm", OpType.VECTOR, ((elements,),), None, (rows, elements // rows), 8 * elements)
+        return vector_mapper(op, h100).latency_s
+
+    apply_s = 3e-6 + 2 * elements * 2 / (3.35e12 * 0.46)
+    assert latency(32) == pytest.approx(apply_s + elements * 2 / (32 * 2.5e9), rel=1e-6)
+    assert latency(128) == pytest.approx(apply_s + elements * 2 / (128 * 2.5e9), rel=1e-6)
+    assert latency(4096) == pytest.approx(apply_s + elements * 2 / (3.35e12 * 0.78), rel=1e-6)
+    layer_norm = Op("layer_norm", OpType.VECTOR, ((elements,),), None, (32, elements // 32), 8 * elements)
+    assert vector_mapper(layer_norm, h100).latency_s < latency(32) / 5  # no such pass

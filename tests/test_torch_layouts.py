@@ -83,7 +83,8 @@ def test_kernel_class_variants_fall_back_to_the_class_they_vary():
     h100 = load_chip("h100-sxm").kernel_model  # every variant measured on an H100
     assert {name: h100.hbm_efficiency_for(name) for name in KERNEL_CLASS_VARIANTS} == {
         "broadcast": 0.41, "select": 0.65, "reduction": 0.36, "widening_cast": 0.56, "strided": 0.21,
-        "transpose_copy": 0.15}
+        "transpose_copy": 0.15, "group_norm": 0.46, "layout_transpose": 0.63}
+    assert a100.hbm_efficiency_for("group_norm") == a100.hbm_efficiency_for("layer_norm")
 
 
 def test_flash_kv_overhead_slows_short_key_sequences():

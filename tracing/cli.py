@@ -68,7 +68,7 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         if config.patches > 1:
             raise UsageError("--mode train traces a whole stage: --patches must be 1")
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
-    _check_output(out_dir, [mlir_path, json_path], force)
+    check_output(out_dir, [mlir_path, json_path], force)
     require_trace_extra()
     progress = _progress(stage, name)
 
@@ -164,7 +164,7 @@ def require_trace_extra() -> None:
                          'pip install -e ".[trace]" (torch 2.9.0 + torch_xla 2.9.0, about 7 GB)')
 
 
-def _check_output(out_dir: Path, targets: list[Path], force: bool) -> None:
+def check_output(out_dir: Path, targets: list[Path], force: bool) -> None:
     """Create the output directory (parents too) and refuse to overwrite without ``force``."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: output path exists and is not a directory")

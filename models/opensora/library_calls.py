@@ -2,7 +2,8 @@
 
 The model is written with plain tensor ops so that a trace sees every operation (a LayerNorm is
 mean, variance and rsqrt; a linear layer an einsum and a bias add). The official OpenSora code
-runs some of those groups as one library kernel: ``nn.LayerNorm`` (or apex's fused LayerNorm),
+runs some of those groups as one library kernel: ``nn.LayerNorm`` (or apex's fused LayerNorm;
+``nn.GroupNorm`` in its VAE),
 ``nn.Linear`` (a cuBLASLt GEMM with the bias added in its epilogue), ``flash_attn_func`` or
 xformers' memory-efficient attention (the model marks the function that reads such an
 attention's result: whatever kernel a strategy swaps in, that attention is the fused one), and
@@ -35,7 +36,7 @@ __all__ = ["CALL_KINDS", "CallRegion", "call_regions", "library_call"]
 
 #: The library kernels a model may mark, each one kernel in eager PyTorch, and the view that
 #: leaves its residual stream channel-major.
-CALL_KINDS = ("layer_norm", "linear", "flash_attention", "copy", "transposed_tokens")
+CALL_KINDS = ("layer_norm", "group_norm", "linear", "flash_attention", "copy", "transposed_tokens")
 
 F = TypeVar("F", bound=Callable)
 
