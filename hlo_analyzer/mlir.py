@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 
 from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext  # imported here, never first in a forked child
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 
 from hlo_trace.errors import InputFileError, UnsupportedIRError, shown
@@ -40,8 +41,6 @@ _mhlo_passes_registered = False
 
 def new_context() -> ir.Context:
     """A context that knows func, stablehlo, mhlo, chlo and sdy (a Shardy dump parses too)."""
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-
     registry = ir.DialectRegistry()
     _jax_mlir_ext.register_dialects(registry)
     context = ir.Context()
@@ -206,7 +205,7 @@ def parse_module(data: bytes | str, origin: str = "<input>",
             module = ir.Module.parse(text if kind is DumpKind.MLIR_TEXT else raw)
         except ir.MLIRError as exc:
             raise InputFileError(f"{origin}: MLIR does not parse: {_first_diagnostic(exc)}") from None
-        except (ValueError, RuntimeError, OverflowError, MemoryError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to parse given text is the input's
             # The bindings' own failures on malformed input (bytecode whose counts make LLVM's
             # SmallVector refuse to grow, a buffer they cannot take): the input's fault too.
             raise InputFileError(f"{origin}: MLIR does not parse: {_reason(exc)}") from None
@@ -360,8 +359,11 @@ def hlo_text_to_mlir_text(hlo_text: str, dialect: str = "stablehlo", origin: str
 
 
 def _first_diagnostic(exc: ir.MLIRError) -> str:
+    """The first error diagnostic of a failed parse, else the first line of its message, else
+    the error's type (a parse that failed without saying why is still one line)."""
     diagnostics = getattr(exc, "error_diagnostics", None)
     if diagnostics:
         first = diagnostics[0]
         return f"{first.location}: {first.message}"
-    return str(exc).strip().splitlines()[0]
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

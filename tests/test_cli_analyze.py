@@ -91,7 +91,7 @@ def test_bad_input_gets_one_line_and_exit_code_2(tmp_path, capsys, content, mess
     if content is not None:
         path.write_text(content)
     code, out, err = run([path], capsys)
-    assert code == 2
+    assert code == 2, err
     assert out == ""
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("Error: ") and message in err and str(path) in err
