@@ -221,8 +221,8 @@ def _child(function: Callable[..., Any], args: tuple, write_end: int) -> None:
                 f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
         try:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as error:  # an exception that does not pickle
-            data = pickle.dumps(("raise", ChildFailed(f"unpicklable result: {error}")))
+        except Exception as error:  # a result or an exception that does not pickle
+            data = pickle.dumps(("raise", _plain(message[1]) or ChildFailed(f"unpicklable result: {error}")))
         with os.fdopen(write_end, "wb") as pipe:
             pipe.write(data)
         sys.stdout.flush()
@@ -230,6 +230,20 @@ def _child(function: Callable[..., Any], args: tuple, write_end: int) -> None:
     except BaseException:  # even a broken pipe must not run the parent's code in the child
         code = code or 1
     os._exit(code)
+
+
+def _plain(value: Any) -> UsageError | None:
+    """A usage error as its class and one line alone, without what else it holds (an attribute
+    or argument that does not pickle, e.g. the MLIR diagnostics of the failure behind it); None
+    for anything else."""
+    if not isinstance(value, UsageError):
+        return None
+    try:
+        plain = type(value)(str(value))
+        pickle.dumps(plain)
+        return plain
+    except Exception:  # noqa: BLE001 - a subclass whose constructor wants more: the base class
+        return UsageError(str(value))
 
 
 def _read_all(fd: int) -> bytes:

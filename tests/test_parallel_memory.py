@@ -34,6 +34,12 @@ def _refuse(path: str) -> None:
     raise InputFileError(f"{path}: not a dump")
 
 
+def _refuse_holding_what_does_not_pickle(path: str) -> None:
+    error = InputFileError(f"{path}: does not parse")
+    error.diagnostics = [lambda: None]  # e.g. the bindings' DiagnosticInfo objects
+    raise error
+
+
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
@@ -52,6 +58,13 @@ def test_started_child_returns_its_value_while_this_process_goes_on():
 def test_started_child_usage_error_is_raised_as_is():
     with pytest.raises(InputFileError, match="^a.mlir: not a dump$"):
         start_in_child(_refuse, "a.mlir", origin="a.mlir").result()
+
+
+def test_a_usage_error_that_does_not_pickle_still_arrives_as_its_one_line():
+    """A usage error holding something that does not pickle arrives as its class and message
+    (exit code 2 for the command), not as an internal error."""
+    with pytest.raises(InputFileError, match="^a.mlir: does not parse$"):
+        start_in_child(_refuse_holding_what_does_not_pickle, "a.mlir", origin="a.mlir").result()
 
 
 def test_started_child_crash_is_one_usage_error_naming_the_input_and_what():
