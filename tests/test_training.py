@@ -31,6 +31,7 @@ from models.opensora.config import get_config  # noqa: E402
 from models.opensora.theory import block_dims, block_gemm_flops  # noqa: E402
 from models.opensora.training_theory import (  # noqa: E402
     block_parameters,
+    layout_training_activations,
     layout_training_collectives,
     training_buffer_bytes,
 )
@@ -222,6 +223,51 @@ def test_sequence_parallel_training_memory_and_forward_collectives(sp_dumps, nam
                 split.comm_bytes("backward", "activation", "all_to_all")) == \
             (split.comm_count("forward", "activation", "all_to_all"),
              split.comm_bytes("forward", "activation", "all_to_all"))
+
+
+# Act, what the forward keeps for the backward, per device. Hand count for megatron on 2x2
+# (B = 2, N = 128 (T = 8, S = 16), h = 64, 1 of the 4 heads per device, clean path), one block:
+# the residual R = B*N*h = 16384 (replicated), the local queries Q = R/4 = 4096, the MLP hidden
+# 4Q = 16384, 256 LayerNorm rows; fp32: 12 tensors of R (the fp32 operands of the modulations
+# and gates, their broadcast (1 + scale) and gates, the LayerNorms' centered input and broadcast
+# rsqrt) 786432 + 2 rsqrt 2048; bf16 inputs of qkv, cross q, fc1 3*2*R = 98304; q and k RMSNorm
+# 2*(3*4*Q + 4*Q/16) = 100352; q*scale, k, v 3*2*Q = 24576; softmax probabilities fp32 + bf16
+# 6 * (Q/16 * S) = 24576 (temporal: * T, 12288); proj inputs and cross q*scale 3*2*Q = 24576;
+# caption K, V of the local head 2*2*(16*16) = 1024; cross probabilities 6*(Q/16 * 16 captions)
+# = 24576; fc1 output, GELU's 3 intermediates, fc2 input 5*2*16384 = 163840. Spatial 1250304,
+# temporal 1238016, + the captions y (2*16*64) read by the kv weight gradient: 2490368.
+MEGATRON_ACT = 1250304 + 1238016 + 2048
+# Recomputed (--recompute full): each block's input 2*R*2 bytes, y 2048, t_mlp 2*6h*2 = 1536.
+MEGATRON_RECOMPUTE_ACT = 2 * 2 * 16384 + 2048 + 1536
+
+# name -> (strategy, mesh, batch) of every traced case, for the activation formula.
+ACT_CASES = {**{name: ("dp", (2, 2), 4) for name in ("dp", "zero1", "zero2", "zero3")},
+             "megatron": ("megatron", (2, 2), 2), "megatron_recompute": ("megatron", (2, 2), 2),
+             **{name: (name.split("_zero")[0], mesh, 2)
+                for name, (_, mesh, _, _) in SP_CASES.items()}}
+
+
+def activation_formula(name: str) -> int:
+    strategy, mesh, batch = ACT_CASES[name]
+    terms = layout_training_activations(strategy, get_config("tiny"),
+                                        block_dims(get_config("tiny"), "28_64_64", batch=batch),
+                                        mesh, recompute=name.endswith("recompute"), path="clean")
+    return sum(term.bytes for term in terms)
+
+
+def test_the_activation_formula_is_the_hand_count():
+    assert activation_formula("megatron") == MEGATRON_ACT
+    assert activation_formula("megatron_recompute") == MEGATRON_RECOMPUTE_ACT
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", sorted(ACT_CASES))
+def test_what_the_forward_keeps_is_the_activation_formula(train_dumps, sp_dumps, name):
+    """Act per device, traced (analyzer) = layout_training_activations, to the byte, for every
+    strategy (ZeRO shards no activation; the gradients of the stage's outputs, inputs here, are
+    not kept by the forward)."""
+    dumps = train_dumps if name in train_dumps else sp_dumps
+    assert split_of(dumps[name]).memory["activation"] == activation_formula(name)
 
 
 def gemm_flops_per_device(dump: Path) -> int:

@@ -40,10 +40,11 @@ from dataclasses import dataclass
 
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
-from models.opensora.theory import BlockDims, CollectiveTerm
+from models.opensora.theory import BlockDims, CollectiveTerm, usp_degrees
 
-__all__ = ["NOTES_TRAINING_TABLE", "TrainingTerm", "block_parameters", "layout_training_collectives",
-           "parameter_splits", "training_buffer_bytes"]
+__all__ = ["NOTES_TRAINING_TABLE", "ActivationTerm", "TrainingTerm", "block_parameters",
+           "layout_training_activations", "layout_training_collectives", "parameter_splits",
+           "training_buffer_bytes"]
 
 #: Bytes per parameter of the AdamW moments (two fp32 tensors) and of an fp32 master copy.
 MOMENT_BYTES = 8
@@ -184,6 +185,170 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
                              "q and k RMSNorm weight gradients"))
     raise TrainingTheoryError(f"no training-step layout formula for {strategy!r} here: dp, "
                               "megatron")
+
+
+@dataclass(frozen=True)
+class ActivationTerm:
+    """``count`` tensors of ``elements`` per device each, ``bytes_per_element`` wide, that the
+    forward of a block pair keeps for the backward: ``what`` names the tensor."""
+
+    what: str
+    count: int
+    elements: int
+    bytes_per_element: int
+
+    @property
+    def bytes(self) -> int:
+        return self.count * self.elements * self.bytes_per_element
+
+
+#: Per strategy: (divisor of the residual stream (B, N, h), divisor of the inputs of the
+#: column-parallel linears (qkv, cross q, fc1), heads split at the cross-attention, divisor of the
+#: caption rows the kv projection reads); ``n``, ``x``, ``y``, ``ring``, ``ulysses`` stand for
+#: the device counts (see ``_activation_splits``).
+_ACTIVATION_SPLITS = {
+    "dp": ("n", "n", "1", "n"),
+    "megatron": ("1", "1", "n", "1"),
+    "megatron_sp": ("n", "x", "y", "1"),
+    "ds_ulysses": ("n", "n", "y", "1"),
+    "ring_attention": ("n", "n", "1", "y"),
+    "usp": ("n", "n", "ulysses", "ring"),
+}
+
+
+def _ring_terms(q: int, scores: int, stats: int, r: int, b: int) -> list[ActivationTerm]:
+    """What the ring kernel (``tracing.strategies.ring_attention``) keeps over ``r`` steps:
+    ``q`` elements of q (and of each K/V block and of the accumulator), ``scores`` of one block's
+    scores, ``stats`` of one running statistic (one per query and head)."""
+    terms = [ActivationTerm("ring: q * scale (blocks)", 1, q, b),
+             ActivationTerm("ring: K and V block of each step (step 0's and the rotated ones)",
+                            2 * r, q, b),
+             ActivationTerm("ring: scores of each step (fp32, read by amax's backward)", r,
+                            scores, 4),
+             ActivationTerm("ring: exp(scores - max) of each step (fp32)", r, scores, 4),
+             ActivationTerm("ring: the same probabilities in the model dtype (P @ V)", r, scores,
+                            b),
+             ActivationTerm("ring: running output sum and running max after steps 0..r-2 (fp32, "
+                            "read by the next step's rescale and maximum)", r - 1, q + stats, 4),
+             ActivationTerm("ring: running sum after steps 0..r-2 (fp32)", r - 1, stats, 4),
+             ActivationTerm("ring: block max and correction exp(old - new max) of steps 1..r-1 "
+                            "(fp32)", 2 * (r - 1), stats, 4),
+             ActivationTerm("ring: correction broadcast over head_dim, steps 1..r-1 (fp32)",
+                            r - 1, q, 4),
+             ActivationTerm("ring: final sum broadcast and the normalized output (fp32)", 2, q,
+                            4)]
+    return [term for term in terms if term.count]
+
+
+def layout_training_activations(strategy: str, config: STDiT3Config, dims: BlockDims,
+                                mesh: tuple[int, int], recompute: bool = False,
+                                ring_degree: int | None = None,
+                                path: str = "official") -> tuple[ActivationTerm, ...]:
+    """What the forward of one block pair keeps for autograd's backward, per device, in the
+    traced layout (the analyzer's ``activation``: forward values a backward op reads, weights
+    excepted), term by term from the model code: each saved tensor of
+    ``models.opensora.stdit3`` with its local shape and dtype. bf16 / fp16 models only (q < 4:
+    an fp32 model's casts are no-ops and save nothing of their own).
+
+    Local sizes (elements per device; n = devices): R = B*N*h / (residual divisor), G = B*N*h /
+    (linear-input divisor: Megatron-SP all-gathers its tokens before qkv, cross q and fc1),
+    Q = B*N*h / n for every strategy (the queries of the local tokens and heads), so the
+    attention outputs (proj inputs) are Q and the MLP hidden (m/h)Q. Scores: Q/hd queries x the
+    attention length (S or T; the cross-attention's B*TOKEN captions, every caption of the
+    batch: OpenSora's flattened cross-attention). The elementwise ops of a bf16 model run in fp32
+    as torch-xla lowers them, and the backward reads those fp32 operands: the input of each
+    modulation and gate product and the broadcast (1 + scale) and gate (6 tensors of R), the
+    LayerNorms' centered input and broadcast rsqrt (4 of R) and rsqrt (2 of R/h).
+
+    ``path`` "official" (OpenSora's text-to-video path, ``--path official``, the default): the
+    timestep-0 modulations and gates add their broadcast (1 + scale0) and gate0 (4 fp32 tensors
+    of R per block), and the per-frame selections (``t_mask_select``'s ``torch.where``) keep
+    their condition, the temporal mask broadcast to R (1 byte each), once for the pair; "clean":
+    neither.
+
+    ``recompute`` (``--recompute full``): each block's input x, the captions y and t_mlp as the
+    stage receives them (megatron, dp).
+
+    Checked to the byte against the traced tiny dumps (``tests/test_training.py``) and the
+    study's full-size dumps (``results/training.md``). Known limit: where GSPMD shards the
+    (B, 1, h) modulation operands over the batch merged with the frames (batch 2 on a 1 x 4
+    mesh, the spatial block), the backward reads them before the broadcast, and the broadcast
+    terms here over-count (by the broadcast tensors minus their (B, h) operands)."""
+    if path not in ("official", "clean"):
+        raise TrainingTheoryError(f"path {path!r}: expected official or clean")
+    if strategy not in _ACTIVATION_SPLITS:
+        raise TrainingTheoryError(f"no activation formula for {strategy!r}: expected one of "
+                                  f"{', '.join(_ACTIVATION_SPLITS)}")
+    b = dims.bytes_per_element
+    if b >= 4:
+        raise TrainingTheoryError("the activation formula is for bf16 / fp16 models (an fp32 "
+                                  "model keeps no fp32 copies of its own)")
+    x_devices, y_devices = mesh
+    ring, ulysses = (usp_degrees(y_devices, ring_degree) if strategy == "usp"
+                     else (y_devices, 1) if strategy == "ring_attention" else (1, y_devices))
+    devices = {"n": x_devices * y_devices, "x": x_devices, "y": y_devices, "1": 1,
+               "ring": ring, "ulysses": ulysses}
+    residual, linear_in, cross_heads, caption_rows = (
+        devices[key] for key in _ACTIVATION_SPLITS[strategy])
+    h, hd = dims.hidden, dims.hidden // dims.heads
+    whole = dims.batch * dims.N * h
+    R, G, Q = whole // residual, whole // linear_in, whole // devices["n"]
+    captions = dims.batch * dims.token
+    caption = ActivationTerm("captions y read by the kv projection's weight gradient", 1,
+                             captions * h // caption_rows, b)
+    if recompute:
+        if strategy not in ("megatron", "dp"):
+            raise TrainingTheoryError(f"--recompute full: an activation formula for megatron "
+                                      f"and dp, not {strategy!r}")
+        batch = dims.batch // residual  # the residual's split is the batch's (dp) or none
+        terms = [ActivationTerm("input x of each block (checkpointed)", 2, R, b), caption,
+                 ActivationTerm("t_mlp", 1, batch * 6 * h, b)]
+        if path == "official":
+            terms += [ActivationTerm("t0_mlp", 1, batch * 6 * h, b),
+                      ActivationTerm("temporal mask x_mask (bool)", 1, batch * dims.T, 1)]
+        return tuple(terms)
+    split_temporal = dims.T % y_devices == 0  # the attention whose sequence the SP layouts split
+    terms = [caption]
+    if path == "official":
+        terms.append(ActivationTerm("temporal mask broadcast to the residual (the per-frame "
+                                    "selections' condition, bool)", 1, R, 1))
+    for temporal in (False, True):
+        block = "temporal" if temporal else "spatial"
+        length = dims.T if temporal else dims.S
+        terms += [
+            ActivationTerm(f"{block}: fp32 operands of the 2 modulations and 2 gates, and the "
+                           "broadcast (1 + scale) and gates", 8, R, 4),
+            ActivationTerm(f"{block}: LayerNorm centered input and broadcast rsqrt (2 norms, "
+                           "fp32)", 4, R, 4),
+            ActivationTerm(f"{block}: LayerNorm rsqrt (2 norms, fp32)", 2, R // h, 4),
+            *([ActivationTerm(f"{block}: broadcast (1 + scale0) and gate0 of the timestep-0 "
+                              "modulations (fp32)", 4, R, 4)] if path == "official" else []),
+            ActivationTerm(f"{block}: inputs of qkv, cross q and fc1", 3, G, b)]
+        if config.qk_norm:
+            terms += [ActivationTerm(f"{block}: q and k RMSNorm: fp32 input, broadcast rsqrt, "
+                                     "fp32 normed", 6, Q, 4),
+                      ActivationTerm(f"{block}: q and k RMSNorm rsqrt (fp32)", 2, Q // hd, 4)]
+        if temporal == split_temporal and strategy in ("ring_attention", "usp"):
+            terms += [ActivationTerm(f"{block}: {term.what}", term.count, term.elements,
+                                     term.bytes_per_element)
+                      for term in _ring_terms(Q, Q // hd * length // ring, Q // hd, ring, b)]
+        else:
+            terms += [ActivationTerm(f"{block}: q * scale, k, v", 3, Q, b),
+                      ActivationTerm(f"{block}: softmax probabilities (fp32)", 1,
+                                     Q // hd * length, 4),
+                      ActivationTerm(f"{block}: probabilities in the model dtype (P @ V)", 1,
+                                     Q // hd * length, b)]
+        scores = Q // hd * captions
+        terms += [ActivationTerm(f"{block}: attention and cross-attention outputs (proj "
+                                 "inputs), cross q * scale", 3, Q, b),
+                  ActivationTerm(f"{block}: caption K and V of the local heads", 2,
+                                 captions * h // cross_heads, b),
+                  ActivationTerm(f"{block}: cross-attention probabilities (fp32)", 1, scores, 4),
+                  ActivationTerm(f"{block}: cross-attention probabilities in the model dtype", 1,
+                                 scores, b),
+                  ActivationTerm(f"{block}: fc1 output, GELU(tanh)'s 3 intermediates, fc2 "
+                                 "input", 5, dims.mlp_ratio * Q, b)]
+    return tuple(terms)
 
 
 #: The notes' training table (note 000), row by row: communication of parameters and of
