@@ -122,6 +122,8 @@ SP_CASES = {
                     {"param": 134784, "grad": 134784, "optimizer_state": 6 * 134784}),
     "usp": (["--strategy", "usp", "--mesh", "2x4"], (2, 4), 0,
             {"param": P, "grad": P, "optimizer_state": 6 * P}),
+    "usp_zero1": (["--strategy", "usp", "--mesh", "2x4", "--zero", "1"], (2, 4), 1,
+                  {"param": P, "grad": P, "optimizer_state": 6 * P // 8}),
     "usp_zero2": (["--strategy", "usp", "--mesh", "2x4", "--zero", "2"], (2, 4), 2,
                   {"param": P, "grad": P // 8, "optimizer_state": 6 * P // 8}),
     "usp_zero3": (["--strategy", "usp", "--mesh", "2x4", "--zero", "3"], (2, 4), 3,
@@ -192,7 +194,7 @@ def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_
     theory: dict = {}
     dims = block_dims(get_config("tiny"), "28_64_64", batch=batch)
     for term in layout_training_collectives(strategy, get_config("tiny"), dims, (2, 2), zero,
-                                            recompute=name.endswith("recompute")):
+                                            recompute=name.endswith("recompute"), path="clean"):
         count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
         theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
                                                          volume + term.bytes_per_device)
@@ -268,6 +270,57 @@ def test_what_the_forward_keeps_is_the_activation_formula(train_dumps, sp_dumps,
     not kept by the forward)."""
     dumps = train_dumps if name in train_dumps else sp_dumps
     assert split_of(dumps[name]).memory["activation"] == activation_formula(name)
+
+
+# The backward of ds_ulysses on 2x2 (batch 2 on x, T split over y; every group 2 devices, so an
+# all-reduce of M moves M per device, an all-gather of a full M, M/2), by hand, per block:
+# * the modulation gradient of t_mlp, 6 chunks of (B/x, h) = 128 bytes summed over the tokens:
+#   partial over y, 6 all-reduces of 128;
+# * the caption K and V gradients of the local 2 heads (16 captions x 32 = 1024 bytes) summed
+#   over x (both x rows hold every caption): 2 all-reduces of 1024; the caption gradient
+#   (16 x 64 = 2048 bytes) partial over the heads: 1 all-reduce over y;
+# * parameter gradients: the scale-shift table (768 bytes) over x only (its modulation gradient
+#   is summed over y already); qkv, proj, cross q, cross proj, fc1, fc2 (weights 14h^2, biases
+#   11h) and the q/k norm weights (2 x 16) over y, then x: 2 all-reduces each of their 116160
+#   bytes; the kv projection, read through the local heads' rows, all-gathered over y:
+#   (2h*h + 2h)*2 = 16640 bytes, 8320 per device.
+# Per pair: activation all-reduces 2*(6*128 + 2*1024 + 2048) over 18, parameter all-reduces
+# 2*(768 + 2*116160) over 58, 2 x 2 all-gathers of 8320, and the 8 all-to-alls of the forward
+# (A/n = 8192 bytes each, 4096 per device) once more in the backward.
+DS_ULYSSES_BACKWARD = {
+    ("forward", "activation", "all_to_all"): (8, 8 * 4096),
+    ("backward", "activation", "all_to_all"): (8, 8 * 4096),
+    ("backward", "activation", "all_reduce"): (18, 2 * (6 * 128 + 2 * 1024 + 2048)),
+    ("backward", "param_grad", "all_reduce"): (58, 2 * (768 + 2 * 116160)),
+    ("backward", "param_grad", "all_gather"): (4, 2 * 8320)}
+
+
+def collectives_formula(name: str) -> dict[tuple[str, str, str], tuple[int, int]]:
+    _, mesh, zero, _ = SP_CASES[name]
+    theory: dict = {}
+    for term in layout_training_collectives(name.split("_zero")[0], get_config("tiny"),
+                                            block_dims(get_config("tiny"), "28_64_64"), mesh,
+                                            zero, path="clean"):
+        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
+        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
+                                                         volume + term.bytes_per_device)
+    return {key: (count, round(volume)) for key, (count, volume) in theory.items()}
+
+
+def test_the_ds_ulysses_backward_formula_is_the_hand_count():
+    assert collectives_formula("ds_ulysses") == DS_ULYSSES_BACKWARD
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "usp", "usp_zero1"])
+def test_sequence_parallel_collectives_are_the_layout_formula(sp_dumps, name):
+    """Every collective of the step, by phase, traffic and kind (count and bytes per device),
+    equals layout_training_collectives: the forward's exchanges again in the backward (ring
+    rotations: 2 permutes of the block's gradient and 1 of its bool mask each), the partial
+    sums of the replicated inputs' gradients, and each weight gradient's reduction."""
+    split = split_of(sp_dumps[name])
+    traced = {key: (count, round(volume)) for key, (count, volume) in split.comm.items()}
+    assert traced == collectives_formula(name)
 
 
 def gemm_flops_per_device(dump: Path) -> int:

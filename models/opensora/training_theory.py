@@ -30,7 +30,22 @@ backward is derived term by term here:
 * ``megatron`` (1-D tensor parallel over n): forward the 6 all-reduces of A of the inference
   layout; backward 6 all-reduces of A (the input gradients of qkv, cross q and fc1) and 2 of the
   caption gradient (the kv projection's input gradient, q*B*TOKEN*h); the q/k RMSNorm weights
-  (replicated, head-dim sized) get their gradients summed over the heads: 4 all-reduces of q*hd.
+  (replicated, head-dim sized) get their gradients summed over the heads: 4 all-reduces of q*hd;
+* ``ds_ulysses``, ``ring_attention``, ``usp`` (batch on x, the sequence on y; ZeRO 0, usp also
+  ZeRO-1): the forward's exchanges (``theory.layout_collectives``) and the same again in the
+  backward (all-to-alls; for each K/V rotation 2 collective-permutes of the block's gradient and
+  1 of its bool mask); per block the modulation gradient (6 chunks of (B/x, h) per modulation,
+  2 on the official path) summed over y, the caption K/V gradients of the local heads over the
+  devices that use them (x; x*y for ring_attention, whose captions are gathered; x*ring for
+  usp), the caption gradient over the heads (ds_ulysses: over y; usp: over ulysses, then its
+  ring slices gathered); weight gradients over y then x (2 all-reduces), but the scale-shift
+  table over x only, the local attention's self-attention parameters over all n in one (ring,
+  usp: batch and tokens merged on one split axis), and the kv projection by its layout
+  (ds_ulysses: the local heads' rows gathered over y; ring_attention: caption slices summed
+  over y; usp: summed over ring, gathered over ulysses).
+
+``path`` "official" (the default of ``trace-stage``): each block modulates twice (t and t0), so
+the table's gradient and the modulation partial sums are reduced twice.
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from dataclasses import dataclass
 
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
-from models.opensora.theory import BlockDims, CollectiveTerm, usp_degrees
+from models.opensora.theory import BlockDims, CollectiveTerm, layout_collectives, usp_degrees
 
 __all__ = ["NOTES_TRAINING_TABLE", "ActivationTerm", "TrainingTerm", "block_parameters",
            "layout_training_activations", "layout_training_collectives", "parameter_splits",
@@ -127,6 +142,11 @@ class TrainingTerm(CollectiveTerm):
     traffic: str = "activation"
 
 
+def _require_path(path: str) -> None:
+    if path not in ("official", "clean"):
+        raise TrainingTheoryError(f"path {path!r}: expected official or clean")
+
+
 def _term(phase: str, traffic: str, kind: str, count: int, group: int, message_bytes: float,
           what: str) -> TrainingTerm:
     return TrainingTerm(kind, count, group, message_bytes, what, phase=phase, traffic=traffic)
@@ -134,12 +154,15 @@ def _term(phase: str, traffic: str, kind: str, count: int, group: int, message_b
 
 def layout_training_collectives(strategy: str, config: STDiT3Config, dims: BlockDims,
                                 mesh: tuple[int, int], zero: int = 0,
-                                recompute: bool = False) -> tuple[TrainingTerm, ...]:
+                                recompute: bool = False,
+                                path: str = "official") -> tuple[TrainingTerm, ...]:
     """The collectives of one block pair's training step in the traced layout (module
-    docstring); dp with ZeRO 0-3 and megatron (ZeRO 0: every weight is split, nothing is
-    replicated but the norm weights, biases and tables, which ZeRO would shard). With
+    docstring); dp with ZeRO 0-3, megatron (ZeRO 0: every weight is split, nothing is
+    replicated but the norm weights, biases and tables, which ZeRO would shard), ds_ulysses,
+    ring_attention (ZeRO 0) and usp (ZeRO 0, 1); ``path`` as ``--path``. With
     ``recompute`` (``--recompute full``) the backward runs each block's forward again, with its
     collectives (megatron: 6 all-reduces of A more; dp: none)."""
+    _require_path(path)
     n, q = mesh[0] * mesh[1], dims.bytes_per_element
     h = dims.hidden
     hd = h // dims.heads
@@ -152,8 +175,10 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
         terms = []
         for name, shape in params.items():
             kind = "reduce_scatter" if zero >= 2 and sharded(shape) else "all_reduce"
-            terms.append(_term("backward", "param_grad", kind, 2, n, q * math.prod(shape),
-                               f"gradient of {name}"))
+            twice = name == "scale_shift_table" and path == "official"  # for t and t0
+            terms.append(_term("backward", "param_grad", kind, 4 if twice else 2, n,
+                               q * math.prod(shape), f"gradient of {name}"
+                               + (" (per modulation)" if twice else "")))
         terms += [_term("forward", "activation", "all_gather", 4, n, caption,
                         "caption K and V of 2 cross-attentions (each device projects its own)"),
                   _term("backward", "activation", "reduce_scatter", 4, n, caption,
@@ -183,8 +208,105 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
                              "caption gradient of the kv projections"),
                 _term("backward", "param_grad", "all_reduce", 4, n, q * hd,
                              "q and k RMSNorm weight gradients"))
+    if strategy in _SEQUENCE_PARALLEL:
+        return _sequence_parallel_collectives(strategy, config, dims, mesh, zero, path)
     raise TrainingTheoryError(f"no training-step layout formula for {strategy!r} here: dp, "
-                              "megatron")
+                              "megatron, ds_ulysses, ring_attention, usp")
+
+
+_SEQUENCE_PARALLEL = ("ds_ulysses", "ring_attention", "usp")
+#: The self-attention's parameters of a block (the rest: cross-attention, MLP, table).
+_SELF_ATTENTION = ("attn.qkv.weight", "attn.qkv.bias", "attn.q_norm.weight", "attn.k_norm.weight",
+                   "attn.proj.weight", "attn.proj.bias")
+_CAPTION_KV = ("cross_attn.kv_linear.weight", "cross_attn.kv_linear.bias")
+
+
+def _sequence_parallel_collectives(strategy: str, config: STDiT3Config, dims: BlockDims,
+                                   mesh: tuple[int, int], zero: int,
+                                   path: str) -> tuple[TrainingTerm, ...]:
+    """ds_ulysses, ring_attention, usp (batch on x, the sequence on y; usp: y = ring x
+    ulysses), per block pair; see ``layout_training_collectives``."""
+    if zero > 1 or (zero and strategy != "usp"):
+        raise TrainingTheoryError(f"{strategy} --zero {zero}: the sequence-parallel formula "
+                                  "covers ZeRO 0 (and usp ZeRO-1): under ZeRO-2/3 GSPMD turns "
+                                  "only some gradient sums into reduce-scatters")
+    x_devices, y_devices = mesh
+    n, q, h = x_devices * y_devices, dims.bytes_per_element, dims.hidden
+    ring, ulysses = ((1, y_devices) if strategy == "ds_ulysses" else
+                     (y_devices, 1) if strategy == "ring_attention" else usp_degrees(y_devices))
+    params = block_parameters(config)
+    captions = q * dims.batch * dims.token * h  # every caption's K (or V, or y), all heads
+    modulations = 2 if path == "official" else 1  # t (and t0 on the official path)
+    terms: list[TrainingTerm] = []
+
+    def add(phase: str, traffic: str, kind: str, count: int, group: int, message: float,
+            what: str) -> None:
+        if group > 1 and count:
+            terms.append(_term(phase, traffic, kind, count, group, message, what))
+
+    # Forward: the inference layout; the backward exchanges the same (the pins reshard in
+    # reverse): the all-to-alls once more; each K/V rotation's gradient goes back around the
+    # ring, GSPMD partitioning the transposed cat (two slices, one zero-padded) into 2
+    # collective-permutes of the block and 1 of its bool mask (1 byte per element).
+    for term in layout_collectives(strategy, dims, mesh, ring if strategy == "usp" else None,
+                                   ulysses if strategy == "usp" else None):
+        add("forward", "activation", term.kind, term.count, term.group, term.message_bytes,
+            term.what)
+        if term.kind == "all_to_all":
+            add("backward", "activation", "all_to_all", term.count, term.group,
+                term.message_bytes, term.what + " (their gradients)")
+        if term.kind == "collective_permute":
+            add("backward", "activation", "collective_permute", 2 * term.count, term.group,
+                term.message_bytes, "gradients of the rotated K/V blocks, back around the ring")
+            add("backward", "activation", "collective_permute", term.count, term.group,
+                term.message_bytes / q, "the bool masks of those rotations")
+    # Backward, activation traffic, per block: the modulation gradient (6 chunks of (B/x, h)
+    # per modulation) summed over the tokens, partial over y; the caption K and V gradients of
+    # the local heads summed over the devices that used them; the caption gradient.
+    add("backward", "activation", "all_reduce", 2 * 6 * modulations, y_devices,
+        q * dims.batch // x_devices * h, "modulation gradients summed over the token split")
+    kv_group = {"ds_ulysses": x_devices, "ring_attention": n, "usp": x_devices * ring}[strategy]
+    add("backward", "activation", "all_reduce", 4, kv_group, captions // ulysses,
+        "caption K and V gradients of the local heads (both x rows hold every caption)")
+    if strategy == "ds_ulysses":
+        add("backward", "activation", "all_reduce", 2, y_devices, captions,
+            "caption gradient: partial over the heads")
+    if strategy == "usp":
+        add("backward", "activation", "all_reduce", 2, ulysses, captions / ring,
+            "caption gradient of the ring rank's rows: partial over the heads")
+        add("backward", "activation", "all_gather", 2, ring, captions,
+            "the caption gradient's ring slices gathered")
+    # Backward, parameter gradients, per block: the table over x (its modulation gradients are
+    # summed over y already), once per modulation; the caption K/V projection: ds_ulysses
+    # gathers the local heads' rows over y; ring_attention sums the 1/y caption slices' partial
+    # products over y; usp both (sum over ring, gather over ulysses); the self-attention's
+    # parameters of the block whose attention is local: one sum over all n where its batch and
+    # tokens are merged into one split axis (ring_attention, usp), else (ds_ulysses keeps the
+    # batch apart, the split attention) over y, then x; every other parameter over y, then x.
+    for name, shape in params.items():
+        size = q * math.prod(shape)
+        if name == "scale_shift_table":
+            add("backward", "param_grad", "all_reduce", 2 * modulations, x_devices, size,
+                "gradient of the scale-shift table (per modulation)")
+        elif name in _CAPTION_KV:
+            add("backward", "param_grad", "all_reduce", 2, ring, size / ulysses,
+                f"gradient of {name}: the caption slices' partial products")
+            add("backward", "param_grad", "all_gather", 2, ulysses, size,
+                f"gradient of {name}: the local heads' rows gathered")
+        else:  # one block of the pair (ring_attention, usp: the local attention's) merged
+            merged = int(name in _SELF_ATTENTION and strategy != "ds_ulysses")
+            add("backward", "param_grad", "all_reduce", merged, n, size,
+                f"gradient of {name}, the local attention's block: over all devices")
+            add("backward", "param_grad", "all_reduce", 2 - merged, y_devices, size,
+                f"gradient of {name} over y")
+            add("backward", "param_grad", "all_reduce", 2 - merged, x_devices, size,
+                f"gradient of {name} over x")
+    if zero:
+        terms += [_term("optimizer", "param_grad", "all_gather", 2, n, q * math.prod(shape),
+                        f"{name} (updated)")
+                  for name, shape in params.items() if _zero_splits(shape, (1,) * len(shape), n)
+                  != (1,) * len(shape)]
+    return tuple(terms)
 
 
 @dataclass(frozen=True)
@@ -274,8 +396,7 @@ def layout_training_activations(strategy: str, config: STDiT3Config, dims: Block
     (B, 1, h) modulation operands over the batch merged with the frames (batch 2 on a 1 x 4
     mesh, the spatial block), the backward reads them before the broadcast, and the broadcast
     terms here over-count (by the broadcast tensors minus their (B, h) operands)."""
-    if path not in ("official", "clean"):
-        raise TrainingTheoryError(f"path {path!r}: expected official or clean")
+    _require_path(path)
     if strategy not in _ACTIVATION_SPLITS:
         raise TrainingTheoryError(f"no activation formula for {strategy!r}: expected one of "
                                   f"{', '.join(_ACTIVATION_SPLITS)}")
