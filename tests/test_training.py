@@ -312,7 +312,8 @@ def test_the_ds_ulysses_backward_formula_is_the_hand_count():
 
 
 @pytest.mark.trace
-@pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "usp", "usp_zero1"])
+@pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "usp", "usp_zero1", "usp_zero2",
+                                  "usp_zero3"])
 def test_sequence_parallel_collectives_are_the_layout_formula(sp_dumps, name):
     """Every collective of the step, by phase, traffic and kind (count and bytes per device),
     equals layout_training_collectives: the forward's exchanges again in the backward (ring

@@ -226,16 +226,19 @@ def _sequence_parallel_collectives(strategy: str, config: STDiT3Config, dims: Bl
                                    path: str) -> tuple[TrainingTerm, ...]:
     """ds_ulysses, ring_attention, usp (batch on x, the sequence on y; usp: y = ring x
     ulysses), per block pair; see ``layout_training_collectives``."""
-    if zero > 1 or (zero and strategy != "usp"):
+    if zero and strategy != "usp":
         raise TrainingTheoryError(f"{strategy} --zero {zero}: the sequence-parallel formula "
-                                  "covers ZeRO 0 (and usp ZeRO-1): under ZeRO-2/3 GSPMD turns "
-                                  "only some gradient sums into reduce-scatters")
+                                  "covers ZeRO for usp only (the notes' USP + ZeRO rows)")
     x_devices, y_devices = mesh
     n, q, h = x_devices * y_devices, dims.bytes_per_element, dims.hidden
     ring, ulysses = ((1, y_devices) if strategy == "ds_ulysses" else
                      (y_devices, 1) if strategy == "ring_attention" else usp_degrees(y_devices))
     params = block_parameters(config)
     captions = q * dims.batch * dims.token * h  # every caption's K (or V, or y), all heads
+
+    def sharded(shape: tuple[int, ...]) -> bool:  # ZeRO finds a dimension n divides
+        return _zero_splits(shape, (1,) * len(shape), n) != (1,) * len(shape)
+
     modulations = 2 if path == "official" else 1  # t (and t0 on the official path)
     terms: list[TrainingTerm] = []
 
@@ -295,17 +298,20 @@ def _sequence_parallel_collectives(strategy: str, config: STDiT3Config, dims: Bl
                 f"gradient of {name}: the local heads' rows gathered")
         else:  # one block of the pair (ring_attention, usp: the local attention's) merged
             merged = int(name in _SELF_ATTENTION and strategy != "ds_ulysses")
-            add("backward", "param_grad", "all_reduce", merged, n, size,
-                f"gradient of {name}, the local attention's block: over all devices")
+            add("backward", "param_grad",
+                "reduce_scatter" if zero >= 2 and sharded(shape) else "all_reduce", merged, n,
+                size, f"gradient of {name}, the local attention's block: over all devices")
             add("backward", "param_grad", "all_reduce", 2 - merged, y_devices, size,
                 f"gradient of {name} over y")
             add("backward", "param_grad", "all_reduce", 2 - merged, x_devices, size,
                 f"gradient of {name} over x")
-    if zero:
-        terms += [_term("optimizer", "param_grad", "all_gather", 2, n, q * math.prod(shape),
-                        f"{name} (updated)")
-                  for name, shape in params.items() if _zero_splits(shape, (1,) * len(shape), n)
-                  != (1,) * len(shape)]
+    for name, shape in params.items():
+        if zero and sharded(shape):  # ZeRO shards it over all n (its data axes)
+            add("optimizer" if zero < 3 else "forward", "param_grad", "all_gather", 2, n,
+                q * math.prod(shape), f"{name} (updated)" if zero < 3 else f"{name} before use")
+        if zero >= 3 and sharded(shape) and name.endswith("weight") and name not in _CAPTION_KV:
+            add("backward", "param_grad", "all_gather", 2, n, q * math.prod(shape),
+                f"{name} again for the backward")
     return tuple(terms)
 
 
