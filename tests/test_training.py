@@ -158,6 +158,20 @@ def split_of(dump: Path):
     return measure_training(load_module(dump), read_training_layout(dump.with_suffix(".json")))
 
 
+def by_kind(terms) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """Layout terms summed by (phase, traffic, kind): (count, bytes per device rounded)."""
+    theory: dict = {}
+    for term in terms:
+        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
+        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
+                                                         volume + term.bytes_per_device)
+    return {key: (count, round(volume)) for key, (count, volume) in theory.items()}
+
+
+def traced_by_kind(split) -> dict[tuple[str, str, str], tuple[int, int]]:
+    return {key: (count, round(volume)) for key, (count, volume) in split.comm.items()}
+
+
 def test_the_hand_count_of_block_parameters_is_the_models():
     import torch
 
@@ -191,15 +205,10 @@ def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_
     assert {key: (count, round(volume)) for key, (count, volume) in split.comm.items()} == \
         {key: (count, round(volume)) for key, (count, volume) in comm.items()}
     strategy, zero, batch = THEORY[name]
-    theory: dict = {}
     dims = block_dims(get_config("tiny"), "28_64_64", batch=batch)
-    for term in layout_training_collectives(strategy, get_config("tiny"), dims, (2, 2), zero,
-                                            recompute=name.endswith("recompute"), path="clean"):
-        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
-        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
-                                                         volume + term.bytes_per_device)
-    assert {key: (count, round(volume)) for key, (count, volume) in theory.items()} == \
-        {key: (count, round(volume)) for key, (count, volume) in comm.items()}
+    assert by_kind(layout_training_collectives(
+        strategy, get_config("tiny"), dims, (2, 2), zero, recompute=name.endswith("recompute"),
+        path="clean")) == {key: (count, round(volume)) for key, (count, volume) in comm.items()}
 
 
 @pytest.mark.trace
@@ -297,14 +306,9 @@ DS_ULYSSES_BACKWARD = {
 
 def collectives_formula(name: str) -> dict[tuple[str, str, str], tuple[int, int]]:
     _, mesh, zero, _ = SP_CASES[name]
-    theory: dict = {}
-    for term in layout_training_collectives(name.split("_zero")[0], get_config("tiny"),
-                                            block_dims(get_config("tiny"), "28_64_64"), mesh,
-                                            zero, path="clean"):
-        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
-        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
-                                                         volume + term.bytes_per_device)
-    return {key: (count, round(volume)) for key, (count, volume) in theory.items()}
+    return by_kind(layout_training_collectives(name.split("_zero")[0], get_config("tiny"),
+                                               block_dims(get_config("tiny"), "28_64_64"),
+                                               mesh, zero, path="clean"))
 
 
 def test_the_ds_ulysses_backward_formula_is_the_hand_count():
@@ -319,9 +323,36 @@ def test_sequence_parallel_collectives_are_the_layout_formula(sp_dumps, name):
     equals layout_training_collectives: the forward's exchanges again in the backward (ring
     rotations: 2 permutes of the block's gradient and 1 of its bool mask each), the partial
     sums of the replicated inputs' gradients, and each weight gradient's reduction."""
-    split = split_of(sp_dumps[name])
-    traced = {key: (count, round(volume)) for key, (count, volume) in split.comm.items()}
-    assert traced == collectives_formula(name)
+    assert traced_by_kind(split_of(sp_dumps[name])) == collectives_formula(name)
+
+
+@pytest.fixture(scope="session")
+def official_dump(tmp_path_factory) -> Path:
+    """megatron_sp on 2x2 on OpenSora's official path (the default: the timestep-0 modulation
+    and the temporal mask), in a directory of its own (the stage shapes differ)."""
+    options = [option for option in PAIR if option not in ("--path", "clean")]
+    out = tmp_path_factory.mktemp("official_train_dump")
+    config = out / "tiny3.toml"
+    config.write_text(TINY3_TOML)
+    result = trace(["--config", str(config), *options, "--strategy", "megatron_sp", "--mesh",
+                    "2x2", "-o", str(out)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    return Path(result.stderr.strip().splitlines()[-1].split()[1])
+
+
+@pytest.mark.trace
+def test_megatron_sp_on_the_official_path_is_the_layout_formula(official_dump):
+    """Megatron-SP, official path: every collective (the forward's 6 all-gathers and 6
+    reduce-scatters and their transposes, both modulations' partial sums, the gradients' sums)
+    and Act (the timestep-0 broadcasts and the temporal mask included) equal the formulas.
+    (On the clean path GSPMD all-reduces the MLP input's gradient instead of reduce-scattering
+    it: docs/training.md.)"""
+    split = split_of(official_dump)
+    config, dims = get_config("tiny"), block_dims(get_config("tiny"), "28_64_64")
+    assert traced_by_kind(split) == by_kind(
+        layout_training_collectives("megatron_sp", config, dims, (2, 2)))
+    assert split.memory["activation"] == sum(
+        term.bytes for term in layout_training_activations("megatron_sp", config, dims, (2, 2)))
 
 
 def gemm_flops_per_device(dump: Path) -> int:

@@ -208,10 +208,71 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
                              "caption gradient of the kv projections"),
                 _term("backward", "param_grad", "all_reduce", 4, n, q * hd,
                              "q and k RMSNorm weight gradients"))
+    if strategy == "megatron_sp":
+        return _megatron_sp_collectives(config, dims, mesh, zero, path)
     if strategy in _SEQUENCE_PARALLEL:
         return _sequence_parallel_collectives(strategy, config, dims, mesh, zero, path)
     raise TrainingTheoryError(f"no training-step layout formula for {strategy!r} here: dp, "
                               "megatron, ds_ulysses, ring_attention, usp")
+
+
+def _megatron_sp_collectives(config: STDiT3Config, dims: BlockDims, mesh: tuple[int, int],
+                             zero: int, path: str) -> tuple[TrainingTerm, ...]:
+    """Megatron-SP (tensor parallel over y with the tokens split between the linears, batch on
+    x), ZeRO 0, per block pair: the forward's 6 all-gathers and 6 reduce-scatters over y
+    (``theory.layout_collectives``), their transposes in the backward (6 reduce-scatters and 6
+    all-gathers of the same tensors), per block the modulation gradient summed over the token
+    split (y), the caption K/V gradients of the local heads over x and the caption gradient over
+    y; weight gradients: the split linears' (weights, and the column-parallel biases) over x, the
+    kv projection's none (every x row holds every caption: its K/V gradient is summed already),
+    the replicated q/k norm weights and row-parallel biases over y then x, but the spatial
+    block's attention output bias in one over all n (its (B*T, S, h) gradient has the batch and
+    the frames on one axis split over x and y), the table over x per modulation."""
+    if zero:
+        raise TrainingTheoryError("megatron_sp --zero: no formula here (ZeRO 0)")
+    x_devices, y_devices = mesh
+    n, q, h = x_devices * y_devices, dims.bytes_per_element, dims.hidden
+    captions = q * dims.batch * dims.token * h
+    modulations = 2 if path == "official" else 1
+    terms: list[TrainingTerm] = []
+
+    def add(phase: str, traffic: str, kind: str, count: int, group: int, message: float,
+            what: str) -> None:
+        if group > 1 and count:
+            terms.append(_term(phase, traffic, kind, count, group, message, what))
+
+    for term in layout_collectives("megatron_sp", dims, mesh):
+        add("forward", "activation", term.kind, term.count, term.group, term.message_bytes,
+            term.what)
+        add("backward", "activation",
+            "reduce_scatter" if term.kind == "all_gather" else "all_gather", term.count,
+            term.group, term.message_bytes, f"transposes of: {term.what}")
+    add("backward", "activation", "all_reduce", 2 * 6 * modulations, y_devices,
+        q * dims.batch // x_devices * h, "modulation gradients summed over the token split")
+    add("backward", "activation", "all_reduce", 4, x_devices, captions // y_devices,
+        "caption K and V gradients of the local heads, over the batch split")
+    add("backward", "activation", "all_reduce", 2, y_devices, captions,
+        "caption gradient: partial over the heads")
+    for name, shape in block_parameters(config).items():
+        size = q * math.prod(shape)
+        splits = math.prod(parameter_splits("megatron_sp", name, shape, mesh))
+        if name == "scale_shift_table":
+            add("backward", "param_grad", "all_reduce", 2 * modulations, x_devices, size,
+                "gradient of the scale-shift table (per modulation)")
+        elif name in _CAPTION_KV:
+            continue
+        elif splits > 1:
+            add("backward", "param_grad", "all_reduce", 2, x_devices, size / splits,
+                f"gradient of {name} (the local part) over x")
+        else:
+            once = int(name == "attn.proj.bias")  # the spatial block's
+            add("backward", "param_grad", "all_reduce", once, n, size,
+                f"gradient of {name}, the spatial block's: over all devices")
+            add("backward", "param_grad", "all_reduce", 2 - once, y_devices, size,
+                f"gradient of {name} over y")
+            add("backward", "param_grad", "all_reduce", 2 - once, x_devices, size,
+                f"gradient of {name} over x")
+    return tuple(terms)
 
 
 _SEQUENCE_PARALLEL = ("ds_ulysses", "ring_attention", "usp")
