@@ -394,7 +394,7 @@ class ActivationTerm:
 #: Per strategy: (divisor of the residual stream (B, N, h), divisor of the inputs of the
 #: column-parallel linears (qkv, cross q, fc1), heads split at the cross-attention, divisor of the
 #: caption rows the kv projection reads); ``n``, ``x``, ``y``, ``ring``, ``ulysses`` stand for
-#: the device counts (see ``_activation_splits``).
+#: the device counts (usp: y = ring x ulysses).
 _ACTIVATION_SPLITS = {
     "dp": ("n", "n", "1", "n"),
     "megatron": ("1", "1", "n", "1"),
