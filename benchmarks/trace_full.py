@@ -18,9 +18,10 @@ Never run two of these at once (``flock /tmp/fulltrace.lock``).
 The dump's name comes from the tracer's own naming (``PipelineConfig.dump_name``), so a rename
 there breaks CI's quick run, not the next manual one.
 
-Last measured (issue 26; 2 cores, load average 1.1-2.2 from other agents): 11.1-11.4 s and
-1.47 GiB, from 20-26 s and 3.6-3.7 GiB before split tensors were made without buffers (2.2 GiB
-of real shards of the weights; see tracing/tracer.py).
+Last measured (issue 26; the 2-core machine, best of 3 at load averages of 1.9 and 2.5 from
+other work): 9.7 s and 10.4 s, 1.47 GiB; 24.6 s and 3.70 GiB before split tensors were made
+without buffers (2.2 GiB of real shards of the weights, see tracing/tracer.py). The dump's
+program is the same; the split weights' argument locations changed (616 of 27,023).
 """
 
 from __future__ import annotations
