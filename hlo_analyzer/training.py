@@ -15,7 +15,9 @@ each program argument and each output with a class (``param``, ``grad``, ``optim
   ``outputs`` list is the entry function's results, checked by type and by shape: the local
   shape, or for an output left to GSPMD's layout a shape that tiles the global one);
 * ``activation``: what the forward keeps for the backward: the values defined by a forward op,
-  and the stage inputs, that a backward op reads, each counted once, except values computed
+  and the stage inputs that a forward op reads (not the gradients of the stage's outputs that
+  arrive as inputs: no forward keeps them), that a backward op reads, each counted once, except
+  values computed
   from the parameters and optimizer states alone (a gathered weight is a parameter, not an
   activation) and from constants.
 
@@ -245,11 +247,14 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
         if hash(argument) in inputs:
             value_bytes[hash(argument)] = types.nbytes(argument, entry)
     saved: set[int] = set()
+    read_by_forward: set[int] = set()  # stage inputs; the others (grad_x ...) are no activations
     op_phase: dict[int, str] = {}
     for op in ops[:-1]:
         phase = layout.phase(format_location(op.operation.location))
         op_phase[hash(op.operation)] = phase
         operand_keys = [hash(v) for v in op.operation.operands]
+        if phase == FORWARD:
+            read_by_forward.update(key for key in operand_keys if key in inputs)
         if phase == BACKWARD:
             for key in operand_keys:
                 if (key not in from_weights and key not in static and key not in saved
@@ -267,7 +272,8 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
                 from_weights.add(key)
             elif phase == FORWARD:
                 value_bytes[key] = types.nbytes(value, op)
-    memory["activation"] = sum(value_bytes.get(key, 0) for key in saved)
+    memory["activation"] = sum(value_bytes.get(key, 0) for key in saved
+                               if key not in inputs or key in read_by_forward)
 
     # Backward pass: values that reach a param / grad / optimizer-state output unreduced.
     reaches: set[int] = {hash(value) for value, klass in zip(results, output_classes)

@@ -7,7 +7,8 @@ Each row of the notes is one case: ``trace-stage --mode train`` of stage 1 of ``
 0-0,1-1,2-27`` (one block pair, no embeddings, no final layer) on 16 devices, then
 ``analyze-hlo --format json`` (and ``--hw`` per system). The analyses, kept in the work directory
 (``results/.cache/training`` by default, with the dumps), are the cache: a rerun only rebuilds the
-tables (seconds). Traces run one at a time
+tables (seconds); an analysis made by other analyzer or cost-model sources is made again from
+the cached dump. Traces run one at a time
 under ``flock /tmp/fulltrace.lock`` (a full-size trace takes tens of seconds and gigabytes).
 
     python3 scripts/training_study.py                 # -> results/training.md, .csv, .png
@@ -17,6 +18,7 @@ under ``flock /tmp/fulltrace.lock`` (a full-size trace takes tens of seconds and
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import subprocess
@@ -36,6 +38,8 @@ from models.opensora.theory import activation_per_device, block_dims, block_gemm
 from models.opensora.training_theory import (  # noqa: E402
     NOTES_TRAINING_TABLE,
     block_parameters,
+    layout_training_activations,
+    layout_training_collectives,
     training_buffer_bytes,
 )
 
@@ -88,13 +92,24 @@ def dump_name(row: Row) -> str:
             f"{zero}.mlir")
 
 
-def analyze_row(row: Row, work: Path) -> dict | None:
+def analyzer_version() -> str:
+    """A hash of the analyzer's and the cost models' sources: a cached analysis made by other
+    code is made again (the dumps stay cached)."""
+    digest = hashlib.sha256()
+    for path in sorted((*REPO_ROOT.glob("hlo_analyzer/**/*.py"),
+                        *REPO_ROOT.glob("hardware/**/*.py"))):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def analyze_row(row: Row, work: Path, version: str) -> dict | None:
     """The cached analysis of ``row``: traced when its dump is missing, analyzed (and mapped on
-    ``SYSTEMS``) when its analysis is (None if that fails)."""
+    ``SYSTEMS``) when its analysis is, or was made by another analyzer ``version`` (None if
+    that fails)."""
     cached = work / f"{row.key}.analysis.json"
     if cached.is_file():
         kept = json.loads(cached.read_text())
-        if set(kept.get("latency", {})) == set(SYSTEMS):
+        if set(kept.get("latency", {})) == set(SYSTEMS) and kept.get("analyzer") == version:
             return kept
     dump = work / "dumps" / dump_name(row)
     if not dump.is_file():
@@ -105,7 +120,7 @@ def analyze_row(row: Row, work: Path) -> dict | None:
             click.echo(f"{row.label}: trace failed: {result.stderr.strip().splitlines()[-1:]}",
                        err=True)
             return None
-    kept: dict = {"latency": {}}
+    kept: dict = {"latency": {}, "analyzer": version}
     for system in (None, *SYSTEMS):
         options = ["--hw", system] if system else []
         analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), *options,
@@ -152,6 +167,29 @@ def _size(shape: tuple[int, ...]) -> int:
     return size
 
 
+def layout_comm_difference(row: Row, comm: list[dict]) -> tuple[float, int]:
+    """The largest relative difference, over every (phase, traffic, kind), between the traced
+    bytes per device and ``layout_training_collectives`` (the study's official path), and the
+    number of kinds; a count that differs is a difference of 1."""
+    config = get_config("full")
+    theory: dict[tuple[str, str, str], list] = {}
+    for term in layout_training_collectives(row.strategy, config,
+                                            block_dims(config, SHAPE, batch=row.batch),
+                                            row.mesh, row.zero):
+        entry = theory.setdefault((term.phase, term.traffic, term.kind), [0, 0.0])
+        entry[0] += term.count
+        entry[1] += term.bytes_per_device
+    traced = {(r["phase"], r["traffic"], r["kind"]): (r["count"], r["bytes_per_device"])
+              for r in comm}
+    worst = 0.0
+    for key in set(traced) | set(theory):
+        (count, volume), (formula_count, formula) = traced.get(key, (0, 0.0)), theory.get(
+            key, (0, 0.0))
+        worst = max(worst, 1.0 if count != formula_count else
+                    abs(volume - formula) / max(volume, formula, 1.0))
+    return worst, len(set(traced) | set(theory))
+
+
 def gib(value: float) -> str:
     return f"{value / 2**30:.3f}"
 
@@ -171,21 +209,25 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
              "formulas of the traced layout); *notes*: the notes' formulas (note 000) evaluated "
              "for the pair. Regenerate: `python3 scripts/training_study.py`.", "",
              "| row | strategy | mesh | batch | P traced / layout / notes | G traced / layout / "
-             "notes | OS traced / layout / notes | Act traced / notes | param+grad comm (fwd, bwd, "
-             "opt) | activation comm (fwd, bwd) | kinds (param+grad; activation) | GEMM / "
-             "(3 x forward) | step on tx8-16 / 16 x H100 (ms) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "notes | OS traced / layout / notes | Act traced / layout / notes | param+grad comm "
+             "(fwd, bwd, opt) | activation comm (fwd, bwd) | kinds (param+grad; activation) | "
+             "comm traced vs layout, per kind | GEMM / (3 x forward) | step on tx8-16 / 16 x "
+             "H100 (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     records = []
     for label, (row, analysis) in results.items():
         notes = notes_values(row)
         if analysis is None:
             lines.append(f"| {label} | {row.strategy} | {row.mesh[0]}x{row.mesh[1]} | "
-                         f"{row.batch} | not traced | | | | | | | | |")
+                         f"{row.batch} | not traced | | | | | | | | | |")
             continue
         training = analysis["training"]
         memory = training["memory_bytes"]
         layout = training_buffer_bytes(row.strategy, config, row.mesh, row.zero)
+        layout["activation"] = sum(term.bytes for term in layout_training_activations(
+            row.strategy, config, block_dims(config, SHAPE, batch=row.batch), row.mesh))
         comm = training["comm"]
+        worst, kinds_compared = layout_comm_difference(row, comm)
 
         def volume(traffic, phase=None):
             return sum(r["bytes_per_device"] for r in comm
@@ -207,12 +249,13 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
             f"{gib(memory['grad'])} / {gib(layout['grad'])} / {gib(notes['grad'])} | "
             f"{gib(memory['optimizer_state'])} / {gib(layout['optimizer_state'])} / "
             f"{gib(notes['optimizer_state'])} | "
-            f"{gib(memory['activation'])} / {gib(notes['activation'])} | "
+            f"{gib(memory['activation'])} / {gib(layout['activation'])} / "
+            f"{gib(notes['activation'])} | "
             f"{gb(volume('param_grad', 'forward'))}, {gb(volume('param_grad', 'backward'))}, "
             f"{gb(volume('param_grad', 'optimizer'))} (notes: {text[0]}, {text[1]}) | "
             f"{gb(volume('activation', 'forward'))}, {gb(volume('activation', 'backward'))} "
             f"(notes: {text[2]}, {text[3]}) | {kinds('param_grad')}; {kinds('activation')} | "
-            f"{ratio:.4f} | {1e3 * latency['tx8-16']:.1f} / {1e3 * latency['h100-sxm']:.1f} |")
+            f"max difference {100 * worst:.3f}% ({kinds_compared} kinds) | {ratio:.4f} | {1e3 * latency['tx8-16']:.1f} / {1e3 * latency['h100-sxm']:.1f} |")
         records.append({"row": label, "strategy": row.strategy, "mesh": f"{row.mesh[0]}x{row.mesh[1]}",
                         "batch": row.batch, "zero": row.zero,
                         **{f"{key}_traced": memory[key] for key in
@@ -224,6 +267,7 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
                         "param_grad_comm_optimizer": volume("param_grad", "optimizer"),
                         "activation_comm_forward": volume("activation", "forward"),
                         "activation_comm_backward": volume("activation", "backward"),
+                        "comm_layout_max_relative_difference": worst,
                         "gemm_over_3x_forward": ratio,
                         **{f"step_s_{system}": latency[system] for system in SYSTEMS}})
     lines += ["", "Reading the table:", "",
@@ -236,8 +280,15 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
               "traffic), whose gradients the backward reduce-scatters.",
               "- Act traced vs notes: the notes count one standard transformer layer's tensors "
               "(bsh(34 + 5as/h)); the traced Act is every value the forward keeps for autograd's "
-              "backward (fp32 norm statistics and attention probabilities, masks, the flattened "
-              "cross-attention's scores), so it is larger everywhere.",
+              "backward (the fp32 operands torch-xla's lowering of the bf16 element-wise "
+              "products reads back, fp32 norm statistics and attention probabilities, the "
+              "temporal mask, the flattened cross-attention's scores against every caption), so "
+              "it is larger everywhere. The layout column names each of those tensors "
+              "(`layout_training_activations`) and equals the traced Act to the byte.",
+              "- Communication: `layout_training_collectives` gives every collective of the "
+              "step term by term (forward, backward, optimizer; parameter/gradient and "
+              "activation traffic); the column compares it with the trace kind by kind "
+              "(count and bytes per device).",
               "- Megatron-SP here is tensor parallel over y = 8 with the batch on x: P, G and OS "
               "are split 8 ways, not the notes' 16.",
               "- ZeRO-1 sums the gradients with an all-reduce (PyTorch's ZeroRedundancyOptimizer)"
@@ -288,7 +339,8 @@ def main(out_dir: str, work: str | None, only: str | None) -> None:
     cache = Path(work) if work else out / ".cache" / "training"
     cache.mkdir(parents=True, exist_ok=True)
     wanted = set(only.split(",")) if only else None
-    results = {row.label: (row, analyze_row(row, cache)) for row in ROWS
+    version = analyzer_version()
+    results = {row.label: (row, analyze_row(row, cache, version)) for row in ROWS
                if wanted is None or row.label in wanted}
     markdown, table, records = build(results)
     atomic_write(out / "training.md", markdown, force=True)

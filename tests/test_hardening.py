@@ -214,6 +214,22 @@ def test_shape_cache_entries_that_are_not_objects_are_recomputed(tmp_path, entri
     assert boundary_shapes(config, cache) == stages  # the rewritten cache is read back
 
 
+def test_the_shape_cache_tells_the_inference_paths_apart(tmp_path):
+    """One cache for both paths (trace-stage's default OUT/stage_shapes.json): the clean path's
+    stages take no t0 / x_mask, the official path's do; read from the other path's entry, a
+    stage missed its inputs (an internal KeyError)."""
+    pytest.importorskip("torch")
+    from tracing.config import build_config
+    from tracing.stages import boundary_shapes
+
+    cache = tmp_path / "stage_shapes.json"
+    clean = boundary_shapes(build_config(config="tiny", stage_ids="0-0,1-1",
+                                         inference_path="clean"), cache)
+    official = boundary_shapes(build_config(config="tiny", stage_ids="0-0,1-1"), cache)
+    assert "x_mask" not in clean[1]["inputs"]
+    assert {"t0", "t0_mlp", "x_mask"} <= set(official[1]["inputs"])
+
+
 def test_output_name_near_the_file_name_limit_is_written(tmp_path, capsys):
     # the temporary ".NAME.xxxxxxxx.tmp" of a 250-character name exceeded NAME_MAX (255)
     for name in ("a" * 246 + ".txt", "\u00e9" * 125 + ".txt"):  # 250 and 254 bytes

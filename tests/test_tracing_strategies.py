@@ -238,6 +238,11 @@ def test_sidecar_describes_the_dump(tiny_dumps):
     assert sidecar["outputs"]["out"]["shape"] == [2, 8, 8, 8, 8]
     assert set(sidecar["versions"]) >= {"torch", "torch_xla", "jaxlib"}
     assert sidecar["peak_rss_bytes"] > 0 and sidecar["seconds"]["compile"] > 0
+    peaks = sidecar["peak_rss_bytes_after"]  # the high-water mark at the end of each step
+    steps = ["build", "shard", "trace", "compile", "convert"]  # in their order (keys sorted)
+    assert set(peaks) == set(steps)
+    assert [peaks[step] for step in steps] == sorted(peaks.values())
+    assert 0 < peaks["convert"] <= sidecar["peak_rss_bytes"]
 
 
 @pytest.mark.trace

@@ -31,6 +31,7 @@ from models.opensora.config import get_config  # noqa: E402
 from models.opensora.theory import block_dims, block_gemm_flops  # noqa: E402
 from models.opensora.training_theory import (  # noqa: E402
     block_parameters,
+    layout_training_activations,
     layout_training_collectives,
     training_buffer_bytes,
 )
@@ -121,6 +122,8 @@ SP_CASES = {
                     {"param": 134784, "grad": 134784, "optimizer_state": 6 * 134784}),
     "usp": (["--strategy", "usp", "--mesh", "2x4"], (2, 4), 0,
             {"param": P, "grad": P, "optimizer_state": 6 * P}),
+    "usp_zero1": (["--strategy", "usp", "--mesh", "2x4", "--zero", "1"], (2, 4), 1,
+                  {"param": P, "grad": P, "optimizer_state": 6 * P // 8}),
     "usp_zero2": (["--strategy", "usp", "--mesh", "2x4", "--zero", "2"], (2, 4), 2,
                   {"param": P, "grad": P // 8, "optimizer_state": 6 * P // 8}),
     "usp_zero3": (["--strategy", "usp", "--mesh", "2x4", "--zero", "3"], (2, 4), 3,
@@ -153,6 +156,20 @@ def sp_dumps(tmp_path_factory) -> dict[str, Path]:
 
 def split_of(dump: Path):
     return measure_training(load_module(dump), read_training_layout(dump.with_suffix(".json")))
+
+
+def by_kind(terms) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """Layout terms summed by (phase, traffic, kind): (count, bytes per device rounded)."""
+    theory: dict = {}
+    for term in terms:
+        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
+        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
+                                                         volume + term.bytes_per_device)
+    return {key: (count, round(volume)) for key, (count, volume) in theory.items()}
+
+
+def traced_by_kind(split) -> dict[tuple[str, str, str], tuple[int, int]]:
+    return {key: (count, round(volume)) for key, (count, volume) in split.comm.items()}
 
 
 def test_the_hand_count_of_block_parameters_is_the_models():
@@ -188,15 +205,10 @@ def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_
     assert {key: (count, round(volume)) for key, (count, volume) in split.comm.items()} == \
         {key: (count, round(volume)) for key, (count, volume) in comm.items()}
     strategy, zero, batch = THEORY[name]
-    theory: dict = {}
     dims = block_dims(get_config("tiny"), "28_64_64", batch=batch)
-    for term in layout_training_collectives(strategy, get_config("tiny"), dims, (2, 2), zero,
-                                            recompute=name.endswith("recompute")):
-        count, volume = theory.get((term.phase, term.traffic, term.kind), (0, 0.0))
-        theory[(term.phase, term.traffic, term.kind)] = (count + term.count,
-                                                         volume + term.bytes_per_device)
-    assert {key: (count, round(volume)) for key, (count, volume) in theory.items()} == \
-        {key: (count, round(volume)) for key, (count, volume) in comm.items()}
+    assert by_kind(layout_training_collectives(
+        strategy, get_config("tiny"), dims, (2, 2), zero, recompute=name.endswith("recompute"),
+        path="clean")) == {key: (count, round(volume)) for key, (count, volume) in comm.items()}
 
 
 @pytest.mark.trace
@@ -222,6 +234,125 @@ def test_sequence_parallel_training_memory_and_forward_collectives(sp_dumps, nam
                 split.comm_bytes("backward", "activation", "all_to_all")) == \
             (split.comm_count("forward", "activation", "all_to_all"),
              split.comm_bytes("forward", "activation", "all_to_all"))
+
+
+# Act, what the forward keeps for the backward, per device. Hand count for megatron on 2x2
+# (B = 2, N = 128 (T = 8, S = 16), h = 64, 1 of the 4 heads per device, clean path), one block:
+# the residual R = B*N*h = 16384 (replicated), the local queries Q = R/4 = 4096, the MLP hidden
+# 4Q = 16384, 256 LayerNorm rows; fp32: 12 tensors of R (the fp32 operands of the modulations
+# and gates, their broadcast (1 + scale) and gates, the LayerNorms' centered input and broadcast
+# rsqrt) 786432 + 2 rsqrt 2048; bf16 inputs of qkv, cross q, fc1 3*2*R = 98304; q and k RMSNorm
+# 2*(3*4*Q + 4*Q/16) = 100352; q*scale, k, v 3*2*Q = 24576; softmax probabilities fp32 + bf16
+# 6 * (Q/16 * S) = 24576 (temporal: * T, 12288); proj inputs and cross q*scale 3*2*Q = 24576;
+# caption K, V of the local head 2*2*(16*16) = 1024; cross probabilities 6*(Q/16 * 16 captions)
+# = 24576; fc1 output, GELU's 3 intermediates, fc2 input 5*2*16384 = 163840. Spatial 1250304,
+# temporal 1238016, + the captions y (2*16*64) read by the kv weight gradient: 2490368.
+MEGATRON_ACT = 1250304 + 1238016 + 2048
+# Recomputed (--recompute full): each block's input 2*R*2 bytes, y 2048, t_mlp 2*6h*2 = 1536.
+MEGATRON_RECOMPUTE_ACT = 2 * 2 * 16384 + 2048 + 1536
+
+# name -> (strategy, mesh, batch) of every traced case, for the activation formula.
+ACT_CASES = {**{name: ("dp", (2, 2), 4) for name in ("dp", "zero1", "zero2", "zero3")},
+             "megatron": ("megatron", (2, 2), 2), "megatron_recompute": ("megatron", (2, 2), 2),
+             **{name: (name.split("_zero")[0], mesh, 2)
+                for name, (_, mesh, _, _) in SP_CASES.items()}}
+
+
+def activation_formula(name: str) -> int:
+    strategy, mesh, batch = ACT_CASES[name]
+    terms = layout_training_activations(strategy, get_config("tiny"),
+                                        block_dims(get_config("tiny"), "28_64_64", batch=batch),
+                                        mesh, recompute=name.endswith("recompute"), path="clean")
+    return sum(term.bytes for term in terms)
+
+
+def test_the_activation_formula_is_the_hand_count():
+    assert activation_formula("megatron") == MEGATRON_ACT
+    assert activation_formula("megatron_recompute") == MEGATRON_RECOMPUTE_ACT
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", sorted(ACT_CASES))
+def test_what_the_forward_keeps_is_the_activation_formula(train_dumps, sp_dumps, name):
+    """Act per device, traced (analyzer) = layout_training_activations, to the byte, for every
+    strategy (ZeRO shards no activation; the gradients of the stage's outputs, inputs here, are
+    not kept by the forward)."""
+    dumps = train_dumps if name in train_dumps else sp_dumps
+    assert split_of(dumps[name]).memory["activation"] == activation_formula(name)
+
+
+# The backward of ds_ulysses on 2x2 (batch 2 on x, T split over y; every group 2 devices, so an
+# all-reduce of M moves M per device, an all-gather of a full M, M/2), by hand, per block:
+# * the modulation gradient of t_mlp, 6 chunks of (B/x, h) = 128 bytes summed over the tokens:
+#   partial over y, 6 all-reduces of 128;
+# * the caption K and V gradients of the local 2 heads (16 captions x 32 = 1024 bytes) summed
+#   over x (both x rows hold every caption): 2 all-reduces of 1024; the caption gradient
+#   (16 x 64 = 2048 bytes) partial over the heads: 1 all-reduce over y;
+# * parameter gradients: the scale-shift table (768 bytes) over x only (its modulation gradient
+#   is summed over y already); qkv, proj, cross q, cross proj, fc1, fc2 (weights 14h^2, biases
+#   11h) and the q/k norm weights (2 x 16) over y, then x: 2 all-reduces each of their 116160
+#   bytes; the kv projection, read through the local heads' rows, all-gathered over y:
+#   (2h*h + 2h)*2 = 16640 bytes, 8320 per device.
+# Per pair: activation all-reduces 2*(6*128 + 2*1024 + 2048) over 18, parameter all-reduces
+# 2*(768 + 2*116160) over 58, 2 x 2 all-gathers of 8320, and the 8 all-to-alls of the forward
+# (A/n = 8192 bytes each, 4096 per device) once more in the backward.
+DS_ULYSSES_BACKWARD = {
+    ("forward", "activation", "all_to_all"): (8, 8 * 4096),
+    ("backward", "activation", "all_to_all"): (8, 8 * 4096),
+    ("backward", "activation", "all_reduce"): (18, 2 * (6 * 128 + 2 * 1024 + 2048)),
+    ("backward", "param_grad", "all_reduce"): (58, 2 * (768 + 2 * 116160)),
+    ("backward", "param_grad", "all_gather"): (4, 2 * 8320)}
+
+
+def collectives_formula(name: str) -> dict[tuple[str, str, str], tuple[int, int]]:
+    _, mesh, zero, _ = SP_CASES[name]
+    return by_kind(layout_training_collectives(name.split("_zero")[0], get_config("tiny"),
+                                               block_dims(get_config("tiny"), "28_64_64"),
+                                               mesh, zero, path="clean"))
+
+
+def test_the_ds_ulysses_backward_formula_is_the_hand_count():
+    assert collectives_formula("ds_ulysses") == DS_ULYSSES_BACKWARD
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "usp", "usp_zero1", "usp_zero2",
+                                  "usp_zero3"])
+def test_sequence_parallel_collectives_are_the_layout_formula(sp_dumps, name):
+    """Every collective of the step, by phase, traffic and kind (count and bytes per device),
+    equals layout_training_collectives: the forward's exchanges again in the backward (ring
+    rotations: 2 permutes of the block's gradient and 1 of its bool mask each), the partial
+    sums of the replicated inputs' gradients, and each weight gradient's reduction."""
+    assert traced_by_kind(split_of(sp_dumps[name])) == collectives_formula(name)
+
+
+@pytest.fixture(scope="session")
+def official_dump(tmp_path_factory) -> Path:
+    """megatron_sp on 2x2 on OpenSora's official path (the default: the timestep-0 modulation
+    and the temporal mask), in a directory of its own (the stage shapes differ)."""
+    options = [option for option in PAIR if option not in ("--path", "clean")]
+    out = tmp_path_factory.mktemp("official_train_dump")
+    config = out / "tiny3.toml"
+    config.write_text(TINY3_TOML)
+    result = trace(["--config", str(config), *options, "--strategy", "megatron_sp", "--mesh",
+                    "2x2", "-o", str(out)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    return Path(result.stderr.strip().splitlines()[-1].split()[1])
+
+
+@pytest.mark.trace
+def test_megatron_sp_on_the_official_path_is_the_layout_formula(official_dump):
+    """Megatron-SP, official path: every collective (the forward's 6 all-gathers and 6
+    reduce-scatters and their transposes, both modulations' partial sums, the gradients' sums)
+    and Act (the timestep-0 broadcasts and the temporal mask included) equal the formulas.
+    (On the clean path GSPMD all-reduces the MLP input's gradient instead of reduce-scattering
+    it: docs/training.md.)"""
+    split = split_of(official_dump)
+    config, dims = get_config("tiny"), block_dims(get_config("tiny"), "28_64_64")
+    assert traced_by_kind(split) == by_kind(
+        layout_training_collectives("megatron_sp", config, dims, (2, 2)))
+    assert split.memory["activation"] == sum(
+        term.bytes for term in layout_training_activations("megatron_sp", config, dims, (2, 2)))
 
 
 def gemm_flops_per_device(dump: Path) -> int:

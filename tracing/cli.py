@@ -38,8 +38,17 @@ log = logging.getLogger("tracing")
 STEPS = ("build", "shard", "trace", "compile", "convert", "write")
 
 
-def _progress(stage: int, dump: str):
+def _progress(stage: int, dump: str, peaks: dict[str, int] | None = None):
+    """The progress callback: a line per step on stderr; with ``peaks``, also the process's
+    peak RSS so far at the end of each step, by step (read when the next one starts)."""
+    started: list[str] = []
+
     def report(step: str) -> None:
+        if peaks is not None and started:
+            from tracing.capture import peak_rss_bytes
+
+            peaks[started[-1]] = peak_rss_bytes()
+        started.append(step)
         click.echo(f"[stage {stage}] {step}: {dump}", err=True)
 
     return report
@@ -70,7 +79,8 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
     check_output(out_dir, [mlir_path, json_path], force)
     require_trace_extra()
-    progress = _progress(stage, name)
+    peaks: dict[str, int] = {}
+    progress = _progress(stage, name, peaks)
 
     traced_config, stale_shapes, plan = config, None, None
     if config.patches > 1:
@@ -87,13 +97,14 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     session = capture.prepare_process(submesh.size)
     try:
         capture.enable_spmd()
-        from tracing.tracer import compile_stage, trace_stage
+        from tracing.tracer import compile_stage, lay_out_placeholders, trace_stage
 
         if train is not None:
             from tracing.training import trace_train_step
 
             step = trace_train_step(traced_config, stage, shapes, train, progress=progress)
             traced = step.traced
+            lay_out_placeholders(traced.split_placeholders)  # those first used after the forward
             progress("compile")
             started_compile = time.perf_counter()
             hlo_text = capture.capture_partitioned_hlo(session, step.output_tensors())
@@ -136,6 +147,7 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         "seconds": {step: round(value, 3) for step, value in traced.seconds.items()},
         "seconds_total": round(time.perf_counter() - started, 3),
         "peak_rss_bytes": capture.peak_rss_bytes(),
+        "peak_rss_bytes_after": peaks,
         "mlir_bytes": len(mlir_text.encode()),
         "library_calls": [region.to_dict() for region in call_regions()],
     }

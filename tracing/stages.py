@@ -134,10 +134,11 @@ def run_stage(model: STDiT3, stage: StageSpec, inputs: dict[str, torch.Tensor],
 
 
 def shape_cache_key(config: PipelineConfig) -> dict:
-    """What the boundary shapes depend on (not the strategy or the mesh: shapes are global)."""
+    """What the boundary shapes depend on (not the strategy or the mesh: shapes are global; the
+    inference path: the official one hands t0, t0_mlp and x_mask between stages)."""
     return {"version": SHAPE_CACHE_VERSION, "model": config.model.to_dict(), "shape": config.shape,
             "stage_ids": [list(ids) for ids in config.stage_ids], "batch": config.batch,
-            "dtype": config.dtype}
+            "dtype": config.dtype, "inference_path": config.inference_path}
 
 
 def compute_boundary_shapes(config: PipelineConfig) -> list[dict]:

@@ -6,10 +6,12 @@ strategy's partition specs, install its annotation hooks), trace lazily, compile
 executing.
 
 Memory: a tensor that the strategy leaves replicated would be copied to each of the virtual
-devices (16 x 2.2 GB for the full model's weights).  When we only compile, such tensors are
-created as torch-xla *placeholders*: graph parameters with a shape and no buffer.  Sharded
-tensors must be real device data (``mark_sharding`` reshards a buffer), but their shards add up
-to one copy.  With ``materialize="random"`` (the ``--check`` path) every tensor holds values.
+devices (16 x 2.2 GB for the full model's weights).  When we only compile, no tensor holds a
+buffer: replicated ones are torch-xla *placeholders* (graph parameters with a shape and no
+buffer), and split ones placeholders that keep their sharding spec (:func:`device_tensor`,
+:func:`drop_lazy_values`, :func:`lay_out_placeholders`), where real shards would add up to one
+copy of the weights (2.2 GiB).  With ``materialize="values"`` (the ``--check`` path) every
+tensor holds values.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class TracedStage:
     outputs: dict[str, torch.Tensor]
     seconds: dict[str, float] = field(default_factory=dict)
     mesh: Any = None  # the strategy's xs.Mesh
+    #: The split tensors made without a buffer (compile only), as the model and the trace see
+    #: them: their graph parameters get their layout from :func:`lay_out_placeholders`.
+    split_placeholders: list[torch.Tensor] = field(default_factory=list)
 
 
 #: The layout of a stage (model, shape, batch, submesh, usp degrees): one definition, in base.
@@ -84,6 +89,7 @@ def run_forward(traced: TracedStage, config: PipelineConfig,
         if spec is not None:
             xs.mark_sharding(tensor, traced.mesh, spec)
     traced.outputs = outputs
+    lay_out_placeholders(traced.split_placeholders)
     traced.seconds["trace"] = time.perf_counter() - started
 
 
@@ -97,8 +103,9 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
     """Build and shard stage ``stage_index`` on the XLA device (parameters and inputs placed
     with the strategy's specs, its annotation hooks installed), ready for :func:`run_forward`.
 
-    ``materialize``: "placeholder" (compile only: replicated tensors hold no data) or "values"
-    (copy parameters from ``reference`` and inputs from ``reference_inputs``, to execute).
+    ``materialize``: "placeholder" (compile only: no tensor holds data; this must run before
+    anything else is traced in the process, see :func:`drop_lazy_values`) or "values" (copy
+    parameters from ``reference`` and inputs from ``reference_inputs``, to execute).
     ``stale_kv``: PipeFusion stale K/V buffers (name -> shape, ``tracing.pipefusion``) for the
     spatial attentions of a stage traced on one patch; they become extra stage inputs.
     ``reorder_weights``: bring the reference's fused projection rows into the strategy's order
@@ -119,6 +126,8 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
     seconds: dict[str, float] = {}
     stage = stage_spec(config, stage_index)
     dtype = getattr(torch, config.dtype)
+    buffers = materialize == "values"
+    split_placeholders = []
 
     progress("build")
     started = time.perf_counter()
@@ -140,27 +149,33 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
         if source is not None and reorder_weights:
             source = strategy.reference_parameter(name, source.detach())
         tensor = device_tensor(tuple(param.shape), dtype, spec, mesh, device,
-                                source.detach() if source is not None else None)
-        _replace_parameter(model, name, tensor, requires_grad)
+                                source.detach() if source is not None else None, buffer=buffers)
+        parameter = _replace_parameter(model, name, tensor, requires_grad)
+        if spec is not None and not buffers:
+            split_placeholders.append(parameter)
     boundary = stage_shapes[stage_index]["inputs"]
     inputs = {}
     for name in stage.input_names():
         shape = tuple(boundary[name]["shape"])
         input_dtype = getattr(torch, boundary[name]["dtype"])
         source = reference_inputs.get(name) if reference_inputs is not None else None
-        inputs[name] = device_tensor(shape, input_dtype,
-                                     strategy.input_spec(laid_out_as(name), shape), mesh, device,
-                                     source)
+        spec = strategy.input_spec(laid_out_as(name), shape)
+        inputs[name] = device_tensor(shape, input_dtype, spec, mesh, device, source,
+                                     buffer=buffers)
+        if spec is not None and not buffers:
+            split_placeholders.append(inputs[name])
     strategy.install(model, range(stage.first_block, stage.last_block + 1), mesh)
     if stale_kv:
         from tracing.pipefusion import install_stale_kv
 
         inputs.update(install_stale_kv(model, stage, stale_kv, lambda shape: device_tensor(
             shape, dtype, None, mesh, device, None)))
+    if not buffers:
+        drop_lazy_values(device)
     seconds["shard"] = time.perf_counter() - started
 
     return TracedStage(stage=stage, strategy=strategy, model=model, inputs=inputs, outputs={},
-                       seconds=seconds, mesh=mesh)
+                       seconds=seconds, mesh=mesh, split_placeholders=split_placeholders)
 
 
 def compile_stage(session: capture.CaptureSession, traced: TracedStage,
@@ -173,8 +188,14 @@ def compile_stage(session: capture.CaptureSession, traced: TracedStage,
     return text
 
 
-def device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
-    """A tensor on the XLA device: a placeholder when replicated and no values are needed."""
+def device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source, *,
+                  buffer: bool = True):
+    """A tensor on the XLA device: a placeholder when replicated and no values are needed.
+
+    A split tensor (``spec``) without values holds real shards unless ``buffer`` is False
+    (compile only): it is then a lazy ``empty`` marked with ``spec``, a computation that
+    :func:`drop_lazy_values` turns into a placeholder keeping the spec.
+    """
     import torch
     import torch_xla.distributed.spmd as xs
 
@@ -185,6 +206,10 @@ def device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
         # mark_sharding refuses a tensor without a buffer; the hooks look for this flag.
         placeholder.hlo_trace_placeholder = True
         return placeholder
+    if source is None and not buffer:
+        lazy = torch.empty(shape, dtype=dtype, device=device)  # a computation: no buffer yet
+        xs.mark_sharding(lazy, mesh, spec)  # the tensor keeps the spec (and a custom annotation)
+        return lazy
     host = source.to(dtype) if source is not None else torch.empty(shape, dtype=dtype)
     tensor = host.to(device)
     del host
@@ -193,14 +218,43 @@ def device_tensor(shape: tuple[int, ...], dtype, spec, mesh, device, source):
     return tensor
 
 
+def drop_lazy_values(device) -> None:
+    """Turn every lazy value on ``device`` into a placeholder of its shape, with no buffer, that
+    keeps the tensor's sharding spec (torch-xla's ``_clear_pending_irs``, which dynamo uses the
+    same way): the split tensors :func:`device_tensor` made with ``buffer=False`` become graph
+    parameters, their computation and annotation dropped.  It applies to every live tensor of
+    the process, so it runs before anything is traced (one trace per process, see the CLI)."""
+    import torch_xla
+
+    torch_xla._XLAC._clear_pending_irs(str(device))
+
+
+def lay_out_placeholders(tensors: list[torch.Tensor]) -> None:
+    """Give the graph parameters of split placeholders their tensors' layout, once traced.
+
+    A placeholder's graph parameter (its device-data node) is made at its first use in the
+    trace, without the layout that the tensor keeps; reading the tensor's sharding spec copies
+    it onto that node (torch-xla syncs a tensor's spec onto a node that has none), so the
+    parameter is split as a sharded buffer's would be.  Made here instead, before the trace,
+    the node would carry this file as its location in the dump.  A tensor not used yet is left
+    alone (its node is made later, so call it again then); calling it twice changes nothing."""
+    import torch_xla
+
+    for tensor in tensors:
+        torch_xla._XLAC._get_xla_op_sharding(tensor)
+
+
 def _replace_parameter(model: STDiT3, name: str, tensor: torch.Tensor,
-                       requires_grad: bool = False) -> None:
-    """Swap the (meta) parameter ``name`` for ``tensor`` without touching the module's code."""
+                       requires_grad: bool = False) -> torch.nn.Parameter:
+    """Swap the (meta) parameter ``name`` for ``tensor`` without touching the module's code;
+    returns the new parameter."""
     import torch
 
     owner_name, _, leaf = name.rpartition(".")
     owner = model.get_submodule(owner_name)
-    owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    parameter = torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    owner._parameters[leaf] = parameter
+    return parameter
 
 
 #: The official path's stage tensors (tracing.stages.STAGE_INPUTS_OFFICIAL) are laid out as the
