@@ -68,6 +68,7 @@ from hlo_analyzer.dataflow import (
     CONSTANT_OPS,
     FREE_MOVEMENT_OPS,
     SOFTMAX_SPAN_LIMIT,
+    Marker,
     after_exponential,
     operand_markers,
     walk_until,
@@ -118,7 +119,7 @@ NORM_CLASSES = frozenset({"layer_norm", "group_norm"})
 ELEMENTWISE_CLASS = "elementwise"
 #: Library calls that write a contiguous result whatever the layout of their inputs
 #: (:mod:`hlo_analyzer.torch_layouts`); element-wise calls write in their first input's layout.
-CONTIGUOUS_CALLS = frozenset({*NORM_CLASSES, *GATHER_CALLS, "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
+CONTIGUOUS_CALLS = frozenset({*NORM_CLASSES, "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
 TORCH_KERNEL_CLASSES = frozenset({*KERNEL_CLASSES.values(), ELEMENTWISE_CLASS, *KERNEL_CLASS_VARIANTS})
 #: Launch overhead when the hardware description gives none (see the module docstring).
 DEFAULT_LAUNCH_OVERHEAD_S = 0.0
@@ -810,21 +811,33 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     constant = folded_constants(graph)
     real = real_elements(attributes_of)
 
+    convolutions = {p for p in gemms if attributes_of[p]["name"] == "convolution"}
     with_gemm = {id(call) for call in calls if any(n in gemms for n in call.nodes)}
+    with_convolution = {id(call) for call in calls if any(n in convolutions for n in call.nodes)}
+    gather_input = {node: entering for call in calls if call.kind in GATHER_CALLS
+                    for entering in [_call_input(attributes_of, call.nodes)] for node in call.nodes}
 
-    def writes_contiguous(node: int) -> bool:  # a GEMM's call (a convolution's layout changes too)
+    def writes_contiguous(node: int) -> bool:  # a GEMM's call (a convolution's: its input decides)
         call = call_of.get(node)
-        return node in gemms or node in claimed or \
-            (call is not None and (call.kind in CONTIGUOUS_CALLS or id(call) in with_gemm))
+        return (node in gemms and node not in convolutions) or node in claimed or \
+            (call is not None and id(call) not in with_convolution and
+             (call.kind in CONTIGUOUS_CALLS or id(call) in with_gemm))
+
+    def keeps_channels_last(node: int) -> Marker | None:
+        if node in convolutions:
+            return operand_markers(attributes_of[node])[0]
+        return gather_input.get(node)
 
     transposed = any(region.kind == TRANSPOSED_TOKENS_CALL for region in options.library_calls)
     layout = layouts(attributes_of, sorted(graph), writes_contiguous, real, lambda node: _feeds(graph, node, gemms),
-                     dict.fromkeys(residual_inputs, TRANSPOSED) if transposed else {})
+                     dict.fromkeys(residual_inputs, TRANSPOSED) if transposed else {}, keeps_channels_last)
     copies = [copy for p in gemms for operand, shape, dtype in
               zip(operand_markers(attributes_of[p]), attributes_of[p]["operand_shapes"], attributes_of[p]["operand_dtypes"])
-              if (copy := _layout_copy(attributes_of, operand, shape, _elements(shape) * _bytes(dtype), p, layout,
-                                       signatures)) is not None]
-    copies += [copy for p in gemms if attributes_of[p]["name"] == "convolution"
+              if not (p in convolutions and noncontiguous_behind(attributes_of, operand, layout) == TRANSPOSED)
+              and (copy := _layout_copy(attributes_of, operand, shape, _elements(shape) * _bytes(dtype), p, layout,
+                                        signatures)) is not None]
+    copies += [copy for p in sorted(convolutions)
+               if noncontiguous_behind(attributes_of, operand_markers(attributes_of[p])[0], layout) != TRANSPOSED
                for copy in _cudnn_layout_transposes(attributes_of[p], p, signatures)]
     vectors: list[_Work] = []
     for call in calls:
@@ -889,6 +902,16 @@ def _layout_copy(attributes_of: dict[int, dict[str, Any]], operand: Any, shape: 
     return _Work(reader, (reader,), f"{name}({kind} input)", VECTOR_KIND, text, op=op)
 
 
+def _call_input(attributes_of: dict[int, dict[str, Any]], members: Iterable[int]) -> Marker | None:
+    """The first value that enters a call from outside it (a node or an argument)."""
+    inside = set(members)
+    for node in sorted(inside):
+        for operand in operand_markers(attributes_of[node]):
+            if operand not in inside:
+                return operand
+    return None
+
+
 def _group_norm_rows(attributes_of: dict[int, dict[str, Any]], members: list[int]) -> int | None:
     """The (sample, group) rows of a GroupNorm call: torch-xla lowers ``native_group_norm`` to a
     ``batch_norm_training`` over a (1, N * G, rest) view, its features the rows; None when the
@@ -906,7 +929,8 @@ LAYOUT_TRANSPOSE_CLASS = "layout_transpose"
 
 def _cudnn_layout_transposes(attributes: dict[str, Any], position: int, signatures: _Signatures) -> list[_Work]:
     """The layout transposes PyTorch's cuDNN convolution runs around a convolution with a window
-    (not 1x1) on a channels-first tensor: cuDNN's fast kernels on Hopper read and write
+    (not 1x1) on a channels-first tensor (the caller leaves out a channels-last one, which cuDNN
+    reads and writes as it is): cuDNN's fast kernels on Hopper read and write
     channels-last, so the input is transposed to NHWC first and the result back to NCHW, each a
     kernel of its own (``nchwToNhwcKernel`` / ``nhwcToNchwKernel``: measured by
     benchmarks/gpu_vae_decode.py). The weights' transposes (a few MB) are not charged."""

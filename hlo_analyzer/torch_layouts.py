@@ -7,7 +7,10 @@ input, so a non-contiguous tensor stays so through casts and arithmetic. A libra
 needs contiguous rows copies such a tensor first: LayerNorm, the activation of a linear layer,
 the operands of a batched matmul (``torch.matmul`` folds the batch axes into one, a copy when they
 are permuted). Every other kernel (a GEMM, a library call, a reduction, a concatenation) writes a
-contiguous result. Two kinds of non-contiguous tensor cost differently:
+contiguous result, except a cuDNN convolution and a nearest upsampling, which keep a channels-last
+input's memory format (e.g. diffusers' attention block returns its result as
+``out.transpose(-1, -2).reshape(B, C, H, W)``, channels-last, and adds the residual to it: the
+VAE decoder's residual stream is channels-last from there on). Two kinds of non-contiguous tensor cost differently:
 
 - :data:`TRANSPOSED`: its last axis moved, e.g. the official STDiT3's patch embedding
   ``x.flatten(2).transpose(1, 2)``, channel-major tokens that its residual stream keeps through
@@ -52,16 +55,27 @@ def transpose_kind(permutation: tuple[int, ...], feeds_gemms: bool) -> str | Non
 
 def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writes_contiguous: Callable[[int], bool],
             real: dict[int, int], feeds_gemms: Callable[[int], bool],
-            seeds: dict[Marker, str] | None = None) -> dict[Marker, str]:
+            seeds: dict[Marker, str] | None = None,
+            keeps_channels_last: Callable[[int], Marker | None] = lambda node: None) -> dict[Marker, str]:
     """The non-contiguous values: each node of ``order`` (program order) or argument
     (``("argument", i)``) -> :data:`TRANSPOSED` or :data:`PERMUTED`. ``writes_contiguous(node)``:
     the node belongs to a kernel that writes a contiguous result (a GEMM, a library call, a
     fused attention). ``real``: each node's real elements (``op_mapping.real_elements``: a
     broadcast at its operand's size). ``feeds_gemms(node)``: GEMMs alone read the node's result
-    (through views). ``seeds``: values known to be non-contiguous (a stage's residual input)."""
+    (through views). ``seeds``: values known to be non-contiguous (a stage's residual input).
+    ``keeps_channels_last(node)``: the value whose memory format the node's kernel keeps (a
+    cuDNN convolution, a nearest upsampling: a channels-last input gives a channels-last
+    result, :data:`TRANSPOSED` here), or None."""
     layout: dict[Marker, str] = dict(seeds or {})
     for node in order:
-        if node in layout or writes_contiguous(node):
+        if node in layout:
+            continue
+        source = keeps_channels_last(node)
+        if source is not None:
+            if noncontiguous_behind(attributes_of, source, layout) == TRANSPOSED:
+                layout[node] = TRANSPOSED
+            continue
+        if writes_contiguous(node):
             continue
         attributes = attributes_of[node]
         operands = operand_markers(attributes)

@@ -9,13 +9,17 @@ counted by hand from the tiny config (TINY_VAE):
   one-head attention, two up blocks of two residual blocks (the second 16 -> 8 with a 1x1
   shortcut), one upsampler (nearest 2x + conv), conv_out, and a 1x1 post_quant_conv. GroupNorms:
   2 x 2 (mid) + 1 (attention) + 4 x 2 (up) + 1 (norm_out) = 14. Convolutions with a 3x3 window:
-  1 + 4 + 8 + 1 + 1 = 15, each with cuDNN's two layout transposes (30); convolutions in all 17.
+  1 + 4 + 8 + 1 + 1 = 15; convolutions in all 17. The attention returns its result channels-last
+  (``transpose(-1, -2).reshape``) and adds the residual to it, so the residual stream is
+  channels-last from there on: the upsampling keeps it so, and the upsampler's convolution reads
+  it as cuDNN wants it; the 14 other windowed convolutions read a GroupNorm's contiguous output
+  (or the latent) and pay cuDNN's two layout transposes (28).
   GEMMs: 17 convolutions, q, k, v and out projections, the two attention products, and the
   1-wide outer product the upsampling's index lowering makes (24); the upsampling itself is no GEMM.
 * temporal: widths (8, 16, 16); conv1, one residual block at the top, three levels of one block
   each (the last 16 -> 8 with a 1x1x1 shortcut), two time upsamplers, conv_out, and a 1x1x1
   post_quant_conv. GroupNorms: 2 + 3 x 2 + 1 = 9; 3x3x3 convolutions: 1 + 2 + 6 + 2 + 1 = 12
-  (24 transposes); convolutions in all 14, no other GEMM.
+  (24 transposes: nothing is channels-last there); convolutions in all 14, no other GEMM.
 """
 
 from __future__ import annotations
@@ -109,13 +113,13 @@ def _classes(mapping: dict) -> Counter:
     return Counter(k["kind"] if k["kind"] != "vector" else k["name"].split("(")[0] for k in mapping["kernels"])
 
 
-@pytest.mark.parametrize("part, group_norms, windowed, gemms", [("spatial", 14, 15, 24), ("temporal", 9, 12, 14)])
-def test_traced_decoders_one_kernel_per_library_call(traced, part, group_norms, windowed, gemms):
+@pytest.mark.parametrize("part, group_norms, transposing, gemms", [("spatial", 14, 14, 24), ("temporal", 9, 12, 14)])
+def test_traced_decoders_one_kernel_per_library_call(traced, part, group_norms, transposing, gemms):
     sidecar, mapping = traced[part]
     assert mapping["execution"] == "torch"  # the sidecar's library calls: a traced PyTorch model
     classes = _classes(mapping)
     assert classes["group_norm"] == group_norms
-    assert classes["layout_transpose"] == 2 * windowed
+    assert classes["layout_transpose"] == 2 * transposing
     assert classes["gemm"] == gemms
     assert sidecar["calls_per_sample"] == pytest.approx(3 if part == "temporal" else 51 / 4)
 
@@ -124,8 +128,19 @@ def test_the_upsampling_is_one_memory_bound_kernel(traced):
     _, mapping = traced["spatial"]
     upsampling = [k for k in mapping["kernels"] if "upsample" in k["name"]]
     assert len(upsampling) == 1 and upsampling[0]["kind"] == "vector"
-    # nothing reads its result through a copy: PyTorch writes it contiguous
-    assert not [k for k in mapping["kernels"] if k["name"].startswith("copy") and k["shapes"].startswith("4x16x16x16")]
+
+
+def test_the_channels_last_residual_stream_is_copied_before_each_group_norm(traced):
+    """After the mid block's attention, every GroupNorm that reads the residual stream copies it
+    first (PyTorch's GroupNorm needs it contiguous): norm1 of the mid block's second residual
+    block and of the four up-block residual blocks (their norm2 reads conv1's contiguous result),
+    and norm_out: 6 transpose copies of the stream. The attention's residual add and each of
+    those five residual blocks' (its contiguous conv2 result onto the channels-last stream) mix
+    layouts: 6 strided adds; the upsampler's convolution pays no layout transposes (see above)."""
+    _, mapping = traced["spatial"]
+    four_d = [k for k in mapping["kernels"] if len(k["shapes"].split("->")[0].split(",")[0].split("x")) == 4]
+    assert sum(k["name"] == "transpose_copy(transposed input)" for k in four_d) == 6
+    assert sum(k["name"] == "strided(add)" for k in four_d) == 6
 
 
 def test_bad_shape_is_one_line_and_exit_code_2(tmp_path):
