@@ -62,7 +62,6 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     may still run in the background (see tracing.capture): end the process with
     ``capture.end_process(session)``."""
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
-    from hlo_trace.atomic import atomic_write
     from tracing import capture
     from tracing.stages import boundary_shapes, stage_spec
     from tracing.strategies import get_strategy
@@ -158,6 +157,15 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         sidecar["inputs"] |= {  # the noise or the output gradients are stage inputs too
             buffer["name"]: {"shape": buffer["shape"], "dtype": buffer["dtype"]}
             for buffer in sidecar["training"]["arguments"] if buffer["class"] == "input"}
+    return write_dump(mlir_path, mlir_text, sidecar, force), session
+
+
+def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> list[Path]:
+    """Write a dump and its JSON sidecar (``mlir_path`` with ``.json``) atomically; a dump is
+    never left without its sidecar. Returns the two paths."""
+    from hlo_trace.atomic import atomic_write
+
+    json_path = mlir_path.with_suffix(".json")
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
         written.append(atomic_write(json_path, json.dumps(sidecar, indent=2, sort_keys=True) + "\n",
@@ -165,7 +173,7 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     except BaseException:
         mlir_path.unlink(missing_ok=True)  # never leave a dump without its sidecar
         raise
-    return written, session
+    return written
 
 
 def require_trace_extra() -> None:

@@ -17,7 +17,6 @@ PyTorch runs as one kernel each (``--exec torch``).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
     the written paths and the capture session (end the process with ``capture.end_process``:
     XLA may still compile in the background). Starts torch-xla's runtime: one trace a process."""
     from models.opensora.vae_config import decode_plan, get_vae_config
-    from tracing.cli import check_output, require_trace_extra
+    from tracing.cli import check_output, require_trace_extra, write_dump
 
     if part not in PARTS:
         raise UsageError(f"--part {part!r}: expected one of {', '.join(PARTS)}")
@@ -58,7 +57,6 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
     import torch
 
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
-    from hlo_trace.atomic import atomic_write
     from models.opensora.library_calls import call_regions
     from models.opensora.vae import SpatialDecoder, TemporalDecoder
     from tracing import capture
@@ -122,14 +120,7 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
         "peak_rss_bytes": capture.peak_rss_bytes(),
         "library_calls": [region.to_dict() for region in call_regions()],
     }
-    written = [atomic_write(mlir_path, mlir_text, force=force)]
-    try:
-        written.append(atomic_write(json_path, json.dumps(sidecar, indent=2, sort_keys=True) + "\n",
-                                    force=force))
-    except BaseException:
-        mlir_path.unlink(missing_ok=True)  # never a dump without its sidecar
-        raise
-    return written, session
+    return write_dump(mlir_path, mlir_text, sidecar, force), session
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
