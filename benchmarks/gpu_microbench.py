@@ -291,7 +291,6 @@ def time_case(torch, case: Case) -> tuple[float, int]:  # noqa: ANN001
     launches = 1000 if case.kind == "launch" else max(3, min(200, math.ceil(LOOP_SECONDS / max(first, 1e-7))))
     launches = max(launches, copies)  # every copy read once a loop
     seconds = statistics.median(loop(launches) / launches for _ in range(LOOPS))
-    del calls
     return seconds, launches
 
 

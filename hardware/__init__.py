@@ -20,7 +20,8 @@ from hardware.mapping import FlashAttentionTiling, GemmTiling, KernelTiling, Map
 from hardware.model_info import ModelAssumptions, model_assumptions
 from hardware.ops import Op, OpType
 from hardware.spec import (
-    KERNEL_CLASS_VARIANTS,
+    MEMORY_KERNEL_CLASSES,
+    ROW_KERNEL_CLASSES,
     ChipSpec,
     KernelModel,
     SystemSpec,
@@ -35,7 +36,8 @@ from hardware.vector_mapper import MappingError, vector_mapper
 
 __all__ = [
     "BLOCK_SHAPE_KEYS",
-    "KERNEL_CLASS_VARIANTS",
+    "MEMORY_KERNEL_CLASSES",
+    "ROW_KERNEL_CLASSES",
     "BlockMapping",
     "BlockShapes",
     "ChipSpec",

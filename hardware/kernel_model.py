@@ -28,12 +28,16 @@ GEMM ``(M, K) x (K, N)``, ``batch`` instances of it (cuBLAS/CUTLASS-style output
     Latency = ``kernel_overhead + max(compute, memory)``: one overhead for the whole batch, and
     a batch of small GEMMs fills the SMs that one of them would leave idle.
 
+Every kernel, whatever its kind, takes at least ``launch_floor``: an eager framework dispatches
+one call at a time from the host, so back-to-back tiny kernels run at the host's pace.
+
 Memory-bound (Vector) ops
     ``kernel_overhead + max(bytes / (dram_bandwidth * efficiency), ops / vector peak)``,
     bytes = every input and the weight read once, the output written once; the efficiency is
-    ``vector_efficiency[class]`` when the op is named after a kernel class listed there (the
-    in-model figure of a LayerNorm, softmax, GELU ... kernel: ``--exec torch`` names its kernels
-    so), else ``hbm_efficiency``. A GroupNorm adds the pass that computes each (sample, group)
+    ``vector_efficiency[class]`` when the op is named after a kernel class (a LayerNorm, softmax,
+    GELU, broadcast ... kernel: ``--exec torch`` names its kernels so; every GPU file lists every
+    class), refined by ``row_efficiency[class]`` at the op's row length where the class has a row
+    curve, else ``hbm_efficiency`` (an XLA fusion: a contiguous stream). A GroupNorm adds the pass that computes each (sample, group)
     row's moments, one thread block a row: ``input bytes / min(rows * group_norm_row_bandwidth,
     sustained bandwidth)``.
 
@@ -66,6 +70,7 @@ __all__ = [
     "gpu_flash_attention_mapping",
     "gpu_gemm_mapping",
     "gpu_vector_mapping",
+    "kernel_latency_s",
 ]
 
 
@@ -75,14 +80,21 @@ def _model(chip: ChipSpec) -> KernelModel:
     return chip.kernel_model
 
 
-def _sustained_bandwidth(chip: ChipSpec, kernel_class: str = "") -> float:
-    return chip.dram_bandwidth_bytes_per_s * _model(chip).hbm_efficiency_for(kernel_class)
+def _sustained_bandwidth(chip: ChipSpec, kernel_class: str = "", row_length: int = 0) -> float:
+    return chip.dram_bandwidth_bytes_per_s * _model(chip).hbm_efficiency_for(kernel_class, row_length or None)
+
+
+def kernel_latency_s(chip: ChipSpec, work_s: float) -> float:
+    """One kernel's time in an eager stream: its fixed cost plus its work, and never shorter than
+    the host's dispatch interval (``launch_floor``)."""
+    model = _model(chip)
+    return max(model.launch_floor_s, model.kernel_overhead_s + work_s)
 
 
 def _mapping(op: Op, name: str, mapper: str, chip: ChipSpec, *, compute_s: float, dram_bytes: float,
              peak: float, tiling: KernelTiling, kernel_class: str = "") -> Mapping:
-    dram_s = dram_bytes / _sustained_bandwidth(chip, kernel_class)
-    latency_s = _model(chip).kernel_overhead_s + max(compute_s, dram_s)
+    dram_s = dram_bytes / _sustained_bandwidth(chip, kernel_class, op.row_length)
+    latency_s = kernel_latency_s(chip, max(compute_s, dram_s))
     if compute_s >= dram_s:
         bound = "compute"
     else:

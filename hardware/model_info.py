@@ -45,6 +45,9 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
             "flash_kv_overhead": kernel_model.flash_kv_overhead,
             "group_norm_row_bandwidth_bytes_per_s": kernel_model.group_norm_row_bandwidth_bytes_per_s,
             "vector_efficiency": dict(kernel_model.vector_efficiency),
+            "launch_floor_s": kernel_model.launch_floor_s,
+            "row_efficiency": {name: [list(p) for p in curve] for name, curve in kernel_model.row_efficiency},
+            "provenance": dict(kernel_model.provenance),
         }
     return ModelAssumptions(
         hardware=system.name,

@@ -53,6 +53,9 @@ class Op:
     fuse_into: str | None = None
     #: Independent instances of a batched GEMM (module docstring); 1 for every other op.
     batch: int = 1
+    #: Elements one row of a row-wise Vector kernel spans (a LayerNorm's width, a row mean's
+    #: length), where the kernel's efficiency depends on it; 0 when unknown or not row-wise.
+    row_length: int = 0
 
     def __post_init__(self) -> None:
         if not self.input_shapes:

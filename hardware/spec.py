@@ -69,19 +69,24 @@ _ALGORITHMS_BY_TOPOLOGY = {
 }
 
 
-#: Kernel classes of PyTorch's eager memory-bound kernels that vary another class, and the class
-#: whose efficiency they run at when a chip file gives them none. ``broadcast``: an element-wise
-#: kernel reading a tensor broadcast along an axis (TensorIterator's strided path); ``select``:
-#: ``torch.where`` with a broadcast mask; ``reduction``: a row reduction (a mean over the head
-#: dim); ``widening_cast``: a cast to a wider type; ``strided``: an element-wise kernel whose
-#: full-size inputs lie in different layouts (the official STDiT3's residual stream keeps the
-#: channel-major layout of its patch embedding); ``transpose_copy``: the copy that makes such a
-#: tensor contiguous for a library call that needs contiguous rows; ``group_norm``: nn.GroupNorm's
-#: kernel (OpenSora's VAE); ``layout_transpose``: the NCHW <-> NHWC transposes cuDNN runs around a
-#: convolution.
-KERNEL_CLASS_VARIANTS = {"broadcast": "elementwise", "select": "elementwise", "reduction": "elementwise",
-                         "widening_cast": "elementwise", "strided": "elementwise", "transpose_copy": "copy",
-                         "group_norm": "layer_norm", "layout_transpose": "copy"}
+#: The classes of PyTorch's eager memory-bound kernels (``analyze-hlo --exec torch`` names each
+#: such kernel after one). Every GPU description gives each its own efficiency, with its provenance
+#: (``[kernel_model.vector_efficiency]``, ``[kernel_model.provenance]``): there is no fallback.
+#: ``layer_norm``, ``softmax``, ``gelu``: the library's kernels; ``elementwise``: a same-shape
+#: contiguous element-wise kernel; ``copy``: a permuted copy (an einops rearrange);
+#: ``broadcast``: an element-wise kernel reading a tensor broadcast along an axis (TensorIterator's
+#: strided path); ``select``: ``torch.where`` with a broadcast mask; ``reduction``: a row
+#: reduction (a mean over the head dim); ``widening_cast``: a cast to a wider type; ``strided``: an
+#: element-wise kernel whose full-size inputs lie in different layouts (the official STDiT3's
+#: residual stream keeps the channel-major layout of its patch embedding); ``transpose_copy``: the
+#: copy that makes such a tensor contiguous for a library call that needs contiguous rows;
+#: ``group_norm``: nn.GroupNorm's kernel (OpenSora's VAE); ``layout_transpose``: the NCHW <-> NHWC
+#: transposes cuDNN runs around a convolution.
+MEMORY_KERNEL_CLASSES = ("layer_norm", "softmax", "gelu", "elementwise", "copy", "broadcast", "select", "reduction",
+                         "widening_cast", "strided", "transpose_copy", "group_norm", "layout_transpose")
+#: Memory-bound classes whose efficiency depends on the row length (``[kernel_model.row_efficiency]``):
+#: a row reduction's input elements over its output elements, else the output's last dim.
+ROW_KERNEL_CLASSES = ("layer_norm", "softmax", "reduction")
 
 
 @dataclass(frozen=True)
@@ -96,10 +101,9 @@ class KernelModel:
     hbm_efficiency: float
     flash_head_dims: tuple[int, ...]
     flash_efficiency: tuple[float, ...]
-    #: In-model HBM efficiency of memory-bound kernels by kernel class (``layer_norm``,
-    #: ``softmax``, ``gelu``, ``elementwise``, ``copy`` and the :data:`KERNEL_CLASS_VARIANTS`:
-    #: the classes of PyTorch's eager kernels); a variant not listed runs at the efficiency of
-    #: the class it varies, any other class not listed at ``hbm_efficiency``.
+    #: HBM efficiency of memory-bound kernels by kernel class, one for each of
+    #: :data:`MEMORY_KERNEL_CLASSES` (the loader refuses a table that misses one); ``hbm_efficiency``
+    #: is that of a kernel of no class (an XLA fusion in the ``fused`` and ``eager`` modes).
     vector_efficiency: tuple[tuple[str, float], ...] = ()
     #: Keys a fused attention kernel's per-query-tile cost amounts to besides its key loop (the
     #: tile's Q load, softmax rescale and output write): a kernel attending to ``s_kv`` keys runs
@@ -111,13 +115,33 @@ class KernelModel:
     #: then applies the norm in an element-wise pass at ``vector_efficiency["group_norm"]``
     #: (0: a GroupNorm is one pass like any other class).
     group_norm_row_bandwidth_bytes_per_s: float = 0.0
+    #: The shortest time a kernel takes in an eager stream: the host's dispatch interval of one
+    #: PyTorch call (a tiny kernel's launches back to back), 0 for none.
+    launch_floor_s: float = 0.0
+    #: Efficiency by row length for the :data:`ROW_KERNEL_CLASSES` that list one:
+    #: ``(class, ((row length, efficiency), ...))``, interpolated linearly in log(row length)
+    #: and held at the ends.
+    row_efficiency: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    #: Where each constant comes from, by kernel class (and ``gemm``, ``flash_attention``,
+    #: ``kernel_overhead``): a measurement's file, a public table, or a transfer rule.
+    provenance: tuple[tuple[str, str], ...] = ()
 
-    def hbm_efficiency_for(self, kernel_class: str) -> float:
-        """The HBM efficiency of a memory-bound kernel of ``kernel_class``."""
+    def hbm_efficiency_for(self, kernel_class: str, row_length: int | None = None) -> float:
+        """The HBM efficiency of a memory-bound kernel of ``kernel_class`` (a name that is no class:
+        ``hbm_efficiency``); ``row_length`` refines it where the class has a row curve."""
+        curve = dict(self.row_efficiency).get(kernel_class)
+        if curve and row_length:
+            return interpolate_log(curve, row_length)
         table = dict(self.vector_efficiency)
         if kernel_class in table:
             return table[kernel_class]
-        return table.get(KERNEL_CLASS_VARIANTS.get(kernel_class, ""), self.hbm_efficiency)
+        if kernel_class in MEMORY_KERNEL_CLASSES:
+            raise ValueError(f"kernel class {kernel_class!r} has no efficiency in this chip's [kernel_model]")
+        return self.hbm_efficiency
+
+    def provenance_of(self, name: str) -> str:
+        """Where the constants of kernel class ``name`` come from ('' when the file says nothing)."""
+        return dict(self.provenance).get(name, "")
 
     def flash_efficiency_for(self, head_dim: int, s_kv: int | None = None) -> tuple[int, float]:
         """``(kernel head dim, efficiency)`` of the kernel that runs ``head_dim`` over ``s_kv``
@@ -127,6 +151,18 @@ class KernelModel:
         if s_kv is not None:
             efficiency *= s_kv / (s_kv + self.flash_kv_overhead)
         return kernel, efficiency
+
+
+def interpolate_log(points: tuple[tuple[int, float], ...], x: float) -> float:
+    """The value at ``x`` of the curve through ``points`` (sorted by x), linear in log(x), held
+    at both ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            share = math.log(x / x0) / math.log(x1 / x0)
+            return y0 + share * (y1 - y0)
+    return points[-1][1]
 
 
 def flash_kernel_head_dim(head_dim: int, kernel_head_dims: tuple[int, ...]) -> int:
@@ -339,7 +375,32 @@ def _fraction_list(value: Any) -> tuple[float, ...]:
 def _class_fractions(value: Any) -> tuple[tuple[str, float], ...]:
     if not isinstance(value, dict):
         raise ValueError(f"expected a table of kernel class = fraction, got {value!r}")
+    missing = [name for name in MEMORY_KERNEL_CLASSES if name not in value]
+    if missing:
+        raise ValueError(f"every kernel class needs an efficiency; missing: {', '.join(missing)}")
     return tuple(sorted((str(name), _fraction(fraction)) for name, fraction in value.items()))
+
+
+def _row_curves(value: Any) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of kernel class = [[row length, fraction], ...], got {value!r}")
+    curves = []
+    for name, points in value.items():
+        if name not in ROW_KERNEL_CLASSES:
+            raise ValueError(f"{name!r} has no row curve (classes that do: {', '.join(ROW_KERNEL_CLASSES)})")
+        if not isinstance(points, list) or not points or not all(isinstance(p, list) and len(p) == 2 for p in points):
+            raise ValueError(f"{name}: expected [[row length, fraction], ...], got {points!r}")
+        curve = tuple(sorted((_positive_int(length), _fraction(fraction)) for length, fraction in points))
+        if len({length for length, _ in curve}) != len(curve):
+            raise ValueError(f"{name}: a row length appears twice")
+        curves.append((str(name), curve))
+    return tuple(sorted(curves))
+
+
+def _provenance(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) and v.strip() for v in value.values()):
+        raise ValueError(f"expected a table of name = \"where it comes from\", got {value!r}")
+    return tuple(sorted((str(name), text) for name, text in value.items()))
 
 
 def _non_negative_int(value: Any) -> int:
@@ -366,9 +427,13 @@ _KERNEL_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "vector_efficiency": ("vector_efficiency", _class_fractions),
     "flash_kv_overhead": ("flash_kv_overhead", _non_negative_int),
     "group_norm_row_bandwidth": ("group_norm_row_bandwidth_bytes_per_s", _quantity(Dimension.BANDWIDTH)),
+    "launch_floor": ("launch_floor_s", _time),
+    "row_efficiency": ("row_efficiency", _row_curves),
+    "provenance": ("provenance", _provenance),
 }
 #: Fields of the [kernel_model] table that may be left out (the dataclass has their defaults).
-_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"vector_efficiency", "flash_kv_overhead", "group_norm_row_bandwidth"})
+_OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"flash_kv_overhead", "group_norm_row_bandwidth", "launch_floor",
+                                           "row_efficiency", "provenance"})
 
 
 def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:

@@ -54,7 +54,8 @@ from typing import Any, NamedTuple
 import networkx as nx
 
 from hardware import (
-    KERNEL_CLASS_VARIANTS,
+    MEMORY_KERNEL_CLASSES,
+    ROW_KERNEL_CLASSES,
     ChipSpec,
     Mapping,
     MappingError,
@@ -120,7 +121,7 @@ ELEMENTWISE_CLASS = "elementwise"
 #: Library calls that write a contiguous result whatever the layout of their inputs
 #: (:mod:`hlo_analyzer.torch_layouts`); element-wise calls write in their first input's layout.
 CONTIGUOUS_CALLS = frozenset({*NORM_CLASSES, "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
-TORCH_KERNEL_CLASSES = frozenset({*KERNEL_CLASSES.values(), ELEMENTWISE_CLASS, *KERNEL_CLASS_VARIANTS})
+TORCH_KERNEL_CLASSES = frozenset(MEMORY_KERNEL_CLASSES)
 #: Launch overhead when the hardware description gives none (see the module docstring).
 DEFAULT_LAUNCH_OVERHEAD_S = 0.0
 
@@ -510,11 +511,14 @@ class _Signatures:
         return _Work(node, (node,), name, VECTOR_KIND, shapes, op=op)
 
     def vector_op(self, name: str, inputs: tuple[tuple[int, ...], ...], rows: int, out_elements: int,
-                  flops: int, bytes_per_element: int) -> Op:
-        key = (name, inputs, rows, out_elements, flops, bytes_per_element)
+                  flops: int, bytes_per_element: int, row_length: int = 0) -> Op:
+        key = (name, inputs, rows, out_elements, flops, bytes_per_element, row_length)
         op = self._vector_ops.get(key)
         if op is None:
-            op = self._vector_ops[key] = _vector_op(name, inputs, rows, out_elements, flops, bytes_per_element)
+            op = _vector_op(name, inputs, rows, out_elements, flops, bytes_per_element)
+            if row_length:
+                op = replace(op, row_length=row_length)
+            self._vector_ops[key] = op
         return op
 
     def shapes_text(self, operands: tuple[tuple[int, ...], ...], results: tuple[tuple[int, ...], ...]) -> str:
@@ -881,12 +885,24 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         # copy's views leave as views of what entered, yet the copy writes all it reads.
         out_bytes = io.out_bytes or (sum(io.entering_bytes) if call.kind == COPY_CALL else 0)
         op = signatures.vector_op(kernel, tuple((max(1, b),) for b in io.entering_bytes),
-                                  rows_count, max(1, out_bytes), flops, 1)
+                                  rows_count, max(1, out_bytes), flops, 1,
+                                  _row_length(kernel, io.entering, result, rows_count))
         positions = tuple(rest)
         shapes = signatures.shapes_text(tuple(s for _, s in io.entering), (tuple(result),))
         vectors.append(_Work(positions[-1], positions, f"{kernel}({call.kind})" if kernel != call.kind else kernel,
                              VECTOR_KIND, shapes, op=op))
     return [*attentions, *gemms.values(), *vectors, *copies]
+
+
+def _row_length(kernel: str, entering: Sequence[tuple[Any, Sequence[int]]], result: Sequence[int], rows: int) -> int:
+    """Elements a row of a row-wise kernel (``ROW_KERNEL_CLASSES``) spans: a reduction's largest
+    input over its rows, a norm's or softmax's last dim; 0 for any other kernel."""
+    if kernel not in ROW_KERNEL_CLASSES:
+        return 0
+    if kernel == "reduction":
+        largest = max((_elements(shape) for _, shape in entering), default=0)
+        return max(1, largest // max(1, rows))
+    return max(1, int(result[-1])) if result else 0
 
 
 def _layout_copy(attributes_of: dict[int, dict[str, Any]], operand: Any, shape: Sequence[int], size: int,
@@ -950,7 +966,7 @@ def _cudnn_layout_transposes(attributes: dict[str, Any], position: int, signatur
 
 def _elementwise_variant(attributes_of: dict[int, dict[str, Any]], members: list[int], constant: set[int],
                          real: dict[int, int], io: _GroupIO) -> str:
-    """The class of an element-wise kernel of PyTorch (``KERNEL_CLASS_VARIANTS``): a row
+    """The class of an element-wise kernel of PyTorch (``MEMORY_KERNEL_CLASSES``): a row
     reduction, a ``where``, one that reads a tensor broadcast along an axis, a widening cast, or
     a plain (contiguous, same-shape) element-wise kernel."""
     names = {attributes_of[n]["name"] for n in members}

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pinned_cards import PINNED_H100
 
 from hlo_analyzer.cli import analyze_command
 from hlo_analyzer.op_mapping import CROSS_ATTENTION_MODES, MappingOptions
@@ -51,7 +52,7 @@ def test_cross_attention_by_hand_in_both_modes(capsys, cross_program):
     one FlashAttention-2 kernel at the 32 kernel's 0.25 of 989.472 TFLOPS
     (132 SMs x 7.496 TFLOPS) = 247.368e12 FLOP/s, times s_kv / (s_kv + 112) for its s_kv keys
     (flash_kv_overhead), HBM at 0.78 x 3.35e12 = 2.613e12 B/s, plus the 3 us kernel overhead
-    (hardware/data/h100-sxm.toml):
+    (tests/data/h100-sxm-pinned.toml):
 
     all: q 2 x 2048 x 32 against kv 2 x 1024 x 32: 4*2*2048*1024*32 = 536,870,912 FLOP at
         247.368e12 x 1024/1136 -> 2.407710 us; bytes 2*(2*2048 + 2*1024)*32*4 = 1,572,864 B ->
@@ -61,8 +62,8 @@ def test_cross_attention_by_hand_in_both_modes(capsys, cross_program):
         2*2*(2*1024 + 2*512)*32*4 = 1,572,864 B, the same; latency 4.322545 us.
     """
     peak = 132 * 7.496e12 * 0.25
-    per_sample = analyze_json(capsys, cross_program, "--hw", "h100-sxm", "--caption-tokens", 512)
-    every_key = analyze_json(capsys, cross_program, "--hw", "h100-sxm", "--caption-tokens", 512,
+    per_sample = analyze_json(capsys, cross_program, "--hw", PINNED_H100, "--caption-tokens", 512)
+    every_key = analyze_json(capsys, cross_program, "--hw", PINNED_H100, "--caption-tokens", 512,
                              "--cross-attention", "all")
     [mine] = flash_kernels(per_sample)
     [traced] = flash_kernels(every_key)
@@ -94,7 +95,7 @@ def test_per_sample_halves_the_cross_attention_on_tx8(capsys, cross_program):
 
 def test_a_key_length_that_is_not_whole_samples_is_charged_as_traced(capsys, cross_program):
     # 1024 traced keys are not a multiple of 300: no per-sample split, the traced keys are charged
-    document = analyze_json(capsys, cross_program, "--hw", "h100-sxm", "--caption-tokens", 300)
+    document = analyze_json(capsys, cross_program, "--hw", PINNED_H100, "--caption-tokens", 300)
     [kernel] = flash_kernels(document)
     assert kernel["flops"] == 536_870_912 and kernel["name"] == "flash_attention"
     assert document["mapping"]["options"]["per_sample_attentions"] == 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pinned_cards import PINNED_H100
 
 from hardware import OpType, load_chip
 
@@ -54,17 +55,17 @@ def test_aten_ops_become_tool_ops():
     assert gpu_validate.op_from_aten("aten::view", 6, [[2, 100, 1152], []]) is None
     # A reshape that had to copy (a permuted input) is a copy kernel; LayerNorm and softmax are
     # named after their class, which picks their in-model efficiency (h100-sxm: 0.41, 0.55,
-    # measured on an H100: hardware/data/h100-sxm.toml).
+    # pinned: tests/data/h100-sxm-pinned.toml).
     copy = gpu_validate.op_from_aten("aten::reshape", 7, [[2, 100, 1152], []], launched=True)
     assert gpu_validate.kernel_class(copy) == "copy"
     norm = gpu_validate.op_from_aten("aten::layer_norm", 8, [[2, 100, 1152], []])
     assert gpu_validate.kernel_class(norm) == "layer_norm" and gpu_validate.kernel_class(linear) == "gemm"
-    chip = load_chip("h100-sxm")
+    chip = load_chip(PINNED_H100)
     # both move 2 x 2*100*1152*2 bytes: the LayerNorm at 0.55 of 3.35 TB/s, the copy at 0.41
     assert gpu_validate.predict(norm, chip) - 3e-6 == pytest.approx(921600 / (3.35e12 * 0.55))
     assert gpu_validate.predict(copy, chip) - 3e-6 == pytest.approx(921600 / (3.35e12 * 0.41))
     # The eager model: one kernel with its overhead: a tiny add costs at least the 3 us overhead.
-    assert gpu_validate.predict(add, load_chip("h100-sxm")) >= 3e-6
+    assert gpu_validate.predict(add, chip) >= 3e-6
 
 
 def test_without_cuda_one_line_and_exit_0(capsys):

@@ -1,7 +1,9 @@
 """The GPU kernel model (hardware/kernel_model.py): one prediction of each kind derived by hand
-from the a100-sxm.toml constants, and the quantization effects it must show."""
+from the a100-sxm.toml datasheet and constants the test pins (the calibrated ones move with the
+data: scripts/calibrate_gpu.py), and the quantization effects it must show."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -11,7 +13,16 @@ from hardware.ops import Op, OpType
 from hardware.spec import flash_kernel_head_dim
 from hlo_trace.errors import InputFileError
 
-A100 = load_chip("a100-sxm")
+
+def pinned(chip, **constants):
+    """``chip`` with its kernel model's constants replaced by ``constants`` (no launch floor, no
+    row curves unless given), so that the numbers below stay derivable by hand."""
+    model = dataclasses.replace(chip.kernel_model, launch_floor_s=0.0, row_efficiency=(), **constants)
+    return dataclasses.replace(chip, kernel_model=model)
+
+
+A100 = pinned(load_chip("a100-sxm"), kernel_overhead_s=3e-6, gemm_mma_efficiency=0.94, gemm_k_overhead_elements=256,
+              hbm_efficiency=0.78, flash_efficiency=(0.50, 0.55, 0.62, 0.70, 0.65, 0.65, 0.65, 0.65), flash_kv_overhead=0)
 SM_PEAK = 312e12 / 108  # file: 2.889 TFLOPS per SM
 SUSTAINED = 2039e9 * 0.78  # dram_bandwidth x hbm_efficiency
 
@@ -152,13 +163,13 @@ def test_tiled_model_still_reachable_and_tx8_untouched():
 def test_bad_kernel_model_table(tmp_path):
     text = (load_chip.__globals__["DATA_DIR"] / "a100-sxm.toml").read_text()
     bad = tmp_path / "bad.toml"
-    bad.write_text(text.replace("hbm_efficiency = 0.78", "hbm_efficiency = 1.5"))
+    bad.write_text(re.sub(r"(?m)^hbm_efficiency = .*$", "hbm_efficiency = 1.5", text))
     with pytest.raises(InputFileError, match=r"kernel_model.hbm_efficiency.*fraction"):
         load_chip(bad)
     bad.write_text(text.replace("flash_efficiency = [", "flash_efficiency = [0.5, "))
     with pytest.raises(InputFileError, match="one value per flash_head_dims"):
         load_chip(bad)
-    bad.write_text(text.replace("gemm_k_overhead = 256", "gemm_k_overhead = 256\nbogus = 1"))
+    bad.write_text(re.sub(r"(?m)^(gemm_k_overhead = .*)$", r"\1\nbogus = 1", text))
     with pytest.raises(InputFileError, match="kernel_model.bogus"):
         load_chip(bad)
 
@@ -170,6 +181,8 @@ def test_group_norm_pays_its_moments_pass_one_row_per_block():
     With 128 rows the moments pass streams 320 GB/s (57.6 us); with 4096 rows it is capped at
     the chip's sustained bandwidth (3.35e12 x hbm_efficiency 0.78)."""
     h100 = load_chip("h100-sxm")
+    h100 = pinned(h100, kernel_overhead_s=3e-6, hbm_efficiency=0.78, group_norm_row_bandwidth_bytes_per_s=2.5e9,
+                  vector_efficiency=tuple((n, 0.46 if n == "group_norm" else e) for n, e in h100.kernel_model.vector_efficiency))
     elements = 512 * 5 * 45 * 80
 
     def latency(rows):

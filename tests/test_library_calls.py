@@ -73,10 +73,12 @@ def test_sidecar_regions(document, expected):
 
 def test_gpu_descriptions_carry_per_class_efficiencies_and_the_40gb_a100():
     a100 = load_chip("a100-sxm")
-    assert a100.kernel_model.hbm_efficiency_for("layer_norm") == 0.58
-    assert a100.kernel_model.hbm_efficiency_for("softmax") == 0.565
+    table = dict(a100.kernel_model.vector_efficiency)
+    assert a100.kernel_model.hbm_efficiency_for("layer_norm") == table["layer_norm"]
+    assert a100.kernel_model.hbm_efficiency_for("softmax") == table["softmax"]
     assert a100.kernel_model.hbm_efficiency_for("fusion(add,multiply)") == a100.kernel_model.hbm_efficiency
     small = load_chip("a100-sxm-40gb")
+    assert small.kernel_model.vector_efficiency == a100.kernel_model.vector_efficiency  # transferred: same fractions
     assert small.dram_bandwidth_bytes_per_s == 1555e9
     assert small.dram_capacity_bytes == 40e9
     assert small.gemm_flops_per_s == a100.gemm_flops_per_s

@@ -190,8 +190,8 @@ def test_a_batched_gemm_costs_no_more_than_its_instances_one_by_one(chip, shape)
     assert batched.flops == batch * single.flops
     assert 0 < batched.utilization <= 1
     if spec.kernel_model is not None:  # one kernel: one overhead, however many instances
-        overhead = spec.kernel_model.kernel_overhead_s
-        assert batched.latency_s == pytest.approx(overhead + max(batched.compute_s, batched.dram_s), rel=1e-12)
+        overhead, floor = spec.kernel_model.kernel_overhead_s, spec.kernel_model.launch_floor_s
+        assert batched.latency_s == pytest.approx(max(floor, overhead + max(batched.compute_s, batched.dram_s)), rel=1e-12)
         assert batched.latency_s <= batch * single.latency_s - (batch - 1) * overhead + 1e-15
 
 

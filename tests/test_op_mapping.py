@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pinned_cards import PINNED_A100
 
 from hardware import Op, OpType, build_stdit_block_ops, gemm_auto_opt_mapper, load_chip, map_block
 from hlo_analyzer.blocks import segment_blocks
@@ -277,11 +278,11 @@ def test_a_batched_dot_general_is_one_kernel_with_one_launch(capsys, tmp_path, e
     dump = tmp_path / "batched.mlir"
     dump.write_text(BATCHED_DOT)
     feed = (64 + 64) * 272 * 2 / 66.8e9
-    for hardware, latency in (("tx8", 0.446784 * US), ("a100-sxm", 3 * US + feed)):
+    for hardware, latency in (("tx8", 0.446784 * US), (PINNED_A100, 3 * US + feed)):
         [kernel] = analyze_json(capsys, dump, "--hw", hardware, "--exec", execution)["mapping"]["kernels"]
         assert kernel["kind"] == "gemm" and kernel["flops"] == 16 * 2 * 16**3
         assert kernel["latency_s"] == pytest.approx(latency, rel=1e-9)
-        if hardware == "a100-sxm":  # exactly one overhead: the rest is the kernel's compute
+        if hardware == PINNED_A100:  # exactly one overhead: the rest is the kernel's compute
             assert kernel["latency_s"] - kernel["compute_s"] == pytest.approx(3 * US, rel=1e-9)
 
 

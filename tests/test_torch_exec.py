@@ -21,12 +21,14 @@ import pytest
 
 pytest.importorskip("torch_xla")
 
+from pinned_cards import PINNED_H100  # noqa: E402
+
 from hlo_analyzer.cli import analyze_command  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 
 BATCH, TOKENS, HIDDEN = 2, 128, 64
 H100_BANDWIDTH = 3.35e12
-LAYER_NORM_EFFICIENCY = 0.55  # h100-sxm.toml [kernel_model.vector_efficiency]
+LAYER_NORM_EFFICIENCY = 0.55  # tests/data/h100-sxm-pinned.toml [kernel_model.vector_efficiency]
 TRANSPOSE_COPY_EFFICIENCY, STRIDED_EFFICIENCY = 0.15, 0.21  # the same table
 
 
@@ -38,7 +40,7 @@ def mapping(tmp_path_factory):
                    check=True, capture_output=True)
     dump = next(out.glob("*.mlir"))
     report = out / "report.json"
-    assert run_click(analyze_command, [str(dump), "--hw", "h100-sxm", "--format", "json",
+    assert run_click(analyze_command, [str(dump), "--hw", PINNED_H100, "--format", "json",
                                        "-o", str(report)]) == 0
     mapping = json.loads(report.read_text())["mapping"]
     assert mapping["execution"] == "torch"  # the default for a traced model on a GPU

@@ -4,9 +4,16 @@ classes and fused-attention key overhead that price them (hardware/spec.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
-from hardware import KERNEL_CLASS_VARIANTS, Op, OpType, load_chip, map_op
+from hardware import MEMORY_KERNEL_CLASSES, Op, OpType, load_chip, map_op
+from hlo_trace.errors import InputFileError
+
+ROOT = Path(__file__).resolve().parent.parent
+
 from hlo_analyzer.torch_layouts import (
     PERMUTED,
     TRANSPOSED,
@@ -76,21 +83,39 @@ def test_a_stage_input_declared_channel_major_carries_its_layout():
     assert mixes_transposed(program, [(("argument", 3), shape), (0, shape)], 256, layout)
 
 
-def test_kernel_class_variants_fall_back_to_the_class_they_vary():
-    a100 = load_chip("a100-sxm").kernel_model  # measured classes: layer_norm, softmax, gelu, elementwise, copy
-    assert a100.hbm_efficiency_for("broadcast") == a100.hbm_efficiency_for("elementwise") == 0.75
-    assert a100.hbm_efficiency_for("transpose_copy") == a100.hbm_efficiency_for("copy")
-    h100 = load_chip("h100-sxm").kernel_model  # every variant measured on an H100
-    assert {name: h100.hbm_efficiency_for(name) for name in KERNEL_CLASS_VARIANTS} == {
-        "broadcast": 0.41, "select": 0.65, "reduction": 0.36, "widening_cast": 0.56, "strided": 0.21,
-        "transpose_copy": 0.15, "group_norm": 0.46, "layout_transpose": 0.63}
-    assert a100.hbm_efficiency_for("group_norm") == a100.hbm_efficiency_for("layer_norm")
+@pytest.mark.parametrize("card", ["h100-sxm", "h200-sxm", "h100-pcie", "a100-sxm", "a100-sxm-40gb"])
+def test_every_gpu_card_describes_every_kernel_class_with_its_provenance(card):
+    model = load_chip(card).kernel_model
+    assert {name for name, _ in model.vector_efficiency} >= set(MEMORY_KERNEL_CLASSES)
+    for name in (*MEMORY_KERNEL_CLASSES, "gemm", "flash_attention", "kernel_overhead"):
+        assert model.provenance_of(name).startswith(("measured: ", "public: ", "transferred from ")), name
+
+
+def test_a_card_without_a_class_is_refused_naming_it(tmp_path):
+    text = (ROOT / "hardware" / "data" / "h100-sxm.toml").read_text()
+    broken = tmp_path / "card.toml"
+    broken.write_text("\n".join(line for line in text.splitlines() if not line.startswith("strided = ")))
+    with pytest.raises(InputFileError, match="missing: strided"):
+        load_chip(broken)
+
+
+def test_row_efficiency_interpolates_in_log_row_length():
+    """Points (16, 0.2) and (1024, 0.8): at 128 rows of length, log2 128 - log2 16 = 3 of the 6
+    between them, so halfway: 0.5; held at both ends."""
+    model = dataclasses.replace(load_chip("h100-sxm").kernel_model, row_efficiency=(("reduction", ((16, 0.2), (1024, 0.8))),))
+    assert model.hbm_efficiency_for("reduction", 128) == pytest.approx(0.5)
+    assert model.hbm_efficiency_for("reduction", 4) == 0.2
+    assert model.hbm_efficiency_for("reduction", 10**6) == 0.8
+    assert model.hbm_efficiency_for("reduction") == dict(model.vector_efficiency)["reduction"]
 
 
 def test_flash_kv_overhead_slows_short_key_sequences():
-    """h100-sxm: the 96 kernel at 0.30 of 989.4 TFLOPS, times 300 / (300 + 112) over 300 keys;
-    head dim 72 runs padded to 96. One (2, 16, 1000, 72) x 300-key attention, plus 3 us."""
+    """The 96 kernel at 0.30 of 989.4 TFLOPS, times 300 / (300 + 112) over 300 keys; head dim 72
+    runs padded to 96. One (2, 16, 1000, 72) x 300-key attention, plus 3 us."""
     chip = load_chip("h100-sxm")
+    model = dataclasses.replace(chip.kernel_model, flash_efficiency=(0.30,) * len(chip.kernel_model.flash_head_dims),
+                                flash_kv_overhead=112, kernel_overhead_s=3e-6, launch_floor_s=0.0)
+    chip = dataclasses.replace(chip, kernel_model=model)
     q, k = (2, 16, 1000, 72), (2, 16, 300, 72)
     op = Op("attention", OpType.FLASH_ATTENTION, (q, k, k), None, q, 4 * 2 * 16 * 1000 * 300 * 72, 2,
             vector_flops=2 * 16 * 1000 * 300)
