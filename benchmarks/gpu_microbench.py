@@ -266,8 +266,14 @@ def launch_case(torch) -> Case:  # noqa: ANN001
                 lambda: (lambda a=torch.ones(1, device=dev), b=torch.ones(1, device=dev): a + b))
 
 
-def time_case(torch, case: Case) -> tuple[float, int]:  # noqa: ANN001
-    """``(median seconds a launch, launches a loop)`` of ``case``, its inputs rotated (module docstring)."""
+def time_case(torch, case: Case, rotate: bool = True) -> tuple[float, int]:  # noqa: ANN001
+    """``(median seconds a launch, launches a loop)`` of ``case``, its inputs rotated (module
+    docstring); ``rotate=False`` (``--quick``): one copy, one launch a loop."""
+    if not rotate:
+        call = case.make()
+        begin = time.perf_counter()
+        call()
+        return time.perf_counter() - begin, 1
     copies = 1 if case.kind == "launch" else max(1, min(MAX_COPIES, math.ceil(ROTATION_BYTES / max(case.bytes, 1))))
     calls = [case.make() for _ in range(copies)]
     cuda = torch.cuda.is_available()
@@ -313,11 +319,11 @@ def environment(torch) -> dict[str, str]:  # noqa: ANN001
     return info
 
 
-def run(torch, cases: list[Case], progress) -> list[dict[str, object]]:  # noqa: ANN001
+def run(torch, cases: list[Case], progress, rotate: bool = True) -> list[dict[str, object]]:  # noqa: ANN001
     rows = []
     for i, case in enumerate(cases, 1):
         try:
-            seconds, launches = time_case(torch, case)
+            seconds, launches = time_case(torch, case, rotate)
         except Exception as exc:  # noqa: BLE001 - a backend that refuses a shape, memory: say so, go on
             progress(f"[{i}/{len(cases)}] {case.kind} {case.params}: skipped ({str(exc).splitlines()[0][:120]})")
             continue
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         cases = [*memory_cases(torch, (2**14,)), *gemm_cases(torch, (64,), (64,), (96,), ((4, 16, 64, 16),)),
                  *flash_cases(torch, (32,), (64,), (16,)), launch_case(torch)]
-        rows = run(torch, cases, lambda line: None)
+        rows = run(torch, cases, lambda line: None, rotate=False)
         print(f"--quick on {'cuda' if torch.cuda.is_available() else 'cpu'}: {len(rows)} tiny cases timed; no measurement")
         return 0
     if not torch.cuda.is_available():

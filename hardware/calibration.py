@@ -72,7 +72,7 @@ class Residuals:
     worst: float
 
     def text(self) -> str:
-        return f"{self.count} points, mean |error| {self.mean_abs:.1%}, worst {self.worst:+.1%}"
+        return f"{self.count} points, mean abs error {self.mean_abs:.1%}, worst {self.worst:+.1%}"
 
 
 def parse_params(text: str) -> tuple[tuple[str, int], ...]:

@@ -84,7 +84,8 @@ def mapping_dict(mapping: MappingSection, *, kernels: bool = True) -> dict[str, 
                    "seconds_by_kind": dict(g.seconds_by_kind)} for g in mapping.pairs],
         "reference": _reference_dict(mapping),
         "classes": [{"class": c.name, "kernels": c.kernels, "seconds": c.seconds,
-                     "bound_seconds": c.bound_seconds, "ratio": c.ratio} for c in mapping.classes],
+                     "bound_seconds": c.bound_seconds, "ratio": c.ratio, "provenance": c.provenance}
+                    for c in mapping.classes],
         "totals": {
             "step_latency_s": totals.step_latency_s,
             "seconds_by_kind": dict(totals.seconds_by_kind),

@@ -206,6 +206,9 @@ class KernelClass:
     kernels: int
     seconds: float
     bound_seconds: float
+    #: Where the chip description's constants for this class come from (``KernelModel.provenance``:
+    #: a measurement's file, a public table or a transfer rule); '' on a chip without a kernel model.
+    provenance: str = ""
 
     @property
     def ratio(self) -> float:
@@ -252,8 +255,15 @@ class ProgramMapping:
             entry[0] += 1
             entry[1] += op.latency_s
             entry[2] += bound
-        classes = [KernelClass(name, int(n), seconds, bound) for name, (n, seconds, bound) in totals.items()]
+        model = chip.kernel_model
+        classes = [KernelClass(name, int(n), seconds, bound, model.provenance_of(_PROVENANCE_KEY.get(name, name)) if model else "")
+                   for name, (n, seconds, bound) in totals.items()]
         return tuple(sorted(classes, key=lambda c: -c.seconds))
+
+
+#: The provenance entry of a class that is named otherwise in the kernel model: a memory-bound
+#: kernel of no class streams at ``hbm_efficiency``; a collective's time is the network's.
+_PROVENANCE_KEY = {VECTOR_KIND: "hbm_efficiency", NETWORK_KIND: "network"}
 
 
 def kernel_class_of(op: MappedOp) -> str:

@@ -274,11 +274,12 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
         lines += ["  by block pair (traced ops):"] + ["    " + line for line in
                                                      render_columns(header, rows, set(range(1, len(header))))]
     if mapping.classes:
-        header = ["class", "kernels", "time", "bound", "time/bound"]
-        rows = [[c.name, str(c.kernels), seconds(c.seconds), seconds(c.bound_seconds), f"{c.ratio:.2f}"]
-                for c in mapping.classes]
+        header = ["class", "kernels", "time", "bound", "time/bound", "constants from"]
+        rows = [[c.name, str(c.kernels), seconds(c.seconds), seconds(c.bound_seconds), f"{c.ratio:.2f}",
+                 c.provenance.split(";", 1)[0] or "-"] for c in mapping.classes]
         lines += ["  by kernel class (bound: FLOPs at peak or DRAM bytes at the datasheet bandwidth, "
-                  "the longer):"] + ["    " + line for line in render_columns(header, rows, {1, 2, 3, 4})]
+                  "the longer; constants from: the chip file's provenance, whole in the JSON):"] + \
+            ["    " + line for line in render_columns(header, rows, {1, 2, 3, 4})]
     if mapping.reference is not None:
         lines.append(f"  reference: one pair rebuilt from the ideal shape dictionary {seconds(mapping.reference.latency_s)} "
                      "(comparison only)")

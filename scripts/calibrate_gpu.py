@@ -87,6 +87,9 @@ ROW_PARAM = {"layer_norm": "C", "softmax": "L", "reduction": "L"}
 #: instantiate the same set; CUTLASS's profiler tile lists).
 GEMM_CTA_TILES = ("256x128", "128x256", "128x128", "128x64", "64x128", "64x64")
 FLASH_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+#: Provenance entries besides the memory-bound classes: the GEMM and attention constants, the
+#: fixed cost and launch floor of a kernel, the efficiency of a kernel of no class.
+OTHER_CONSTANTS = ("gemm", "flash_attention", "kernel_overhead", "hbm_efficiency")
 #: FlashAttention-2 paper (T. Dao, arXiv 2307.08691, 2023), abstract: the forward pass reaches "50-73%
 #: of the theoretical maximum FLOPs/s on A100" (the best case, long sequences, head dim 128).
 FA2_A100_BEST_FRACTION = 0.73
@@ -167,8 +170,7 @@ def measured(card: str, csv_name: str) -> Calibration:
     base = dataclasses.replace(base, gemm_mma_efficiency=mma, gemm_k_overhead_elements=k_over)
     flash, kv = fit_flash(of("flash_attention"), chip, base)
     model = dataclasses.replace(base, flash_kv_overhead=kv, flash_efficiency=_flash_list(flash),
-                                provenance=tuple(sorted({name: source for name in (*MEMORY_KERNEL_CLASSES, "gemm", "flash_attention",
-                                                                                   "kernel_overhead")}.items())))
+                                provenance=tuple(sorted({name: source for name in (*MEMORY_KERNEL_CLASSES, *OTHER_CONSTANTS)}.items())))
     return _with_residuals(card, (source,), model, points)
 
 
@@ -296,6 +298,7 @@ def a100_public(h100: Calibration) -> Calibration:
         gemm=f"{public}: fitted with a host cost of {host * 1e6:.0f} us a call",
         flash_attention=f"transferred from h100-sxm (rule fa2_level); there: {h.provenance_of('flash_attention')}",
         kernel_overhead=f"transferred from h100-sxm (rule host); there: {h.provenance_of('kernel_overhead')}",
+        hbm_efficiency=f"transferred from h100-sxm (rule gelu_ratio, x {ratio:.3f}); there: {h.provenance_of('hbm_efficiency')}",
         group_norm=f"{provenance['group_norm']}; its row rate by rule clock")
     model = dataclasses.replace(model, gemm_mma_efficiency=mma, gemm_k_overhead_elements=k_over,
                                 provenance=tuple(sorted(provenance.items())))
@@ -386,11 +389,12 @@ def plot(cals: Sequence[Calibration], folder: Path) -> list[Path]:
         cols = 4
         fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(16, 3.2 * ((n + cols - 1) // cols)))
         for ax, (cls, pts, fn) in zip(axes.flat, cal.curves, strict=False):
-            x = [p.bytes for p in pts]
+            by_flops = cls in ("gemm", "bmm", "flash_attention")
+            x = [p.flops if by_flops else p.bytes for p in pts]
             ax.loglog(x, [p.seconds * 1e6 for p in pts], "o", ms=3, label="measured")
             ax.loglog(x, [fn(p) * 1e6 for p in pts], "x", ms=4, label="model")
             ax.set_title(cls, fontsize=9)
-            ax.set_xlabel("bytes moved", fontsize=8)
+            ax.set_xlabel("FLOPs" if by_flops else "bytes moved", fontsize=8)
             ax.set_ylabel("us", fontsize=8)
         for ax in list(axes.flat)[n:]:
             ax.axis("off")
