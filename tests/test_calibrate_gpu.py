@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from hardware import load_chip
-from hardware.calibration import Point, fit_efficiency, fit_fixed_cost, fit_gemm, fit_group_norm, gemm_time_s
+from hardware.calibration import (
+    Point,
+    fit_efficiency,
+    fit_fixed_cost,
+    fit_gemm,
+    fit_group_norm,
+    gemm_time_s,
+)
 from hlo_trace.cli import run_click
 
 ROOT = Path(__file__).resolve().parent.parent
