@@ -54,7 +54,7 @@ from hardware.calibration import (  # noqa: E402
     parse_params,
     residuals,
 )
-from hardware.spec import MEMORY_KERNEL_CLASSES, ChipSpec, KernelModel  # noqa: E402
+from hardware.spec import MEMORY_KERNEL_CLASSES, ChipSpec, KernelModel, interpolate_log  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
@@ -93,6 +93,8 @@ OTHER_CONSTANTS = ("gemm", "flash_attention", "kernel_overhead", "hbm_efficiency
 #: FlashAttention-2 paper (T. Dao, arXiv 2307.08691, 2023), abstract: the forward pass reaches "50-73%
 #: of the theoretical maximum FLOPs/s on A100" (the best case, long sequences, head dim 128).
 FA2_A100_BEST_FRACTION = 0.73
+#: The row length of LLMCompass's LayerNorm and softmax points used (rows of 4096, up to 32768 of them).
+PUBLIC_ROW_LENGTH = 4096
 #: Host-side fixed cost candidates of LLMCompass's host-timed A100 GEMMs (fitted with the GEMM constants).
 LLMCOMPASS_TIMING_OVERHEADS_S = tuple(i * 1e-6 for i in range(10, 41, 2))
 #: SM boost clocks (GHz), for the one transfer that follows a clock: GroupNorm's per-row moments
@@ -269,7 +271,7 @@ def a100_public(h100: Calibration) -> Calibration:
     for cls in ("gelu", "layer_norm", "softmax"):
         pts = [p for p in points if p.kind == cls and p.bytes >= 64e6]
         if cls != "gelu":
-            pts = [p for p in pts if p.param("L") == 4096]
+            pts = [p for p in pts if p.param("L") == PUBLIC_ROW_LENGTH]
         host = _host_cost(pts)
         own[cls] = round(fit_efficiency([dataclasses.replace(p, seconds=p.seconds - host) for p in pts], bw, overhead), 3)
     ratio = own["gelu"] / dict(h.vector_efficiency)["gelu"]
@@ -282,7 +284,10 @@ def a100_public(h100: Calibration) -> Calibration:
             provenance[cls] = f"transferred from h100-sxm (rule gelu_ratio, x {ratio:.3f}); there: {h.provenance_of(cls)}"
     rows = {}
     for cls, curve in h.row_efficiency:  # the curve's shape from the H100, its level this card's
-        level = own.get(cls, efficiency[cls]) / dict(h.vector_efficiency)[cls]
+        if cls in own:  # measured at rows of PUBLIC_ROW_LENGTH: the H100's curve there is the reference
+            level = own[cls] / interpolate_log(curve, PUBLIC_ROW_LENGTH)
+        else:
+            level = ratio
         rows[cls] = tuple((n, round(min(1.0, e * level), 3)) for n, e in curve)
     best = max(h.flash_efficiency[h.flash_head_dims.index(d)] for d in (32, 64, 96, 128, 256))
     flash = tuple(round(min(1.0, e * FA2_A100_BEST_FRACTION / best), 3) for e in h.flash_efficiency)
