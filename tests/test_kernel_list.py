@@ -1,6 +1,7 @@
 """Kernel lists (``analyze-hlo --kernels``, ``hlo_analyzer.kernel_list``): written, read back and
 costed again, they give the report's totals on the description they were found on and
-``analyze-hlo --hw Y``'s on another GPU description."""
+``analyze-hlo --hw Y``'s on another GPU description; the committed lists of
+``results/gpu_validation/kernels`` read back to the same bytes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: A one-device tiny STDiT3 stage (one block pair) and an 8-device one (collectives).
 DUMP = REPO_ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_none_1x1_stage1_pairs1-1.mlir"
 MULTI_DEVICE_DUMP = REPO_ROOT / "dumps" / "stablehlo" / "tiny_28_64_64_ds_ulysses_2x4_stage1_pairs1-1.mlir"
+COMMITTED = REPO_ROOT / "results" / "gpu_validation" / "kernels"
 
 
 def _analyze(tmp_path: Path, hardware: str, *extra: str) -> dict:
@@ -60,6 +62,15 @@ def test_a_kernel_list_round_trips(listed, tmp_path, suffix):
     path = tmp_path / f"kernels{suffix}"
     kernel_list.write(kernels, path)
     assert kernel_list.read(path) == kernels
+
+
+def test_the_committed_kernel_lists_round_trip_to_the_same_bytes():
+    files = sorted(COMMITTED.glob("*.json"))
+    assert len(files) == 12 + 6  # a loop per video shape, two decoder calls per resolution
+    for path in files:
+        kernels = kernel_list.read(path)
+        assert kernel_list.dumps(kernels) == path.read_text(), path.name
+        assert kernels.execution == "torch" and kernels.kernels
 
 
 def test_a_multi_device_program_has_no_kernel_list(tmp_path, capsys):
