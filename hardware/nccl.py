@@ -23,6 +23,7 @@ reduce-scatter input, one rank's all-to-all send buffer; the same ``M`` as
   its own NVLink ports into the non-blocking NVSwitch), so only ``factor(n)`` changes; the floor
   stays the table's (NCCL's launch and synchronisation cost does not shrink with the group).
   Groups that run at the same time use disjoint ports and do not slow each other.
+* One GPU, or nothing to move (``M = 0``: XLA emits no such collective), takes no time.
 * ``busbw_scale``: a system measured with another system's table (``nccl_busbw_scale`` of its
   file, e.g. 8x H100 from the 8x A100 table times the NVLink ratio 450/300) multiplies every
   bus bandwidth, so the floor shrinks by the same factor.
