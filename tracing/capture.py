@@ -45,6 +45,18 @@ _DUMP_MODULE_FILTER = "SyncTensorsGraph"
 _PARTITIONED_GLOB = "*after_spmd-partitioning*.txt"
 #: On one device XLA skips the SPMD partitioner; its input module is then the per-device program.
 _UNPARTITIONED_GLOB = "*SyncTensorsGraph*.before_optimizations.txt"
+#: XLA passes kept from running. The SPMD partitioner ends with a clean-up that runs common
+#: subexpression elimination (``cse``) over the partitioned module, before the dump is written;
+#: on one device there is no partitioner, and the dump is the module as torch-xla built it. So
+#: with CSE two identical computations of the traced program (OpenSora's official path calls
+#: ``norm1(x)`` twice, for the modulation by t and by t0) were one in every partitioned dump
+#: and two in a one-device dump: the partitioned program lost ops that the model computes (and
+#: that PyTorch launches on every GPU), and the program of a pair depended on the device count.
+#: Without it the partitioned dump is the traced program, partitioned: the one-device program
+#: op for op, with local shapes and the collectives. (Collectives carry channel ids, which CSE
+#: never merged: the collective counts are the same either way.)
+_DISABLED_PASSES = ("cse",)
+_DISABLE_PASSES_FLAG = "--xla_disable_hlo_passes"
 #: How often the capture looks for the partitioned module while XLA compiles.
 _POLL_SECONDS = 0.1
 
@@ -88,14 +100,19 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
     if op_metadata:
         os.environ["XLA_HLO_DEBUG"] = "1"
     # Keep whatever flags the user set, but our dump flags must win.
-    inherited = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    disabled = [name for flag in flags if flag.startswith(_DISABLE_PASSES_FLAG + "=")
+                for name in flag.partition("=")[2].split(",") if name]
+    inherited = [flag for flag in flags
                  if not flag.startswith(("--xla_dump_to", "--xla_dump_hlo_as_text",
-                                         "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re"))]
+                                         "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re",
+                                         _DISABLE_PASSES_FLAG))]
     os.environ["XLA_FLAGS"] = " ".join(inherited + [
         f"--xla_dump_to={dump_dir}",
         "--xla_dump_hlo_as_text",
         f"--xla_dump_hlo_pass_re={_DUMP_PASS_FILTER}",
         f"--xla_dump_hlo_module_re={_DUMP_MODULE_FILTER}",
+        f"{_DISABLE_PASSES_FLAG}={','.join(dict.fromkeys([*disabled, *_DISABLED_PASSES]))}",
     ])
     log.debug("XLA environment: %d CPU devices, dumping to %s", num_devices, dump_dir)
     return CaptureSession(dump_dir=dump_dir, num_devices=num_devices, op_metadata=op_metadata)

@@ -1,0 +1,31 @@
+"""The XLA flags a trace starts with (tracing/capture.py), read in a fresh process: no torch
+is needed to set them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import os, sys
+from tracing import capture
+session = capture.prepare_process(2, dump_root=sys.argv[1])
+print(os.environ["XLA_FLAGS"])
+"""
+
+
+def test_the_partitioned_dump_keeps_every_op_of_the_traced_program(tmp_path):
+    """The SPMD partitioner's clean-up CSE would merge identical computations (the official
+    path's two ``norm1(x)`` of a block) in every partitioned dump, never in a one-device one:
+    it is disabled, the user's own disabled passes kept, and the dump flags are ours."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_disable_hlo_passes=foo,bar --xla_dump_to=/elsewhere --xla_cpu_flag"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, check=True)
+    flags = result.stdout.split()
+    assert [f for f in flags if f.startswith("--xla_disable_hlo_passes")] == ["--xla_disable_hlo_passes=foo,bar,cse"]
+    assert "--xla_cpu_flag" in flags
+    assert [f for f in flags if f.startswith("--xla_dump_to=")] == [f"--xla_dump_to={d}" for d in tmp_path.iterdir()]
