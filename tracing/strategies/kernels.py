@@ -27,5 +27,6 @@ def einsum_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale
     scores = torch.einsum(f"{batch}hqd,{keys}hkd->{batch}hqk", q * scale, k).float()
     if mask is not None:
         scores = scores + mask
-    probs = scores.softmax(dim=-1).to(v.dtype)
+    probs = scores.softmax(dim=-1)
+    probs = probs.to(v.dtype)  # on a line of its own, as in plain_attention and OpenSora: a kernel
     return torch.einsum(f"{batch}hqk,{keys}hkd->{batch}hqd", probs, v)
