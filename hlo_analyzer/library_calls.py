@@ -22,7 +22,6 @@ is a call of its own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,23 +121,33 @@ def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
 
 def _scalar_arithmetic(attributes: dict[str, Any]) -> bool:
     """An op on scalars alone (``eps * alpha`` of a Python number torch-xla passed as an
-    argument): PyTorch computes it on the host and passes the result to the kernel."""
+    argument, a rank-0 value): PyTorch computes it on the host and passes the result to the
+    kernel. A tensor of one element is a tensor on the GPU (a device's slice (1, 1) of the
+    timestep of a batch split over the devices): an op on it is a kernel, as on the whole batch."""
     def scalar(shape: Sequence[int]) -> bool:
-        return math.prod(shape) <= 1
+        return len(shape) == 0
 
     return all(map(scalar, attributes["result_shapes"])) and all(map(scalar, attributes["operand_shapes"]))
 
 
+#: Values that each device knows before it runs: its index in the partitioned program. GSPMD
+#: computes the offset of a device's slice from it (a ``dynamic_slice`` of a table of offsets
+#: by ``partition_id``); PyTorch on that GPU knows its offsets on the host.
+DEVICE_CONSTANT_OPS = frozenset({"partition_id", "replica_id"})
+
+
 def folded_constants(graph: nx.DiGraph) -> set[int]:
     """Constants and everything computed from constants alone (a ``mean``'s divisor, a view of a
-    constant that XLA shares between calls): PyTorch folds such values into the kernels that
-    read them (a scalar argument of the launch), so they are no kernel and no memory traffic."""
+    constant that XLA shares between calls, the offset of a device's slice computed from its
+    index): PyTorch folds such values into the kernels that read them (a scalar argument of
+    the launch), so they are no kernel and no memory traffic."""
     constant: set[int] = set()
     attributes_of = graph.nodes
     for node in sorted(graph):
         attributes = attributes_of[node]
         operands = attributes["operands"]
-        if attributes["name"] in CONSTANT_OPS or (operands and None not in operands and constant.issuperset(operands)):
+        if attributes["name"] in CONSTANT_OPS or attributes["name"] in DEVICE_CONSTANT_OPS or \
+                (operands and None not in operands and constant.issuperset(operands)):
             constant.add(node)
     return constant
 

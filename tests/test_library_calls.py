@@ -7,7 +7,12 @@ import networkx as nx
 import pytest
 
 from hardware import load_chip
-from hlo_analyzer.library_calls import CallRegion, call_groups, sidecar_call_regions
+from hlo_analyzer.library_calls import (
+    CallRegion,
+    call_groups,
+    folded_constants,
+    sidecar_call_regions,
+)
 
 
 def _graph(*nodes: tuple[int, str, list[int | None], str]) -> nx.DiGraph:
@@ -92,3 +97,28 @@ def test_arithmetic_on_scalars_alone_belongs_to_no_call():
                    (2, "add", [0, 1], "aten__add.4/aten__add @ m.py:3"))
     graph.nodes[1]["result_shapes"], graph.nodes[1]["operand_shapes"] = ((),), ((), ())
     assert _calls(graph) == [("mean", (0,)), ("add", (2,))]
+
+
+def test_an_op_on_a_one_element_tensor_is_a_kernel():
+    # a device's (1, 1) slice of the timestep compared with a Python number: a tensor on the GPU,
+    # as the (2, 1) timestep of both samples is on one device
+    graph = _graph((0, "compare", [None, None], "aten__le @ m.py:3"))
+    graph.nodes[0]["result_shapes"], graph.nodes[0]["operand_shapes"] = ((1, 1),), ((), (1, 1))
+    assert _calls(graph) == [("le", (0,))]
+
+
+def test_a_devices_offsets_computed_from_its_index_belong_to_no_call():
+    # GSPMD: offset = table[partition_id]; x[offset:offset + 2] of an argument. The device knows
+    # its offset on the host: the slice is the one call.
+    graph = _graph((0, "constant", [], "aten__repeat @ m.py:3"),
+                   (1, "partition_id", [], "aten__repeat @ m.py:3"),
+                   (2, "dynamic_slice", [0, 1], "aten__repeat @ m.py:3"),
+                   (3, "reshape", [2], "aten__repeat @ m.py:3"),
+                   (4, "dynamic_slice", [None, 3], "aten__repeat @ m.py:3"))
+    for node, shape in ((0, (8,)), (1, ()), (2, (1,)), (3, ())):
+        graph.nodes[node]["result_shapes"] = (shape,)
+    graph.nodes[2]["operand_shapes"] = ((8,), ())
+    graph.nodes[3]["operand_shapes"] = ((1,),)
+    graph.nodes[4]["operand_shapes"] = ((4, 8), ())
+    assert folded_constants(graph) == {0, 1, 2, 3}
+    assert _calls(graph) == [("repeat", (4,))]
