@@ -844,7 +844,10 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     real = real_elements(attributes_of)
 
     convolutions = {p for p in gemms if attributes_of[p]["name"] == "convolution"}
-    with_gemm = {id(call) for call in calls if any(n in gemms for n in call.nodes)}
+    # A call with a GEMM writes a contiguous result; so does one whose GEMM a fused attention
+    # took (an einsum's value product, whose output XLA transposes to the einsum's axis order:
+    # the fused kernel writes what the model's merge of its heads declares).
+    with_gemm = {id(call) for call in calls if any(n in gemms or n in claimed for n in call.nodes)}
     with_convolution = {id(call) for call in calls if any(n in convolutions for n in call.nodes)}
     gather_input = {node: entering for call in calls if call.kind in GATHER_CALLS
                     for entering in [_call_input(attributes_of, call.nodes)] for node in call.nodes}
@@ -871,6 +874,14 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
     copies += [copy for p in sorted(convolutions)
                if noncontiguous_behind(attributes_of, operand_markers(attributes_of[p])[0], layout) != TRANSPOSED
                for copy in _cudnn_layout_transposes(attributes_of[p], p, signatures)]
+    # A collective reads contiguous buffers: the official all-to-all splits its input and makes
+    # each piece contiguous (a copy of a permuted q, k or v, which one device makes before its
+    # batched matmul instead), NCCL reads contiguous buffers. It writes a contiguous result.
+    collectives = {p for p in graph if rows.get(p) is not None and rows[p].category == COMM}
+    copies += [copy for p in sorted(collectives) for operand, shape, dtype in
+               zip(operand_markers(attributes_of[p]), attributes_of[p]["operand_shapes"], attributes_of[p]["operand_dtypes"])
+               if (copy := _layout_copy(attributes_of, operand, shape, _elements(shape) * _bytes(dtype), p, layout,
+                                        signatures)) is not None]
     vectors: list[_Work] = []
     for call in calls:
         rest = [n for n in call.nodes if n not in claimed and n not in gemms]
@@ -883,6 +894,10 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         if call.kind != COPY_CALL and not _computes(attributes_of, rest):
             continue  # views only
         io = _group_io(graph, attributes_of, rest, constant, real)
+        if call.kind == COPY_CALL and io.entering and all(p in collectives for p, _ in io.entering):
+            # the part of a copy after a collective that GSPMD put inside it lays out the
+            # collective's result, which the collective wrote contiguous: the copy is the part before
+            continue
         feeding = {_gemm_behind(attributes_of, p, gemms) for p, _ in io.entering} - {None}
         # A call's element-wise work on one GEMM's result runs in that GEMM's epilogue (an
         # nn.Linear's bias in cuBLASLt), except after a convolution: PyTorch adds a convolution's

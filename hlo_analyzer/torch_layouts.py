@@ -20,7 +20,11 @@ VAE decoder's residual stream is channels-last from there on). Two kinds of non-
   is a permuted copy (class ``copy``); kernels that read it run as usual.
 
 A transpose that swaps the last two axes alone and feeds GEMMs alone is how a matmul operand is
-transposed (``k^T``): cuBLAS reads it as it is, so it makes nothing non-contiguous.
+transposed (``k^T``): cuBLAS reads it as it is, so it makes nothing non-contiguous. Nor does a
+transpose that GSPMD puts after a collective to lay out its result (an all-to-all's received
+pieces moved next to the axis they concatenate on, an all-reduced einsum result put in the
+einsum's axis order), unless the model's own permute made it: a collective writes a
+contiguous buffer (the official all-to-all returns ``torch.cat(...).contiguous()``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ __all__ = ["COPY_CLASS", "PERMUTED", "TRANSPOSED", "layouts", "mixes_transposed"
 TRANSPOSED, PERMUTED = "transposed", "permuted"
 #: The kernel class of the copy that makes a tensor of each kind contiguous.
 COPY_CLASS = {TRANSPOSED: "transpose_copy", PERMUTED: "copy"}
+#: Collectives: each writes a contiguous result.
+COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+                            "collective_broadcast"})
+#: torch-xla's name of the torch call that permutes a tensor's axes (``transpose`` and
+#: ``permute`` alike).
+_PERMUTE_CALL = "aten__permute"
 #: Element-wise ops whose output follows the layout of their first full-size input.
 _TENSOR_ITERATOR_OPS = SAME_SHAPE_OPS | {"stablehlo.select", "mhlo.select", "stablehlo.clamp", "mhlo.clamp"}
 
@@ -82,6 +92,8 @@ def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writ
         name = attributes["name"]
         if name == "transpose":
             inherited = layout.get(operands[0]) if operands else None
+            if inherited is None and operands and _lays_out_collective(attributes_of, attributes, operands[0]):
+                continue
             kind = inherited or transpose_kind(tuple(attributes.get("permutation", ())), feeds_gemms(node))
             if kind is not None:
                 layout[node] = kind
@@ -96,6 +108,23 @@ def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writ
             if first in layout:
                 layout[node] = layout[first]
     return layout
+
+
+def _lays_out_collective(attributes_of: dict[int, dict[str, Any]], attributes: dict[str, Any],
+                        operand: Marker | None) -> bool:
+    """True when a transpose (``attributes``) of ``operand`` is GSPMD's layout of a collective's
+    result: it reads the collective through views, and no permute of the model made it."""
+    call = attributes.get("location", "").partition(" @ ")[0].split("/", 1)[0].split(".", 1)[0]
+    if call == _PERMUTE_CALL:
+        return False
+    while isinstance(operand, int):
+        producer = attributes_of[operand]
+        if producer["name"] in COLLECTIVE_OPS:
+            return True
+        if producer["name"] not in FREE_MOVEMENT_OPS or not producer["operands"]:
+            return False
+        operand = operand_markers(producer)[0]
+    return False
 
 
 def noncontiguous_behind(attributes_of: dict[int, dict[str, Any]], marker: Marker | None,

@@ -122,3 +122,23 @@ def test_flash_kv_overhead_slows_short_key_sequences():
     padded = 4 * 2 * 16 * 1000 * 300 * 96
     expected = padded / (989.4e12 * 0.30 * 300 / (300 + 112)) + 3e-6
     assert map_op(op, chip).latency_s == pytest.approx(expected, rel=1e-3)
+
+
+def test_gspmds_layout_of_a_collectives_result_is_contiguous():
+    """ds_ulysses' exchange of the attention output: GSPMD reshapes, all-to-alls and transposes
+    the received pieces next to the axis they join; the collective wrote a contiguous buffer
+    (the official all-to-all returns ``torch.cat(...).contiguous()``), so nothing is permuted.
+    The model's own permute of a collective's result still is."""
+    b, length, h = 1, 32, 64
+    program = {
+        0: node("dot_general", [None, None], [(b, 4, length, 16), (b, 4, length, 16)], (b, 4, length, 16)),
+        1: node("all_to_all", [0], [(b, 4, length, 16)], (b, 4, length, 16)),
+        2: node("transpose", [1], [(b, 4, length, 16)], (b, length, 4, 16), permutation=(0, 2, 1, 3),
+                location="xla__custom_sharding @ xla_sharding.py:659"),
+        3: node("reshape", [2], [(b, length, 4, 16)], (b, length, h)),
+        4: node("transpose", [1], [(b, 4, length, 16)], (b, length, 4, 16), permutation=(0, 2, 1, 3),
+                location="aten__permute @ stdit3.py:170"),
+    }
+    real = {k: b * length * h for k in program}
+    layout = layouts(program, sorted(program), lambda n: n == 0, real, lambda n: False)
+    assert layout == {4: PERMUTED}
