@@ -81,12 +81,18 @@ class CaptureSession:
 
 
 def prepare_process(num_devices: int, *, op_metadata: bool = True,
-                    dump_root: str | os.PathLike | None = None) -> CaptureSession:
+                    dump_root: str | os.PathLike | None = None,
+                    keep_every_op: bool = True) -> CaptureSession:
     """Set the environment so that torch-xla starts with ``num_devices`` virtual CPU devices,
     SPMD on, and XLA dumping the partitioned module.  Must run before torch-xla's runtime starts.
 
     ``op_metadata`` sets ``XLA_HLO_DEBUG=1`` so each HLO op carries its torch op type and name;
     they become MLIR locations in the dump (about 1.5x the text size; worth it for reports).
+    ``keep_every_op`` keeps XLA's CSE from merging identical computations
+    (:data:`_DISABLED_PASSES`). A training step is traced with it off: its memory accounting
+    (what the forward keeps for the backward, ``models.opensora.training_theory``) counts the
+    merged program, where the backward's re-made broadcasts and casts of forward values are
+    those values.
     """
     if num_devices < 1:
         raise ValueError(f"num_devices must be >= 1, got {num_devices}")
@@ -103,6 +109,7 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
     flags = os.environ.get("XLA_FLAGS", "").split()
     disabled = [name for flag in flags if flag.startswith(_DISABLE_PASSES_FLAG + "=")
                 for name in flag.partition("=")[2].split(",") if name]
+    disabled += list(_DISABLED_PASSES) if keep_every_op else []
     inherited = [flag for flag in flags
                  if not flag.startswith(("--xla_dump_to", "--xla_dump_hlo_as_text",
                                          "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re",
@@ -112,8 +119,7 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
         "--xla_dump_hlo_as_text",
         f"--xla_dump_hlo_pass_re={_DUMP_PASS_FILTER}",
         f"--xla_dump_hlo_module_re={_DUMP_MODULE_FILTER}",
-        f"{_DISABLE_PASSES_FLAG}={','.join(dict.fromkeys([*disabled, *_DISABLED_PASSES]))}",
-    ])
+    ] + ([f"{_DISABLE_PASSES_FLAG}={','.join(dict.fromkeys(disabled))}"] if disabled else []))
     log.debug("XLA environment: %d CPU devices, dumping to %s", num_devices, dump_dir)
     return CaptureSession(dump_dir=dump_dir, num_devices=num_devices, op_metadata=op_metadata)
 

@@ -93,7 +93,7 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
                                            config.batch)
     shapes = boundary_shapes(traced_config, shape_cache)
     submesh = config.submesh(stage)
-    session = capture.prepare_process(submesh.size)
+    session = capture.prepare_process(submesh.size, keep_every_op=train is None)
     try:
         capture.enable_spmd()
         from tracing.tracer import compile_stage, lay_out_placeholders, trace_stage
