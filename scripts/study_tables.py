@@ -228,7 +228,7 @@ def theory_bytes_by_kind(result: CaseResult, depth: int) -> dict[str, float]:
 
     dims, mesh = _dims_and_mesh(result)
     sums = {kind: depth * volume
-            for kind, volume in layout_bytes_by_kind(result.strategy, dims, mesh).items()}
+            for kind, volume in layout_bytes_by_kind(result.strategy, dims, mesh, official=True).items()}  # the sweep's path
     out_features = get_config(result.config).final_out_features
     for term in final_layer_collectives(result.strategy, dims, mesh, out_features):
         sums[term.kind] = sums.get(term.kind, 0.0) + term.bytes_per_device

@@ -274,3 +274,17 @@ def test_theory_table_help_and_errors():
     assert help_text.returncode == 0 and "--devices" in help_text.stdout and "megatron" in help_text.stdout
     bad = run_table("--shape", "204x640")
     assert bad.returncode == 2 and bad.stderr.startswith("Error: bad video shape '204x640'")
+
+
+def test_two_dimension_official_path_all_reduces_each_norm_twice():
+    """two_dimension on (2, 8): each LayerNorm's mean and variance are summed over Y in float32,
+    4 * B * N / X bytes each. The clean path has norm1 and norm2 in both blocks: 2 x 2 x 2 = 8
+    all-reduces a pair; the official path computes each of them twice (t and t0 modulation): 16."""
+    stats = 4 * REF.batch * REF.N / 2
+    clean = {t.kind: t for t in layout_collectives("two_dimension", REF, (2, 8))}["all_reduce"]
+    official = {t.kind: t for t in layout_collectives("two_dimension", REF, (2, 8), official=True)}["all_reduce"]
+    assert (clean.count, official.count) == (8, 16)
+    assert clean.group == official.group == 8 and official.bytes_per_device == pytest.approx(16 * stats * 2 * 7 / 8)
+    assert layout_bytes_by_kind("two_dimension", REF, (2, 8), official=True)["all_reduce"] == pytest.approx(
+        2 * layout_bytes_by_kind("two_dimension", REF, (2, 8))["all_reduce"])
+    assert layout_bytes_by_kind("megatron", REF, (1, 16), official=True) == layout_bytes_by_kind("megatron", REF, (1, 16))

@@ -372,6 +372,10 @@ LINEAR_PAIRS_PER_BLOCK = 3
 #: LayerNorms per block whose statistics a hidden-split residual sums over y (norm1, norm2),
 #: two statistics each (mean, variance).
 HIDDEN_SPLIT_NORM_STATISTICS = 2 * 2
+#: Times the official inference path computes each block LayerNorm: ``norm1(x)`` and ``norm2(x)``
+#: under the timestep's modulation and again under the timestep-0 one (docs/gpu.md, "The official
+#: inference path").
+OFFICIAL_NORM_CALLS = 2
 
 
 @dataclass(frozen=True)
@@ -410,8 +414,10 @@ def usp_degrees(y_devices: int, ring: int | None = None,
 
 
 def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
-                       ring: int | None = None, ulysses: int | None = None) -> tuple[CollectiveTerm, ...]:
-    """The collectives of one block pair of the layout ``tracing/strategies`` traces.
+                       ring: int | None = None, ulysses: int | None = None,
+                       official: bool = False) -> tuple[CollectiveTerm, ...]:
+    """The collectives of one block pair of the layout ``tracing/strategies`` traces
+    (``official``: on the official inference path, ``trace-stage --path official``).
 
     With q bytes per element, A = q*B*N*h the bytes of the whole (B, N, h) activation, mesh
     (X, Y), n = X*Y, C = q*B*TOKEN*h the bytes of one caption K or V:
@@ -420,7 +426,9 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
     * megatron_sp: 6 all-gathers of A/X over Y (before qkv, cross q, fc1) and 6 reduce-scatters
       of A/X over Y (after proj, cross proj, fc2);
     * two_dimension: the same 6 + 6, plus 8 all-reduces over Y of the float32 LayerNorm
-      statistics, 4*B*N/X bytes each (mean and variance of norm1 and norm2 of both blocks);
+      statistics, 4*B*N/X bytes each (mean and variance of norm1 and norm2 of both blocks); 16 on
+      the official path, which computes each of those LayerNorms twice
+      (:data:`OFFICIAL_NORM_CALLS`: once under the timestep's modulation, once under t0's);
     * ds_ulysses: 8 all-to-alls over Y of A/n (q, k, v and the output of the split
       self-attention; q and the output of both cross-attentions);
     * ring_attention: 2*(Y-1) collective-permutes of A/n (K and V of the split self-attention
@@ -450,7 +458,8 @@ def layout_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int],
                                 group_share, "after proj, cross proj, fc2"))
         if strategy == "two_dimension":
             stats = F32_BYTES * dims.batch * dims.N / x_devices
-            terms += (CollectiveTerm("all_reduce", 2 * HIDDEN_SPLIT_NORM_STATISTICS, y_devices,
+            calls = OFFICIAL_NORM_CALLS if official else 1
+            terms += (CollectiveTerm("all_reduce", 2 * HIDDEN_SPLIT_NORM_STATISTICS * calls, y_devices,
                                      stats, "LayerNorm mean and variance over the split hidden"),)
         return terms
     if strategy == "ds_ulysses":
@@ -505,10 +514,11 @@ def final_layer_collectives(strategy: str, dims: BlockDims, mesh: tuple[int, int
 
 
 def layout_bytes_by_kind(strategy: str, dims: BlockDims, mesh: tuple[int, int],
-                         ring: int | None = None, ulysses: int | None = None) -> dict[str, float]:
+                         ring: int | None = None, ulysses: int | None = None,
+                         official: bool = False) -> dict[str, float]:
     """Bytes per device per block pair of the traced layout, by collective kind."""
     sums: dict[str, float] = {}
-    for term in layout_collectives(strategy, dims, mesh, ring, ulysses):
+    for term in layout_collectives(strategy, dims, mesh, ring, ulysses, official):
         sums[term.kind] = sums.get(term.kind, 0.0) + term.bytes_per_device
     return sums
 
