@@ -87,7 +87,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     ]
     if totals["comm_latency_s"] is not None:
         lines.append(f"  comm latency          {seconds(totals['comm_latency_s']):>20}")
-    for kind, entry in report.comm_by_kind().items():
+    for kind, entry in report.comm_by_kind.items():
         lines.append(f"    {kind:<20}{int(entry['count']):>6} ops  {si(entry['bytes_per_device'], 'B')}")
     if "mesh" in totals:
         mesh = totals["mesh"]

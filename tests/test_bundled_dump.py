@@ -44,6 +44,16 @@ def test_the_megatron_all_reduce_is_found(reports, sidecar):
     assert reports["stablehlo"].num_devices == sidecar["devices"] == 4
 
 
+def test_collectives_by_kind_are_an_attribute_like_the_totals(reports, sidecar):
+    # one all-reduce of M bytes over a group of n: 2M(n-1)/n sent per device (ring)
+    (expected,) = sidecar["expected_collectives"]
+    m, n = expected["bytes"], len(expected["replica_groups"][0])
+    report = reports["stablehlo"]
+    assert report.comm_by_kind == {"all_reduce": {"count": 1, "bytes_per_device": 2 * m * (n - 1) / n}}
+    assert report.comm_by_kind["all_reduce"]["bytes_per_device"] == report.comm_bytes_per_device
+    assert report.to_dict()["comm_by_kind"] == report.comm_by_kind
+
+
 def test_stablehlo_mhlo_and_hlo_text_give_the_same_totals(reports):
     totals = {form: report.totals() for form, report in reports.items()}
     assert totals["stablehlo"] == totals["mhlo"] == totals["hlo"]
