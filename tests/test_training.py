@@ -429,6 +429,12 @@ def test_the_sidecar_and_analyze_hlo_report_the_split(train_dumps):
     text = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300).stdout
     assert "optimizer states (OS)" in text and "optimizer param_grad all_gather" in text
+    # the generic memory section's resident arguments are the parameters and optimizer states
+    # that the training section splits (the sidecar tells the stage inputs apart): not "weights"
+    memory = json.loads(result.stdout)["memory"]
+    assert memory["weight_bytes"] == training["memory_bytes"]["param"] + training["memory_bytes"]["optimizer_state"]
+    resident = text.split("Memory per device:\n", 1)[1].splitlines()[0]
+    assert resident.split()[:3] == ["P", "+", "OS"] and "weight" not in resident, resident
 
 
 @pytest.mark.trace
