@@ -19,13 +19,15 @@ class after (``hardware/spec.py`` ``KERNEL_CLASSES``):
 * GEMMs (``F.linear`` with bias, bf16) on a grid of M, K and N, and batched GEMMs (``torch.bmm``);
 * fused attention (SDPA restricted to its FlashAttention-2 backend) by head dim and sequence length,
   self- and cross-attention;
-* the cost of one tiny kernel in a busy stream (``launch``).
+* the host's dispatch interval of tiny calls launched back to back (``launch``: a one-element add
+  five times, its median the launch floor; a tiny linear layer, LayerNorm, softmax and copy).
 
 Timing: CUDA events around a loop of launches (enough for about 2 ms, at least 3), the median of
 three loops; each case rotates through copies of its inputs so that a loop reads at least 256 MB
 (twice the L2 of any card here), so no case runs from cache. Each row gives the bytes the call must
 move (each input read once, the output written once, each tensor in its own element type) and its
-FLOPs. The CSV and a JSON of the device, driver and library versions land in ``--out``.
+FLOPs. The CSV and a JSON of the device, driver and library versions land in ``--out`` as run N
+of that device (``microbench_<device>_<N>.csv``), beside the earlier runs.
 """
 
 from __future__ import annotations
@@ -260,10 +262,28 @@ def conv_rows(torch, grid=CONV) -> list[dict[str, object]]:  # noqa: ANN001
     return rows
 
 
-def launch_case(torch) -> Case:  # noqa: ANN001
+#: Repeats of the tiny add whose median is the launch interval (the host's pace varies run to run).
+LAUNCH_REPEATS = 5
+
+
+def launch_cases(torch) -> list[Case]:  # noqa: ANN001
+    """Tiny calls launched back to back: the host's dispatch interval of one eager call (a one-element
+    add, repeated; and, for the record, a tiny linear layer, LayerNorm, softmax and permuted copy)."""
+    import torch.nn.functional as F
+
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    return Case("launch", "add of one element", "", 1, 6, 1,
-                lambda: (lambda a=torch.ones(1, device=dev), b=torch.ones(1, device=dev): a + b))
+
+    def t(*shape):  # noqa: ANN002, ANN202
+        return torch.ones(*shape, device=dev)
+
+    cases = [Case("launch", "add of one element", f"repeat={i}", 1, 6, 1,
+                  lambda: (lambda a=t(1), b=t(1): a + b)) for i in range(LAUNCH_REPEATS)]
+    cases += [Case("launch", "linear 16x16 + bias", "", 256, 0, 0, lambda: (lambda x=t(16, 16), w=t(16, 16), b=t(16): F.linear(x, w, b))),
+              Case("launch", "LayerNorm 16x16", "", 256, 0, 0, lambda: (lambda x=t(16, 16): F.layer_norm(x, (16,)))),
+              Case("launch", "softmax 16x16", "", 256, 0, 0, lambda: (lambda x=t(16, 16): torch.softmax(x, -1))),
+              Case("launch", "permuted copy 4x4x4x4", "", 256, 0, 0,
+                   lambda: (lambda x=t(4, 4, 4, 4): x.permute(0, 2, 1, 3).contiguous()))]
+    return cases
 
 
 def time_case(torch, case: Case, rotate: bool = True) -> tuple[float, int]:  # noqa: ANN001
@@ -349,7 +369,7 @@ def to_csv(rows: list[dict[str, object]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "results" / "gpu_microbench"), help="folder of the CSV and JSON")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing sweep of the same device")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file of the same name")
     parser.add_argument("--only", default="", help="comma-separated kinds to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="a few tiny cases, CPU or GPU; writes nothing (CI)")
     args = parser.parse_args(argv)
@@ -361,14 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_grad_enabled(False)
     if args.quick:
         cases = [*memory_cases(torch, (2**14,)), *gemm_cases(torch, (64,), (64,), (96,), ((4, 16, 64, 16),)),
-                 *flash_cases(torch, (32,), (64,), (16,)), launch_case(torch)]
+                 *flash_cases(torch, (32,), (64,), (16,)), *launch_cases(torch)]
         rows = run(torch, cases, lambda line: None, rotate=False)
         print(f"--quick on {'cuda' if torch.cuda.is_available() else 'cpu'}: {len(rows)} tiny cases timed; no measurement")
         return 0
     if not torch.cuda.is_available():
         print("gpu_microbench: no CUDA device on this machine; nothing to measure.")
         return 0
-    cases = [launch_case(torch), *memory_cases(torch, SIZES), *gemm_cases(torch), *flash_cases(torch)]
+    cases = [*launch_cases(torch), *memory_cases(torch, SIZES), *gemm_cases(torch), *flash_cases(torch)]
     if args.only:
         kinds = set(args.only.split(","))
         cases = [c for c in cases if c.kind in kinds]
@@ -382,12 +402,13 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - the profiler missing on a machine: the sweep still lands
             print(f"conv profile skipped: {exc}")
     info["sweep_seconds"] = f"{time.perf_counter() - begin:.1f}"
-    name = info["device"].replace(" ", "_")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / f"microbench_{name}.csv", to_csv(rows), force=args.force)
-    atomic_write(out / f"microbench_{name}.json", json.dumps(info, indent=1) + "\n", force=args.force)
-    print(f"{len(rows)} cases in {info['sweep_seconds']} s -> {out}/microbench_{name}.csv")
+    stem = f"microbench_{info['device'].replace(' ', '_')}"
+    run_number = 1 + len(list(out.glob(f"{stem}_*.csv")))  # each run beside the earlier ones
+    atomic_write(out / f"{stem}_{run_number}.csv", to_csv(rows), force=args.force)
+    atomic_write(out / f"{stem}_{run_number}.json", json.dumps(info, indent=1) + "\n", force=args.force)
+    print(f"{len(rows)} cases in {info['sweep_seconds']} s -> {out}/{stem}_{run_number}.csv")
     return 0
 
 

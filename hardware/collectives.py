@@ -41,6 +41,13 @@ the shorter way round a ring, chip -> switch -> chip on a switch). Per phase::
   member, routed), and never faster than the bisection bound
   (:func:`all_to_all_bisection_bound_s`).
 
+*Measured NCCL* (NVSwitch systems with an ``nccl_table``, e.g. 8xa100, 8xh100): all-reduce,
+all-gather, reduce-scatter and all-to-all take their time from the measured nccl-tests bus
+bandwidth at the message size (:func:`hardware.nccl.nccl_time_s`: latency-bound small messages,
+the protocol switch and the measured peak as NCCL runs them, all-to-all with its own curve)
+instead of the phases above; groups that run at the same time use disjoint switch ports.
+Collective-permute and broadcast keep the phase model.
+
 *Link sharing*: ``concurrent_groups`` lists every group of the collective that runs at the same
 time (an SPMD collective's replica groups); their transfers load the same links, e.g. the pairs
 ``{i, i+8}`` of a 4x4 mesh all cross the middle vertical links. Communication is not overlapped
@@ -54,6 +61,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hardware.nccl import NCCL_KINDS, nccl_time_s
 from hardware.spec import SystemSpec
 
 __all__ = [
@@ -395,7 +403,8 @@ def collective_time_s(
     its input, for collective-permute the message each device sends). ``devices`` are the chip
     ids of one group (e.g. a replica group ``[0, 8]``); by default ``0 .. group_size-1``.
     ``concurrent_groups``: every group that runs at the same time (they share links); by default
-    only ``devices``. The algorithm is the system's ``collective_algorithm`` (module docstring).
+    only ``devices``. The algorithm is the system's ``collective_algorithm``, or its measured NCCL
+    table for the kinds it holds (module docstring).
     """
     _check(kind, group_size)
     if message_bytes < 0:
@@ -413,6 +422,8 @@ def collective_time_s(
             raise ValueError(f"concurrent group {group} does not have {group_size} members")
         if len(set(group)) != len(group) or any(d < 0 or d >= system.chip_count for d in group):
             raise ValueError(f"device ids {group} repeat or do not fit a system of {system.chip_count} chips")
+    if system.nccl_table is not None and kind in NCCL_KINDS:
+        return nccl_time_s(system.nccl_table, kind, group_size, message_bytes, busbw_scale=system.nccl_busbw_scale)
     seconds = sum(phase_time_s(p, system) for p in collective_phases(kind, groups, message_bytes, system))
     if kind == "all_to_all":
         seconds = max(seconds, all_to_all_bisection_bound_s(group_size, message_bytes, system))

@@ -1,11 +1,13 @@
 """What a prediction assumed: the chip's execution model and efficiencies, the system's
-collective algorithm. Reports put this next to their figures (``analyze-hlo --hw`` writes it in
-the ``mapping`` section as ``model``), so a table says which efficiencies and algorithms it used."""
+collective algorithm and measured NCCL table. Reports put this next to their figures
+(``analyze-hlo --hw`` writes it in the ``mapping`` section as ``model``), so a table says which
+efficiencies and algorithms it used."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from hardware.nccl import NCCL_KINDS
 from hardware.spec import SystemSpec
 
 __all__ = ["ModelAssumptions", "model_assumptions"]
@@ -16,7 +18,9 @@ class ModelAssumptions:
     """``execution``: ``gpu_kernels`` (one library kernel per op at the achieved efficiencies of
     the chip's ``[kernel_model]``) or ``tiled`` (the pipelined tile mappers at peak).
     ``efficiencies``: the kernel-model constants (empty for ``tiled``).
-    ``collective_algorithm`` / ``topology`` / ``transfers_through_dram``: the system's network."""
+    ``collective_algorithm`` / ``topology`` / ``transfers_through_dram``: the system's network.
+    ``nccl_table``: the measured NCCL table that times the collectives it holds (name, source,
+    ``busbw_scale``, ``kinds``), or None (:mod:`hardware.nccl`)."""
 
     hardware: str
     chip: str
@@ -25,6 +29,7 @@ class ModelAssumptions:
     topology: str
     collective_algorithm: str
     transfers_through_dram: bool
+    nccl_table: dict[str, object] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -57,4 +62,10 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
         topology=system.topology,
         collective_algorithm=system.collective_algorithm,
         transfers_through_dram=system.transfers_through_dram,
+        nccl_table=None if system.nccl_table is None else {
+            "name": system.nccl_table.name,
+            "source": system.nccl_table.source,
+            "busbw_scale": system.nccl_busbw_scale,
+            "kinds": list(NCCL_KINDS),
+        },
     )

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import math
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hardware.nccl import NcclTable, load_nccl_table
+from hardware.tomlfile import read_toml
 from hardware.units import Dimension, parse_quantity
 from hlo_trace.errors import InputFileError, shown
 
@@ -245,6 +246,13 @@ class SystemSpec:
     #: sent is read from the sender's DRAM and written to the receiver's, so a chip's collective
     #: traffic cannot outrun ``chip.dram_bandwidth_bytes_per_s``.
     transfers_through_dram: bool = False
+    #: Measured nccl-tests bus bandwidths of one NVSwitch node (``nccl_table``, a path relative
+    #: to the system file): when set, all-reduce, all-gather, reduce-scatter and all-to-all take
+    #: their time from it (:mod:`hardware.nccl`) instead of ``link_bandwidth`` and ``hop_latency``.
+    nccl_table: NcclTable | None = None
+    #: Multiplies the table's bus bandwidths (``nccl_busbw_scale``): 1 for the system the table
+    #: was measured on, the NVLink bandwidth ratio for a system measured with another's table.
+    nccl_busbw_scale: float = 1.0
 
 
 HardwareSpec = ChipSpec | SystemSpec
@@ -330,6 +338,12 @@ def _one_of(choices: tuple[str, ...]) -> Reader:
         return text
 
     return read
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"expected a positive number, got {value!r}")
+    return float(value)
 
 
 def _at_least_two(value: Any) -> int:
@@ -490,6 +504,8 @@ _SYSTEM_FIELDS: dict[str, tuple[str, Reader, bool]] = {
     "hop_latency": ("hop_latency_s", _quantity(Dimension.TIME, allow_zero=True), True),
     "collective_algorithm": ("collective_algorithm", _one_of(COLLECTIVE_ALGORITHMS), False),
     "transfers_through_dram": ("transfers_through_dram", _flag, False),
+    "nccl_table": ("nccl_table", _text, False),
+    "nccl_busbw_scale": ("nccl_busbw_scale", _positive_number, False),
 }
 
 
@@ -560,7 +576,24 @@ def _system_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]
     values["transfers_through_dram"] = bool(values["transfers_through_dram"])
     values["description"] = values["description"] or ""
     values["source"] = values["source"] or ""
+    values["nccl_table"], values["nccl_busbw_scale"] = _nccl_table(path, values, topology)
     return SystemSpec(chip=chip, topology_rows=rows, topology_cols=cols, **values)
+
+
+def _nccl_table(path: Path, values: dict[str, Any], topology: str) -> tuple[NcclTable | None, float]:
+    """The system file's ``nccl_table`` (loaded; a path relative to the file) and its scale."""
+    reference, scale = values["nccl_table"], values["nccl_busbw_scale"]
+    if reference is None:
+        if scale is not None:
+            raise InputFileError(f"{path}: field 'nccl_busbw_scale': given without an 'nccl_table' to scale")
+        return None, 1.0
+    if topology != "switch":
+        raise InputFileError(f"{path}: field 'nccl_table': a table measures one NVSwitch node; "
+                             f"topology must be 'switch', not {topology!r}")
+    table_path = _resolve(reference, relative_to=path.parent)
+    if table_path is None:
+        raise InputFileError(f"{path}: field 'nccl_table': no file {reference!r} (relative to {path.parent})")
+    return load_nccl_table(table_path), 1.0 if scale is None else scale
 
 
 def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path | None:
@@ -581,12 +614,7 @@ def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path 
 def _load(path: Path, seen: tuple[Path, ...] = ()) -> HardwareSpec:
     if path in seen:
         raise InputFileError(f"{path}: field 'chip': refers back to itself")
-    try:
-        table = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputFileError(f"{shown(path)}: cannot read: {error.strerror or error}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise InputFileError(f"{path}: not valid TOML: {error}") from None
+    table = read_toml(path)
     kind = table.get("kind")
     if kind == "chip":
         spec: HardwareSpec = _chip_from_table(path, table)

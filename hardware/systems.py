@@ -9,7 +9,8 @@ laid out on the same topology: a ``mesh2d``/``torus2d`` default becomes the most
 
 A system file (``--hw tx8-16``) is used as it is; it must have at least as many chips as the dump
 has devices (a larger one is reported as such). ``--link-bandwidth`` / ``--hop-latency`` replace
-the network's per-link figures; a chip with no default network needs ``--link-bandwidth`` on a
+the network's per-link figures (and drop a measured NCCL table: every collective is then timed
+on the port model); a chip with no default network needs ``--link-bandwidth`` on a
 multi-device dump (the network is then a switch, one hop between any two chips).
 """
 
@@ -75,6 +76,11 @@ def _with_overrides(system: SystemSpec, link_bandwidth_bytes_per_s: float | None
         words.append(f"hop latency {hop_latency_s * 1e6:g} us")
     if not changes:
         return system, ""
+    if system.nccl_table is not None:
+        # The measured curve belongs to the network as it was: new link figures time every
+        # collective on the port model.
+        changes["nccl_table"], changes["nccl_busbw_scale"] = None, 1.0
+        words.append(f"NCCL table {system.nccl_table.name} dropped")
     return replace(system, **changes), "; network overridden: " + ", ".join(words)
 
 

@@ -115,6 +115,10 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "chrome://tracing; with --hw).")
 @click.option("--timeline-pair", type=click.IntRange(min=0), default=None,
               help="Timeline of this block pair only (default: the whole step).")
+@click.option("--kernels", type=click.Path(dir_okay=False, path_type=str), default=None, metavar="FILE",
+              help="Write the mapped kernels of one device (each kernel's Op: shapes, FLOPs, bytes) "
+                   "with their block pairs as a kernel list JSON, to cost them again on any GPU "
+                   "description without the dump (hlo_analyzer/kernel_list.py; with --hw).")
 @click.option("--sidecar", type=click.Path(dir_okay=False, exists=True, path_type=str),
               default=None, metavar="FILE",
               help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
@@ -131,7 +135,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                     hardware: str | None, steps: int | None, pairs: int | None, execution: str | None,
                     dram_efficiency: float, exp_ops: int, cross_attention: str,
                     caption_tokens: int | None, timeline: str | None,
-                    timeline_pair: int | None, sidecar: str | None, branch: str,
+                    timeline_pair: int | None, kernels: str | None, sidecar: str | None, branch: str,
                     verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
@@ -148,7 +152,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
-                      bruck=bruck, timeline=timeline, timeline_pair=timeline_pair)
+                      bruck=bruck, timeline=timeline, timeline_pair=timeline_pair, kernels=kernels)
     if hardware is not None:
         from hardware import load_hardware
 
@@ -161,9 +165,9 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        hardware=hardware, steps=steps, pairs=pairs, sidecar=sidecar,
                        execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops,
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
-                       timeline_pair=timeline_pair, timeline=timeline, output=output,
+                       timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
                        force=force, parallel=run_in_parallel(dump))
-    check_targets({"--timeline": timeline, "-o": output}, force=force)  # before the work
+    check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force)  # before the work
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The
     # child writes the output files itself (a 1M-op report is 230 MB: not sent through a pipe).
@@ -194,6 +198,7 @@ class _Request:
     caption_tokens: int | None = None
     timeline_pair: int | None = None
     timeline: str | None = None  # write the timeline there
+    kernels: str | None = None  # write the kernel list there
     output: str | None = None  # write the report there (else it is returned)
     force: bool = False
     branch: str | int = "max"
@@ -245,6 +250,12 @@ def _render(request: _Request) -> str | None:
         assert report.sections.mapping is not None
         emit(timeline_json(report.sections.mapping, pair=request.timeline_pair),
              request.timeline, force=request.force)
+    if request.kernels is not None:
+        from hlo_analyzer import kernel_list
+
+        with _as_usage_error(dump, "has no kernel list"):
+            listed = kernel_list.kernel_list(report)
+        emit(kernel_list.dumps(listed), request.kernels, force=request.force)
     if request.output_format == "json":
         text: str | Iterable[str] = report.json_pieces()
     elif request.output_format == "csv":
@@ -430,11 +441,11 @@ def _as_usage_error(dump: str, what: str) -> Iterator[None]:
 
 def _check_hw_options(hardware: str | None, *, by: str, link_bandwidth: float | None,
                       hop_latency: float | None, bruck: bool, timeline: str | None,
-                      timeline_pair: int | None) -> None:
+                      timeline_pair: int | None, kernels: str | None = None) -> None:
     """One-line usage errors for options that need (or contradict) --hw."""
     if hardware is None:
         for given, option in ((by in ("block", "kernel"), f"--by {by}"), (timeline is not None, "--timeline"),
-                              (timeline_pair is not None, "--timeline-pair")):
+                              (timeline_pair is not None, "--timeline-pair"), (kernels is not None, "--kernels")):
             if given:
                 raise click.UsageError(f"{option} needs --hw (the mapping comes with it)")
         if hop_latency is not None and link_bandwidth is None:

@@ -117,6 +117,16 @@ def _totals(program: ProgramMapping, pairs: tuple[PairGroup, ...], *, steps: int
         inference_latency_s=steps * step_s, inference_comm_s=steps * comm_s, basis=basis)
 
 
+def program_totals(program: ProgramMapping, pair_of: tuple[int | None, ...], *, steps: int | None,
+                   pairs_found: int | None, pairs_total: int | None,
+                   peak_gemm_flops_per_s: float) -> tuple[tuple[PairGroup, ...], MappingTotals]:
+    """The kernels by block pair (``pair_of``: each kernel's pair, None outside every pair) and
+    the totals of ``steps`` runs with the traced pairs scaled to ``pairs_total`` (``_totals``)."""
+    groups = _pair_groups(program, pair_of)
+    return groups, _totals(program, groups, steps=steps, pairs_found=pairs_found, pairs_total=pairs_total,
+                           peak_gemm_flops_per_s=peak_gemm_flops_per_s)
+
+
 def _with_collective_latencies(report: Report, program: ProgramMapping) -> None:
     """Write each collective's latency on the system into its report row (one figure: the report's)."""
     seconds = {op.position: op.latency_s for op in program.ops if op.kind == NETWORK_KIND}
@@ -175,13 +185,12 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     pair_of = tuple(p if (p := owners.get(op.position)) is not None and p < found else None
                     for op in program.ops)
     reference = map_block(build_stdit_block_ops(blocks.shapes), resolved.system.chip) if blocks else None
-    groups = _pair_groups(program, pair_of)
-    totals = _totals(program, groups, steps=steps, pairs_found=blocks.pairs if blocks else None,
-                     pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
+    groups, totals = program_totals(program, pair_of, steps=steps, pairs_found=blocks.pairs if blocks else None,
+                                    pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
     mapping = MappingSection(hardware, resolved, options, program, pair_of, groups, totals, reference,
                              program.kernel_classes(resolved.system.chip))
     report.sections = HardwareSections(blocks=blocks, mapping=mapping)
 
 
-__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section",
+__all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "program_totals",
            "sidecar_caption_tokens"]

@@ -94,7 +94,8 @@ from hlo_analyzer.torch_layouts import (
 )
 
 __all__ = ["CROSS_ATTENTION_MODES", "DEFAULT_OPTIONS", "EXECUTION_MODES", "KINDS", "MappedOp", "MappingOptions",
-           "KernelClass", "ProgramMapping", "default_execution", "kernel_class_of", "map_program"]
+           "KernelClass", "KernelSource", "ProgramMapping", "default_execution", "kernel_class_of", "map_kernels",
+           "map_program"]
 
 EXECUTION_MODES = ("fused", "eager", "torch")
 #: How a cross-attention over the flattened samples is charged (module docstring); the first is
@@ -194,6 +195,20 @@ class MappedOp:
     dram_bytes: float = 0.0       # DRAM traffic the kernel's model charges
 
 
+class KernelSource(NamedTuple):
+    """What one kernel is costed from, without the dump: its name, kind and shapes text as
+    :class:`MappedOp` has them, the Op and its fused epilogue (both None for a collective,
+    which keeps its collective instead: kind, group size, bytes, devices)."""
+
+    name: str
+    kind: str
+    shapes: str
+    op: Op | None
+    epilogue: Op | None = None
+    collective: tuple[str, int, int, tuple[int, ...] | None] | None = None
+    per_sample: bool = False      # a cross-attention charged per sample (its Op is one sample's)
+
+
 @dataclass(frozen=True)
 class KernelClass:
     """The kernels of one class in a program (``gemm``, ``flash_attention``, ``collective``; under
@@ -227,6 +242,9 @@ class ProgramMapping:
     #: length is known, else ``all``; and how many attention kernels were charged per sample.
     cross_attention: str = "all"
     per_sample_attentions: int = 0
+    #: What each kernel of ``ops`` was costed from (same order), for a kernel list that is
+    #: re-costed without the dump (``hlo_analyzer.kernel_list``); empty when not kept.
+    sources: tuple[KernelSource, ...] = ()
 
     @property
     def latency_s(self) -> float:
@@ -1183,6 +1201,20 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
     return sorted([*attentions, *gemms.values(), *vectors, *collectives], key=lambda w: w.position)
 
 
+def _map_works(works: Sequence[_Work], chip: ChipSpec, system: SystemSpec, options: MappingOptions) -> ProgramMapping:
+    chip = _chip_for(chip, options)
+    launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
+        if options.execution in ("eager", "torch") else 0.0
+    mapper = _Mapper(chip, system, launch_s or 0.0)
+    mapped = tuple(mapper(work) for work in works)
+    return ProgramMapping(chip=chip.name, execution=options.execution, ops=mapped,
+                          distinct_mappings=len(mapper.cache) + len(mapper.comm_cache),
+                          cross_attention="all" if options.per_sample_keys is None else "per-sample",
+                          per_sample_attentions=sum(1 for work in works if work.per_sample),
+                          sources=tuple(KernelSource(w.name, w.kind, w.shapes, w.op, w.epilogue, w.collective, w.per_sample)
+                                        for w in works))
+
+
 def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system: SystemSpec,
                 options: MappingOptions = DEFAULT_OPTIONS, *, cross_values: Collection[int] = (),
                 owners: dict[int, int] | None = None, residual_inputs: Collection[Any] = ()) -> ProgramMapping:
@@ -1193,14 +1225,18 @@ def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system
     ``residual_inputs``: each pair's input on the residual stream
     (:func:`hlo_analyzer.pairs.residual_inputs`), channel-major under ``--exec torch`` when the
     model declares ``transposed_tokens``. See the module docstring for what becomes what."""
-    chip = _chip_for(chip, options)
-    launch_s = getattr(chip, "kernel_launch_overhead_s", DEFAULT_LAUNCH_OVERHEAD_S) \
-        if options.execution in ("eager", "torch") else 0.0
-    mapper = _Mapper(chip, system, launch_s or 0.0)
     by_position = {row.position: row for row in rows}
-    works = _works(graph, by_position, chip, options, frozenset(cross_values), owners or {}, tuple(residual_inputs))
-    mapped = tuple(mapper(work) for work in works)
-    return ProgramMapping(chip=chip.name, execution=options.execution, ops=mapped,
-                          distinct_mappings=len(mapper.cache) + len(mapper.comm_cache),
-                          cross_attention="all" if options.per_sample_keys is None else "per-sample",
-                          per_sample_attentions=sum(1 for work in works if work.per_sample))
+    works = _works(graph, by_position, _chip_for(chip, options), options, frozenset(cross_values), owners or {},
+                   tuple(residual_inputs))
+    return _map_works(works, chip, system, options)
+
+
+def map_kernels(kernels: Sequence[KernelSource], chip: ChipSpec, system: SystemSpec,
+                options: MappingOptions = DEFAULT_OPTIONS) -> ProgramMapping:
+    """Cost kernels that :func:`map_program` found before (its ``sources``) on ``chip`` with the
+    same mapper, as if they were that program again: the ``i``-th kernel runs at position ``i``.
+    The Ops were found on a chip of the same kind (a GPU's kernels are a GPU's); the costs come
+    from ``chip`` now, so a change of a constant of its description changes them."""
+    works = [_Work(index, (index,), k.name, k.kind, k.shapes, op=k.op, epilogue=k.epilogue, collective=k.collective,
+                   per_sample=k.per_sample) for index, k in enumerate(kernels)]
+    return _map_works(works, chip, system, options)

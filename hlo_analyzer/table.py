@@ -171,6 +171,12 @@ def model_lines(model: dict[str, Any]) -> list[str]:
     network = f"{model['collective_algorithm']} on {model['topology']}"
     if model["transfers_through_dram"]:
         network += ", transfers staged through DRAM"
+    nccl = model.get("nccl_table")
+    if nccl:
+        kinds = ", ".join(kind.replace("_", "-") for kind in nccl["kinds"])
+        network += f"; {kinds} from the NCCL table {nccl['name']}"
+        if nccl["busbw_scale"] != 1:
+            network += f" (bus bandwidth x{nccl['busbw_scale']:g})"
     return [f"  model: {execution}", f"  collectives: {network}"]
 
 

@@ -1,48 +1,150 @@
-"""Predicted vs published: OpenSora v1.2 on one GPU, the 30-step STDiT3 loop at four video shapes.
+"""Predicted vs measured vs published: OpenSora v1.2 on one GPU, a whole generation (the 30-step
+STDiT3 loop and the VAE decode) at the twelve video shapes of OpenSora's published H100 table.
 
 For each shape it traces (or reuses) one device's stage 0 of the split ``0-0,1-27`` (the
 embeddings and one block pair; the split-independence invariant makes one pair x 28 the whole
-model: results/split.md), analyzes it with ``--pairs 28`` on each GPU description in the execution
-mode the tool picks for a traced PyTorch model on a GPU (``torch``: one kernel per library call),
-adds the VAE decode (each decoder's traced call, ``trace-vae-decode``, times the calls one sample
-takes), and prints the generation's predicted time beside the one measured on an H100 SXM by this
-project (results/gpu_validation: loop + decode) and the figure OpenSora's README publishes for a
-whole generation on one "80G H100" (text encoder + 30 steps + VAE decode; docs/sources.md), and
-the kernels of one step at the first shape by class, with each class's first-principles bound.
+model: results/split.md) and one call of each VAE decoder (``trace-vae-decode``), analyzes each
+dump once with ``analyze-hlo --hw <first GPU> --kernels`` (``--exec torch``, the mode the tool
+picks for a traced PyTorch model on a GPU: one kernel per library call) and costs the kernel
+lists on each GPU description (``hlo_analyzer.kernel_list.cost``: the same mapping, so the
+figures equal ``analyze-hlo --hw X``'s): the loop is 30 steps of one pair x 28, the decode each
+decoder's call times the calls one sample takes. It prints:
+
+* the generation's predicted time beside the one measured on an H100 SXM by this project
+  (results/gpu_validation: loop + decode) and the figure OpenSora's README publishes for a whole
+  generation on one "80G H100" (text encoder + 30 steps + VAE decode;
+  ``results/gpu_validation/published_opensora_v12_h100.csv``, docs/sources.md);
+* the published table's twelve video points, time and peak memory, against ``h100-sxm``'s
+  predicted time and the peak memory of ``models.opensora.memory.generation_peak``;
+* the kernels of one step by class at 204_640_360 (else the first shape), with each class's
+  first-principles bound.
 
     python3 scripts/gpu_predictions.py [--out DIR] [--hw h100-sxm,h100-pcie,...] [--shapes ...]
+                                       [--write-kernels DIR]
 
-Full-size traces take 5-20 s and up to 5 GiB each; the dumps are kept in DIR (default
-results/.cache/gpu) and reused. Output: markdown on stdout (docs/gpu.md quotes it).
+``--write-kernels DIR`` also writes the kernel lists that ``tests/test_gpu_validation.py`` costs
+without tracing: ``loop_<shape>.json`` (one step, pairs and steps to total) and
+``vae_<W>_<H>_<part>.json`` (one decoder call; the same call at every duration of a
+resolution). Full-size traces take 5-20 s and up to 5 GiB each; the dumps are kept in DIR
+(default results/.cache/gpu) and reused. Progress on stderr, markdown on stdout (docs/gpu.md
+quotes it).
 """
 
 from __future__ import annotations
 
-import json
+import csv
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import click
+import click  # noqa: E402
 
-#: OpenSora v1.2 README (hpcaitech/Open-Sora at v1.2.0, "Gradio Demo" section): generation time
-#: on one 80 GB H100, 30 sampling steps; 51 frames are "2s", 102 "4s", 204 "8s", 408 "16s".
-PUBLISHED_H100_S = {"204_640_360": 62.0, "408_640_360": 121.0, "51_1280_720": 68.0, "102_1280_720": 130.0}
+from hlo_analyzer import kernel_list  # noqa: E402
+from models.opensora.inputs import opensora_shape, parse_shape  # noqa: E402
+from models.opensora.memory import GIB, generation_peak  # noqa: E402
+from models.opensora.vae_config import decode_plan  # noqa: E402
+
+#: OpenSora v1.2's README (hpcaitech/Open-Sora at v1.2.0, "Gradio Demo"), transcribed with its
+#: source in the file's header: generation time and peak memory on one 80 GB H100, 30 sampling
+#: steps, aspect ratio 9:16 (``models.opensora.inputs.opensora_shape`` names the shapes).
+PUBLISHED_CSV = REPO_ROOT / "results" / "gpu_validation" / "published_opensora_v12_h100.csv"
 #: Measured by this project on one H100 SXM5 80GB (results/gpu_validation/NVIDIA_H100_80GB_HBM3.md,
 #: "loop (s)": 30 whole STDiT3 forwards of the official path, FlashAttention-2, bf16, B = 2).
 MEASURED_H100_SXM_LOOP_S = {"204_640_360": 57.73, "408_640_360": 116.41, "51_1280_720": 61.31, "102_1280_720": 121.10}
 #: The same card's VAE decode of one generation, temporal + spatial decoder
 #: (results/gpu_validation/vae_decode_NVIDIA_H100_80GB_HBM3.md: benchmarks/gpu_vae_decode.py).
 MEASURED_H100_SXM_DECODE_S = {"204_640_360": 3.419, "408_640_360": 6.874, "51_1280_720": 4.032, "102_1280_720": 8.068}
+#: One H200, one whole STDiT3 forward at 204_640_360: 1774 ms (docs/gpu.md, "Measured on an H100
+#: (and an H200)"), a loop of 30 such forwards.
+MEASURED_H200_FORWARD_S = {"204_640_360": 1.774}
 PAIRS = 28
+STEPS = 30
 SPLIT = "0-0,1-27"
+VAE_PARTS = ("temporal", "spatial")
+#: The GPU description the published table's card is (an "80G H100": the SXM5 card's figures).
+PUBLISHED_CARD = "h100-sxm"
+DEFAULT_KERNELS = REPO_ROOT / "results" / "gpu_validation" / "kernels"
+#: The shape whose kernels are listed by class (docs/gpu.md), when it is among the shapes.
+CLASSES_AT = "204_640_360"
 
 
-def _dump(out: Path, shape: str) -> Path:
+@dataclass(frozen=True)
+class PublishedPoint:
+    """One cell of the published table: a video shape's generation time and peak memory."""
+
+    resolution: str
+    duration: str
+    shape: str
+    seconds: float
+    memory_g: float
+
+
+def published_points(path: Path = PUBLISHED_CSV) -> list[PublishedPoint]:
+    """The published table's video points (its image column is no video: left out)."""
+    with path.open() as handle:
+        rows = csv.DictReader(line for line in handle if not line.startswith("#"))
+        return [PublishedPoint(r["resolution"], r["duration"], opensora_shape(r["resolution"], r["duration"]),
+                               float(r["seconds"]), float(r["memory_g"]))
+                for r in rows if r["duration"] != "image"]
+
+
+def loop_kernels_name(shape: str) -> str:
+    return f"loop_{shape}.json"
+
+
+def vae_kernels_name(shape: str, part: str) -> str:
+    video = parse_shape(shape)
+    return f"vae_{video.width}_{video.height}_{part}.json"
+
+
+def vae_calls(shape: str, part: str) -> float:
+    """Calls of one decoder per sample (the tracer's sidecar records the same: tracing.vae_decode)."""
+    plan = decode_plan(shape)
+    return plan.chunks if part == "temporal" else plan.spatial_call_equivalents
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A generation's predicted time on one GPU description."""
+
+    loop_s: float
+    decode_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.loop_s + self.decode_s
+
+
+def predict(loop: kernel_list.KernelList, vae: dict[str, kernel_list.KernelList], shape: str,
+            hardware: str) -> Generation:
+    """The loop and the decode of one generation of ``shape`` on ``hardware`` from kernel lists."""
+    loop_s = kernel_list.cost(loop, hardware).inference_latency_s
+    decode_s = sum(vae_calls(shape, part) * kernel_list.cost(vae[part], hardware).inference_latency_s
+                   for part in VAE_PARTS)
+    return Generation(loop_s, decode_s)
+
+
+def spatial_call_peak(vae: dict[str, kernel_list.KernelList]) -> int:
+    """One spatial decoder call's peak live bytes (its memory analysis, kept in its kernel list)."""
+    peak = vae["spatial"].peak_live_bytes
+    if peak is None:
+        raise ValueError(f"{vae['spatial'].source}: its kernel list has no peak_live_bytes")
+    return peak
+
+
+def load_kernels(directory: Path, shape: str) -> tuple[kernel_list.KernelList, dict[str, kernel_list.KernelList]]:
+    """The loop's and the decoders' kernel lists of ``shape`` written by ``--write-kernels``."""
+    return (kernel_list.read(directory / loop_kernels_name(shape)),
+            {part: kernel_list.read(directory / vae_kernels_name(shape, part)) for part in VAE_PARTS})
+
+
+# -- tracing and analysis ------------------------------------------------------------------------------
+def _stage_dump(out: Path, shape: str) -> Path:
     dump = out / f"full_{shape}_none_1x1_stage0_pairs0-0.mlir"
     if not dump.exists():
         click.echo(f"tracing {shape} (one device, stage 0 of {SPLIT})", err=True)
@@ -52,27 +154,29 @@ def _dump(out: Path, shape: str) -> Path:
     return dump
 
 
-def _mapping(dump: Path, hardware: str, pairs: int | None = PAIRS) -> dict:
-    command = [sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hardware, "--format", "json"]
+def _vae_dump(out: Path, shape: str, part: str) -> Path:
+    dump = out / f"vae_full_{shape}_{part}.mlir"
+    if not dump.exists():
+        click.echo(f"tracing the {part} VAE decoder for {shape}", err=True)
+        subprocess.run([sys.executable, "-m", "tracing.vae_decode", "--part", part, "--shape", shape,
+                        "-o", str(out)], check=True, cwd=REPO_ROOT)
+    return dump
+
+
+def _kernels(dump: Path, hardware: str, pairs: int | None = None) -> kernel_list.KernelList:
+    """``analyze-hlo DUMP --hw hardware --kernels``: the dump's kernel list (written beside it)."""
+    target = dump.with_suffix(".kernels.json")
+    click.echo(f"analyzing {dump.name} on {hardware}", err=True)
+    command = [sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hardware, "--kernels", str(target),
+               "--force", "-o", str(dump.with_suffix(".report.json")), "--format", "json"]
     if pairs is not None:
         command += ["--pairs", str(pairs)]
-    result = subprocess.run(command, check=True, cwd=REPO_ROOT, capture_output=True, text=True)
-    return json.loads(result.stdout)["mapping"]
+    subprocess.run(command, check=True, cwd=REPO_ROOT, capture_output=True, text=True)
+    return kernel_list.read(target)
 
 
-def _decode_seconds(out: Path, shape: str, hardware: str) -> float:
-    """The predicted VAE decode of one sample: each decoder's traced call (``trace-vae-decode``,
-    reused from ``out``) times the calls one sample takes (its sidecar's ``calls_per_sample``)."""
-    total = 0.0
-    for part in ("temporal", "spatial"):
-        dump = out / f"vae_full_{shape}_{part}.mlir"
-        if not dump.exists():
-            click.echo(f"tracing the {part} VAE decoder for {shape}", err=True)
-            subprocess.run([sys.executable, "-m", "tracing.vae_decode", "--part", part, "--shape", shape,
-                            "-o", str(out)], check=True, cwd=REPO_ROOT)
-        calls = json.loads(dump.with_suffix(".json").read_text())["calls_per_sample"]
-        total += calls * _mapping(dump, hardware, pairs=None)["totals"]["inference_latency_s"]
-    return total
+def _ratio(value: float, reference: float | None) -> str | None:
+    return f"{value / reference:.2f}x" if reference else None
 
 
 @click.command()
@@ -80,42 +184,85 @@ def _decode_seconds(out: Path, shape: str, hardware: str) -> float:
               default=REPO_ROOT / "results" / ".cache" / "gpu", show_default=True,
               help="Where the one-pair dumps are kept and reused.")
 @click.option("--hw", "hardware", default="h100-sxm,h100-pcie,a100-sxm,a100-sxm-40gb", show_default=True,
-              help="Comma-separated GPU descriptions.")
-@click.option("--shapes", default=",".join(PUBLISHED_H100_S), show_default=True,
-              help="Comma-separated video shapes.")
-def main(out: Path, hardware: str, shapes: str) -> None:
-    """Print the predicted-vs-published table and the kernel classes at the first shape."""
+              help="Comma-separated GPU descriptions (the first one finds the kernels).")
+@click.option("--shapes", default=None,
+              help="Comma-separated video shapes.  [default: the twelve of the published table]")
+@click.option("--write-kernels", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help=f"Also write the kernel lists that tests/test_gpu_validation.py costs here (the "
+                   f"committed ones: {DEFAULT_KERNELS.relative_to(REPO_ROOT)}).")
+def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | None) -> None:
+    """Print the predicted-vs-published tables and the kernel classes of one step."""
     out.mkdir(parents=True, exist_ok=True)
     gpus = [h for h in hardware.split(",") if h]
-    shape_list = [s for s in shapes.split(",") if s]
-    mappings = {(s, h): _mapping(_dump(out, s), h) for s in shape_list for h in gpus}
-    decodes = {(s, h): _decode_seconds(out, s, h) for s in shape_list for h in gpus}
+    published = {p.shape: p for p in published_points()}
+    shape_list = [s for s in shapes.split(",") if s] if shapes else list(published)
+    loops, vaes = {}, {}
+    for shape in shape_list:
+        loops[shape] = _kernels(_stage_dump(out, shape), gpus[0], PAIRS)
+        vaes[shape] = {part: _kernels(_vae_dump(out, shape, part), gpus[0]) for part in VAE_PARTS}
+        if write_kernels is not None:
+            write_kernels.mkdir(parents=True, exist_ok=True)
+            kernel_list.write(loops[shape], write_kernels / loop_kernels_name(shape))
+            for part in VAE_PARTS:
+                kernel_list.write(vaes[shape][part], write_kernels / vae_kernels_name(shape, part))
+    predicted = {(s, h): predict(loops[s], vaes[s], s, h) for s in shape_list for h in gpus}
+
     click.echo("| shape | published, one 80G H100 (whole generation) | measured here, H100 SXM: loop + "
                "VAE decode = generation | " + " | ".join(f"{h}: loop + decode = generation (/ measured, / published)"
                                                          for h in gpus) + " |")
     click.echo("|---|---|---|" + "---|" * len(gpus))
     for shape in shape_list:
-        published = PUBLISHED_H100_S.get(shape)
+        point = published.get(shape)
         measured = MEASURED_H100_SXM_LOOP_S.get(shape)
         decode = MEASURED_H100_SXM_DECODE_S.get(shape)
         whole = measured + decode if measured and decode else None
         cells = []
         for h in gpus:
-            loop = mappings[shape, h]["totals"]["inference_latency_s"]
-            seconds = loop + decodes[shape, h]
-            ratios = [f"{seconds / reference:.2f}x" for reference in (whole, published) if reference]
-            cells.append(f"{loop:.1f} + {decodes[shape, h]:.2f} = {seconds:.1f} s"
+            generation = predicted[shape, h]
+            ratios = [r for r in (_ratio(generation.seconds, whole), _ratio(generation.seconds, point and point.seconds))
+                      if r]
+            cells.append(f"{generation.loop_s:.1f} + {generation.decode_s:.2f} = {generation.seconds:.1f} s"
                          + (f" ({', '.join(ratios)})" if ratios else ""))
         here = f"{measured:.1f} + {decode:.2f} = {whole:.1f} s" if whole else "-"
-        click.echo(f"| {shape} | {f'{published} s' if published else '-'} | {here} | " + " | ".join(cells) + " |")
-    first = mappings[shape_list[0], gpus[0]]
-    click.echo(f"\nKernels of one step of the traced program (embeddings + one pair) at {shape_list[0]} "
-               f"on {gpus[0]}, execution {first['execution']}:\n")
+        click.echo(f"| {shape} | {f'{point.seconds} s' if point else '-'} | {here} | " + " | ".join(cells) + " |")
+
+    if PUBLISHED_CARD in gpus and any(s in published for s in shape_list):
+        click.echo(f"\nOpenSora v1.2's published H100 table, predicted on {PUBLISHED_CARD} "
+                   "(time) and by models.opensora.memory.generation_peak (memory; the README's G read as GiB):\n")
+        click.echo("| resolution | duration | shape | published time | predicted time | / published | "
+                   "published peak memory | predicted peak memory (phase) | / published |")
+        click.echo("|---|---|---|---|---|---|---|---|---|")
+        for shape in shape_list:
+            point = published.get(shape)
+            if point is None:
+                continue
+            generation = predicted[shape, PUBLISHED_CARD]
+            peak = generation_peak(shape, spatial_call_peak(vaes[shape]))
+            click.echo(f"| {point.resolution} | {point.duration} | {shape} | {point.seconds:.0f} s | "
+                       f"{generation.seconds:.1f} s | {generation.seconds / point.seconds:.2f} | "
+                       f"{point.memory_g:.0f} G | {peak.total_bytes / GIB:.1f} GiB ({peak.phase}) | "
+                       f"{peak.total_bytes / GIB / point.memory_g:.2f} |")
+    if "h200-sxm" in gpus:
+        for shape, forward in MEASURED_H200_FORWARD_S.items():
+            if shape in loops:
+                loop = kernel_list.cost(loops[shape], "h200-sxm").inference_latency_s
+                click.echo(f"\nh200-sxm at {shape}: loop {loop:.1f} s against {STEPS} x {forward * 1e3:.0f} ms "
+                           f"= {STEPS * forward:.1f} s measured ({loop / (STEPS * forward):.2f}x)")
+
+    at = CLASSES_AT if CLASSES_AT in loops else shape_list[0]
+    first = loops[at]
+    from hardware.systems import resolve_system
+    from hlo_analyzer.op_mapping import MappingOptions, map_kernels
+
+    system = resolve_system(gpus[0], 1).system
+    program = map_kernels(first.kernels, system.chip, system, MappingOptions(execution=first.execution))
+    click.echo(f"\nKernels of one step of the traced program (embeddings + one pair) at {at} "
+               f"on {gpus[0]}, execution {program.execution}:\n")
     click.echo("| class | kernels | time | first-principles bound | time / bound |")
     click.echo("|---|---|---|---|---|")
-    for entry in first["classes"]:
-        click.echo(f"| {entry['class']} | {entry['kernels']} | {entry['seconds'] * 1e3:.3f} ms | "
-                   f"{entry['bound_seconds'] * 1e3:.3f} ms | {entry['ratio']:.2f} |")
+    for entry in program.kernel_classes(system.chip):
+        click.echo(f"| {entry.name} | {entry.kernels} | {entry.seconds * 1e3:.3f} ms | "
+                   f"{entry.bound_seconds * 1e3:.3f} ms | {entry.ratio:.2f} |")
 
 
 if __name__ == "__main__":

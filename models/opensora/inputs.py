@@ -20,17 +20,29 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "OPENSORA_DURATIONS",
+    "OPENSORA_RESOLUTIONS",
     "REFERENCE_SHAPES",
     "Geometry",
     "VideoShape",
     "geometry",
     "latent_frames",
     "make_inputs",
+    "opensora_shape",
     "parse_shape",
 ]
 
 # The four shapes the reference notes measure (frames_width_height).
 REFERENCE_SHAPES = ("204_640_360", "408_640_360", "51_1280_720", "102_1280_720")
+
+#: OpenSora v1.2's named resolutions at its default aspect ratio "9:16" as (width, height) in
+#: pixels: ``opensora/datasets/aspect.py`` (tag v1.2.0), ``ASPECT_RATIO_MAP["9:16"] = "0.56"`` and
+#: ``ASPECT_RATIO_360P / _480P / _720P["0.56"]`` = (height, width) (360, 640), (480, 854),
+#: (720, 1280); ``get_image_size(resolution, "9:16")`` reads them, and "9:16" is the gradio
+#: demo's default (``gradio/app.py``), the setting of the README's published timings.
+OPENSORA_RESOLUTIONS = {"360p": (640, 360), "480p": (854, 480), "720p": (1280, 720)}
+#: Frames of a named duration: ``NUM_FRAMES_MAP`` of the same file.
+OPENSORA_DURATIONS = {"2s": 51, "4s": 102, "8s": 204, "16s": 408}
 
 #: ASCII digits only, no blanks: ``\d`` and ``int()`` would also take other scripts' digits.
 _SHAPE_RE = re.compile(r"([0-9]+)_([0-9]+)_([0-9]+)")
@@ -87,6 +99,16 @@ def parse_shape(text: str | VideoShape) -> VideoShape:
         raise ShapeError(f"bad video shape {text!r}: frames, width and height must be at most "
                          f"{MAX_SIZE} (an int32 size)")
     return VideoShape(frames, width, height)
+
+
+def opensora_shape(resolution: str, duration: str) -> str:
+    """The shape ``FRAMES_WIDTH_HEIGHT`` of an OpenSora v1.2 video named by resolution and
+    duration (``"480p", "4s"`` -> ``"102_854_480"``); ShapeError for a name it does not have."""
+    if resolution not in OPENSORA_RESOLUTIONS or duration not in OPENSORA_DURATIONS:
+        raise ShapeError(f"no OpenSora v1.2 video {resolution!r} x {duration!r}: expected one of "
+                         f"{', '.join(OPENSORA_RESOLUTIONS)} and {', '.join(OPENSORA_DURATIONS)}")
+    width, height = OPENSORA_RESOLUTIONS[resolution]
+    return f"{OPENSORA_DURATIONS[duration]}_{width}_{height}"
 
 
 def latent_frames(frames: int) -> int:

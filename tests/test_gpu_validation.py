@@ -1,0 +1,112 @@
+"""Validation, guarded (issue 31): the predicted loops and generations of OpenSora v1.2 on one GPU
+against what was measured and published, within the stated tolerances.
+
+Fast, no trace: the kernels of one step (the embeddings and one block pair) and of one call of
+each VAE decoder at every shape are committed kernel lists (``results/gpu_validation/kernels``,
+written by ``python3 scripts/gpu_predictions.py --write-kernels results/gpu_validation/kernels``
+from the one-pair traces), costed here with the GPU descriptions' constants as they are now
+(``hlo_analyzer.kernel_list.cost``: the mapping ``analyze-hlo --hw`` uses), so a change of a
+constant changes every prediction below. These figures are validation only: no constant of a
+GPU description is fitted to them (docs/gpu.md).
+
+* the 30-step loop on ``h100-sxm`` against the loop measured on one H100 SXM, and the generation
+  (loop + VAE decode) against the measured loop + decode: within 10%;
+* the loop on ``h200-sxm`` against 30 forwards measured on one H200 (1774 ms at 204_640_360):
+  within 10%;
+* the generation on ``h100-sxm`` against every video point of OpenSora v1.2's published H100
+  table (``results/gpu_validation/published_opensora_v12_h100.csv``): within 10%;
+* the generation's peak memory (``models.opensora.memory.generation_peak``) against the same
+  table's peak memory, the README's "G" read as GiB: within 15%.
+
+A point the model misses with today's constants is marked ``xfail(strict=True)`` with its ratio:
+it is reported, not tuned away, and the mark fails as soon as the point passes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from models.opensora.memory import GIB, generation_peak
+from scripts.gpu_predictions import (
+    DEFAULT_KERNELS,
+    MEASURED_H100_SXM_DECODE_S,
+    MEASURED_H100_SXM_LOOP_S,
+    MEASURED_H200_FORWARD_S,
+    PUBLISHED_CARD,
+    STEPS,
+    Generation,
+    PublishedPoint,
+    load_kernels,
+    predict,
+    published_points,
+    spatial_call_peak,
+)
+
+TIME_TOLERANCE = 0.10
+MEMORY_TOLERANCE = 0.15
+
+#: Points outside their tolerance with the constants of commit 138f5e7 (predicted / published).
+TIME_MISSES = {
+    "51_640_360": "0.82 of the published 18 s (14.8 s predicted): the shortest video, measured by no one "
+                  "here, so the loop cannot be told from the rest of the generation",
+    "51_854_480": "0.89 of the published 29 s (25.9 s predicted): a 2 s video, measured by no one here",
+}
+MEMORY_MISSES = {
+    shape: f"{ratio} of the published peak memory: not explained; the model counts the tensors of the "
+           "largest phase, the README does not say what its figure counts (models/opensora/memory.py)"
+    for shape, ratio in {
+        "408_640_360": "0.84", "51_854_480": "0.80", "102_854_480": "0.83", "204_854_480": "0.83",
+        "51_1280_720": "0.74", "102_1280_720": "0.79", "204_1280_720": "0.75", "408_1280_720": "0.72",
+    }.items()
+}
+
+
+@cache
+def _generation(shape: str, hardware: str) -> Generation:
+    loop, vae = load_kernels(DEFAULT_KERNELS, shape)
+    return predict(loop, vae, shape, hardware)
+
+
+def _points(misses: dict[str, str]) -> list:
+    return [pytest.param(point, id=point.shape,
+                         marks=[pytest.mark.xfail(strict=True, reason=misses[point.shape])]
+                         if point.shape in misses else [])
+            for point in published_points()]
+
+
+def test_the_published_table_has_twelve_video_points():
+    points = published_points()
+    assert len(points) == 12 and len({p.shape for p in points}) == 12
+    assert {(p.shape, p.seconds, p.memory_g) for p in points} >= {
+        ("204_640_360", 62, 28), ("408_640_360", 121, 33), ("51_1280_720", 68, 41), ("102_1280_720", 130, 39),
+        ("102_854_480", 55, 30), ("408_1280_720", 547, 67)}
+
+
+@pytest.mark.parametrize("point", _points(TIME_MISSES))
+def test_generation_time_against_the_published_table(point: PublishedPoint):
+    ratio = _generation(point.shape, PUBLISHED_CARD).seconds / point.seconds
+    assert abs(ratio - 1) <= TIME_TOLERANCE, f"{point.shape}: {ratio:.3f} of the published {point.seconds} s"
+
+
+@pytest.mark.parametrize("point", _points(MEMORY_MISSES))
+def test_peak_memory_against_the_published_table(point: PublishedPoint):
+    _, vae = load_kernels(DEFAULT_KERNELS, point.shape)
+    ratio = generation_peak(point.shape, spatial_call_peak(vae)).total_bytes / GIB / point.memory_g
+    assert abs(ratio - 1) <= MEMORY_TOLERANCE, f"{point.shape}: {ratio:.3f} of the published {point.memory_g} G"
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_H100_SXM_LOOP_S))
+def test_loop_and_generation_against_the_measured_h100(shape: str):
+    generation = _generation(shape, "h100-sxm")
+    loop = generation.loop_s / MEASURED_H100_SXM_LOOP_S[shape]
+    whole = generation.seconds / (MEASURED_H100_SXM_LOOP_S[shape] + MEASURED_H100_SXM_DECODE_S[shape])
+    assert abs(loop - 1) <= TIME_TOLERANCE, f"loop: {loop:.3f} of the measured one"
+    assert abs(whole - 1) <= TIME_TOLERANCE, f"generation: {whole:.3f} of the measured one"
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_H200_FORWARD_S))
+def test_loop_against_the_measured_h200(shape: str):
+    ratio = _generation(shape, "h200-sxm").loop_s / (STEPS * MEASURED_H200_FORWARD_S[shape])
+    assert abs(ratio - 1) <= TIME_TOLERANCE, f"{ratio:.3f} of {STEPS} measured forwards"
