@@ -3,8 +3,9 @@ hardware TOML values a user gives, across their full numeric range, every comman
 analyze-hlo, analyze-pipeline) exits 0 or 2 with at most one line on stderr (exactly one
 ``Error: ...`` line for 2), within 1 GiB, and never hangs.
 
-Hypothesis draws ``PROPERTY_EXAMPLES`` examples per command (500 in CI; the environment variable
-``HLO_TRACE_PROPERTY_EXAMPLES`` changes it). Each example runs in this process, through the
+Hypothesis draws ``QUICK_EXAMPLES`` examples per command in the default run and
+``PROPERTY_EXAMPLES`` in CI's slow leg (``-m slow``; 500, or the environment variable
+``HLO_TRACE_PROPERTY_EXAMPLES``). Each example runs in this process, through the
 commands' own ``run_click`` path (analyze-hlo still forks its analysis child, as it always does):
 
 * hangs: an alarm ends a call still running after ``ALARM_S`` (no test asserts a speed: how
@@ -40,6 +41,8 @@ from hlo_trace.cli import run_click
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROPERTY_EXAMPLES = int(os.environ.get("HLO_TRACE_PROPERTY_EXAMPLES", "500"))
+#: Examples per command in the default run (the thorough PROPERTY_EXAMPLES run under -m slow).
+QUICK_EXAMPLES = 25
 MEMORY_BYTES = 1 << 30
 #: A call still running after this long is ended (a hang fails the test, it does not stall it).
 ALARM_S = 30
@@ -221,9 +224,7 @@ def trace_arguments(draw) -> list[str]:
     return args
 
 
-@SETTINGS
-@given(args=trace_arguments())
-def test_trace_stage_exits_0_or_2_with_one_line(baseline, tmp_path_factory, args):
+def _trace_stage_property(baseline, tmp_path_factory, args):
     from click.testing import CliRunner
 
     from tracing.cli import main
@@ -266,9 +267,7 @@ def analyze_arguments(draw, tmp_path: Path) -> list[str]:
     return args
 
 
-@SETTINGS
-@given(data=st.data())
-def test_analyze_hlo_exits_0_or_2_with_one_line(baseline, tmp_path_factory, data):
+def _analyze_hlo_property(baseline, tmp_path_factory, data):
     from hlo_analyzer.cli import analyze_command
 
     args = data.draw(analyze_arguments(tmp_path_factory.mktemp("hlo")))
@@ -297,9 +296,7 @@ def pipeline_toml(draw) -> str:
     return "\n".join(lines) + "\n"
 
 
-@SETTINGS
-@given(data=st.data())
-def test_analyze_pipeline_exits_0_or_2_with_one_line(baseline, tmp_path_factory, data):
+def _analyze_pipeline_property(baseline, tmp_path_factory, data):
     from hlo_analyzer.pipeline_cli import pipeline_command
 
     tmp_path = tmp_path_factory.mktemp("pipeline")
@@ -313,3 +310,25 @@ def test_analyze_pipeline_exits_0_or_2_with_one_line(baseline, tmp_path_factory,
     if data.draw(st.booleans()):
         args += ["--schedule", data.draw(st.sampled_from(["overlapped", "per-step", "x"]))]
     check_call(baseline, lambda: run_click(pipeline_command, args))
+
+
+# -- the tests: each property quickly in the default run, thoroughly in CI's slow leg ---------------
+
+
+def _quick(test):
+    return settings(SETTINGS, max_examples=QUICK_EXAMPLES)(test)
+
+
+def _thorough(test):
+    return pytest.mark.slow(SETTINGS(test))
+
+
+test_trace_stage_exits_0_or_2_with_one_line = _quick(given(args=trace_arguments())(_trace_stage_property))
+test_trace_stage_exits_0_or_2_with_one_line_thoroughly = _thorough(
+    given(args=trace_arguments())(_trace_stage_property))
+test_analyze_hlo_exits_0_or_2_with_one_line = _quick(given(data=st.data())(_analyze_hlo_property))
+test_analyze_hlo_exits_0_or_2_with_one_line_thoroughly = _thorough(
+    given(data=st.data())(_analyze_hlo_property))
+test_analyze_pipeline_exits_0_or_2_with_one_line = _quick(given(data=st.data())(_analyze_pipeline_property))
+test_analyze_pipeline_exits_0_or_2_with_one_line_thoroughly = _thorough(
+    given(data=st.data())(_analyze_pipeline_property))
