@@ -6,7 +6,11 @@ exhaustive loop (``gemm_exhaustive_search``) and the branch-and-bound mapper
 (``gemm_auto_opt_mapper``) run in the same process; the script prints candidates costed,
 seconds, the speed-up, and checks that both return the same optimum.
 
-Then it prints what the GPU descriptions (H100/H200/A100 SXM) predict for the same bf16 GEMM.
+Then it prints what the GPU descriptions (H100/H200/A100 SXM) predict for the same bf16 GEMM,
+and times the search limits (``hardware.gemm_mapper``, "Limits"): a GEMM of 2**20 instances on a
+chip of 720,720 tiles, which the limits keep to a few seconds instead of minutes (the tests bound
+its evaluations, not its time: tests/test_hardening.py). ``--quick`` runs it with the limits
+divided by 10.
 
     python3 benchmarks/mapper_speed.py [--repeats 3]
     python3 benchmarks/mapper_speed.py --quick      # one run of each search (~1 s): what CI runs
@@ -21,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hardware import gemm_mapper
 from hardware.gemm_mapper import gemm_auto_opt_mapper, gemm_exhaustive_search
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
@@ -68,7 +73,31 @@ def main() -> int:
             f"  {name:9s}: predicted {mapping.latency_s * 1e3:.3f} ms ({fc1.flops / mapping.latency_s / 1e12:.0f} TFLOP/s, "
             f"utilization {mapping.utilization:.2f}, bound by {mapping.bound}); compute roofline {ideal_ms:.3f} ms"
         )
+    _limits(quick=args.quick)
     return 0 if same else 1
+
+
+def _limits(*, quick: bool) -> None:
+    """The search limits' cost: a 2**20-instance GEMM on a 720,720-tile chip."""
+    import dataclasses
+
+    tx8 = load_chip("tx8")
+    huge = dataclasses.replace(tx8, name="tx8-720720", tile_count=720720, tile_grid_rows=720,
+                               tile_grid_cols=1001)
+    batch, size = 2**20, 4096
+    op = Op("g", OpType.GEMM, ((size, size),), (size, size), (size, size), 2 * batch * size**3,
+            batch=batch)
+    limits = (gemm_mapper.MAX_PLACEMENTS, gemm_mapper.MAX_SEARCH_STEPS)
+    if quick:
+        gemm_mapper.MAX_PLACEMENTS, gemm_mapper.MAX_SEARCH_STEPS = (limit // 10 for limit in limits)
+    try:
+        seconds, mapping = _best_time(lambda: gemm_auto_opt_mapper(op, huge), 1)
+        print(f"Search limits (MAX_PLACEMENTS {gemm_mapper.MAX_PLACEMENTS}, MAX_SEARCH_STEPS "
+              f"{gemm_mapper.MAX_SEARCH_STEPS}{', divided by 10: --quick' if quick else ''}): "
+              f"{batch} x {size}^3 GEMM on {huge.tile_count} tiles: {seconds:.2f} s, "
+              f"{mapping.candidates_visited} candidates costed, tiling {mapping.tiling}")
+    finally:
+        gemm_mapper.MAX_PLACEMENTS, gemm_mapper.MAX_SEARCH_STEPS = limits
 
 
 if __name__ == "__main__":

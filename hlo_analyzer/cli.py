@@ -79,8 +79,11 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
               help="Map every op onto this hardware (a bundled name: tx8, tx8-16, h100-sxm, "
                    "8xh100, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
-                   "means N chips on the chip's default network. Collectives are timed on the "
-                   "chip-to-chip network; an STDiT3 stage is also grouped by block pair.")
+                   "means N such chips on the network of the bundled system built from that chip, "
+                   "laid out for N: --hw tx8 on a 16-device dump is 16 TX8 chips on tx8-16's "
+                   "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's (the report states "
+                   "the system). Collectives are timed on the chip-to-chip network; an STDiT3 "
+                   "stage is also grouped by block pair.")
 @click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
               help="Runs of the program the latency total covers (with --hw), e.g. the sampling "
                    "steps of a diffusion inference.  [default: 30 on an STDiT3 stage, a whole "

@@ -249,17 +249,27 @@ def block_rows(sections: HardwareSections, rows: Sequence[OpRow], source: str) -
         raise UsageError(f"{source}: --by block needs an STDiT3 block segmentation; pass --hw NAME "
                          "on an STDiT3 stage")
     by_position = {row.position: row for row in rows}
+    kernel_of = ({position: kernel for kernel in sections.mapping.program.ops
+                  for position in kernel.positions} if sections.mapping is not None else None)
     records = []
     for block in blocks.blocks:
         for label, positions in block.ops:
             for position in positions:
                 row = by_position[position]
-                records.append({
+                record = {
                     "block": block.index, "kind": block.kind, "label": label,
                     "op": row.op, "operand_shapes": row.operand_shapes,
                     "result_shapes": row.result_shapes, "flops": row.flops,
                     "location": row.location,
-                })
+                }
+                if kernel_of is not None:
+                    # the kernel that runs this GEMM (it may run others too: flash attention's
+                    # two GEMMs, a GEMM and its epilogue), by its position in --by kernel
+                    kernel = kernel_of.get(position)
+                    record |= {"kernel": None if kernel is None else kernel.position,
+                               "kernel_name": None if kernel is None else kernel.name,
+                               "kernel_latency_s": None if kernel is None else kernel.latency_s}
+                records.append(record)
     return records
 
 

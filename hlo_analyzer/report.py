@@ -156,7 +156,9 @@ class Report:
                  "comm_bytes_per_device": _exact(sums[category].comm_bytes)}
                 for category in CATEGORIES]
 
+    @property
     def comm_by_kind(self) -> dict[str, dict[str, float]]:
+        """Per collective kind (sorted): ``count`` (times run) and ``bytes_per_device`` sent."""
         kinds: dict[str, dict[str, float]] = {}
         for row in self._comm_rows():
             entry = kinds.setdefault(row.comm_kind, {"count": 0, "bytes_per_device": 0.0})
@@ -191,7 +193,7 @@ class Report:
             "loops": [_loop_dict(loop) for loop in self.loops],
             "conditionals": [asdict(conditional) for conditional in self.conditionals],
             "custom_calls": self.custom_calls,
-            "comm_by_kind": self.comm_by_kind(),
+            "comm_by_kind": self.comm_by_kind,
             "by_category": self._by_category(sums),
             "unhandled": self.unhandled,
             "op_counts": self.op_counts,

@@ -24,6 +24,17 @@ def si(value: float | None, unit: str) -> str:
     return f"{int(value)} {unit}"
 
 
+def memory_size(value: float | None) -> str:
+    """``17179869184`` -> ``16.00 GiB``: memory sizes in binary prefixes, as the chip files state
+    a DRAM's capacity (docs/hardware.md, "Units")."""
+    if value is None:
+        return "-"
+    for factor, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {unit}"
+    return f"{int(value)} B"
+
+
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -51,10 +62,19 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     if by == "kernel":
         lines += kernel_table_lines(report)
     elif by == "block":
-        header = ["block", "kind", "label", "op", "shapes", "FLOPs", "location"]
+        records = block_rows(report.sections, report.rows, report.source)
+        timed = report.sections.mapping is not None
+        header = ["block", "kind", "label", "op", "shapes", "FLOPs",
+                  *(["time", "kernel (#, name)"] if timed else []), "location"]
         rows = [[str(r["block"]), r["kind"], r["label"], r["op"], _shapes(r), si(r["flops"], "FLOP"),
-                 r["location"][:48]] for r in block_rows(report.sections, report.rows, report.source)]
-        lines += render_columns(header, rows, {0, 5})
+                 *([seconds(r["kernel_latency_s"]), "-" if r["kernel"] is None else f"#{r['kernel']} {r['kernel_name'][:32]}"]
+                   if timed else []),
+                 r["location"][:48]] for r in records]
+        lines += render_columns(header, rows, {0, 5, 6} if timed else {0, 5})
+        if timed:
+            lines.append("(time: the kernel that runs the op; a kernel that runs several ops, e.g. "
+                         "flash attention's two GEMMs or a GEMM with its epilogue, is listed "
+                         "under each)")
     elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
                   "runs", "location"]
@@ -87,7 +107,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     ]
     if totals["comm_latency_s"] is not None:
         lines.append(f"  comm latency          {seconds(totals['comm_latency_s']):>20}")
-    for kind, entry in report.comm_by_kind().items():
+    for kind, entry in report.comm_by_kind.items():
         lines.append(f"    {kind:<20}{int(entry['count']):>6} ops  {si(entry['bytes_per_device'], 'B')}")
     if "mesh" in totals:
         mesh = totals["mesh"]
@@ -98,7 +118,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     lines += _control_lines(report)
     lines += sections_lines(report.sections)
     if "memory" in report.extra:
-        lines += _memory_lines(report.extra["memory"])
+        lines += _memory_lines(report.extra["memory"], training="training" in report.extra)
     if "training" in report.extra:
         lines += _training_lines(report.extra["training"])
     if report.unhandled:
@@ -160,22 +180,31 @@ def model_lines(model: dict[str, Any]) -> list[str]:
     return [f"  model: {execution}", f"  collectives: {network}"]
 
 
-def _memory_lines(memory: dict[str, Any]) -> list[str]:
-    source = ("stage inputs told apart by the sidecar" if memory["weights_source"] == "sidecar"
+def _memory_lines(memory: dict[str, Any], *, training: bool = False) -> list[str]:
+    """The memory section; in a training step the resident arguments are the parameters and the
+    optimizer states (master weights, moments), split in the training section that follows."""
+    told_apart = memory["weights_source"] == "sidecar"
+    source = ("stage inputs told apart by the sidecar" if told_apart
               else "no sidecar: every argument counted as a weight")
+    resident = "weights (resident)    "
+    if training and told_apart:
+        resident, source = "P + OS (resident)     ", source + "; P and OS split below"
+    elif training:
+        resident = "arguments (resident)  "
+        source = "no inputs in the sidecar: P, OS and stage inputs, split below"
     lines = ["", "Memory per device:",
-             f"  weights (resident)    {si(memory['weight_bytes'], 'B'):>12}  "
+             f"  {resident}{memory_size(memory['weight_bytes']):>12}  "
              f"in {memory['weight_arguments']} arguments ({source})",
-             f"  stage inputs          {si(memory['input_bytes'], 'B'):>12}  "
+             f"  stage inputs          {memory_size(memory['input_bytes']):>12}  "
              f"in {memory['input_arguments']} arguments (part of the live activations)",
-             f"  peak live activations {si(memory['peak_live_bytes'], 'B'):>12}  "
+             f"  peak live activations {memory_size(memory['peak_live_bytes']):>12}  "
              f"at op {memory['peak_position']} ({memory['peak_op'].split('.', 1)[-1]})"]
     if memory["stale_kv_bytes"]:
-        lines.append(f"  stale K/V buffers     {si(memory['stale_kv_bytes'], 'B'):>12}")
-    lines.append(f"  total                 {si(memory['total_bytes'], 'B'):>12}")
+        lines.append(f"  stale K/V buffers     {memory_size(memory['stale_kv_bytes']):>12}")
+    lines.append(f"  total                 {memory_size(memory['total_bytes']):>12}")
     if memory["capacity_bytes"] is not None:
         verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
-        lines.append(f"  capacity              {si(memory['capacity_bytes'], 'B'):>12}  {verdict}")
+        lines.append(f"  capacity              {memory_size(memory['capacity_bytes']):>12}  {verdict}")
     return lines
 
 
@@ -187,7 +216,7 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
                        ("optimizer_state", "optimizer states (OS)"),
                        ("activation", "activations kept for the backward (Act)"),
                        ("input", "stage inputs")):
-        lines.append(f"  {label:<40} {si(memory[key], 'B'):>12}")
+        lines.append(f"  {label:<40} {memory_size(memory[key]):>12}")
     lines.append("Training step, collectives per device by phase, traffic and kind:")
     for row in training["comm"]:
         lines.append(f"  {row['phase']:<9} {row['traffic']:<10} {row['kind']:<18} "
@@ -210,7 +239,7 @@ def render_pipeline_table(document: dict[str, Any]) -> str:
                      ",".join(map(str, stage["devices"])), str(stage["block_pairs"]),
                      seconds(stage["compute_s"]), seconds(stage["comm_s"]),
                      seconds(stage["patch_s"]), si(stage["transfer_patch_bytes"], "B"),
-                     seconds(stage["transfer_patch_s"]), si(memory["total_bytes"], "B") + flag])
+                     seconds(stage["transfer_patch_s"]), memory_size(memory["total_bytes"]) + flag])
     lines += render_columns(header, rows, {3, 4, 5, 6, 7, 8, 9})
     totals, back = document["totals"], document["return"]
     step = ("steps overlap: max(loop, M x slowest)" if document["schedule"] == "overlapped"
@@ -223,7 +252,7 @@ def render_pipeline_table(document: dict[str, Any]) -> str:
         ("warm-up step (unpipelined, full latent)", seconds(totals["warmup_step_s"])),
         (f"inference ({document['warmup_steps']} warm-up + {pipelined} pipelined steps, "
          f"{document['schedule']})", seconds(totals["inference_s"])),
-        ("memory per device (largest stage)", si(totals["memory_per_device_bytes"], "B")),
+        ("memory per device (largest stage)", memory_size(totals["memory_per_device_bytes"])),
     ]
     width = max(len(label) for label, _ in summary)
     lines += [""] + [f"  {label:<{width}}  {value}" for label, value in summary]
@@ -274,9 +303,9 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
     lines.append(f"  GEMM utilisation (matrix FLOPs at peak / compute time)  {totals.gemm_utilization:.1%}")
     if totals.pairs_found:
         header = ["pair", "kernels", "latency", *[kind for kind, _ in totals.seconds_by_kind]]
-        rows = [["outside" if g.pair is None else str(g.pair), str(g.kernels), seconds(g.latency_s),
-                 *[seconds(dict(g.seconds_by_kind).get(kind, 0.0)) for kind, _ in totals.seconds_by_kind]]
-                for g in mapping.pairs]
+        rows = collapsed_pair_rows([(g.pair, [str(g.kernels), seconds(g.latency_s), *[
+            seconds(dict(g.seconds_by_kind).get(kind, 0.0)) for kind, _ in totals.seconds_by_kind]])
+            for g in mapping.pairs])
         lines += ["  by block pair (traced ops):"] + ["    " + line for line in
                                                      render_columns(header, rows, set(range(1, len(header))))]
     if mapping.classes:
@@ -292,6 +321,22 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
     lines += [f"  total, {totals.total_text}:  {seconds(totals.inference_latency_s)} "
               f"(communication {seconds(totals.inference_comm_s)})"]
     return lines
+
+
+def collapsed_pair_rows(rows: list[tuple[int | None, list[str]]]) -> list[list[str]]:
+    """The by-pair table's rows, ``(pair or None for outside the pairs, cells)``, with each run
+    of consecutive pairs whose cells print the same as one row labelled ``0-27 (x28)`` (the
+    JSON keeps every pair)."""
+    runs: list[tuple[int | None, int | None, list[str]]] = []
+    for pair, cells in rows:
+        if runs and pair is not None and runs[-1][1] is not None and runs[-1][1] + 1 == pair \
+                and runs[-1][2] == cells:
+            runs[-1] = (runs[-1][0], pair, cells)
+        else:
+            runs.append((pair, pair, cells))
+    return [["outside" if first is None else str(first) if first == last
+             else f"{first}-{last} (x{last - first + 1})", *cells]
+            for first, last, cells in runs]
 
 
 def sections_lines(sections: HardwareSections) -> list[str]:

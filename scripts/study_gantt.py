@@ -6,6 +6,11 @@ block pair 0 of its stage-0 dump (``analyze-hlo DUMP --hw SYSTEM --timeline FILE
 :class:`GanttChart` (computing) and draws it as one PNG per strategy (rendering): one row per
 track (GEMM, vector, flash-attention, DRAM, NoC, chip-to-chip network), each kernel a bar
 coloured by its track, time in ms.
+
+Run as a script, it draws the Gantt chart of any ``--timeline`` JSON (``analyze-hlo DUMP --hw NAME
+--timeline FILE [--timeline-pair K]``)::
+
+    python3 scripts/study_gantt.py --timeline pair0.json -o pair0.png
 """
 
 from __future__ import annotations
@@ -13,11 +18,21 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hlo_trace.atomic import atomic_write
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import click  # noqa: E402
+
+from hlo_trace.atomic import atomic_write, check_target  # noqa: E402
+from hlo_trace.cli import run_click  # noqa: E402
+from hlo_trace.errors import UsageError, shown  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +88,21 @@ def gantt_chart(document: dict[str, Any]) -> GanttChart:
     tracks: dict[int, str] = {}
     hardware = "?"
     bars: dict[int, list[Bar]] = {}
-    for event in events:
-        if event.get("ph") == "M" and event.get("name") == "thread_name":
-            tracks[event["tid"]] = event["args"]["name"]
-        elif event.get("ph") == "M" and event.get("name") == "process_name":
-            hardware = event["args"]["name"]
-        elif event.get("ph") == "X":
-            bars.setdefault(event["tid"], []).append(
-                Bar(event["name"], event["ts"] * _MS_PER_US, event["dur"] * _MS_PER_US))
+    for index, event in enumerate(events):
+        try:
+            if event.get("ph") == "M" and event.get("name") == "thread_name":
+                tracks[event["tid"]] = str(event["args"]["name"])
+            elif event.get("ph") == "M" and event.get("name") == "process_name":
+                hardware = str(event["args"]["name"])
+            elif event.get("ph") == "X":
+                start, duration = float(event["ts"]), float(event["dur"])
+                if not (math.isfinite(start) and math.isfinite(duration) and duration >= 0):
+                    raise ValueError("a time that is not a finite number (or a negative duration)")
+                bars.setdefault(event["tid"], []).append(
+                    Bar(str(event["name"]), start * _MS_PER_US, duration * _MS_PER_US))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            what = f"no {error}" if isinstance(error, KeyError) else str(error) or type(error).__name__
+            raise ValueError(f"trace event {index} is not a complete event or track name: {what}") from None
     unnamed = sorted(set(bars) - set(tracks))
     if unnamed:
         raise ValueError(f"events on tracks without a thread_name: {unnamed}")
@@ -89,8 +111,9 @@ def gantt_chart(document: dict[str, Any]) -> GanttChart:
     return GanttChart(hardware, rows)
 
 
-def draw_gantt(chart: GanttChart, title: str, path: Path) -> Path:
-    """Write ``chart`` as a PNG at ``path`` (atomically): the first row at the top."""
+def draw_gantt(chart: GanttChart, title: str, path: Path, *, force: bool = True) -> Path:
+    """Write ``chart`` as a PNG at ``path`` (atomically; an existing file is replaced only with
+    ``force``): the first row at the top."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +140,7 @@ def draw_gantt(chart: GanttChart, title: str, path: Path) -> Path:
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, buffer.getvalue(), force=True)
+    return atomic_write(path, buffer.getvalue(), force=force)
 
 
 def gantt_title(case: GanttCase, chart: GanttChart) -> str:
@@ -137,3 +160,72 @@ def write_gantt_plots(cases: list[GanttCase], out_dir: Path) -> list[Path]:
     except ImportError:
         log.warning("matplotlib is not installed: no Gantt charts (pip install -e '.[plot]')")
     return written
+
+
+def timeline_title(path: Path, chart: GanttChart) -> str:
+    """The title of a chart drawn from any timeline file."""
+    return f"{path.name} on {chart.hardware}, {chart.span_ms:.4g} ms"
+
+
+def read_timeline(path: Path) -> GanttChart:
+    """The chart of the timeline file at ``path``; a UsageError naming it if it is not one."""
+    name = shown(path)
+    if not path.exists():
+        raise UsageError(f"{name}: no such file")
+    if not path.is_file():  # a directory, a FIFO or a device: never read (a FIFO would block)
+        raise UsageError(f"{name}: not a regular file, expected a --timeline JSON file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{name}: not UTF-8 text, expected a --timeline JSON file") from None
+    except OSError as error:
+        raise UsageError(f"{name}: cannot read: {error.strerror or error}") from None
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"{name}: not JSON ({error}); expected the trace-event file that "
+                         "analyze-hlo --timeline writes") from None
+    try:
+        chart = gantt_chart(document)
+    except ValueError as error:
+        raise UsageError(f"{name}: {error}; expected the trace-event file that analyze-hlo "
+                         "--timeline writes") from None
+    if not any(row.bars for row in chart.rows):
+        raise UsageError(f"{name}: the timeline has no kernels (no complete events) to draw")
+    return chart
+
+
+@click.command(help="""Draw the Gantt chart of a --timeline JSON as a PNG.
+
+The timeline is the Chrome trace-event file that `analyze-hlo DUMP --hw NAME --timeline FILE`
+writes (add `--timeline-pair K` for one block pair of an STDiT3 stage): one row per track (GEMM,
+vector, flash-attention, DRAM, NoC, chip-to-chip network), each kernel a bar coloured by its
+track, time in ms, kernels one after another as the cost model runs them. Needs matplotlib
+(pip install -e '.[plot]').
+
+\b
+Example (one block pair of a bundled dump on a TX8 chip):
+  analyze-hlo dumps/stablehlo/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir \\
+      --hw tx8 --timeline pair0.json --timeline-pair 0
+  python3 scripts/study_gantt.py --timeline pair0.json -o pair0.png""")
+@click.option("--timeline", "timeline", required=True, type=click.Path(path_type=Path),
+              help="the trace-event JSON written by analyze-hlo --timeline")
+@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
+              help="the PNG to write (refused if it exists, unless --force)")
+@click.option("--title", default=None, help="the chart's title (default: the file name, the "
+              "hardware the timeline ran on and its span)")
+@click.option("--force", is_flag=True, help="overwrite the output file")
+def main(timeline: Path, output: Path, title: str | None, force: bool) -> None:
+    check_target(output, force=force)
+    chart = read_timeline(timeline)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("drawing needs matplotlib: pip install -e '.[plot]'") from None
+    draw_gantt(chart, title or timeline_title(timeline, chart), output, force=force)
+    click.echo(f"wrote {shown(output)}: {sum(len(row.bars) for row in chart.rows)} kernels on "
+               f"{len(chart.rows)} tracks, {chart.span_ms:.4g} ms", err=True)
+
+
+if __name__ == "__main__":
+    sys.exit(run_click(main))

@@ -1,7 +1,7 @@
 """FLOPs of hand-written programs; every expected number is derived in the comment beside it."""
 
-import pytest
 from analyzer_samples import CALLS, GEMM_AND_VECTOR, UNKNOWN_OP
+from jax_child import run_jax
 
 from hlo_analyzer import FlopsVisitor, analyze, load_module_text
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
@@ -42,14 +42,13 @@ def test_gemm_and_vector_totals_split_by_category():
 
 def test_convolution_flops_agree_with_xla_cost_analysis():
     """Independent figure: XLA's HloCostAnalysis on the same convolutions compiled by jax."""
-    jax = pytest.importorskip("jax")
-    import jax.numpy as jnp
+    xla_flops = run_jax("""
+        def grouped(lhs, rhs):
+            return jax.lax.conv_general_dilated(lhs, rhs, (1, 1), "VALID", feature_group_count=2)
 
-    def grouped(lhs, rhs):
-        return jax.lax.conv_general_dilated(lhs, rhs, (1, 1), "VALID", feature_group_count=2)
-
-    lhs, rhs = jnp.zeros((1, 4, 8, 8)), jnp.zeros((6, 2, 3, 3))
-    xla_flops = jax.jit(grouped).lower(lhs, rhs).compile().cost_analysis()["flops"]
+        lhs, rhs = jnp.zeros((1, 4, 8, 8)), jnp.zeros((6, 2, 3, 3))
+        emit(jax.jit(grouped).lower(lhs, rhs).compile().cost_analysis()["flops"])
+    """)
     assert xla_flops == 7776
 
 

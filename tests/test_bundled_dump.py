@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from jax_child import run_jax
 
 from hlo_analyzer import analyze
 from hlo_analyzer.rows import VECTOR
@@ -44,6 +45,16 @@ def test_the_megatron_all_reduce_is_found(reports, sidecar):
     assert reports["stablehlo"].num_devices == sidecar["devices"] == 4
 
 
+def test_collectives_by_kind_are_an_attribute_like_the_totals(reports, sidecar):
+    # one all-reduce of M bytes over a group of n: 2M(n-1)/n sent per device (ring)
+    (expected,) = sidecar["expected_collectives"]
+    m, n = expected["bytes"], len(expected["replica_groups"][0])
+    report = reports["stablehlo"]
+    assert report.comm_by_kind == {"all_reduce": {"count": 1, "bytes_per_device": 2 * m * (n - 1) / n}}
+    assert report.comm_by_kind["all_reduce"]["bytes_per_device"] == report.comm_bytes_per_device
+    assert report.to_dict()["comm_by_kind"] == report.comm_by_kind
+
+
 def test_stablehlo_mhlo_and_hlo_text_give_the_same_totals(reports):
     totals = {form: report.totals() for form, report in reports.items()}
     assert totals["stablehlo"] == totals["mhlo"] == totals["hlo"]
@@ -57,12 +68,13 @@ def test_gemm_flops_agree_with_xla_hlo_cost_analysis(reports):
     element-wise op + one per element combined by an all-reduce. Removing the last two (read off
     the dump) must leave exactly our GEMM count.
     """
-    jax = pytest.importorskip("jax")
-    import jaxlib._hlo as hlo
-    import jaxlib._jax as xla
+    cost = run_jax(f"""
+        import jaxlib._hlo as hlo
+        import jaxlib._jax as xla
 
-    text = (DUMPS / f"{NAME}.hlo.txt").read_text()
-    cost = xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, hlo.hlo_module_from_text(text))
+        text = open({str(DUMPS / f"{NAME}.hlo.txt")!r}).read()
+        emit(xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, hlo.hlo_module_from_text(text)))
+    """)
     report = reports["stablehlo"]
     elementwise = sum(row.flops for row in report.rows if row.category == VECTOR
                       and row.op.split(".")[-1] not in TRANSCENDENTAL_OPS)

@@ -56,6 +56,7 @@ def cluster():
         yield local
 
 
+@pytest.mark.slow  # traces the cases on a local Dask cluster (about a minute)
 def test_a_cluster_sweep_writes_what_a_local_run_writes(local_run, cluster, tmp_path):
     run_cases(CASES, Paths(work=tmp_path), SETTINGS, jobs=1, retry_failed=False,
               progress=_quiet(len(CASES)), scheduler=cluster.scheduler_address)
@@ -63,6 +64,7 @@ def test_a_cluster_sweep_writes_what_a_local_run_writes(local_run, cluster, tmp_
     assert not (tmp_path / "failures").exists() or not any((tmp_path / "failures").iterdir())
 
 
+@pytest.mark.slow  # traces the cases on a local Dask cluster (about a minute)
 def test_a_worker_killed_mid_case_has_the_case_run_again(local_run, cluster, tmp_path):
     import psutil
     from distributed import Client

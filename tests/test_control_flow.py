@@ -1,8 +1,11 @@
 """Loops, conditionals, calls, nesting, convolution taps, replica-group forms and element sizes
 of the analyzer, on small hand-written modules whose numbers are derived by hand below."""
 
+import base64
+
 import numpy as np
 import pytest
+from jax_child import run_jax
 from jaxlib.mlir import ir
 
 from hlo_analyzer import UnsupportedIRError, UsageError, analyze, load_module
@@ -306,10 +309,13 @@ def test_a_collective_in_a_counted_loop_is_counted_per_iteration():
 
 
 def test_a_jax_export_artifact_is_upgraded_from_vhlo():
-    jax = pytest.importorskip("jax")
-    from jax import export
+    serialized = run_jax("""
+        import base64
+        from jax import export
 
-    exported = export.export(jax.jit(lambda a, b: a @ b))(
-        jax.ShapeDtypeStruct((4, 8), "float32"), jax.ShapeDtypeStruct((8, 16), "float32"))
-    report = analyze(load_module(exported.mlir_module_serialized))
+        exported = export.export(jax.jit(lambda a, b: a @ b))(
+            jax.ShapeDtypeStruct((4, 8), "float32"), jax.ShapeDtypeStruct((8, 16), "float32"))
+        emit(base64.b64encode(exported.mlir_module_serialized).decode())
+    """)
+    report = analyze(load_module(base64.b64decode(serialized)))
     assert report.gemm_flops == 2 * 8 * 4 * 16

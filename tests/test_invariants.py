@@ -41,6 +41,22 @@ SPLIT = ROOT / "dumps" / "split"
 SPLIT_CASES = sorted(tuple(p.name.split("_102_256_256_")[1].rsplit("_stage", 1)[0].rsplit("_", 1))
                      for p in SPLIT.glob("*_stage0_pairs0-1.mlir"))
 HARDWARE = ("tx8", "h100-sxm")
+#: The default run checks each invariant on these: a program that is not STDiT3, a StableHLO and
+#: an MHLO stage of one pair, a stage of two pairs; CI's slow leg (-m slow) on every bundled dump.
+QUICK_DUMPS = frozenset({"hlo_trace/examples/example_mlp_megatron_2x2.stablehlo.mlir",
+                         "dumps/stablehlo/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir",
+                         "dumps/mhlo/tiny_28_64_64_usp_2x4_stage1_pairs1-1.mlir",
+                         "dumps/split/tiny_102_256_256_ring_attention_2x2_stage0_pairs0-1.mlir"})
+#: The stage-split cases the default run checks (all of them in the slow leg).
+QUICK_SPLIT_CASES = frozenset({("megatron", "2x2")})
+
+
+def thorough(values, quick) -> list:
+    """``values`` as parameters, those outside ``quick`` marked slow (run in CI's slow leg)."""
+    return [value if value in quick else pytest.param(value, marks=pytest.mark.slow)
+            for value in values]
+
+
 MODES = ("fused", "eager", "torch")
 #: Relative slack for float sums.
 ROUNDING = 1e-9
@@ -147,7 +163,7 @@ def split_dependence(one_stage: float, two_stages: float, one_pair: float,
 
 # -- on every bundled dump ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("hardware", HARDWARE)
-@pytest.mark.parametrize("path", BUNDLED)
+@pytest.mark.parametrize("path", thorough(BUNDLED, QUICK_DUMPS))
 def test_fused_never_costs_more_than_eager(path, hardware):
     d = dump(path)
     assert fused_above_eager(d.program(hardware, "fused"), d.program(hardware, "eager")) == []
@@ -155,7 +171,7 @@ def test_fused_never_costs_more_than_eager(path, hardware):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("hardware", HARDWARE)
-@pytest.mark.parametrize("path", BUNDLED)
+@pytest.mark.parametrize("path", thorough(BUNDLED, QUICK_DUMPS))
 def test_every_kernel_has_a_sane_duration_and_utilisation(path, hardware, mode):
     assert bad_kernels(dump(path).program(hardware, mode)) == []
 
@@ -167,7 +183,8 @@ CHIP_RATES = ("dram_bandwidth_bytes_per_s", "gemm_flops_per_s_per_tile", "vector
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("hardware", HARDWARE)
-@pytest.mark.parametrize("path", [p for p in BUNDLED if "/split/" not in p and "/mhlo/" not in p])
+@pytest.mark.parametrize("path", thorough([p for p in BUNDLED if "/split/" not in p and "/mhlo/" not in p],
+                                          QUICK_DUMPS))
 def test_latency_never_grows_with_a_bandwidth_or_throughput(path, hardware, mode):
     d = dump(path)
     base = d.program(hardware, mode)
@@ -213,7 +230,9 @@ def split_totals(case: tuple[str, str], mode: str) -> tuple[float, float, float]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", SPLIT_CASES, ids="_".join)
+@pytest.mark.parametrize("case", [pytest.param(case, id="_".join(case), marks=()
+                                               if case in QUICK_SPLIT_CASES else pytest.mark.slow)
+                                  for case in SPLIT_CASES])
 def test_inference_does_not_depend_on_the_stage_split(case, mode):
     tolerance = SPLIT_TOLERANCE_TORCH if mode == "torch" else SPLIT_TOLERANCE
     assert split_dependence(*split_totals(case, mode), tolerance=tolerance) == []

@@ -8,6 +8,8 @@ A user's ``./dumps/`` folder (``trace-stage`` writes there) would shadow an inst
 from __future__ import annotations
 
 import fnmatch
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -53,3 +55,32 @@ def test_the_installed_distribution_has_no_top_level_dumps():
     top_level = (distribution.read_text("top_level.txt") or "").split()
     assert "hlo_trace" in top_level and "dumps" not in top_level
     assert not [str(path) for path in distribution.files or () if _is_dumps(str(path))]
+
+
+def _defaults(command) -> dict:
+    return {param.name: param.default for param in command.params}
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True)
+
+
+def test_what_the_commands_write_by_default_is_ignored_by_git_and_nothing_tracked_is():
+    if shutil.which("git") is None or _git("rev-parse", "--is-inside-work-tree").returncode:
+        pytest.skip("not a git work tree")
+    from scripts.sweep import main as sweep
+    from tracing.cli import main as trace_stage
+    from tracing.plan_search_cli import plan_search_command as plan_search
+
+    dumps = _defaults(trace_stage)["out_dir"]
+    search = _defaults(plan_search)
+    outputs = [f"{dumps}/tiny_28_64_64_megatron_2x2_stage0_pairs0-1.mlir",  # a dump, its sidecar
+               f"{dumps}/tiny_28_64_64_megatron_2x2_stage0_pairs0-1.json",
+               f"{dumps}/stage_shapes.json",  # the shape cache (OUT/stage_shapes.json)
+               f"{search['work_dir']}/traces/stage0.mlir", search["plan_out"],
+               f"{_defaults(sweep)['results_dir']}/summary.md"]
+    for output in outputs:
+        assert _git("check-ignore", "-q", output).returncode == 0, f"{output} is not ignored"
+    # the bundled test dumps stay tracked: no pattern hides a tracked file
+    assert _git("ls-files", "--cached", "--ignored", "--exclude-standard").stdout == ""
+    assert _git("check-ignore", "-q", "dumps/stablehlo/new_test_dump.mlir").returncode == 1

@@ -315,3 +315,29 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
     assert tomllib.loads(best.read_text())["strategy"] == config.strategy
     if (tmp_path / "front.png").exists():  # drawn when matplotlib is there (the plot extra)
         assert (tmp_path / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_says_why_plans_were_refused_and_ranks_no_fewer_than_three():
+    from tracing.plan_search_cli import render_report
+
+    space = _space()
+    reasons = {reason for _, reason in space.infeasible}
+    assert space.infeasible and len(reasons) >= 2
+    per_reason = {reason: sum(1 for _, r in space.infeasible if r == reason) for reason in reasons}
+
+    def tracer(plans):
+        return [(float(i + 1), 1e6) for i, _ in enumerate(plans)]
+
+    two = search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=2, jobs=2)
+    text = render_report(two)
+    for reason, count in per_reason.items():
+        assert f"  {count} x {reason} (" in text, reason
+    refused_section = text.split("refused by the tracer, by reason (plans):\n", 1)[1].split("\n\n")[0]
+    assert len(refused_section.splitlines()) == len(reasons)
+    # two traced plans: their rank correlation is +1 or -1 whatever the estimate: not printed
+    assert len(two.traced) == 2 and two.spearman is None
+    assert "Spearman rank correlation n/a (fewer than 3 traced plans)" in text
+    three = search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=3, jobs=3)
+    assert len(three.traced) == 3 and three.spearman == pytest.approx(
+        spearman([o.estimate.latency_s for o in three.traced], [o.traced_latency_s for o in three.traced]))
+    assert "Spearman rank correlation n/a" not in render_report(three)

@@ -1,13 +1,15 @@
 """The error promise as a property (issue 24): whatever shapes, meshes, batch sizes, steps and
 hardware TOML values a user gives, across their full numeric range, every command (trace-stage,
 analyze-hlo, analyze-pipeline) exits 0 or 2 with at most one line on stderr (exactly one
-``Error: ...`` line for 2), within 5 s and 1 GiB.
+``Error: ...`` line for 2), within 1 GiB, and never hangs.
 
-Hypothesis draws ``PROPERTY_EXAMPLES`` examples per command (500 in CI; the environment variable
-``HLO_TRACE_PROPERTY_EXAMPLES`` changes it). Each example runs in this process, through the
+Hypothesis draws ``QUICK_EXAMPLES`` examples per command in the default run and
+``PROPERTY_EXAMPLES`` in CI's slow leg (``-m slow``; 500, or the environment variable
+``HLO_TRACE_PROPERTY_EXAMPLES``). Each example runs in this process, through the
 commands' own ``run_click`` path (analyze-hlo still forks its analysis child, as it always does):
 
-* time: the wall time of the call, and an alarm that ends a hung call at ``ALARM_S``;
+* hangs: an alarm ends a call still running after ``ALARM_S`` (no test asserts a speed: how
+  long the commands take is the benchmarks', and a loaded machine would fail such a bound);
 * memory: the peak resident size of this process (``ru_maxrss``, in-process commands) and of
   its children (analyze-hlo's analysis children), which must stay within ``MEMORY_BYTES`` of
   what this process held before the first example (a forked child starts with the parent's
@@ -39,7 +41,8 @@ from hlo_trace.cli import run_click
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROPERTY_EXAMPLES = int(os.environ.get("HLO_TRACE_PROPERTY_EXAMPLES", "500"))
-TIME_LIMIT_S = 5.0
+#: Examples per command in the default run (the thorough PROPERTY_EXAMPLES run under -m slow).
+QUICK_EXAMPLES = 25
 MEMORY_BYTES = 1 << 30
 #: A call still running after this long is ended (a hang fails the test, it does not stall it).
 ALARM_S = 30
@@ -181,7 +184,6 @@ def check_call(baseline: int, call) -> tuple[int, str]:
     if code == 2:
         assert len(lines) == 1 and lines[0].startswith("Error: "), err.getvalue()
     assert "Traceback" not in err.getvalue()
-    assert elapsed < TIME_LIMIT_S, (elapsed, lines)
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         assert _peak_bytes(who) <= baseline + MEMORY_BYTES, (who, _peak_bytes(who), baseline)
     # --hypothesis-show-statistics shows how the examples ended (both ends must be exercised)
@@ -222,9 +224,7 @@ def trace_arguments(draw) -> list[str]:
     return args
 
 
-@SETTINGS
-@given(args=trace_arguments())
-def test_trace_stage_exits_0_or_2_with_one_line(baseline, tmp_path_factory, args):
+def _trace_stage_property(baseline, tmp_path_factory, args):
     from click.testing import CliRunner
 
     from tracing.cli import main
@@ -267,9 +267,7 @@ def analyze_arguments(draw, tmp_path: Path) -> list[str]:
     return args
 
 
-@SETTINGS
-@given(data=st.data())
-def test_analyze_hlo_exits_0_or_2_with_one_line(baseline, tmp_path_factory, data):
+def _analyze_hlo_property(baseline, tmp_path_factory, data):
     from hlo_analyzer.cli import analyze_command
 
     args = data.draw(analyze_arguments(tmp_path_factory.mktemp("hlo")))
@@ -298,9 +296,7 @@ def pipeline_toml(draw) -> str:
     return "\n".join(lines) + "\n"
 
 
-@SETTINGS
-@given(data=st.data())
-def test_analyze_pipeline_exits_0_or_2_with_one_line(baseline, tmp_path_factory, data):
+def _analyze_pipeline_property(baseline, tmp_path_factory, data):
     from hlo_analyzer.pipeline_cli import pipeline_command
 
     tmp_path = tmp_path_factory.mktemp("pipeline")
@@ -314,3 +310,25 @@ def test_analyze_pipeline_exits_0_or_2_with_one_line(baseline, tmp_path_factory,
     if data.draw(st.booleans()):
         args += ["--schedule", data.draw(st.sampled_from(["overlapped", "per-step", "x"]))]
     check_call(baseline, lambda: run_click(pipeline_command, args))
+
+
+# -- the tests: each property quickly in the default run, thoroughly in CI's slow leg ---------------
+
+
+def _quick(test):
+    return settings(SETTINGS, max_examples=QUICK_EXAMPLES)(test)
+
+
+def _thorough(test):
+    return pytest.mark.slow(SETTINGS(test))
+
+
+test_trace_stage_exits_0_or_2_with_one_line = _quick(given(args=trace_arguments())(_trace_stage_property))
+test_trace_stage_exits_0_or_2_with_one_line_thoroughly = _thorough(
+    given(args=trace_arguments())(_trace_stage_property))
+test_analyze_hlo_exits_0_or_2_with_one_line = _quick(given(data=st.data())(_analyze_hlo_property))
+test_analyze_hlo_exits_0_or_2_with_one_line_thoroughly = _thorough(
+    given(data=st.data())(_analyze_hlo_property))
+test_analyze_pipeline_exits_0_or_2_with_one_line = _quick(given(data=st.data())(_analyze_pipeline_property))
+test_analyze_pipeline_exits_0_or_2_with_one_line_thoroughly = _thorough(
+    given(data=st.data())(_analyze_pipeline_property))

@@ -30,7 +30,7 @@ README = REPO_ROOT / "README.md"
 NOT_RUN = {
     "pip install": "installs the project (CI does that in each leg)",
     "python3 -m pytest": "runs this very suite",
-    "--config full": "a full-size trace (20 s, 2.3 GiB): benchmarks/trace_full.py measures it",
+    "--config full": "a full-size trace: benchmarks/trace_full.py measures it",
 }
 
 #: The console scripts, run through their modules so that they resolve to this checkout.

@@ -99,3 +99,69 @@ def test_tiny_sweep_draws_a_gantt_chart_per_strategy_from_cached_timelines(tmp_p
     assert [(p, p.stat().st_mtime_ns) for p in timelines if p != missing] == \
         [(p, stamp) for p, stamp in timelines.items() if p != missing]
     assert again.stderr.count("timeline of pair 0") == 1
+
+
+# -- the command: a Gantt chart of any --timeline JSON --------------------------------------------
+
+
+def gantt_cli(capsys, *args) -> tuple[int, str, str]:
+    from scripts.study_gantt import main
+
+    code = run_click(main, [str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_script_explains_itself():
+    done = subprocess.run([sys.executable, "scripts/study_gantt.py", "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for words in ("--timeline", "-o, --output", "analyze-hlo", "--timeline-pair", "PNG"):
+        assert words in done.stdout, words
+
+
+def test_the_script_draws_the_chart_of_a_timeline_and_keeps_an_existing_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    pair0_timeline(capsys, tmp_path)
+    png = tmp_path / "pair0.png"
+    code, _, err = gantt_cli(capsys, "--timeline", tmp_path / "pair0.json", "-o", png)
+    assert code == 0, err
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    chart = gantt_chart(json.loads((tmp_path / "pair0.json").read_text()))
+    assert f"{sum(len(row.bars) for row in chart.rows)} kernels on {len(chart.rows)} tracks" in err
+    before = png.read_bytes()
+    code, _, err = gantt_cli(capsys, "--timeline", tmp_path / "pair0.json", "-o", png)
+    assert code == 2 and err.startswith("Error: ") and "--force" in err and err.count("\n") == 1
+    assert png.read_bytes() == before
+    code, _, err = gantt_cli(capsys, "--timeline", tmp_path / "pair0.json", "-o", png, "--force",
+                             "--title", "mine")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "no such file"),
+    ("", "not JSON"),
+    ("{not json", "not JSON"),
+    ('{"events": []}', "no traceEvents list"),
+    ('{"traceEvents": [{"ph": "X", "name": "k", "tid": 1}]}', "trace event 0"),
+    ('{"traceEvents": [{"ph": "X", "name": "k", "tid": 1, "ts": "soon", "dur": 1}]}', "trace event 0"),
+    ('{"traceEvents": [7]}', "trace event 0"),
+    ('{"traceEvents": []}', "no kernels"),
+    ("DIRECTORY", "not a regular file"),
+])
+def test_the_script_refuses_what_is_not_a_timeline_in_one_line(capsys, tmp_path, content, fragment):
+    timeline = tmp_path / "timeline.json"
+    if content == "DIRECTORY":
+        timeline.mkdir()
+    elif content is not None:
+        timeline.write_text(content)
+    code, out, err = gantt_cli(capsys, "--timeline", timeline, "-o", tmp_path / "out.png")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("Error: "), err
+    assert fragment in err and str(timeline) in err, err
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_the_script_needs_both_files(capsys, tmp_path):
+    code, _, err = gantt_cli(capsys, "-o", tmp_path / "out.png")
+    assert code == 2 and err.startswith("Error: ") and "--timeline" in err

@@ -161,7 +161,7 @@ def test_pair_collectives_are_the_layout_formula(pair_dumps, name):
 
     strategy, options, expected = CASES[name]
     found = {kind: (entry["count"], entry["bytes_per_device"])
-             for kind, entry in analyze(pair_dumps[name]).comm_by_kind().items()}
+             for kind, entry in analyze(pair_dumps[name]).comm_by_kind.items()}
     assert found == expected, f"{name}: found {found}, expected {expected}"
     mesh = tuple(int(v) for v in options[options.index("--mesh") + 1].split("x"))
     batch = int(options[options.index("--batch") + 1]) if "--batch" in options else 2
@@ -204,8 +204,8 @@ def test_official_path_adds_only_the_collectives_of_the_recomputed_layer_norms(p
     assert result.returncode == 0, result.stderr[-2000:]
     official = analyze(next(tmp_path.glob("tiny3_28_64_64_two_dimension_2x2_stage1_pairs1-1.mlir")))
     clean = analyze(pair_dumps["two_dimension"])
-    found = {kind: (e["count"], e["bytes_per_device"]) for kind, e in official.comm_by_kind().items()}
-    expected = {kind: (e["count"], e["bytes_per_device"]) for kind, e in clean.comm_by_kind().items()}
+    found = {kind: (e["count"], e["bytes_per_device"]) for kind, e in official.comm_by_kind.items()}
+    expected = {kind: (e["count"], e["bytes_per_device"]) for kind, e in clean.comm_by_kind.items()}
     count, size = expected["all_reduce"]
     expected["all_reduce"] = (count + 8, size * (count + 8) // count)
     assert found == expected
@@ -256,7 +256,7 @@ def test_opensora_sp_gathers_the_final_layer_input(tiny_dumps):
     from models.opensora.theory import block_dims, final_layer_collectives, layout_bytes_by_kind
 
     found = {kind: (entry["count"], entry["bytes_per_device"])
-             for kind, entry in analyze(tiny_dumps["opensora_sp"]).comm_by_kind().items()}
+             for kind, entry in analyze(tiny_dumps["opensora_sp"]).comm_by_kind.items()}
     assert found == {"all_to_all": (4, 6 * A // 8), "all_gather": (1, A // 4)}
     tiny = get_config("tiny")
     dims = block_dims(tiny, "28_64_64")

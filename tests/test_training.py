@@ -187,6 +187,7 @@ def test_the_hand_count_of_block_parameters_is_the_models():
                if name.startswith(prefix)) == PAIR_PARAMS // 2
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_training_memory_by_class_is_the_hand_count(train_dumps, name):
@@ -197,6 +198,7 @@ def test_training_memory_by_class_is_the_hand_count(train_dumps, name):
     assert training_buffer_bytes(strategy, get_config("tiny"), (2, 2), zero) == memory
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_dumps, name):
@@ -211,6 +213,7 @@ def test_training_collectives_by_phase_and_traffic_are_the_layout_formula(train_
         path="clean")) == {key: (count, round(volume)) for key, (count, volume) in comm.items()}
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 @pytest.mark.parametrize("name", sorted(SP_CASES))
 def test_sequence_parallel_training_memory_and_forward_collectives(sp_dumps, name):
@@ -271,6 +274,7 @@ def test_the_activation_formula_is_the_hand_count():
     assert activation_formula("megatron_recompute") == MEGATRON_RECOMPUTE_ACT
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 @pytest.mark.parametrize("name", sorted(ACT_CASES))
 def test_what_the_forward_keeps_is_the_activation_formula(train_dumps, sp_dumps, name):
@@ -318,6 +322,7 @@ def test_the_ds_ulysses_backward_formula_is_the_hand_count():
 @pytest.mark.trace
 @pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "usp", "usp_zero1", "usp_zero2",
                                   "usp_zero3"])
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 def test_sequence_parallel_collectives_are_the_layout_formula(sp_dumps, name):
     """Every collective of the step, by phase, traffic and kind (count and bytes per device),
     equals layout_training_collectives: the forward's exchanges again in the backward (ring
@@ -362,6 +367,7 @@ def gemm_flops_per_device(dump: Path) -> int:
     return json.loads(result.stdout)["totals"]["gemm_flops"]
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 def test_a_training_step_is_three_forwards_of_gemm_work_four_with_recompute(train_dumps):
     """Backward = input and weight gradients of every product (attention's too): 2x the
@@ -380,6 +386,7 @@ def test_a_training_step_is_three_forwards_of_gemm_work_four_with_recompute(trai
 CAPTION_PROJECTION = 2 * 4 * 2 * 8 * 64 * 64
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 @pytest.mark.parametrize("name", ["ds_ulysses", "ring_attention", "megatron_sp", "usp"])
 def test_sequence_parallel_training_steps_repeat_no_product(sp_dumps, name):
@@ -394,6 +401,7 @@ def test_sequence_parallel_training_steps_repeat_no_product(sp_dumps, name):
         3 * (forward + (mesh[0] - 1) * CAPTION_PROJECTION)
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 @pytest.mark.parametrize("name", ["dp", "zero2"])
 def test_data_parallel_training_steps_project_each_caption_once(train_dumps, name):
@@ -404,6 +412,7 @@ def test_data_parallel_training_steps_project_each_caption_once(train_dumps, nam
     assert 4 * gemm_flops_per_device(train_dumps[name]) == 3 * forward
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 def test_gathered_weights_are_not_activations(train_dumps):
     """ZeRO-3 gathers the weights in the forward and again in the backward: what the forward
@@ -413,6 +422,7 @@ def test_gathered_weights_are_not_activations(train_dumps):
     assert activations["dp"] == activations["zero3"] > 0
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 def test_the_sidecar_and_analyze_hlo_report_the_split(train_dumps):
     dump = train_dumps["zero2"]
@@ -429,8 +439,15 @@ def test_the_sidecar_and_analyze_hlo_report_the_split(train_dumps):
     text = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300).stdout
     assert "optimizer states (OS)" in text and "optimizer param_grad all_gather" in text
+    # the generic memory section's resident arguments are the parameters and optimizer states
+    # that the training section splits (the sidecar tells the stage inputs apart): not "weights"
+    memory = json.loads(result.stdout)["memory"]
+    assert memory["weight_bytes"] == training["memory_bytes"]["param"] + training["memory_bytes"]["optimizer_state"]
+    resident = text.split("Memory per device:\n", 1)[1].splitlines()[0]
+    assert resident.split()[:3] == ["P", "+", "OS"] and "weight" not in resident, resident
 
 
+@pytest.mark.slow  # traces training steps of every layout (session fixtures)
 @pytest.mark.trace
 def test_a_sidecar_that_does_not_match_the_program_is_one_error_line(train_dumps, tmp_path):
     dump = train_dumps["dp"]

@@ -63,3 +63,16 @@ def test_without_the_backward_marker_jax_backward_ops_look_like_forward_ones(jax
     split = measure_training(load_module(jax_step), read_training_layout(unmarked))
     assert split.comm_count(phase="backward") == 0
     assert split.comm_count(phase="forward", traffic="param_grad") == 2
+
+
+def test_the_memory_section_of_a_training_step_does_not_call_its_arguments_weights(jax_step):
+    # its sidecar names no stage inputs, so the resident arguments are P (65536 B) + OS
+    # (131072 B) + the inputs x, y (2 * 4 * 64 * 4 = 2048 B) = 198656 B = 194 KiB: not "weights"
+    result = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(jax_step)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    memory = result.stdout.split("Memory per device:\n", 1)[1].split("\n\n", 1)[0]
+    assert "weight" not in memory, memory
+    [resident] = [line for line in memory.splitlines() if "(resident)" in line]
+    assert resident.split()[:4] == ["arguments", "(resident)", "194.00", "KiB"], resident
+    assert "P, OS and stage inputs, split below" in resident

@@ -1,11 +1,24 @@
 """IRVisitor dispatch, walking order and the known-op check of the shipped visitors."""
 
 import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 from analyzer_samples import CALLS, COLLECTIVES, GEMM_AND_VECTOR
 from jaxlib.mlir import ir
 
-from hlo_analyzer import CommVisitor, FlopsVisitor, IRVisitor, load_module, load_module_text
+from hlo_analyzer import (
+    CommVisitor,
+    FlopsVisitor,
+    IRVisitor,
+    load_module,
+    load_module_text,
+    tensors,
+)
+from hlo_analyzer import visitor as visitor_module
 from hlo_analyzer.mlir import module_to_text, stablehlo_to_mhlo
 from hlo_analyzer.visitor import known_op_names, short_op_name
 
@@ -148,3 +161,29 @@ def test_only_ops_defined_without_regions_skip_the_read_of_their_regions():
     for op_class in (stablehlo.WhileOp, stablehlo.ReduceOp, stablehlo.CaseOp, func.FuncOp,
                      ir.OpView):
         assert not _has_no_regions(op_class), op_class
+
+
+def test_the_visitor_writers_page_runs_and_reads_the_ops_as_it_says():
+    # docs/visitors.md's example on the bundled dump; the figures are read off the dump's text:
+    # %3 = stablehlo.dot (4x16xf32, 16x32xf32) -> 4x32xf32: 4*32 elements of 4 bytes = 512;
+    # the all-reduce's replica_groups = dense<[[0, 1], [2, 3]]> over a 4x16xf32: 256 bytes
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "visitors.md").read_text()
+    [code] = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "stablehlo.dot (4, 16) (16, 32) -> (4, 32) f32 32 bits, 512 bytes at aten__mm @ " \
+        "make_example_dump.py:93" in lines
+    assert "stablehlo.dot (4, 32) (32, 16) -> (4, 16) f32 32 bits, 256 bytes at aten__mm @ " \
+        "make_example_dump.py:95" in lines
+    assert "convolution: spatial dims [2, 3] strides [2, 2]" in lines
+    assert "all_reduce over [[0, 1], [2, 3]] of 256 bytes" in lines
+    # every helper the page names exists where it says
+    for name in re.findall(r"`(\w+)\(", page.split("## Shapes and element sizes")[1].split("## An example")[0]):
+        assert callable(getattr(tensors, name)), name
+    for name in ("TypeTable", "ELEMENT_BYTES"):
+        assert hasattr(tensors, name), name
+    for name in ("short_op_name", "SCALAR_BODY_OPS"):
+        assert hasattr(visitor_module, name), name

@@ -105,6 +105,11 @@ _IDEAL_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
 _WEIGHT_SPLIT = {"megatron": "all", "two_dimension": "y", "megatron_sp": "y"}
 
 
+#: Fewest traced plans a Spearman rank correlation is reported over: over two it is +1 or -1
+#: whatever the estimate is worth.
+MIN_RANKED_PLANS = 3
+
+
 @dataclass(frozen=True)
 class Plan:
     """One point of the space; ``case`` is what the runner traces and the TOML written."""
@@ -190,8 +195,10 @@ class SearchResult:
 
     @property
     def spearman(self) -> float | None:
+        """The estimate's rank correlation with the traced latencies; None over fewer than
+        ``MIN_RANKED_PLANS`` traced plans (two plans are always ranked +1 or -1)."""
         traced = self.traced
-        if len(traced) < 2:
+        if len(traced) < MIN_RANKED_PLANS:
             return None
         return spearman([o.estimate.latency_s for o in traced], [o.traced_latency_s for o in traced])
 

@@ -32,13 +32,16 @@ def _int_list(text: str, option: str, *, minimum: int = 1) -> list[int]:
 def render_report(result) -> str:
     """The search's report as text: the answer, the Pareto front, every traced plan's estimate
     beside its traced figures with the estimate's error, and how the space was cut."""
+    from tracing.plan_search import MIN_RANKED_PLANS
+
     limit = result.memory_limit_bytes / GIGA
     lines = [f"plan-search: {result.config} at {result.shape} on {result.hardware} "
              f"({result.devices} devices), memory limit {limit:.4g} GB per device, "
              f"{result.steps} sampling steps",
              f"space: {len(result.space.plans)} plans the tracer accepts, "
              f"{len(result.space.infeasible)} refused; estimated all, traced "
-             f"{len(result.traced)} (budget {result.budget}); stopped: {result.stopped}", ""]
+             f"{len(result.traced)} (budget {result.budget}); stopped: {result.stopped}"]
+    lines += refused_lines(result.space.infeasible) + [""]
     best = result.best
     if best is None:
         lines.append("best plan: none of the traced plans fits the memory limit")
@@ -64,7 +67,8 @@ def render_report(result) -> str:
                          f"{outcome.traced_memory_bytes / GIGA:9.4g}  {fits}")
     rho, worst = result.spearman, result.worst_ratio
     lines.append("estimate on the traced plans: Spearman rank correlation "
-                 + ("n/a (fewer than 2 traced)" if rho is None else f"{rho:.3f}")
+                 + (f"n/a (fewer than {MIN_RANKED_PLANS} traced plans)" if rho is None
+                    else f"{rho:.3f}")
                  + ", worst ratio " + ("n/a" if worst is None else f"{worst:.3f}")
                  + " (max of estimate/traced and traced/estimate)")
     untraced = [o for o in result.outcomes if not o.traced and o.error is None]
@@ -73,6 +77,32 @@ def render_report(result) -> str:
         lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} s "
                      f"{outcome.estimate.memory_bytes / GIGA:9.4g} GB")
     return "\n".join(lines) + "\n"
+
+
+#: Reasons the text lists, most frequent first; the rest are counted (``--json`` has them all).
+REFUSAL_REASONS_SHOWN = 12
+#: Plans named per reason.
+REFUSED_PLANS_SHOWN = 3
+
+
+def refused_lines(infeasible: Sequence[tuple[str, str]]) -> list[str]:
+    """Why the tracer refused plans: each reason once, with how many plans it refused and the
+    first of them."""
+    by_reason: dict[str, list[str]] = {}
+    for label, reason in infeasible:
+        by_reason.setdefault(reason, []).append(label)
+    if not by_reason:
+        return []
+    ranked = sorted(by_reason.items(), key=lambda item: -len(item[1]))  # stable: first seen first
+    lines = ["refused by the tracer, by reason (plans):"]
+    for reason, labels in ranked[:REFUSAL_REASONS_SHOWN]:
+        named = ", ".join(labels[:REFUSED_PLANS_SHOWN]) + (", ..." if len(labels) > REFUSED_PLANS_SHOWN else "")
+        lines.append(f"  {len(labels)} x {reason} ({named})")
+    if len(ranked) > REFUSAL_REASONS_SHOWN:
+        rest = ranked[REFUSAL_REASONS_SHOWN:]
+        lines.append(f"  ... {len(rest)} other reasons for {sum(len(labels) for _, labels in rest)} "
+                     "plans (--json lists every refused plan with its reason)")
+    return lines
 
 
 def result_document(result) -> dict:
