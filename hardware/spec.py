@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import math
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hardware.units import Dimension, parse_quantity
+from hlo_trace.documents import load_toml
 from hlo_trace.errors import InputFileError, shown
 
 __all__ = [
@@ -508,7 +508,7 @@ def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path 
     if relative_to is not None and not Path(text).is_absolute():
         candidates.insert(0, relative_to / text)
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate.exists():  # a directory or a device too: _load says what it is
             return candidate.resolve()
     return None
 
@@ -516,12 +516,7 @@ def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path 
 def _load(path: Path, seen: tuple[Path, ...] = ()) -> HardwareSpec:
     if path in seen:
         raise InputFileError(f"{path}: field 'chip': refers back to itself")
-    try:
-        table = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputFileError(f"{shown(path)}: cannot read: {error.strerror or error}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise InputFileError(f"{path}: not valid TOML: {error}") from None
+    table = load_toml(path, "a hardware description (TOML)")
     kind = table.get("kind")
     if kind == "chip":
         spec: HardwareSpec = _chip_from_table(path, table)
