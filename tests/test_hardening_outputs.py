@@ -4,6 +4,8 @@ inputs, and a ``--scheduler`` that is no Dask scheduler is one line within secon
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import sys
 import threading
@@ -192,3 +194,67 @@ def test_scheduler_addresses_of_other_kinds_are_one_line_at_once(capsys, tmp_pat
     assert_one_line(code, err, "--scheduler", "expected a Dask scheduler address tcp://HOST:PORT")
     assert seconds < 5 and len(err) < 400
 
+
+# -- 14. no path of the tracing machine in a dump -------------------------------------------------
+
+ABSOLUTE_PATH = re.compile(r'(?:loc\(|source_file=|")(/(?:[^"/\s]+/)+[^"/\s]+)"')
+
+
+def test_no_bundled_dump_or_committed_result_holds_an_absolute_path():
+    from scripts.portable_dumps import bundled_dumps
+
+    files = [*bundled_dumps(), *(REPO_ROOT / "dumps").glob("*/*.json"),
+             *(REPO_ROOT / "hlo_trace" / "examples").glob("*.json"),
+             *(path for path in (REPO_ROOT / "results").rglob("*") if path.is_file())]
+    assert len(files) > 100
+    found = {}
+    for path in files:
+        text = path.read_text(errors="replace")
+        match = ABSOLUTE_PATH.search(text)
+        if match:
+            found[str(path.relative_to(REPO_ROOT))] = match.group(1)
+    assert found == {}
+
+
+def test_locations_are_written_relative_to_the_repository_and_the_packages(tmp_path):
+    from tracing.cli import REPO_ROOT as TRACING_ROOT
+    from tracing.cli import portable_locations, write_dump
+
+    text = (f'#loc1 = loc("{TRACING_ROOT}/models/opensora/stdit3.py":12:0)\n'
+            '#loc2 = loc("/elsewhere/checkout/tracing/strategies/kernels.py":3:0)\n'
+            '#loc3 = loc("/opt/py/lib/python3.11/site-packages/torch/nn/functional.py":9:0)\n'
+            '#loc4 = loc("/opt/py/lib/python3.11/contextlib.py":80:0)\n'
+            '#loc5 = loc("aten__mm"("/home/u/tool.py":1:0))\n'
+            '%0 = stablehlo.constant {note = "/not/a/location"} dense<1> : tensor<i32>\n'
+            'metadata={op_type="aten__mm" source_file="/home/u/x/models/opensora/stdit3.py" '
+            'source_line=4}\n')
+    portable = portable_locations(text)
+    assert portable == (
+        '#loc1 = loc("models/opensora/stdit3.py":12:0)\n'
+        '#loc2 = loc("tracing/strategies/kernels.py":3:0)\n'
+        '#loc3 = loc("site-packages/torch/nn/functional.py":9:0)\n'
+        '#loc4 = loc("python3.11/contextlib.py":80:0)\n'
+        '#loc5 = loc("aten__mm"("tool.py":1:0))\n'
+        '%0 = stablehlo.constant {note = "/not/a/location"} dense<1> : tensor<i32>\n'
+        'metadata={op_type="aten__mm" source_file="models/opensora/stdit3.py" source_line=4}\n')
+    assert portable_locations(portable) == portable  # idempotent
+    written = write_dump(tmp_path / "d.mlir", text, {"mlir_bytes": len(text)}, force=False)
+    assert written[0].read_text() == portable
+    assert json.loads(written[1].read_text())["mlir_bytes"] == len(portable.encode())
+
+
+def test_relocating_a_dump_keeps_its_program_and_its_analysis(tmp_path):
+    from hlo_analyzer import analyze
+    from scripts.portable_dumps import relocate
+
+    dump = tmp_path / "stage.mlir"
+    text = TINY.read_text()
+    absolute = text.replace('loc("models/', 'loc("/some/machine/checkout/models/')
+    assert absolute != text
+    dump.write_text(absolute)
+    assert relocate(dump) > 0
+    assert dump.read_text() == text
+    assert relocate(dump) == 0
+    before, after = analyze(TINY), analyze(dump)
+    assert (before.gemm_flops, before.comm_bytes_per_device) == (after.gemm_flops,
+                                                                 after.comm_bytes_per_device)

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -172,11 +173,56 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     return write_dump(mlir_path, mlir_text, sidecar, force), session
 
 
+#: The repository the tracer runs from: source locations under it are written relative to it.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The repository's top-level directories that hold Python sources (the first part of a
+#: relative location).
+SOURCE_DIRS = ("models", "tracing", "hlo_analyzer", "hardware", "hlo_trace", "scripts",
+               "benchmarks", "tests")
+#: An absolute file name in a source location: MLIR's ``"FILE":line:col`` (alone, in a name or
+#: call-site location, or fused) and HLO's ``source_file="FILE"`` (XLA writes both from torch's
+#: stack frames).
+_LOCATION_FILE = re.compile(r'(source_file=)?"(/[^"\n]*)"(?(1)|(?=:\d+:\d+))')
+
+
+def portable_path(path: str, repo_root: Path = REPO_ROOT) -> str:
+    """A source file of a location as a dump writes it: relative to the repository
+    (``models/opensora/stdit3.py``: to this checkout, or to another whose file this checkout
+    also has), to the installed packages (``site-packages/torch/nn/functional.py``) or to the
+    standard library (``python3.11/contextlib.py``); else its name alone. A dump is shared
+    between machines: no path of the machine that traced it."""
+    root = f"{repo_root}/"
+    if path.startswith(root):
+        return path[len(root):]
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return "site-packages/" + path.split(marker, 1)[1]
+    parts = path.split("/")
+    for index, part in enumerate(parts):  # a checkout elsewhere: its part this one has too
+        if part in SOURCE_DIRS and (repo_root / "/".join(parts[index:])).exists():
+            return "/".join(parts[index:])
+    standard = re.search(r"/lib/(python3\.\d+)/(.*)", path)
+    if standard:
+        return f"{standard.group(1)}/{standard.group(2)}"
+    return parts[-1]
+
+
+def portable_locations(text: str, repo_root: Path = REPO_ROOT) -> str:
+    """``text`` (MLIR or HLO) with the file of every source location made ``portable_path``;
+    the program itself is unchanged (only location strings are rewritten)."""
+    return _LOCATION_FILE.sub(
+        lambda match: f'{match.group(1) or ""}"{portable_path(match.group(2), repo_root)}"', text)
+
+
 def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> list[Path]:
     """Write a dump and its JSON sidecar (``mlir_path`` with ``.json``) atomically; a dump is
-    never left without its sidecar. Returns the two paths."""
+    never left without its sidecar, nor with a path of this machine in its locations
+    (``portable_locations``). Returns the two paths."""
     from hlo_trace.atomic import atomic_write
 
+    mlir_text = portable_locations(mlir_text)
+    if "mlir_bytes" in sidecar:
+        sidecar = {**sidecar, "mlir_bytes": len(mlir_text.encode())}
     json_path = mlir_path.with_suffix(".json")
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
