@@ -30,6 +30,8 @@ Every outcome falls in one class; the error promise is that only ``ok`` and ``us
 * ``ok``: exit 0, and a JSON report holds no negative, NaN or infinite number;
 * ``usage``: exit 2 and exactly one line ``Error: ...`` on stderr;
 * ``interrupted``: an interrupt case that printed ``Interrupted.`` and exited with 130;
+* ``interpreter-start``: an interrupt that came while the interpreter itself started (its
+  ``site`` module: "Fatal Python error: init_import_site"), before any code of the command;
 * ``internal`` (exit 1), ``signal`` (died of a signal), ``hang`` (over the time limit),
   ``messy`` (exit 2 but not one ``Error:`` line, or a traceback), ``bad-numbers`` (exit 0 with a
   negative/NaN/inf number), ``orphan`` (a process of the case still running after it ended),
@@ -63,7 +65,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-GOOD_CLASSES = ("ok", "usage", "interrupted")
+GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start")
 #: Address space of a case run as a fresh command (torch and XLA map ~5 GB of it).
 EXEC_ADDRESS_SPACE_BYTES = 16 * 2**30
 #: Peak resident memory of a case counted as too much (the issue's bound).
@@ -777,6 +779,10 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
     tail = "\n".join(stderr.strip().splitlines()[-3:])
     if status is None:
         return Outcome(case, "hang", None, seconds, tail)
+    if case.kind == "interrupt" and "init_import_site" in stderr:
+        # interrupted while the interpreter itself started (site.py, an editable install's
+        # hook), before any code of the command ran: Python's own report, counted apart
+        return Outcome(case, "interpreter-start", None, seconds, tail)
     if os.WIFSIGNALED(status):
         return Outcome(case, "signal", -os.WTERMSIG(status), seconds, tail)
     code = os.WEXITSTATUS(status)
@@ -970,8 +976,8 @@ def main() -> None:
     print(f"{len(cases)} cases (seed {args.seed}) in {elapsed:.0f} s, {args.jobs} at a time, "
           f"{args.timeout:.0f} s and {args.memory_mb} MB each")
     print("outcome classes:")
-    for klass in ("ok", "usage", "interrupted", "internal", "signal", "hang", "messy",
-                  "bad-numbers", "orphan", "other"):
+    for klass in ("ok", "usage", "interrupted", "interpreter-start", "internal", "signal", "hang",
+                  "messy", "bad-numbers", "orphan", "other"):
         print(f"  {klass:12s} {tally.by_class.get(klass, 0):6d}")
     print(f"runs over {MEMORY_BOUND_BYTES >> 30} GiB of peak RSS: {tally.over_memory}; slowest "
           f"case {tally.slowest_s:.1f} s")
