@@ -9,15 +9,33 @@ option values) and runs it:
   child with its memory capped (``RLIMIT_AS``), its output in files and a wall-clock limit;
 * trace-stage TOMLs: the loaders ``tracing.config.load_config_file`` / ``get_config`` in the
   same kind of child (a valid file must load, a bad one must raise a one-line UsageError;
-  nothing is traced).
+  nothing is traced);
+* MLIR bytecode (the dumps written as bytecode, then bytes flipped, strings made non-UTF-8 or
+  counts changed): ``analyze-hlo``;
+* sidecars (a dump's JSON sidecar with a field replaced, removed or nested 2,000 deep):
+  ``analyze-hlo --sidecar`` and ``analyze-pipeline`` on the two pipeline stages;
+* nested documents (a 50- to 5,000-deep TOML array or JSON list) given to every reader:
+  ``--hw``, ``--config``, ``--pipeline``, analyze-pipeline's TOML, ``--sidecar``;
+* numbers in options (NaN, infinities, Unicode digits, 5,000-digit integers);
+* interrupts: a command (``python3 -m ...`` in a fresh process) sent SIGINT at a random moment
+  of its first 2.5 s, start-up included (``Interrupted.`` and exit code 130, or a finished run);
+* ``plan-search --scheduler`` at addresses of other kinds and at listeners that are no Dask
+  scheduler (one that never answers, one that answers as an HTTP server).
+
+Every case runs in its own process group: a process of it left running once it ended is an
+``orphan``; a run whose peak resident memory passed 4 GiB is counted (``over-4GiB``).
 
 Every outcome falls in one class; the error promise is that only ``ok`` and ``usage`` occur:
 
 * ``ok``: exit 0, and a JSON report holds no negative, NaN or infinite number;
 * ``usage``: exit 2 and exactly one line ``Error: ...`` on stderr;
+* ``interrupted``: an interrupt case that printed ``Interrupted.`` and exited with 130;
+* ``interpreter-start``: an interrupt that came while the interpreter itself started (its
+  ``site`` module: "Fatal Python error: init_import_site"), before any code of the command;
 * ``internal`` (exit 1), ``signal`` (died of a signal), ``hang`` (over the time limit),
   ``messy`` (exit 2 but not one ``Error:`` line, or a traceback), ``bad-numbers`` (exit 0 with a
-  negative/NaN/inf number), ``other`` (any other exit code).
+  negative/NaN/inf number), ``orphan`` (a process of the case still running after it ended),
+  ``other`` (any other exit code).
 
     python3 benchmarks/fuzz.py --cases 3000 --seed 1 [--jobs 2] [--timeout 30] [--memory-mb 4000]
     python3 benchmarks/fuzz.py --quick    # 12 cases (seconds): what CI runs besides tests/test_fuzz.py
@@ -47,7 +65,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-GOOD_CLASSES = ("ok", "usage")
+GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start")
+#: Address space of a case run as a fresh command (torch and XLA map ~5 GB of it).
+EXEC_ADDRESS_SPACE_BYTES = 16 * 2**30
+#: Peak resident memory of a case counted as too much (the issue's bound).
+MEMORY_BOUND_BYTES = 4 * 2**30
 
 # --------------------------------------------------------------------------------------------
 # Seeds
@@ -315,11 +337,17 @@ class Case:
     """One input: a mutated file and how to run it."""
 
     index: int
-    kind: str  # "dump", "hardware", "model", "pipeline"
+    #: "dump", "bytecode", "hardware", "model", "pipeline", "sidecar", "stage-sidecar",
+    #: "nested", "option", "interrupt", "scheduler"
+    kind: str
     mutator: str
     seed_name: str
     content: bytes
     options: tuple[str, ...] = ()
+    #: A command run in a fresh process (``python3 -m ...``) instead of in the forked child.
+    argv: tuple[str, ...] = ()
+    #: Seconds after its start at which the case is sent SIGINT (interrupt cases).
+    interrupt_after: float | None = None
 
 
 @dataclass
@@ -329,6 +357,7 @@ class Outcome:
     exit_code: int | None
     seconds: float
     stderr_tail: str = ""
+    peak_rss_bytes: int = 0
 
 
 @dataclass
@@ -336,9 +365,13 @@ class Tally:
     by_class: Counter = field(default_factory=Counter)
     by_mutator: dict[str, Counter] = field(default_factory=dict)
     examples: dict[str, list[Outcome]] = field(default_factory=dict)
+    over_memory: int = 0
+    slowest_s: float = 0.0
 
     def add(self, outcome: Outcome) -> None:
         self.by_class[outcome.klass] += 1
+        self.over_memory += outcome.peak_rss_bytes > MEMORY_BOUND_BYTES
+        self.slowest_s = max(self.slowest_s, outcome.seconds)
         self.by_mutator.setdefault(outcome.case.mutator, Counter())[outcome.klass] += 1
         if outcome.klass not in GOOD_CLASSES:
             self.examples.setdefault(outcome.klass, []).append(outcome)
@@ -349,14 +382,16 @@ class Tally:
 
 
 def make_cases(count: int, seed: int) -> Iterator[Case]:
-    """``count`` cases drawn with ``random.Random(seed)``: 70% dumps, 20% hardware files,
-    10% trace-stage TOMLs."""
+    """``count`` cases drawn with ``random.Random(seed)``: 45% text dumps, 10% bytecode, 10%
+    hardware files, 5% trace-stage TOMLs, 8% sidecars, 6% stage sidecars, 5% nested
+    documents, 5% option numbers, 4% interrupts, 2% scheduler addresses."""
     rng = random.Random(seed)
     dumps = [(path, path.read_text()) for path in dump_seeds()]
     hardware = [(path, path.read_text()) for path in hardware_seeds()]
+    bytecodes: list[tuple[Path, bytes]] | None = None
     for index in range(count):
         roll = rng.random()
-        if roll < 0.7:
+        if roll < 0.45:
             path, text = rng.choice(dumps)
             name = rng.choice(sorted(DUMP_MUTATORS))
             mutated = _mutate(DUMP_MUTATORS[name], text, rng)
@@ -365,15 +400,219 @@ def make_cases(count: int, seed: int) -> Iterator[Case]:
                 mutated, name = _mutate(DUMP_MUTATORS[second], mutated, rng), f"{name}+{second}"
             options = random_options(rng) if rng.random() < 0.3 else ["--format", "json"]
             yield Case(index, "dump", name, path.name, _encode(mutated), tuple(options))
-        elif roll < 0.9:
+        elif roll < 0.55:
+            bytecodes = bytecodes if bytecodes is not None else bytecode_seeds()
+            path, raw = rng.choice(bytecodes)
+            name = rng.choice(sorted(BYTECODE_MUTATORS))
+            yield Case(index, "bytecode", name, path.name, BYTECODE_MUTATORS[name](raw, rng),
+                       ("--format", "json") if rng.random() < 0.7 else ("--hw", "tx8"))
+        elif roll < 0.65:
             path, text = rng.choice(hardware)
             name = rng.choice(sorted(TOML_MUTATORS))
             yield Case(index, "hardware", name, path.name, _encode(_mutate(TOML_MUTATORS[name], text, rng)))
-        else:
+        elif roll < 0.70:
             kind = rng.choice(["model", "pipeline"])
             text = MODEL_SEED if kind == "model" else PIPELINE_SEED
             name = rng.choice(["toml-value", "toml-delete", "toml-noise", "toml-flip"])
             yield Case(index, kind, name, f"{kind}.toml", _encode(_mutate(TOML_MUTATORS[name], text, rng)))
+        elif roll < 0.78:
+            name, content = mutate_sidecar(SIDECAR_SEED.read_text(), rng)
+            yield Case(index, "sidecar", name, SIDECAR_SEED.name, content)
+        elif roll < 0.84:
+            stage = rng.randrange(len(PIPELINE_STAGES))
+            name, content = mutate_sidecar(PIPELINE_STAGES[stage].with_suffix(".json").read_text(), rng)
+            yield Case(index, "stage-sidecar", name, f"stage{stage}", content)
+        elif roll < 0.89:
+            reader = rng.choice(NESTED_READERS)
+            depth = rng.choice([50, 64, 65, 200, 2000, 5000])
+            yield Case(index, "nested", f"nested-{reader}", f"depth {depth}",
+                       nested_document(reader, depth), (reader,))
+        elif roll < 0.94:
+            command, options = random_number_options(rng)
+            yield Case(index, "option", f"option-{command}", command, b"", tuple(options))
+        elif roll < 0.98:
+            command = rng.choice(sorted(INTERRUPT_COMMANDS))
+            yield Case(index, "interrupt", f"interrupt-{command}", command, b"",
+                       argv=INTERRUPT_COMMANDS[command],
+                       interrupt_after=round(rng.uniform(0.05, 2.5), 3))
+        else:
+            address = rng.choice(SCHEDULER_ADDRESSES)
+            yield Case(index, "scheduler", f"scheduler-{address.split(':', 1)[0]}", address, b"",
+                       argv=("tracing.plan_search_cli", "--config", "tiny", "--devices", "4",
+                             "--strategies", "megatron", "--stages", "1", "--budget", "1",
+                             "--scheduler", address))
+
+
+# --------------------------------------------------------------------------------------------
+# Bytecode, sidecars, nested documents, numbers, interrupts and schedulers (issue 34)
+# --------------------------------------------------------------------------------------------
+
+
+def bytecode_seeds() -> list[tuple[Path, bytes]]:
+    """The bundled tiny dumps written as MLIR bytecode by jaxlib's bindings (in a forked child:
+    this process forks a child per case and must not run MLIR's thread pool itself)."""
+    from hlo_trace.isolate import call_in_child
+
+    paths = sorted((REPO_ROOT / "dumps" / "stablehlo").glob("*.mlir"))[:4]
+    return [(path.with_suffix(".mlirbc"), call_in_child(_write_bytecode, path, origin=str(path)))
+            for path in paths]
+
+
+def _write_bytecode(path: Path) -> bytes:
+    import io
+
+    from hlo_analyzer.mlir import load_module, use_fresh_context
+
+    use_fresh_context(threads=False)
+    buffer = io.BytesIO()
+    load_module(path).operation.write_bytecode(buffer)
+    return buffer.getvalue()
+
+
+def bytecode_flip(raw: bytes, rng: random.Random) -> bytes:
+    data = bytearray(raw)
+    for _ in range(rng.randint(1, 6)):
+        data[rng.randrange(16, len(data))] = rng.randrange(256)
+    return bytes(data)
+
+
+def bytecode_string(raw: bytes, rng: random.Random) -> bytes:
+    """One byte of a string of the string section made 0xFF (not UTF-8)."""
+    from hlo_analyzer.mlir import _bytecode_strings
+
+    strings = _bytecode_strings(raw) or b""
+    if not strings:
+        return bytecode_flip(raw, rng)
+    start = raw.rfind(strings)
+    position = start + rng.randrange(len(strings))
+    if raw[position] == 0:
+        position += 1 if position + 1 < start + len(strings) else -1
+    return raw[:position] + b"\xff" + raw[position + 1:]
+
+
+def bytecode_count(raw: bytes, rng: random.Random) -> bytes:
+    """A one-byte varint (an odd byte) made another small count, the length kept (a count of
+    blocks, values, elements, an index)."""
+    positions = [i for i in range(16, len(raw)) if raw[i] & 1]
+    position = rng.choice(positions)
+    return raw[:position] + bytes([rng.randrange(0, 128) << 1 | 1]) + raw[position + 1:]
+
+
+def bytecode_truncate(raw: bytes, rng: random.Random) -> bytes:
+    return raw[:rng.randrange(4, len(raw))]
+
+
+BYTECODE_MUTATORS: dict[str, Callable[[bytes, random.Random], bytes]] = {
+    "bc-flip": bytecode_flip, "bc-string": bytecode_string, "bc-count": bytecode_count,
+    "bc-truncate": bytecode_truncate,
+}
+
+SIDECAR_SEED = HW_DUMP / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.json"
+PIPELINE_DIR = REPO_ROOT / "dumps" / "pipeline"
+PIPELINE_TOML = PIPELINE_DIR / "tiny_2x2_stages.toml"
+PIPELINE_STAGES = [PIPELINE_DIR / "tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir",
+                   PIPELINE_DIR / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"]
+SIDECAR_VALUES = [None, "x", 5, -1, 0, 1.5, True, [], {}, [-1, 8], ["x"], [[0, 1], ["x"]],
+                  [1e300, 2], "nope", {"x": None}, 2**70, [2**63, 1], {"shape": [4], "dtype": "int64"}]
+
+
+def mutate_sidecar(text: str, rng: random.Random) -> tuple[str, bytes]:
+    """A sidecar with one field (at any depth) replaced, removed or nested deep; or its text
+    mutated as bytes, or a non-finite number spelled in."""
+    roll = rng.random()
+    if roll < 0.15:
+        return "sidecar-bytes", _encode(flip_bytes(text, rng))
+    if roll < 0.25:
+        spelled = rng.choice(["NaN", "Infinity", "-Infinity", "1e400", "9" * 5000])
+        return "sidecar-number", _encode(re.sub(r"(?<=: )\d+", spelled, text, count=1))
+    document = json.loads(text)
+    paths: list[list] = []
+    stack: list[tuple[list, object]] = [([], document)]
+    while stack:
+        path, value = stack.pop()
+        if path:
+            paths.append(path)
+        if isinstance(value, dict):
+            stack.extend((path + [key], item) for key, item in value.items())
+        elif isinstance(value, list) and len(value) < 8:
+            stack.extend((path + [i], item) for i, item in enumerate(value))
+    path = rng.choice(paths)
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    if roll < 0.35:
+        del parent[path[-1]]
+        return "sidecar-delete", _encode(json.dumps(document))
+    if roll < 0.4:
+        depth = rng.choice([70, 2000])
+        return "sidecar-deep", _encode(json.dumps(document).replace(
+            json.dumps(parent[path[-1]]), "[" * depth + "]" * depth, 1))
+    parent[path[-1]] = rng.choice(SIDECAR_VALUES)
+    return f"sidecar-{path[0]}", _encode(json.dumps(document))
+
+
+NESTED_READERS = ("hw", "sidecar", "model", "pipeline", "pipeline-analysis")
+
+
+def nested_document(reader: str, depth: int) -> bytes:
+    nest = "[" * depth + "]" * depth
+    if reader == "sidecar":
+        return _encode('{"inputs": ' + nest + "}")
+    prefix = 'kind = "chip"\n' if reader == "hw" else ""
+    return _encode(f"{prefix}x = {nest}\n")
+
+
+NUMBER_VALUES = ["nan", "NaN", "inf", "-inf", "1e400", "-1", "0", "\u0663", "\u0661\u0660",
+                 "9" * 5000, "1_000", "0x10", "", " ", "99999999999999999999", "1.5"]
+
+
+def random_number_options(rng: random.Random) -> tuple[str, list[str]]:
+    """Options of number type with values a user (or a script) could pass: analyze-hlo's may
+    be valid (the tiny dump analyzes in a second); trace-stage's and plan-search's are always
+    bad (a valid one would start a trace)."""
+    value = rng.choice(NUMBER_VALUES)
+    command = rng.choice(["analyze-hlo", "trace-stage", "plan-search"])
+    if command != "analyze-hlo" and value == "1.5":  # a valid --memory-limit: a whole search
+        value = "-1.5"
+    if command == "analyze-hlo":
+        option = rng.choice(["--steps", "--pairs", "--exp-ops", "--caption-tokens",
+                             "--dram-efficiency", "--link-bandwidth", "--hop-latency", "--branch",
+                             "--timeline-pair"])
+        extra = ["--hw", "tx8"] if option not in ("--link-bandwidth", "--branch") else []
+        if option == "--hop-latency":
+            extra = ["--link-bandwidth", "100"]
+        if option == "--timeline-pair":
+            extra += ["--timeline", "TIMELINE"]
+        return command, [option, value, *extra, "--format", "json"]
+    if command == "trace-stage":
+        option = rng.choice(["--stage", "--devices", "--batch", "--patches", "--ring-degree",
+                             "--zero", "--shape", "--mesh", "--stage-ids"])
+        if option in ("--shape", "--mesh", "--stage-ids"):
+            value = {"--shape": f"28_64_{value}", "--mesh": f"2x{value}",
+                     "--stage-ids": f"0-{value}"}[option]
+        return command, ["--config", "tiny", "--mesh", "2x2", option, value]
+    option = rng.choice(["--memory-limit", "--budget", "--jobs", "--stages", "--patches",
+                         "--devices", "--steps"])
+    return command, ["--config", "tiny", option, value]
+
+
+INTERRUPT_COMMANDS = {
+    "analyze-hlo": ("hlo_analyzer.cli", str(HW_DUMP / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"),
+                    "--hw", "tx8"),
+    "analyze-pipeline": ("hlo_analyzer.pipeline_cli", str(PIPELINE_TOML), *map(str, PIPELINE_STAGES)),
+    "trace-stage": ("tracing.cli", "--config", "tiny", "--mesh", "2x2", "--stage-ids", "0-0,1-1",
+                    "--stage", "1", "-o", "OUT", "--force"),
+    "trace-vae-decode": ("tracing.vae_decode", "--part", "spatial", "--shape", "17_64_64",
+                         "--config", "tiny", "-o", "OUT", "--force"),
+    "plan-search": ("tracing.plan_search_cli", "--config", "tiny", "--devices", "4", "--strategies",
+                    "megatron", "--stages", "1", "--budget", "1", "--jobs", "2"),
+}
+
+#: Scheduler addresses: SILENT and HTTP are replaced by the fuzzer's own listeners (one that
+#: never answers, one that answers as an HTTP server).
+SCHEDULER_ADDRESSES = ["ucx://127.0.0.1:8786", "tls://127.0.0.1:8786", "nonsense", "tcp://:",
+                       "tcp://127.0.0.1:99999", "tcp://127.0.0.1:1", "inproc://x", "tcp://h" * 300,
+                       "SILENT", "HTTP", "HTTP"]
 
 
 def _mutate(mutator: Callable[[str, random.Random], str], text: str,
@@ -397,13 +636,29 @@ def _child_main(case: Case, workdir: Path) -> int:
     """What the forked child runs; returns its exit code."""
     from hlo_analyzer.cli import analyze_command
     from hlo_trace.cli import run_click
-    from hlo_trace.errors import UsageError
 
     if case.kind == "dump":
         dump = workdir / ("module_0001.SyncTensorsGraph.after_spmd-partitioning.txt"
                           if case.seed_name.endswith(".txt") else f"module_{case.index}.mlir")
         dump.write_bytes(case.content)
         return run_click(analyze_command, [str(dump), *case.options])
+    if case.kind == "bytecode":
+        dump = workdir / f"module_{case.index}.mlirbc"
+        dump.write_bytes(case.content)
+        return run_click(analyze_command, [str(dump), *case.options])
+    if case.kind == "sidecar":
+        sidecar = workdir / "sidecar.json"
+        sidecar.write_bytes(case.content)
+        return run_click(analyze_command, [str(_hardware_dump()), "--sidecar", str(sidecar),
+                                           "--hw", "tx8", "--format", "json"])
+    if case.kind == "stage-sidecar" or (case.kind == "nested" and case.options[0] != "hw"):
+        return _run_pipeline_case(case, workdir)
+    if case.kind == "nested":
+        toml = workdir / "hw.toml"
+        toml.write_bytes(case.content)
+        return run_click(analyze_command, [str(_hardware_dump()), "--hw", str(toml)])
+    if case.kind == "option":
+        return _run_option_case(case, workdir)
     if case.kind == "hardware":
         toml = workdir / "hw.toml"
         toml.write_bytes(case.content)
@@ -411,8 +666,16 @@ def _child_main(case: Case, workdir: Path) -> int:
         return run_click(analyze_command, [str(dump), "--hw", str(toml), "--format", "json"])
     toml = workdir / f"{case.kind}.toml"
     toml.write_bytes(case.content)
+    return _load_trace_toml(case.kind, toml)
+
+
+def _load_trace_toml(kind: str, toml: Path) -> int:
+    """A model (``kind`` "model") or pipeline TOML through trace-stage's loader: 0 when it
+    loads, 2 and one ``Error:`` line when it is refused."""
+    from hlo_trace.errors import UsageError
+
     try:
-        if case.kind == "model":
+        if kind == "model":
             from models.opensora.config import get_config
 
             get_config(toml)
@@ -424,6 +687,51 @@ def _child_main(case: Case, workdir: Path) -> int:
         print(f"Error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _run_pipeline_case(case: Case, workdir: Path) -> int:
+    """A stage sidecar mutated (analyze-pipeline), or a nested document given to its reader."""
+    import shutil
+
+    from hlo_analyzer.cli import analyze_command
+    from hlo_analyzer.pipeline_cli import pipeline_command
+    from hlo_trace.cli import run_click
+
+    stages = []
+    for stage in PIPELINE_STAGES:
+        for suffix in (".mlir", ".json"):
+            shutil.copy(stage.with_suffix(suffix), workdir / stage.with_suffix(suffix).name)
+        stages.append(workdir / stage.name)
+    plan = PIPELINE_TOML
+    if case.kind == "stage-sidecar":
+        stages[int(case.seed_name.removeprefix("stage"))].with_suffix(".json").write_bytes(case.content)
+        return run_click(pipeline_command, [str(plan), *map(str, stages), "--format", "json"])
+    reader = case.options[0]
+    document = workdir / ("doc.json" if reader == "sidecar" else "doc.toml")
+    document.write_bytes(case.content)
+    if reader == "sidecar":
+        return run_click(analyze_command, [str(_hardware_dump()), "--sidecar", str(document)])
+    if reader == "pipeline-analysis":
+        return run_click(pipeline_command, [str(document), *map(str, stages)])
+    return _load_trace_toml(reader, document)
+
+
+def _run_option_case(case: Case, workdir: Path) -> int:
+    """Number options of analyze-hlo (on the tiny dump), trace-stage or plan-search."""
+    from hlo_analyzer.cli import analyze_command
+    from hlo_trace.cli import run_click
+
+    options = [str(workdir / "timeline.json") if o == "TIMELINE" else o for o in case.options]
+    if case.seed_name == "analyze-hlo":
+        return run_click(analyze_command, [str(_hardware_dump()), *options])
+    if case.seed_name == "trace-stage":
+        from tracing.cli import main as trace_main
+
+        return run_click(trace_main, [*options, "-o", str(workdir / "out")])
+    from tracing.plan_search_cli import plan_search_command
+
+    return run_click(plan_search_command, [*options, "--work-dir", str(workdir / "work"),
+                                           "-o", str(workdir / "best.toml")])
 
 
 def _hardware_dump() -> Path:
@@ -439,11 +747,21 @@ def _run_child(case: Case, workdir: Path, memory_bytes: int) -> int:
     code = 70
     try:
         os.setpgid(0, 0)  # its own group: a hang is killed with all its children
+        if case.argv:  # torch and XLA map ~5 GB of address space: peak RSS is what is bounded
+            memory_bytes = max(memory_bytes, EXEC_ADDRESS_SPACE_BYTES)
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         for fd, name in ((1, "stdout"), (2, "stderr")):
             handle = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(handle, fd)
             os.close(handle)
+        if case.argv:  # a command in a fresh process, as a user starts it
+            os.chdir(workdir)
+            argv = [str(workdir / "out") if arg == "OUT" else arg for arg in case.argv]
+            if argv[0] == "tracing.plan_search_cli":
+                argv += ["--work-dir", str(workdir / "work"), "-o", str(workdir / "best.toml")]
+            environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            environment.pop("HLO_TRACE_PARENT_PID", None)
+            os.execve(sys.executable, [sys.executable, "-m", *argv], environment)
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the child's own streams
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         code = _child_main(case, workdir)
@@ -461,6 +779,10 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
     tail = "\n".join(stderr.strip().splitlines()[-3:])
     if status is None:
         return Outcome(case, "hang", None, seconds, tail)
+    if case.kind == "interrupt" and "init_import_site" in stderr:
+        # interrupted while the interpreter itself started (site.py, an editable install's
+        # hook), before any code of the command ran: Python's own report, counted apart
+        return Outcome(case, "interpreter-start", None, seconds, tail)
     if os.WIFSIGNALED(status):
         return Outcome(case, "signal", -os.WTERMSIG(status), seconds, tail)
     code = os.WEXITSTATUS(status)
@@ -469,6 +791,18 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
         text = stdout.read_text(errors="replace") if stdout.exists() else ""
         klass = "ok" if _numbers_sane(text) else "bad-numbers"
         return Outcome(case, klass, 0, seconds, tail)
+    if case.kind in ("interrupt", "scheduler", "option") and code in (2, 130):
+        # progress lines ("[stage 1] trace: ...") may come first: the last line is the verdict
+        lines = [line for line in stderr.splitlines() if line.strip()
+                 and not line.startswith(("[stage", "estimating", "["))
+                 and not re.match(r"^(W|I)\d{4} |^\d{4}-\d\d-\d\d ", line)]
+        verdict = lines[-1:] if lines else []
+        clean = "Traceback" not in stderr and "Exception ignored" not in stderr
+        if code == 130:
+            good = clean and verdict == ["Interrupted."] and case.kind == "interrupt"
+            return Outcome(case, "interrupted" if good else "messy", 130, seconds, tail)
+        good = clean and len(lines) == 1 and lines[0].startswith("Error: ")
+        return Outcome(case, "usage" if good else "messy", 2, seconds, tail)
     if code == 2:
         lines = [line for line in stderr.splitlines() if line.strip()]
         one_line = len(lines) == 1 and lines[0].startswith("Error: ")
@@ -504,33 +838,106 @@ def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 30.0,
               report: Callable[[Outcome], None] | None = None) -> Tally:
     """Run every case in a forked child, ``jobs`` at a time, each within ``timeout_s``."""
     import hlo_analyzer.cli  # noqa: F401 - imported once here, inherited by every fork
+    import hlo_analyzer.mlir  # noqa: F401
     import tracing.config  # noqa: F401
 
     tally = Tally()
     pending = list(cases)
     running: dict[int, tuple[Case, Path, float]] = {}
+    signalled: set[int] = set()
+    silent, http = listener(None), listener(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    addresses = {"SILENT": f"tcp://127.0.0.1:{silent.getsockname()[1]}",
+                 "HTTP": f"tcp://127.0.0.1:{http.getsockname()[1]}"}
     with tempfile.TemporaryDirectory(prefix="fuzz-") as root:
         while pending or running:
             while pending and len(running) < jobs:
                 case = pending.pop(0)
+                if case.kind == "scheduler" and case.seed_name in addresses:
+                    argv = tuple(addresses.get(arg, arg) for arg in case.argv)
+                    case = Case(case.index, case.kind, case.mutator, case.seed_name, case.content,
+                                case.options, argv, case.interrupt_after)
                 workdir = Path(root) / str(case.index)
                 workdir.mkdir()
                 running[_run_child(case, workdir, memory_bytes)] = (case, workdir, time.monotonic())
             for pid, (case, workdir, started) in list(running.items()):
-                done, status = os.waitpid(pid, os.WNOHANG)
+                done, status, usage = os.wait4(pid, os.WNOHANG)
                 elapsed = time.monotonic() - started
+                if (not done and case.interrupt_after is not None and pid not in signalled
+                        and elapsed >= case.interrupt_after):
+                    os.kill(pid, signal.SIGINT)  # the command alone, not its group
+                    signalled.add(pid)
                 if not done and elapsed < timeout_s:
                     continue
                 if not done:  # a hang: kill the child and everything it forked
                     _kill_group(pid)
-                    status = None
+                    status, usage = None, None
                 outcome = classify(case, status, elapsed, workdir)
+                outcome.peak_rss_bytes = usage.ru_maxrss * 1024 if usage is not None else 0
+                if status is not None and _orphans(pid, within_s=1.0):
+                    _kill_group(pid)
+                    outcome.klass = "orphan"
                 del running[pid]
+                signalled.discard(pid)
                 tally.add(outcome)
                 if report:
                     report(outcome)
             time.sleep(0.005)
+    silent.close()
+    http.close()
     return tally
+
+
+def listener(reply: bytes | None):
+    """A TCP listener on localhost that accepts and then sends ``reply`` (None: never answers),
+    in a daemon thread: a --scheduler that is no Dask scheduler."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held = []
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            held.append(connection)
+            if reply is not None:
+                try:
+                    connection.sendall(reply)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def group_members(group: int) -> list[int]:
+    """Live (not zombie) processes of process group ``group``, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _orphans(group: int, within_s: float) -> bool:
+    """Whether a process of the finished case's group is still running ``within_s`` after it."""
+    deadline = time.monotonic() + within_s
+    while group_members(group):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _kill_group(pid: int) -> None:
@@ -569,14 +976,18 @@ def main() -> None:
     print(f"{len(cases)} cases (seed {args.seed}) in {elapsed:.0f} s, {args.jobs} at a time, "
           f"{args.timeout:.0f} s and {args.memory_mb} MB each")
     print("outcome classes:")
-    for klass in ("ok", "usage", "internal", "signal", "hang", "messy", "bad-numbers", "other"):
+    for klass in ("ok", "usage", "interrupted", "interpreter-start", "internal", "signal", "hang",
+                  "messy", "bad-numbers", "orphan", "other"):
         print(f"  {klass:12s} {tally.by_class.get(klass, 0):6d}")
+    print(f"runs over {MEMORY_BOUND_BYTES >> 30} GiB of peak RSS: {tally.over_memory}; slowest "
+          f"case {tally.slowest_s:.1f} s")
     kinds = Counter(case.kind for case in cases)
     print("inputs: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())))
-    print("by mutator (ok/usage/other):")
+    print("by mutator (ok/usage or interrupted/other):")
     for name, counter in sorted(tally.by_mutator.items()):
         bad = sum(v for k, v in counter.items() if k not in GOOD_CLASSES)
-        print(f"  {name:32s} {counter.get('ok', 0):5d} {counter.get('usage', 0):5d} {bad:5d}")
+        stopped = counter.get("usage", 0) + counter.get("interrupted", 0)
+        print(f"  {name:32s} {counter.get('ok', 0):5d} {stopped:5d} {bad:5d}")
     for klass, outcomes in sorted(tally.examples.items()):
         print(f"examples of {klass}:")
         for outcome in outcomes[:args.examples]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hardware.tomlfile import read_toml
+from hlo_trace.documents import load_toml
 from hlo_trace.errors import InputFileError
 
 __all__ = [
@@ -199,7 +199,7 @@ def _text(path: Path, data: dict[str, Any], key: str, *, required: bool) -> str:
 def load_nccl_table(path: str | Path) -> NcclTable:
     """Read an nccl-tests table file (module docstring); InputFileError names the bad field."""
     path = Path(path)
-    data = read_toml(path)
+    data = load_toml(path, "an NCCL bus-bandwidth table (TOML)")
     if data.get("kind") != "nccl_table":
         raise InputFileError(f"{path}: field 'kind': expected 'nccl_table', got {data.get('kind')!r}")
     unknown = sorted(set(data) - _TOP_KEYS)

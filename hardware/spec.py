@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hardware.nccl import NcclTable, load_nccl_table
-from hardware.tomlfile import read_toml
 from hardware.units import Dimension, parse_quantity
+from hlo_trace.documents import load_toml
 from hlo_trace.errors import InputFileError, shown
 
 __all__ = [
@@ -606,7 +606,7 @@ def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path 
     if relative_to is not None and not Path(text).is_absolute():
         candidates.insert(0, relative_to / text)
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate.exists():  # a directory or a device too: _load says what it is
             return candidate.resolve()
     return None
 
@@ -614,7 +614,7 @@ def _resolve(name_or_path: str | Path, relative_to: Path | None = None) -> Path 
 def _load(path: Path, seen: tuple[Path, ...] = ()) -> HardwareSpec:
     if path in seen:
         raise InputFileError(f"{path}: field 'chip': refers back to itself")
-    table = read_toml(path)
+    table = load_toml(path, "a hardware description (TOML)")
     kind = table.get("kind")
     if kind == "chip":
         spec: HardwareSpec = _chip_from_table(path, table)

@@ -20,12 +20,42 @@
 ``load_module_text``. See ``hlo_analyzer.visitor`` for the visitor manual.
 """
 
-from hlo_analyzer.comm import CommVisitor, RingLink
-from hlo_analyzer.flops import FlopsVisitor
-from hlo_analyzer.mlir import load_module, load_module_text
-from hlo_analyzer.report import Report, analyze
-from hlo_analyzer.visitor import IRVisitor
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from hlo_trace.errors import InputFileError, UnsupportedIRError, UsageError
+
+if TYPE_CHECKING:
+    from hlo_analyzer.comm import CommVisitor, RingLink
+    from hlo_analyzer.flops import FlopsVisitor
+    from hlo_analyzer.mlir import load_module, load_module_text
+    from hlo_analyzer.report import Report, analyze
+    from hlo_analyzer.visitor import IRVisitor
+
+#: Where each name of the API lives. They are imported on first use (PEP 562), so that the
+#: commands' modules (``hlo_analyzer.cli``...) import in milliseconds and load jaxlib's MLIR
+#: bindings (a second or more) inside the command, where an interrupt is one line.
+_HOMES = {
+    "CommVisitor": "hlo_analyzer.comm", "RingLink": "hlo_analyzer.comm",
+    "FlopsVisitor": "hlo_analyzer.flops", "load_module": "hlo_analyzer.mlir",
+    "load_module_text": "hlo_analyzer.mlir", "Report": "hlo_analyzer.report",
+    "analyze": "hlo_analyzer.report", "IRVisitor": "hlo_analyzer.visitor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'hlo_analyzer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
 
 __all__ = [
     "CommVisitor",

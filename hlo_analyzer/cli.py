@@ -18,9 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hlo_analyzer.comm import RingLink
 from hlo_trace.atomic import check_targets
-from hlo_trace.cli import MAX_COUNT, MAX_QUANTITY, OneLineCommand, PositiveFinite, emit, run_click
+from hlo_trace.cli import (
+    MAX_QUANTITY,
+    Count,
+    OneLineCommand,
+    PositiveFinite,
+    emit,
+    end_process,
+    native_imports,
+    run_click,
+)
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
 
@@ -84,11 +92,11 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's (the report states "
                    "the system). Collectives are timed on the chip-to-chip network; an STDiT3 "
                    "stage is also grouped by block pair.")
-@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+@click.option("--steps", type=Count(), default=None,
               help="Runs of the program the latency total covers (with --hw), e.g. the sampling "
                    "steps of a diffusion inference.  [default: 30 on an STDiT3 stage, a whole "
                    "inference; 1 on any other program; the report names the total]")
-@click.option("--pairs", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+@click.option("--pairs", type=Count(), default=None,
               help="Block pairs (spatial + temporal) to total over, e.g. 28 for the whole model; "
                    "default: the pairs found in the dump (with --hw on an STDiT3 stage).")
 @click.option("--exec", "execution", type=click.Choice(["fused", "eager", "torch"]), default=None,
@@ -98,22 +106,22 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "its bias in the GEMM epilogue: docs/gpu.md); eager = one kernel per HLO op.  "
                    "[default: torch for a traced PyTorch model (its sidecar lists library calls) on a GPU, "
                    "fused otherwise]")
-@click.option("--dram-efficiency", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
+@click.option("--dram-efficiency", type=PositiveFinite(maximum=1), default=1.0,
               show_default=True, help="Fraction of the DRAM bandwidth sustained (with --hw).")
-@click.option("--exp-ops", type=click.IntRange(min=1, max=MAX_COUNT), default=1, show_default=True,
+@click.option("--exp-ops", type=Count(), default=1, show_default=True,
               help="Vector operations charged per element of an exponential (with --hw).")
 @click.option("--cross-attention", type=click.Choice(["per-sample", "all"]), default="per-sample",
               show_default=True,
               help="How a cross-attention over flattened samples is charged (with --hw): per-sample = "
                    "each query reads only its own sample's caption tokens, as OpenSora's "
                    "block-diagonal kernel does; all = every traced (masked) key.")
-@click.option("--caption-tokens", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+@click.option("--caption-tokens", type=Count(), default=None,
               help="Caption tokens of one sample for --cross-attention per-sample.  [default: the "
                    "sidecar's model_max_length; without either, the traced keys are charged]")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write a Chrome trace-event JSON of the mapped kernels (open it in Perfetto or "
                    "chrome://tracing; with --hw).")
-@click.option("--timeline-pair", type=click.IntRange(min=0), default=None,
+@click.option("--timeline-pair", type=Count(0), default=None,
               help="Timeline of this block pair only (default: the whole step).")
 @click.option("--kernels", type=click.Path(dir_okay=False, path_type=str), default=None, metavar="FILE",
               help="Write the mapped kernels of one device (each kernel's Op: shapes, FLOPs, bytes) "
@@ -149,6 +157,11 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
 
     Example: analyze-hlo hlo_trace/examples/example_mlp_megatron_2x2.stablehlo.mlir --format json
     """
+    with native_imports():  # jaxlib's bindings, loaded before any fork
+        from hlo_analyzer.mlir import load_native_libraries
+
+        load_native_libraries()
+
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
@@ -157,6 +170,10 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
         from hardware import load_hardware
 
         load_hardware(hardware)  # a bad hardware file fails before the dump is parsed
+    if sidecar is not None:
+        from hlo_analyzer.sidecar import read_sidecar
+
+        read_sidecar(sidecar)  # likewise a bad sidecar (a device, a huge or malformed file)
     from hlo_analyzer.control import parse_branch
 
     request = _Request(dump=dump, output_format=output_format, by=by, bruck=bruck,
@@ -167,7 +184,11 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
                        force=force, parallel=run_in_parallel(dump))
-    check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force)  # before the work
+    implicit_sidecar = os.path.splitext(dump)[0] + ".json"
+    check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force, inputs={  # before the work
+        "dump": dump, "sidecar": sidecar or (implicit_sidecar if os.path.isfile(implicit_sidecar)
+                                             else None),
+        "hardware file": hardware if hardware is not None and os.path.isfile(hardware) else None})
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The
     # child writes the output files itself (a 1M-op report is 230 MB: not sent through a pipe).
@@ -275,6 +296,7 @@ def _measure(module: Any, request: _Request) -> tuple[Report, nx.DiGraph | None]
     """FLOPs, collectives and memory of ``module``: the memory in the same walk, or at the same
     time in a forked child (``request.parallel``); with ``--hw``, the dataflow graph that the
     mapping needs, built in the same walk."""
+    from hlo_analyzer.comm import RingLink
     from hlo_analyzer.memory import (
         MemoryVisitor,
         add_memory_section,
@@ -458,7 +480,7 @@ def _check_hw_options(hardware: str | None, *, by: str, link_bandwidth: float | 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run_click(analyze_command, argv))
+    end_process(run_click(analyze_command, argv))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from jaxlib.mlir.dialects import mhlo, stablehlo
 from hlo_analyzer.tensors import format_location
 from hlo_analyzer.visitor import CallSite, Scope, short_op_name
 from hlo_trace.errors import UnsupportedIRError, UsageError
+from hlo_trace.numbers import brief, parse_int
 
 #: A scope's cost, the key that decides the most expensive branch: (FLOPs, bytes sent).
 Cost = tuple[float, float]
@@ -46,6 +47,8 @@ Cost = tuple[float, float]
 _TRANSPARENT_OPS = frozenset({"copy", "convert", "reshape", "bitcast", "broadcast_in_dim"})
 
 BRANCH_POLICIES = ("max", "first")
+#: Largest region index ``--branch N`` takes (a case op with more regions is no real program).
+MAX_BRANCH = 10**6
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,11 @@ def parse_branch(text: str) -> str | int:
     """``--branch max|first|N`` -> the policy (``UsageError`` for anything else)."""
     if text in BRANCH_POLICIES:
         return text
-    if text.isdigit():
-        return int(text)
-    raise UsageError(f"--branch {text!r}: expected max, first or a region index N >= 0")
+    try:
+        return parse_int(text, minimum=0, maximum=MAX_BRANCH)
+    except ValueError:
+        raise UsageError(f"--branch {brief(text)}: expected max, first or a region index N "
+                         f"from 0 to {MAX_BRANCH} in ASCII digits") from None
 
 
 def resolve(scopes: Sequence[Scope], call_sites: Sequence[CallSite],
@@ -181,7 +186,7 @@ def _known_trip_count(operation: Any) -> int | None:
     try:  # a JSON string attribute (XLA's backend_config), read with json, not by pattern
         config = json.loads(attribute.value)
         value = int(config["known_trip_count"]["n"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return value if value >= 0 else None
 

@@ -33,7 +33,6 @@ hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device th
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,17 +42,11 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
+from hlo_analyzer.sidecar import SIDECAR_DTYPES, read_sidecar
 from hlo_analyzer.tensors import TypeTable
 from hlo_analyzer.visitor import IRVisitor, symbol_name
-from hlo_trace.errors import InputFileError
 
 log = logging.getLogger(__name__)
-
-#: torch dtype names used by the tracer's sidecar -> MLIR element type spelling.
-SIDECAR_DTYPES = {
-    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "ui8", "bool": "i1",
-}
 
 #: Sidecar inputs named so are PipeFusion's stale K/V buffers (``tracing.pipefusion``): resident
 #: for the whole step, reported apart as ``stale_kv_bytes``, neither weights nor activations.
@@ -111,19 +104,6 @@ class MemoryUsage:
         }
 
 
-def read_sidecar(path: str | Path | None) -> dict[str, Any] | None:
-    """The tracer sidecar at ``path`` as a JSON object (None: no path, or not an object); one
-    error line when the file is not readable JSON."""
-    if path is None:
-        return None
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputFileError(f"{path}: not a readable JSON sidecar ({exc})") from None
-    return document if isinstance(document, dict) else None
-
-
 def read_sidecar_section(path: str | Path, section: str) -> Any:
     """The ``section`` of a tracer sidecar (None when it has none)."""
     document = read_sidecar(path)
@@ -137,15 +117,8 @@ def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
     if not isinstance(inputs, dict):
         return None
     signatures = []
-    for name, entry in sorted(inputs.items()):
-        try:
-            dtype = SIDECAR_DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise InputFileError(
-                f"{path}: inputs.{name}: expected {{'dtype': one of "
-                f"{', '.join(SIDECAR_DTYPES)}, 'shape': [ints]}}") from None
-        signatures.append(InputSignature(name, shape, dtype))
+    for name, entry in sorted(inputs.items()):  # checked by read_sidecar
+        signatures.append(InputSignature(name, tuple(entry["shape"]), SIDECAR_DTYPES[entry["dtype"]]))
     return signatures
 
 

@@ -12,7 +12,6 @@ import enum
 import logging
 import os
 import re
-import stat
 import threading
 from collections.abc import Iterator
 
@@ -20,7 +19,10 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir._mlir_libs import _jax_mlir_ext  # imported here, never first in a forked child
 from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 
+from hlo_trace.documents import check_input_file
 from hlo_trace.errors import InputFileError, UnsupportedIRError, shown
+from hlo_trace.isolate import ChildLimitExceeded, call_in_child, other_threads_run
+from hlo_trace.numbers import brief, parse_int
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,13 @@ class DumpKind(enum.Enum):
 
 _thread_state = threading.local()
 _mhlo_passes_registered = False
+
+
+def load_native_libraries() -> None:
+    """Import the native libraries of jaxlib that the analysis and the converters load only when
+    first needed (XLA's client: sharding strings, HLO text): a command imports them first,
+    where an interrupt cannot leave them half-initialised (``hlo_trace.cli.native_imports``)."""
+    from jaxlib import _hlo, _jax, xla_client  # noqa: F401
 
 
 def new_context() -> ir.Context:
@@ -170,14 +179,18 @@ def hlo_text_to_stablehlo_bytecode(hlo_text: str, origin: str = "<input>") -> by
                              f"{lines[0] if lines else type(exc).__name__}") from None
 
 
-def hlo_header_num_partitions(hlo_text: str) -> int | None:
+def hlo_header_num_partitions(hlo_text: str, origin: str = "<input>") -> int | None:
     """``num_partitions=N`` from the ``HloModule`` header line (XLA's module config, which the
     HLO -> StableHLO converter does not carry over)."""
     header = hlo_text.lstrip().split("\n", 1)[0]
     for field in header.split(", "):
         key, _, value = field.strip().partition("=")
-        if key == "num_partitions" and value.isdigit():
-            return int(value)
+        if key == "num_partitions":
+            try:
+                return parse_int(value, minimum=1, maximum=MAX_DEVICES)
+            except ValueError as error:
+                raise InputFileError(f"{origin}: HloModule num_partitions={brief(value)}: "
+                                     f"{error}") from None
     return None
 
 
@@ -196,10 +209,12 @@ def parse_module(data: bytes | str, origin: str = "<input>",
     context = context or default_context()
     num_partitions = None
     if kind is DumpKind.HLO_TEXT:
-        num_partitions = hlo_header_num_partitions(text)
+        num_partitions = hlo_header_num_partitions(text, origin)
         raw = hlo_text_to_stablehlo_bytecode(text, origin)
     elif kind is DumpKind.MLIR_TEXT:
         check_string_escapes(raw, origin)
+    else:
+        check_bytecode(raw, origin)
     with context:
         try:
             module = ir.Module.parse(text if kind is DumpKind.MLIR_TEXT else raw)
@@ -256,17 +271,7 @@ def read_input_file(path: str | os.PathLike) -> bytes:
     """The bytes of a regular file; a missing file, a directory, a FIFO, a device or an unreadable
     file is one ``InputFileError`` (checked with ``stat`` first, so a FIFO never blocks)."""
     name = shown(path)
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise InputFileError(f"{name}: no such file") from None
-    except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, EACCES on a parent, NUL byte
-        raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise InputFileError(f"{name}: is a directory, expected a dump file")
-    if not stat.S_ISREG(info.st_mode):
-        raise InputFileError(f"{name}: is not a regular file (a FIFO, socket or device); "
-                             "expected a dump file")
+    check_input_file(path, "a dump file")
     try:
         with open(path, "rb") as handle:
             sniff_kind(handle.read(SNIFF_BYTES), name)  # a 2 GB non-dump is not read whole
@@ -274,6 +279,117 @@ def read_input_file(path: str | os.PathLike) -> bytes:
             return handle.read()
     except (OSError, MemoryError) as exc:
         raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
+
+
+#: Seconds a bytecode parse may take: the fixed part, and per MB of bytecode (a 150k-op
+#: program, 1.9 MB, parses in 1.2 s on the reference machine).
+BYTECODE_PARSE_S = 10.0
+BYTECODE_PARSE_S_PER_MB = 10.0
+#: Memory a bytecode parse may take beyond the process's own: the fixed part, and per byte of
+#: bytecode (the 150k-op program takes ~70 bytes of IR per byte of bytecode).
+BYTECODE_PARSE_BYTES = 2 << 30
+BYTECODE_PARSE_BYTES_PER_BYTE = 512
+
+
+def check_bytecode(raw: bytes, origin: str) -> None:
+    """Refuse MLIR bytecode that the bindings cannot hand to Python, or whose parse does not end.
+
+    Its strings (names, locations, string attributes: the string section) must be UTF-8, as
+    in text (``check_string_escapes``): jaxlib's bindings fail, or abort the process, when such
+    a string is read back as ``str``. And it must parse within a time and memory limit
+    (``BYTECODE_PARSE_*``, growing with its size): a malformed count in bytecode makes the
+    reader loop or allocate without bound, so it is parsed first in a forked child with those
+    limits (``hlo_trace.isolate``), then here. (Not in a process that runs other threads, e.g.
+    a JAX program calling ``load_module``: a child forked from it could wait forever on a lock
+    one of them held; the commands fork from processes of one thread.)"""
+    check_bytecode_strings(raw, origin)
+    if other_threads_run():
+        return
+    megabytes = len(raw) / 1e6
+    try:
+        call_in_child(_parse_bytecode, raw, origin=origin, what="parsing its MLIR bytecode",
+                      time_s=BYTECODE_PARSE_S + BYTECODE_PARSE_S_PER_MB * megabytes,
+                      memory_bytes=BYTECODE_PARSE_BYTES + BYTECODE_PARSE_BYTES_PER_BYTE * len(raw))
+    except ChildLimitExceeded as exc:
+        raise InputFileError(f"{origin}: MLIR bytecode does not parse: {exc.reason} (a "
+                             "malformed count?)") from None
+
+
+def _parse_bytecode(raw: bytes) -> None:
+    """In the bounded child: parse (any error is the parse's own, raised again in the parent)."""
+    use_fresh_context(threads=False)
+    with default_context():
+        try:
+            ir.Module.parse(raw)
+        except MemoryError:  # past the memory limit: the parent says so
+            raise
+        except Exception:  # noqa: BLE001 - the parent parses again and words the error
+            pass
+
+
+def check_bytecode_strings(raw: bytes, origin: str) -> None:
+    """Refuse bytecode whose string section holds a string that is not UTF-8. A file whose
+    sections cannot be read is left to the parser (it words that error)."""
+    strings = _bytecode_strings(raw)
+    if strings is None:
+        return
+    try:
+        strings.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        start = strings.rfind(b"\0", 0, exc.start) + 1
+        end = strings.find(b"\0", exc.start)
+        text = strings[start:end if end >= 0 else len(strings)]
+        shown_text = text.decode("utf-8", errors="backslashreplace")[:60]
+        raise InputFileError(
+            f"{origin}: MLIR bytecode string {shown_text!r} is not UTF-8 (names, locations and "
+            "string attributes must be UTF-8 text)") from None
+
+
+#: The string section's id in MLIR bytecode (mlir/Bytecode/Encoding.h).
+_STRING_SECTION = 0
+
+
+def _bytecode_strings(raw: bytes) -> bytes | None:
+    """The string data of MLIR bytecode's string section (its strings, each ended by NUL), or
+    None when the file's sections cannot be read."""
+    try:
+        position = len(_MLIR_BYTECODE_MAGIC)
+        _, position = _varint(raw, position)  # version
+        position = raw.index(b"\0", position) + 1  # producer
+        while position < len(raw):
+            ident = raw[position]
+            length, position = _varint(raw, position + 1)
+            if ident & 0x80:  # aligned: the alignment, then padding up to it
+                alignment, position = _varint(raw, position)
+                if alignment < 1 or alignment > 1 << 16:
+                    return None
+                position += -position % alignment
+            if ident & 0x7F == _STRING_SECTION:
+                section = raw[position:position + length]
+                count, offset = _varint(section, 0)
+                sizes = 0
+                for _ in range(count):
+                    size, offset = _varint(section, offset)
+                    sizes += size
+                return section[offset:offset + sizes]
+            position += length
+    except (IndexError, ValueError):
+        return None
+    return None
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    """MLIR bytecode's prefix varint at ``position``: (value, position after it). The first
+    byte's trailing zeros say how many bytes follow; a zero byte, that 8 bytes follow."""
+    first = data[position]
+    if first == 0:
+        if position + 9 > len(data):
+            raise IndexError(position)
+        return int.from_bytes(data[position + 1:position + 9], "little"), position + 9
+    count = (first & -first).bit_length()
+    if position + count > len(data):
+        raise IndexError(position)
+    return int.from_bytes(data[position:position + count], "little") >> count, position + count
 
 
 def check_string_escapes(raw: bytes, origin: str) -> None:

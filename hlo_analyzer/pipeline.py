@@ -22,25 +22,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs, sidecar_for
+from hlo_analyzer.sidecar import SIDECAR_DTYPES, read_sidecar
 from hlo_analyzer.tensors import ELEMENT_BYTES
 from hlo_trace.cli import MAX_COUNT
+from hlo_trace.documents import load_toml
 from hlo_trace.errors import InputFileError, UsageError, shown
 
 log = logging.getLogger(__name__)
-
-#: torch dtype names of the sidecar -> bytes per element.
-_SIDECAR_DTYPE_BYTES = {"bfloat16": ELEMENT_BYTES["bf16"], "float16": ELEMENT_BYTES["f16"],
-                        "float32": ELEMENT_BYTES["f32"], "float64": ELEMENT_BYTES["f64"],
-                        "bool": ELEMENT_BYTES["i1"]}  # the official path's temporal mask
 
 #: The stage output split into patches (the hidden states); the others travel whole.
 PATCHED_OUTPUT = "x"
@@ -132,12 +127,9 @@ def load_plan(path: str | Path) -> PipelinePlan:
     from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES
 
     source = Path(path)
-    try:
-        data = tomllib.loads(source.read_text())
-    except FileNotFoundError:
-        raise InputFileError(f"{shown(source)}: pipeline file not found") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputFileError(f"{source}: not valid TOML ({exc})") from None
+    if not source.exists():
+        raise InputFileError(f"{shown(source)}: pipeline file not found")
+    data = load_toml(source, "a pipeline file (TOML)")
     stage_ids = data.get("stage_ids")
     if (not isinstance(stage_ids, list) or not stage_ids
             or not all(_int_list(pair, 2) and 0 <= pair[0] <= pair[1] for pair in stage_ids)):
@@ -299,7 +291,7 @@ def _boundary_bytes(sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
     traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
     full, per_patch = 0, 0.0
     for name, entry in sorted(sidecar.get("outputs", {}).items()):
-        nbytes = math.prod(entry["shape"]) * _SIDECAR_DTYPE_BYTES[entry["dtype"]]
+        nbytes = _tensor_bytes(entry)
         if name == PATCHED_OUTPUT:
             full += nbytes * traced
             per_patch += nbytes * traced / patches
@@ -316,8 +308,13 @@ def _latent_bytes(first_sidecar: dict[str, Any], patches: int) -> tuple[int, flo
     if entry is None:
         return 0, 0.0
     traced = int(first_sidecar.get("pipefusion", {}).get("patches", 1))
-    full = math.prod(entry["shape"]) * _SIDECAR_DTYPE_BYTES[entry["dtype"]] * traced
+    full = _tensor_bytes(entry) * traced
     return full, full / patches
+
+
+def _tensor_bytes(entry: dict[str, Any]) -> int:
+    """Bytes of a sidecar's tensor entry (its shape and dtype checked by read_sidecar)."""
+    return math.prod(entry["shape"]) * ELEMENT_BYTES[SIDECAR_DTYPES[entry["dtype"]]]
 
 
 def _stale_kv_bytes(config: dict[str, int], pairs: int) -> int:
@@ -337,9 +334,6 @@ def _read_sidecar(dump: str) -> dict[str, Any]:
     if path is None:
         raise InputFileError(f"{dump}: no sidecar {Path(dump).with_suffix('.json')}; "
                              "analyze-pipeline needs the tracer's sidecar of every stage")
-    try:
-        document = json.loads(path.read_text())
-        document["mesh"]["global_device_ids"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise InputFileError(f"{path}: not a tracer sidecar ({exc})") from None
+    document = read_sidecar(path, required=("mesh.global_device_ids",))
+    assert document is not None
     return document

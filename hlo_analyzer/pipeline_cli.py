@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import click
 
-from hlo_trace.cli import MAX_COUNT, OneLineCommand, emit, run_click
+from hlo_trace.atomic import check_targets
+from hlo_trace.cli import Count, OneLineCommand, emit, end_process, native_imports, run_click
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,7 +19,7 @@ from hlo_trace.cli import MAX_COUNT, OneLineCommand, emit, run_click
 @click.argument("dumps", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=str))
 @click.option("--hw", "hardware", default="tx8-16", show_default=True, metavar="NAME|FILE",
               help="System the stages run on (its chips hold the submeshes' device ids).")
-@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=30, show_default=True,
+@click.option("--steps", type=Count(), default=30, show_default=True,
               help="Sampling steps of one inference.")
 @click.option("--schedule", type=click.Choice(["overlapped", "per-step"]), default=None,
               help="PipeFusion schedule: overlapped (steps overlap, fill and drain once per "
@@ -46,11 +48,20 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
     Example: analyze-pipeline dumps/pipeline/tiny_2x2_stages.toml \\
     dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir
     """
-    from hlo_analyzer.pipeline import analyze_pipeline, load_plan
-    from hlo_analyzer.table import render_pipeline_table
+    with native_imports():
+        from hlo_analyzer.mlir import load_native_libraries
+        from hlo_analyzer.pipeline import analyze_pipeline, load_plan
+        from hlo_analyzer.table import render_pipeline_table
+
+        load_native_libraries()
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
+    inputs = {"pipeline file": pipeline, "hardware file": hardware if os.path.isfile(hardware) else None}
+    for index, dump in enumerate(dumps):
+        inputs |= {f"stage {index} dump": dump,
+                   f"stage {index} sidecar": os.path.splitext(dump)[0] + ".json"}
+    check_targets({"-o": output}, force=force, inputs=inputs)  # before the work
     analysis = analyze_pipeline(load_plan(pipeline), list(dumps), hardware, steps=steps,
                                 schedule=schedule)
     document = analysis.to_dict()
@@ -61,7 +72,7 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run_click(pipeline_command, argv))
+    end_process(run_click(pipeline_command, argv))
 
 
 if __name__ == "__main__":

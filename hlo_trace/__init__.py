@@ -5,6 +5,9 @@ click for the command-line runner):
 
 * ``hlo_trace.errors``: the typed exceptions that reach the user as one ``Error:`` line, exit 2;
 * ``hlo_trace.atomic``: atomic output files that are never silently overwritten;
+* ``hlo_trace.numbers``: ``parse_int``, integers typed as text (ASCII digits, bounded first);
+* ``hlo_trace.documents``: ``load_json`` / ``load_toml``, every JSON and TOML input read with its
+  size, nesting and numbers bounded;
 * ``hlo_trace.cli``: ``run_click``, the one way the project's commands turn errors into lines;
 * ``hlo_trace.isolate``: ``call_in_child`` and ``start_in_child``, a forked child whose crash becomes a usage error.
 * ``hlo_trace.examples``: ``example_dump``, the bundled example dump (package data), from any directory.
@@ -12,3 +15,36 @@ click for the command-line runner):
 Dependency direction (docs/design.md): ``hlo_trace`` <- ``hardware`` <- ``hlo_analyzer``;
 ``hlo_trace`` <- ``models`` <- ``tracing``.
 """
+
+import os as _os
+import sys as _sys
+
+#: The project's console commands (pyproject.toml's ``[project.scripts]``).
+COMMANDS = ("analyze-hlo", "analyze-pipeline", "plan-search", "trace-stage", "trace-vae-decode")
+
+
+def quiet_interrupts() -> None:
+    """Make an interrupt that reaches the top of the process (Ctrl-C while a command still
+    imports its modules, before ``run_click`` catches it) the one line ``Interrupted.`` and exit
+    code 130, as everywhere else in a command, instead of a traceback and death by SIGINT. Any
+    other exception is reported as before. Installed by ``hlo_trace.cli`` (the commands'
+    runner) and, earlier, here when the process was started as one of the commands."""
+    if getattr(_sys.excepthook, "_hlo_trace_quiet", False):
+        return
+    previous = _sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            try:
+                _sys.stderr.write("Interrupted.\n")
+                _sys.stderr.flush()
+            finally:
+                _os._exit(130)  # no cleanup: a half-initialised native library may crash in it
+        previous(kind, value, traceback)
+
+    hook._hlo_trace_quiet = True  # type: ignore[attr-defined]
+    _sys.excepthook = hook
+
+
+if _sys.argv and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) in COMMANDS):
+    quiet_interrupts()  # ``python -m tracing.cli`` (while the package imports) or a console script

@@ -26,7 +26,21 @@ def check_target(path: str | os.PathLike, *, force: bool = False) -> Path:
         raise UsageError(f"{shown(directory)}: output directory does not exist")
     if not os.access(directory, os.W_OK):
         raise UsageError(f"{shown(directory)}: output directory is not writable")
+    _probe(target, directory)
     return target
+
+
+def _probe(target: Path, directory: Path) -> None:
+    """Make (and remove) the temporary sibling that ``atomic_write`` will write: the only test
+    that holds where permissions do not tell (root in /proc or /sys, a read-only mount, a full
+    inode table)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=_temporary_prefix(target.name, directory),
+                                    suffix=_TMP_SUFFIX, dir=directory)
+    except OSError as exc:
+        raise UsageError(f"{shown(target)}: cannot write there: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 _TMP_SUFFIX = ".tmp"
@@ -49,13 +63,37 @@ def _temporary_prefix(name: str, directory: Path) -> str:
     return f".{name}."
 
 
-def check_targets(targets: dict[str, str | os.PathLike | None], *, force: bool = False) -> None:
+def _publish_new(tmp_name: str, target: Path) -> None:
+    """Give the written temporary file the name ``target``, which must not exist (then the
+    temporary name is removed); on a file system without hard links, a rename after a check."""
+    try:
+        os.link(tmp_name, target)
+    except FileExistsError:
+        raise UsageError(f"{shown(target)}: already exists (written meanwhile by another "
+                         "process); pass --force to overwrite it") from None
+    except OSError:  # no hard links here (EPERM, ENOTSUP): the check and the rename apart
+        if os.path.lexists(target):
+            raise UsageError(f"{shown(target)}: already exists; pass --force to overwrite "
+                             "it") from None
+        os.replace(tmp_name, target)
+        return
+    os.unlink(tmp_name)
+
+
+def check_targets(targets: dict[str, str | os.PathLike | None], *, force: bool = False,
+                  inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
     """``check_target`` on each output a command was given (by option name, None when not
-    given), and no two naming the same file: one would silently replace the other."""
+    given), no two naming the same file (one would silently replace the other), and none
+    naming one of the command's ``inputs`` (by what they are: the report would replace the
+    dump it was made from, even with ``--force``)."""
     seen: dict[str, str] = {}
     for option, path in targets.items():
         if path is None:
             continue
+        for what, source in (inputs or {}).items():
+            if source is not None and _same_file(path, source):
+                raise UsageError(f"{shown(path)}: is the {what} this command reads; expected "
+                                 f"another file for {option}")
         check_target(path, force=force)
         key = os.path.realpath(path)
         if key in seen:
@@ -64,18 +102,31 @@ def check_targets(targets: dict[str, str | os.PathLike | None], *, force: bool =
         seen[key] = option
 
 
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # one does not exist (yet): by name
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
                  force: bool = False) -> Path:
     """Write ``data`` (text, bytes, or text in pieces, written as they come) to ``path`` so that
     readers never see a partial file.
 
-    Refuses to replace an existing file unless ``force`` is true, so a dump is never silently lost.
+    Refuses to replace an existing file unless ``force`` is true, so a dump is never silently lost:
+    without ``force`` the file is made by a hard link, which fails if the name exists, so that
+    of two processes writing one new file at once exactly one succeeds (a check, then a rename,
+    would let both "succeed", the second silently replacing the first).
     """
     target = check_target(path, force=force)
     directory = target.parent if str(target.parent) else Path(".")
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(target.name, directory),
-                                    suffix=_TMP_SUFFIX, dir=directory)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(target.name, directory),
+                                        suffix=_TMP_SUFFIX, dir=directory)
+    except OSError as exc:  # the directory changed since check_target
+        raise UsageError(f"{shown(target)}: cannot write there: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, mode) as handle:
             if isinstance(data, (str, bytes)):
@@ -86,7 +137,10 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_name, 0o666 & ~umask)
-        os.replace(tmp_name, target)
+        if force:
+            os.replace(tmp_name, target)
+        else:
+            _publish_new(tmp_name, target)
     except BaseException as exc:
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)

@@ -8,12 +8,21 @@ import fcntl
 import io
 import math
 import os
+import re
+import signal
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import click
 
-from hlo_trace.errors import UsageError, shown
+from hlo_trace import quiet_interrupts
+from hlo_trace.errors import UsageError, out_of_memory, out_of_memory_sign, shown
+from hlo_trace.isolate import die_with_parent, in_child, memory_limit_reached
+from hlo_trace.numbers import brief, parse_int
+
+quiet_interrupts()
 
 #: Upper bound of physical quantities given as options (a bandwidth in GB/s, a latency in us):
 #: far above any machine (1e9 GB/s is an exabyte per second), and small enough that the
@@ -26,7 +35,8 @@ MAX_COUNT = 10**6
 
 class PositiveFinite(click.ParamType):
     """A finite float greater than zero (or at least zero with ``allow_zero``): a physical
-    quantity such as a bandwidth or a latency, never NaN or infinite."""
+    quantity such as a bandwidth or a latency, never NaN or infinite. The one home of the
+    project's float options."""
 
     name = "number"
 
@@ -35,18 +45,52 @@ class PositiveFinite(click.ParamType):
         self.maximum = maximum
 
     def convert(self, value, param, ctx) -> float:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)  # a default
+        else:
+            text = str(value).strip()
+            if not _ASCII_NUMBER.fullmatch(text):  # '٣', '1_000', '0x10': not typed as a number
+                self.fail(f"{brief(value)} is not a number (e.g. 0.5, 100, 1e-3)", param, ctx)
+            number = float(text)
         if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
+            self.fail(f"{brief(value)} is not a finite number", param, ctx)
         if number < 0 or (number == 0 and not self.allow_zero):
             bound = "at least 0" if self.allow_zero else "greater than 0"
-            self.fail(f"{value!r} must be {bound}", param, ctx)
+            self.fail(f"{brief(value)} must be {bound}", param, ctx)
         if number > self.maximum:
-            self.fail(f"{value!r} must be at most {self.maximum:g}", param, ctx)
+            self.fail(f"{brief(value)} must be at most {self.maximum:g}", param, ctx)
         return number
+
+
+#: A decimal number in ASCII (float() alone also takes Unicode digits and underscores);
+#: nan and inf are words float() reads too: refused as not finite.
+_ASCII_NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf|infinity)",
+                           re.IGNORECASE)
+
+
+class Count(click.ParamType):
+    """An integer from ``minimum`` to ``maximum`` (default ``MAX_COUNT``) in ASCII digits: a
+    count, an index or a degree. The one home of the project's integer options: a Unicode
+    digit, a 5,000-digit number or a value out of range is one line that says what is
+    expected."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int = 1, maximum: int = MAX_COUNT) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            text = str(value)  # a default, checked like a typed value
+        else:
+            text = str(value).strip()
+        try:
+            return parse_int(text, minimum=self.minimum, maximum=self.maximum)
+        except ValueError as error:
+            self.fail(f"{brief(value)}: {error}", param, ctx)
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "INTEGER"
 
 
 class OneLineCommand(click.Command):
@@ -56,7 +100,10 @@ class OneLineCommand(click.Command):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        sys.exit(run_click(self, args if args is not None else sys.argv[1:]))
+        code = run_click(self, args if args is not None else sys.argv[1:])
+        if args is None:  # the process's own command line: a console script, python -m
+            end_process(code)
+        sys.exit(code)
 
 
 def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
@@ -66,6 +113,7 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
     system error (full disk, permissions) and an interrupted run all end without a traceback.
     """
     _guard_closed_streams()
+    die_with_parent()
     try:
         result = command.main(args=list(argv) if argv is not None else None,
                               standalone_mode=False)
@@ -89,12 +137,59 @@ def run_click(command: click.Command, argv: Sequence[str] | None = None) -> int:
         click.echo(f"Error: {where}{reason}", err=True)
         return 2
     except Exception as exc:  # a bug, not bad input: say what, keep the traceback for debugging
+        sign = memory_limit_reached() or out_of_memory_sign(f"{type(exc).__name__}: {exc}")
+        if sign is not None:  # MemoryError, XLA's RESOURCE_EXHAUSTED, ...: the machine's limit
+            click.echo(f"Error: {out_of_memory(None, sign)}", err=True)
+            return 2
         if os.environ.get("HLO_TRACE_DEBUG"):
             raise
         click.echo(f"Error: internal error ({type(exc).__name__}: {_one_line(str(exc))}); "
                    "set HLO_TRACE_DEBUG=1 for the traceback", err=True)
         return 1
     return result if isinstance(result, int) else 0
+
+
+def end_process(code: int) -> None:
+    """End a command's process with exit code ``code`` (its ``main``). An interrupted one (130)
+    ends at once, without the interpreter's cleanup (a native library interrupted while it
+    initialised may crash in its destructors); any other ignores Ctrl-C from here on: the
+    interpreter's cleanup restores SIGINT's default action, so an interrupt in its last
+    milliseconds would end a finished command by the signal."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code == 130:
+        os._exit(130)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # left as is by the cleanup, unlike a handler
+    sys.exit(code)
+
+
+@contextmanager
+def native_imports() -> Iterator[None]:
+    """Within: Ctrl-C ends the process at once (``Interrupted.``, exit code 130) instead of
+    raising KeyboardInterrupt. For the first import of native libraries (jaxlib's MLIR bindings,
+    torch): an exception raised while one initialises leaves it half-made, and the process
+    crashes (SIGSEGV) when it unwinds or exits. Outside the main thread, nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _exit_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _exit_interrupted(number: int, frame: object) -> None:
+    try:
+        if not in_child():  # a forked child's parent says it
+            sys.stderr.write("Interrupted.\n")
+            sys.stderr.flush()
+    finally:
+        os._exit(130)
 
 
 def emit(text: str | Iterable[str], output: str | None, *, force: bool = False) -> None:

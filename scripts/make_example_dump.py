@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from hlo_analyzer.mlir import hlo_text_to_mlir_text
     from hlo_trace.atomic import atomic_write
     from hlo_trace.errors import UsageError
+    from tracing.cli import portable_locations
 
     out_dir = Path(args.out)
     suffixes = (".hlo.txt", ".stablehlo.mlir", ".mhlo.mlir", ".json")
@@ -140,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"{existing[0]}: already exists; pass --force to overwrite it")
     started = time.perf_counter()
     hlo_text, facts = trace()
-    stablehlo_text = hlo_text_to_mlir_text(hlo_text, "stablehlo", origin=NAME)
-    mhlo_text = hlo_text_to_mlir_text(hlo_text, "mhlo", origin=NAME)
+    stablehlo_text = portable_locations(hlo_text_to_mlir_text(hlo_text, "stablehlo", origin=NAME))
+    mhlo_text = portable_locations(hlo_text_to_mlir_text(hlo_text, "mhlo", origin=NAME))
+    hlo_text = portable_locations(hlo_text)  # no path of this machine in a bundled dump
     sidecar = {
         "name": NAME,
         "description": ("patch-embedding conv + Megatron MLP (fc1 column-split, GELU tanh, "

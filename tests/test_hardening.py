@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_robustness import analyze_cli, assert_one_line
 
+from benchmarks.fuzz import group_members
 from hardware import gemm_mapper
 from hardware.gemm_mapper import (
     MAX_PLACEMENTS,
@@ -494,20 +495,7 @@ def test_sniffing_refuses_only_what_cannot_be_a_dump(head, refused):
 # -- 4. no orphans: the analysis children end with the command ------------------------------------
 
 
-def _group_members(group: int) -> list[int]:
-    """Live (not zombie) processes of process group ``group``, from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == group and fields[0] != "Z":  # state, ppid, pgrp
-            members.append(int(entry.name))
-    return members
+_group_members = group_members  # live processes of a process group, from /proc
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def assert_usage_error(result, *fragments: str) -> None:
     (["--strategy", "usp", "--mesh", "2x4", "--ring-degree", "4", "--ulysses-degree", "2"],
      ("ring degree x Ulysses degree", "ring 4 x ulysses 2")),
     (["--strategy", "usp", "--mesh", "1x8", "--ulysses-degree", "8"], ("heads = 4", "ulysses degree 8")),
-    (["--strategy", "usp", "--ring-degree", "0"], ("ring_degree=0", "positive integer")),
+    (["--strategy", "usp", "--ring-degree", "0"], ("--ring-degree", "must be at least 1")),
     (["--strategy", "megatron", "--stage", "3", "--stage-ids", "0-0,1-1"], ("stage 3", "0..1")),
     (["--strategy", "megatron", "--stage-ids", "0-0,2-3"], ("stage 1 starts at block 2",)),
     (["--strategy", "megatron", "--mesh", "2by2"], ("bad mesh",)),

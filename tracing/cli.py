@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -19,10 +20,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from hlo_trace.cli import OneLineCommand
+from hlo_trace.atomic import check_target
+from hlo_trace.cli import Count, OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
+from hlo_trace.isolate import call_in_child, child_environment
 from tracing.config import (
     INFERENCE_PATHS,
+    MAX_DEVICES,
+    MAX_SIZE,
     PipelineConfig,
     build_config,
     check_trace_size,
@@ -61,11 +66,14 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     see tracing.training); returns the written paths and the capture session, whose compile
     may still run in the background (see tracing.capture): end the process with
     ``capture.end_process(session)``."""
-    from hlo_analyzer.mlir import hlo_text_to_mlir_text
-    from tracing import capture
-    from tracing.stages import boundary_shapes, stage_spec
-    from tracing.strategies import get_strategy
-    from tracing.tracer import make_layout
+    with native_imports():  # jaxlib's bindings: Ctrl-C while they load ends the process at once
+        from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_native_libraries
+        from tracing import capture
+        from tracing.stages import boundary_shapes, stage_spec
+        from tracing.strategies import get_strategy
+        from tracing.tracer import make_layout
+
+        load_native_libraries()
 
     started = time.perf_counter()
     stage_spec(config, stage)  # stage index check before anything heavy
@@ -77,7 +85,11 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
             raise UsageError("--mode train traces a whole stage: --patches must be 1")
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
     check_output(out_dir, [mlir_path, json_path], force)
+    if shape_cache is not None:  # rewritten when it lacks this stage's shapes: check it first
+        check_target(shape_cache, force=True)
     require_trace_extra()
+    with native_imports():
+        import torch  # noqa: F401 - loaded here, where an interrupt cannot leave it half-made
     peaks: dict[str, int] = {}
     progress = _progress(stage, name, peaks)
 
@@ -95,7 +107,8 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     submesh = config.submesh(stage)
     session = capture.prepare_process(submesh.size, keep_every_op=train is None)
     try:
-        capture.enable_spmd()
+        with native_imports():  # torch_xla's runtime
+            capture.enable_spmd()
         from tracing.tracer import compile_stage, lay_out_placeholders, trace_stage
 
         if train is not None:
@@ -160,11 +173,56 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
     return write_dump(mlir_path, mlir_text, sidecar, force), session
 
 
+#: The repository the tracer runs from: source locations under it are written relative to it.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The repository's top-level directories that hold Python sources (the first part of a
+#: relative location).
+SOURCE_DIRS = ("models", "tracing", "hlo_analyzer", "hardware", "hlo_trace", "scripts",
+               "benchmarks", "tests")
+#: An absolute file name in a source location: MLIR's ``"FILE":line:col`` (alone, in a name or
+#: call-site location, or fused) and HLO's ``source_file="FILE"`` (XLA writes both from torch's
+#: stack frames).
+_LOCATION_FILE = re.compile(r'(source_file=)?"(/[^"\n]*)"(?(1)|(?=:\d+:\d+))')
+
+
+def portable_path(path: str, repo_root: Path = REPO_ROOT) -> str:
+    """A source file of a location as a dump writes it: relative to the repository
+    (``models/opensora/stdit3.py``: to this checkout, or to another whose file this checkout
+    also has), to the installed packages (``site-packages/torch/nn/functional.py``) or to the
+    standard library (``python3.11/contextlib.py``); else its name alone. A dump is shared
+    between machines: no path of the machine that traced it."""
+    root = f"{repo_root}/"
+    if path.startswith(root):
+        return path[len(root):]
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return "site-packages/" + path.split(marker, 1)[1]
+    parts = path.split("/")
+    for index, part in enumerate(parts):  # a checkout elsewhere: its part this one has too
+        if part in SOURCE_DIRS and (repo_root / "/".join(parts[index:])).exists():
+            return "/".join(parts[index:])
+    standard = re.search(r"/lib/(python3\.\d+)/(.*)", path)
+    if standard:
+        return f"{standard.group(1)}/{standard.group(2)}"
+    return parts[-1]
+
+
+def portable_locations(text: str, repo_root: Path = REPO_ROOT) -> str:
+    """``text`` (MLIR or HLO) with the file of every source location made ``portable_path``;
+    the program itself is unchanged (only location strings are rewritten)."""
+    return _LOCATION_FILE.sub(
+        lambda match: f'{match.group(1) or ""}"{portable_path(match.group(2), repo_root)}"', text)
+
+
 def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> list[Path]:
     """Write a dump and its JSON sidecar (``mlir_path`` with ``.json``) atomically; a dump is
-    never left without its sidecar. Returns the two paths."""
+    never left without its sidecar, nor with a path of this machine in its locations
+    (``portable_locations``). Returns the two paths."""
     from hlo_trace.atomic import atomic_write
 
+    mlir_text = portable_locations(mlir_text)
+    if "mlir_bytes" in sidecar:
+        sidecar = {**sidecar, "mlir_bytes": len(mlir_text.encode())}
     json_path = mlir_path.with_suffix(".json")
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
@@ -207,7 +265,7 @@ def _strategy_help() -> str:
 
 @click.command(cls=OneLineCommand,
                context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--stage", "stage", type=int, default=0, show_default=True,
+@click.option("--stage", "stage", type=Count(0), default=0, show_default=True,
               help="Index of the pipeline stage to trace (0 holds the embeddings, the last one the final layer).")
 @click.option("--strategy", default="megatron", show_default=True,
               help=f"Parallel strategy: {_strategy_help()}.")
@@ -221,20 +279,20 @@ def _strategy_help() -> str:
               help="Model config: full, tiny, or a model TOML file of STDiT3Config fields.")
 @click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False), default=None,
               help="Pipeline TOML file (config, shape, strategy, mesh_shape, stage_ids, submeshes, dtype, batch); options given on the command line win.")
-@click.option("--devices", type=int, default=None,
+@click.option("--devices", type=Count(1, MAX_DEVICES), default=None,
               help="Number of virtual CPU devices; must equal X*Y of --mesh.  [default: X*Y]")
 @click.option("--dtype", default="bfloat16", show_default=True,
               help="Element type of weights and activations: bfloat16, float32 or float16.")
-@click.option("--batch", type=int, default=2, show_default=True,
+@click.option("--batch", type=Count(1, MAX_SIZE), default=2, show_default=True,
               help="Batch size (2: classifier-free guidance).")
-@click.option("--patches", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--patches", type=Count(), default=1, show_default=True,
               help="PipeFusion patch count M: trace the stage on one of M patches along the latent "
                    "height, its spatial attentions reading full-sequence stale K/V (docs/pipeline.md).")
 @click.option("--all-stages", is_flag=True,
               help="Trace every stage of the pipeline, one process each (same options but --stage).")
-@click.option("--ring-degree", type=int, default=None,
+@click.option("--ring-degree", type=Count(1, MAX_DEVICES), default=None,
               help="usp: ring degree over mesh axis y (ring x ulysses = y; default 2 when y is even).")
-@click.option("--ulysses-degree", type=int, default=None,
+@click.option("--ulysses-degree", type=Count(1, MAX_DEVICES), default=None,
               help="usp: Ulysses (all-to-all) degree over mesh axis y (default y / ring degree).")
 @click.option("--path", "inference_path", type=click.Choice(list(INFERENCE_PATHS)), default=INFERENCE_PATHS[0],
               show_default=True,
@@ -254,7 +312,7 @@ def _strategy_help() -> str:
 @click.option("--mode", type=click.Choice(["infer", "train"]), default="infer", show_default=True,
               help="infer: the stage's forward; train: one training step (forward, diffusion "
                    "loss, backward, AdamW) as one program (docs/training.md).")
-@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+@click.option("--zero", type=Count(0, 3), default=0, show_default=True,
               help="--mode train: ZeRO stage over the mesh axes that replicate each weight "
                    "(1: optimizer states sharded, 2: + gradients, 3: + parameters, FSDP).")
 @click.option("--recompute", type=click.Choice(["none", "full"]), default="none",
@@ -298,25 +356,47 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
             raise UsageError("--zero and --recompute apply to --mode train only")
         if all_stages:
             sys.exit(_trace_all_stages(config))
+        # The trace (or check) runs in a forked child: torch and XLA abort their process when
+        # an allocation fails (std::bad_alloc); the child's death is one line here, its
+        # progress is shown as it comes. The child leaves by os._exit: a compile XLA left
+        # running in the background is not waited for.
+        name = config.dump_name(stage) if stage < config.num_stages else f"stage {stage}"
         if check:
             require_trace_extra()
-            from tracing.check import run_check
-
-            report = run_check(config, stage, progress=_progress(stage, f"check {config.strategy}"),
-                               train=train)
-            click.echo(report.summary(), err=True)
-            if not report.passed:
+            summary, passed = call_in_child(_check_in_child, config, stage, train, origin=name,
+                                            what="checking it", live_stderr=True)
+            click.echo(summary, err=True)
+            if not passed:
                 sys.exit(1)
             return
         cache = Path(shape_cache) if shape_cache else out / "stage_shapes.json"
-        written, session = run_trace(config, stage, out, dialect, force, cache, train)
+        written = call_in_child(_trace_in_child, config, stage, out, dialect, force, cache, train,
+                                origin=name, what="tracing it", live_stderr=True)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)
-    click.echo("wrote " + " ".join(str(path) for path in written), err=True)
-    from tracing import capture
+    click.echo("wrote " + " ".join(written), err=True)
 
-    capture.end_process(session)
+
+def _trace_in_child(config: PipelineConfig, stage: int, out: Path, dialect: str, force: bool,
+                    cache: Path, train: TrainOptions | None) -> list[str]:
+    """``run_trace`` in the trace's child process: the written paths."""
+    import shutil
+
+    written, session = run_trace(config, stage, out, dialect, force, cache, train)
+    if session.compiling:  # the compile goes on writing there until the child ends
+        shutil.rmtree(session.dump_dir, ignore_errors=True)
+    return [str(path) for path in written]
+
+
+def _check_in_child(config: PipelineConfig, stage: int,
+                    train: TrainOptions | None) -> tuple[str, bool]:
+    """``run_check`` in the check's child process: its summary and whether it passed."""
+    from tracing.check import run_check
+
+    report = run_check(config, stage, progress=_progress(stage, f"check {config.strategy}"),
+                       train=train)
+    return report.summary(), report.passed
 
 
 def _trace_all_stages(config: PipelineConfig) -> int:
@@ -328,8 +408,9 @@ def _trace_all_stages(config: PipelineConfig) -> int:
         index = arguments.index("--stage")
         del arguments[index:index + 2]
     for stage in range(config.num_stages):
+        # each stage ends with this process (a SIGTERM here never leaves a stage tracing)
         code = subprocess.call([sys.executable, "-m", "tracing.cli", *arguments,
-                                "--stage", str(stage)])
+                                "--stage", str(stage)], env=child_environment())
         if code != 0:
             return code
     return 0

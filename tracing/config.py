@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hlo_trace.documents import load_toml
 from hlo_trace.errors import UsageError, shown
+from hlo_trace.numbers import brief, parse_int
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_count
 from models.opensora.inputs import geometry, parse_shape
@@ -168,10 +169,14 @@ def default_shape(config_name: str) -> str:
 def parse_mesh(text: str) -> tuple[int, int]:
     """``"2x8"`` -> (2, 8): ASCII digits and a lower-case ``x``, nothing else."""
     match = re.fullmatch(r"([0-9]+)x([0-9]+)", str(text))
-    if not match or min(int(match.group(1)), int(match.group(2))) < 1:
-        raise PipelineConfigError(f"bad mesh {text!r}: expected XxY with positive X and Y in "
-                                  "ASCII digits, e.g. 2x8")
-    return int(match.group(1)), int(match.group(2))
+    try:
+        if not match:
+            raise ValueError
+        x, y = (parse_int(size, minimum=1, maximum=MAX_DEVICES) for size in match.groups())
+    except ValueError:
+        raise PipelineConfigError(f"bad mesh {brief(text)}: expected XxY with X and Y from 1 to "
+                                  f"{MAX_DEVICES} in ASCII digits, e.g. 2x8") from None
+    return x, y
 
 
 def parse_stage_ids(text: str) -> tuple[tuple[int, int], ...]:
@@ -179,11 +184,16 @@ def parse_stage_ids(text: str) -> tuple[tuple[int, int], ...]:
     stages = []
     for part in str(text).split(","):
         match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
-        if not match:
+        try:
+            if not match:
+                raise ValueError
+            first = parse_int(match.group(1), minimum=0, maximum=MAX_BLOCKS)
+            last = (first if match.group(2) is None
+                    else parse_int(match.group(2), minimum=0, maximum=MAX_BLOCKS))
+        except ValueError:
             raise PipelineConfigError(
-                f"bad stage ids {text!r}: expected FIRST-LAST[,FIRST-LAST...], e.g. 0-13,14-27")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
+                f"bad stage ids {brief(text)}: expected FIRST-LAST[,FIRST-LAST...] block pairs "
+                f"from 0 to {MAX_BLOCKS} in ASCII digits, e.g. 0-13,14-27") from None
         stages.append((first, last))
     return tuple(stages)
 
@@ -230,8 +240,14 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
     if inference_path not in INFERENCE_PATHS:
         raise PipelineConfigError(f"inference_path={inference_path!r}: expected one of {', '.join(INFERENCE_PATHS)}")
     for key, degree in (("ring_degree", ring_degree), ("ulysses_degree", ulysses_degree)):
-        if degree is not None and (not isinstance(degree, int) or degree < 1):
-            raise PipelineConfigError(f"{key}={degree!r}: expected a positive integer")
+        if degree is None:
+            continue
+        if not _is_int(degree) or not 1 <= degree <= MAX_DEVICES:
+            raise PipelineConfigError(f"{key}={brief(degree)}: expected a positive integer up "
+                                      f"to {MAX_DEVICES}")
+        if strategy != "usp":
+            raise PipelineConfigError(f"{key}={degree}: the usp strategy's degree; strategy "
+                                      f"{strategy} has none")
     return PipelineConfig(model_config_name=str(config), model=model, shape=str(parse_shape(shape)),
                           strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
                           submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch),
@@ -242,12 +258,9 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
 def load_config_file(path: str | Path, **overrides) -> PipelineConfig:
     """Read a pipeline TOML file; ``overrides`` (e.g. from CLI options) win over its values."""
     source = Path(path)
-    if not source.is_file():
+    if not source.exists():
         raise PipelineConfigError(f"{shown(source)}: pipeline file not found")
-    try:
-        data = tomllib.loads(source.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise PipelineConfigError(f"{source}: not valid TOML ({exc})") from None
+    data = load_toml(source, "a pipeline file (TOML)")
     known = set(_TOML_TYPES)
     unknown = sorted(set(data) - known - ANALYSIS_KEYS)
     if unknown:
@@ -303,6 +316,8 @@ _TOML_TYPES = {
 MAX_DEVICES = 1024
 #: Largest size (batch) accepted: an int32 dimension; no traced tensor gets near it.
 MAX_SIZE = 2**31 - 1
+#: Largest block pair index accepted in a stage split (the model's depth bounds it further).
+MAX_BLOCKS = MAX_SIZE
 #: Most elements one tensor of a traced stage may have: 2**40 (~1.1e12, 2.2 TB in bf16). The
 #: largest reference trace (full model, 102_1280_720, batch 2) peaks at 1.24e10 (its spatial
 #: attention scores, 2 x 30 x 16 x 3600**2), so this leaves a factor of ~90; beyond it torch

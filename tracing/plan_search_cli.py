@@ -11,8 +11,17 @@ from pathlib import Path
 
 import click
 
-from hlo_trace.cli import MAX_COUNT, OneLineCommand, run_click
+from hlo_trace.cli import (
+    MAX_COUNT,
+    MAX_QUANTITY,
+    Count,
+    OneLineCommand,
+    PositiveFinite,
+    end_process,
+    run_click,
+)
 from hlo_trace.errors import UsageError
+from hlo_trace.numbers import brief, parse_int
 
 #: Bytes per GB as the report prints memory (decimal, as the study's tables).
 GIGA = 1e9
@@ -20,12 +29,13 @@ GIGA = 1e9
 
 def _int_list(text: str, option: str, *, minimum: int = 1) -> list[int]:
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [parse_int(part.strip(), minimum=minimum, maximum=MAX_COUNT)
+                  for part in text.split(",") if part.strip()]
     except ValueError:
         values = []
-    if not values or min(values) < minimum:
-        raise UsageError(f"{option} {text!r}: expected comma-separated integers of at least "
-                         f"{minimum}, e.g. 1,2,4")
+    if not values:
+        raise UsageError(f"{option} {brief(text)}: expected comma-separated integers from "
+                         f"{minimum} to {MAX_COUNT} in ASCII digits, e.g. 1,2,4")
     return list(dict.fromkeys(values))
 
 
@@ -128,18 +138,25 @@ def result_document(result) -> dict:
                            for label, reason in result.space.infeasible]}
 
 
+def require_plot_extra() -> None:
+    """One line, before any work, when ``--plot`` is given without the plot extra."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'hlo-trace[plot]'") from None
+
+
 def plot_front(result, path: str, *, force: bool) -> None:
     """A PNG of every traced plan's latency against its memory per device (log latency), the
     Pareto front joined, the best plan marked and the memory limit drawn (the plot extra)."""
     import io
 
-    try:
-        import matplotlib
+    require_plot_extra()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'hlo-trace[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     from hlo_trace.atomic import atomic_write
 
     traced = [o for o in result.traced]
@@ -178,24 +195,24 @@ def plot_front(result, path: str, *, force: bool) -> None:
                    "the small test shape]")
 @click.option("--hw", "hardware", default="tx8-16", show_default=True, metavar="NAME|FILE",
               help="Hardware system (a system name or file: its chips hold the plans).")
-@click.option("--devices", type=click.IntRange(min=1, max=MAX_COUNT), default=None,
+@click.option("--devices", type=Count(), default=None,
               help="Devices the plans use.  [default: the system's chips]")
-@click.option("--memory-limit", "memory_limit_gb", type=click.FloatRange(min=0, min_open=True),
+@click.option("--memory-limit", "memory_limit_gb", type=PositiveFinite(maximum=MAX_QUANTITY),
               default=None, help="Memory per device in GB.  [default: the chip's capacity]")
-@click.option("--budget", type=click.IntRange(min=1, max=MAX_COUNT), default=12,
+@click.option("--budget", type=Count(), default=12,
               show_default=True, help="Most plans traced.")
 @click.option("--strategies", default=None,
               help="Comma-separated strategies.  [default: every strategy of the table]")
 @click.option("--stages", "stage_counts", default=None,
               help="Pipeline stage counts P, comma-separated (1 = flat).  [default: every "
                    "divisor of the devices up to the model's block pairs]")
-@click.option("--splits", type=click.IntRange(min=1, max=MAX_COUNT), default=2, show_default=True,
+@click.option("--splits", type=Count(), default=2, show_default=True,
               help="Splits of the block pairs per stage count (the even one first).")
 @click.option("--patches", "patch_counts", default="1,2,4", show_default=True,
               help="PipeFusion patch counts M of the pipelines, comma-separated.")
-@click.option("--steps", type=click.IntRange(min=1, max=MAX_COUNT), default=30, show_default=True,
+@click.option("--steps", type=Count(), default=30, show_default=True,
               help="Sampling steps of one inference.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1, max=MAX_COUNT), default=1,
+@click.option("-j", "--jobs", type=Count(), default=1,
               show_default=True,
               help="Plans traced at once (clamped to the memory available, ~4 GiB a trace).")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
@@ -231,7 +248,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     best plan is written as a pipeline TOML that trace-stage --pipeline and analyze-pipeline
     read as is.  Progress goes to stderr."""
     from hardware import load_system
-    from hlo_trace.atomic import atomic_write, check_target
+    from hlo_trace.atomic import atomic_write, check_targets
     from models.opensora.parallel import STRATEGY_NAMES
     from tracing.config import default_shape
     from tracing.plan_search import (
@@ -259,10 +276,11 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"expected some of {', '.join(STRATEGY_NAMES)}")
     stages = None if stage_counts is None else _int_list(stage_counts, "--stages")
     patches = _int_list(patch_counts, "--patches")
-    check_target(plan_out, force=force)
-    for target in (json_out, plot_out):
-        if target:
-            check_target(target, force=force)
+    check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
+                  inputs={"--config file": model_config if model_config.endswith(".toml") else None,
+                          "--hw file": hardware if hardware.endswith(".toml") else None})
+    if plot_out:
+        require_plot_extra()
     if scheduler is not None:
         from tracing.runner import check_scheduler
 
@@ -296,7 +314,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run_click(plan_search_command, argv))
+    end_process(run_click(plan_search_command, argv))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hlo_trace.atomic import atomic_write
+from hlo_trace.isolate import child_environment
 from tracing.plans import PipelineCase
 
 log = logging.getLogger(__name__)
@@ -180,7 +182,8 @@ class _Steps:
             raise Interrupted
         with self._lock:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True, env=_step_environment(), cwd=cwd)
+                                       text=True, env=child_environment(_step_environment()),
+                                       cwd=cwd)
             self._running.add(process)
         try:
             stdout, stderr = process.communicate()
@@ -459,8 +462,43 @@ def run_case_on_worker(case: Case | PipelineCase, paths: Paths, settings: Settin
     return None
 
 
+#: A scheduler address: ``tcp://HOST:PORT`` (or ``HOST:PORT``), HOST a name, an IPv4 address
+#: or a bracketed IPv6 one.
+_SCHEDULER_ADDRESS = re.compile(r"(?:tcp://)?(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9_.-]{1,253}):[0-9]{1,5}")
+#: Memory the scheduler check may take: far above what a handshake needs, so that a listener
+#: that is no scheduler (an HTTP server's reply read as a message length) is refused at once.
+SCHEDULER_CHECK_BYTES = 1 << 30
+
+
 def check_scheduler(scheduler: str) -> None:
-    """One line now, before any work, when no Dask scheduler answers at ``scheduler``."""
+    """One line now, before any work, when ``scheduler`` is no ``tcp://HOST:PORT`` address or
+    no Dask scheduler answers there within ``SCHEDULER_TIMEOUT_S``. The handshake runs in a
+    forked child with a time and memory limit: a listener that never answers, or answers as
+    something else, would hang the client or make it allocate exabytes."""
+    from hlo_trace.errors import UsageError
+    from hlo_trace.isolate import ChildLimitExceeded, call_in_child
+    from hlo_trace.numbers import brief
+
+    if not _SCHEDULER_ADDRESS.fullmatch(scheduler):
+        raise UsageError(f"--scheduler {brief(scheduler)}: expected a Dask scheduler address "
+                         "tcp://HOST:PORT (ucx:// and tls:// need a Dask configuration this "
+                         "command does not take)")
+    try:
+        import distributed  # noqa: F401 - the extra, checked here (the child would say less)
+    except ImportError:
+        raise UsageError("--scheduler needs Dask distributed: pip install 'hlo-trace[cluster]'"
+                         ) from None
+    try:
+        call_in_child(_close_client, scheduler, origin=f"--scheduler {scheduler}",
+                      what="waiting for the scheduler's handshake",
+                      time_s=2 * SCHEDULER_TIMEOUT_S + 5, memory_bytes=SCHEDULER_CHECK_BYTES)
+    except ChildLimitExceeded as error:
+        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answered ({error.reason})"
+                         ) from None
+
+
+def _close_client(scheduler: str) -> None:
+    """In the check's child: connect and disconnect; any failure is one line."""
     _cluster_client(scheduler).close()
 
 
@@ -475,8 +513,10 @@ def _cluster_client(scheduler: str):
                          ) from None
     try:
         return Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)
-    except (OSError, TimeoutError, ValueError) as error:
-        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answered ({error})") from None
+    except Exception as error:  # noqa: BLE001 - whatever a listener that is no scheduler makes
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise UsageError(f"--scheduler {scheduler}: no Dask scheduler answered "
+                         f"({type(error).__name__}: {reason[:200]})") from None
 
 
 def run_cases_on_cluster(cases: list[Case | PipelineCase], paths: Paths, settings: Settings,

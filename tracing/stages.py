@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hlo_trace.atomic import atomic_write
-from hlo_trace.errors import UsageError
+from hlo_trace.documents import load_json
+from hlo_trace.errors import InputFileError, UsageError
 from models.opensora.inputs import geometry
 from tracing.config import PipelineConfig
 from tracing.strategies.base import stage_token_order
@@ -174,8 +175,9 @@ def _cache_entries(cache_path: Path) -> list[dict]:
     """The cache's well-formed entries (objects with a key and a list of stage records); an
     unreadable file, or entries of any other form, are dropped with a warning and recomputed."""
     try:
-        data = json.loads(cache_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = load_json(cache_path, "a JSON shape cache")
+    except InputFileError as error:
+        log.warning("%s", error)
         data = None
     entries = data.get("entries") if isinstance(data, dict) else None
     if not isinstance(entries, list):

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from hlo_trace.cli import OneLineCommand
+from hlo_trace.cli import OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
 
 PARTS = ("temporal", "spatial")
@@ -39,7 +39,7 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
     """Trace one ``part`` call of the decode of ``shape`` and write its dump and sidecar; returns
     the written paths and the capture session (end the process with ``capture.end_process``:
     XLA may still compile in the background). Starts torch-xla's runtime: one trace a process."""
-    from models.opensora.vae_config import decode_plan, get_vae_config
+    from models.opensora.vae_config import check_traceable, decode_plan, get_vae_config
     from tracing.cli import check_output, require_trace_extra, write_dump
 
     if part not in PARTS:
@@ -47,19 +47,24 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
     try:
         config = get_vae_config(config_name)
         plan = decode_plan(shape, config)
+        check_traceable(config, plan, part)
     except ValueError as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(f"--shape {error}" if str(error).startswith(shape) else
+                         f"--shape {shape}: {error}") from None
     name = dump_name(config_name, shape, part)
     mlir_path, json_path = out_dir / f"{name}.mlir", out_dir / f"{name}.json"
     check_output(out_dir, [mlir_path, json_path], force)
     require_trace_extra()
 
-    import torch
+    with native_imports():  # torch and jaxlib: Ctrl-C while they load ends the process at once
+        import torch
 
-    from hlo_analyzer.mlir import hlo_text_to_mlir_text
-    from models.opensora.library_calls import call_regions
-    from models.opensora.vae import SpatialDecoder, TemporalDecoder
-    from tracing import capture
+        from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_native_libraries
+        from models.opensora.library_calls import call_regions
+        from models.opensora.vae import SpatialDecoder, TemporalDecoder
+        from tracing import capture
+
+        load_native_libraries()
 
     started = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -73,7 +78,8 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
         input_shape = (config.micro_batch, config.latent_channels, height, width)
     session = capture.prepare_process(1)
     try:
-        capture.enable_spmd()
+        with native_imports():  # torch_xla's runtime
+            capture.enable_spmd()
         from torch_xla.core.xla_builder import create_placeholder_tensor
 
         with torch.device("meta"):

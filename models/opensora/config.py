@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from hlo_trace.documents import load_toml
 from models.opensora.errors import ConfigError
 
 __all__ = ["CONFIGS", "STDiT3Config", "get_config"]
@@ -150,10 +150,7 @@ def get_config(name_or_path: str | Path) -> STDiT3Config:
     if path.suffix != ".toml" or not path.is_file():
         raise ConfigError(
             f"unknown model config {key!r}: expected one of {sorted(CONFIGS)} or an existing .toml file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model config {key}: not valid TOML ({exc})") from None
+    data = load_toml(path, "a model config (TOML of STDiT3Config fields)")
     known = {f.name for f in dataclasses.fields(STDiT3Config)}
     unknown = sorted(set(data) - known)
     if unknown:

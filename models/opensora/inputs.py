@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hlo_trace.numbers import brief, parse_int
 from models.opensora.config import MAX_SIZE, STDiT3Config
 from models.opensora.errors import ShapeError
 
@@ -90,14 +91,15 @@ def parse_shape(text: str | VideoShape) -> VideoShape:
     match = _SHAPE_RE.fullmatch(str(text))
     if not match:
         raise ShapeError(
-            f"bad video shape {text!r}: expected FRAMES_WIDTH_HEIGHT in ASCII digits, "
+            f"bad video shape {brief(text)}: expected FRAMES_WIDTH_HEIGHT in ASCII digits, "
             "e.g. 204_640_360")
-    frames, width, height = (int(g) for g in match.groups())
+    try:  # digits counted before they are converted: no 5,000-digit int()
+        frames, width, height = (parse_int(g, minimum=0, maximum=MAX_SIZE) for g in match.groups())
+    except ValueError:
+        raise ShapeError(f"bad video shape {brief(text)}: frames, width and height must be at "
+                         f"most {MAX_SIZE} (an int32 size)") from None
     if min(frames, width, height) <= 0:
-        raise ShapeError(f"bad video shape {text!r}: frames, width and height must be positive")
-    if max(frames, width, height) > MAX_SIZE:
-        raise ShapeError(f"bad video shape {text!r}: frames, width and height must be at most "
-                         f"{MAX_SIZE} (an int32 size)")
+        raise ShapeError(f"bad video shape {brief(text)}: frames, width and height must be positive")
     return VideoShape(frames, width, height)
 
 

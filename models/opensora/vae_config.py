@@ -23,7 +23,11 @@ from dataclasses import dataclass
 
 from models.opensora.inputs import latent_frames, parse_shape
 
-__all__ = ["FULL_VAE", "TINY_VAE", "DecodePlan", "VAEConfig", "decode_plan", "get_vae_config"]
+__all__ = ["FULL_VAE", "MAX_DIMENSION", "TINY_VAE", "DecodePlan", "VAEConfig", "check_traceable",
+           "decode_plan", "get_vae_config", "largest_dimension"]
+
+#: Largest dimension XLA takes (its shapes' dimensions are int32: "exceeds the INT_MAX limit").
+MAX_DIMENSION = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,11 @@ def decode_plan(shape: str, config: VAEConfig = FULL_VAE) -> DecodePlan:
     latent frames are no whole number of chunks (OpenSora's shapes are multiples of 17 frames)."""
     video = parse_shape(shape)
     latent = latent_frames(video.frames)
+    if min(video.height, video.width) < config.spatial_factor:
+        raise ValueError(f"{shape}: {video.width}x{video.height} pixels make a latent of "
+                         f"{video.width // config.spatial_factor}x"
+                         f"{video.height // config.spatial_factor}; expected at least "
+                         f"{config.spatial_factor} pixels per side (one latent cell)")
     if latent % config.micro_z_frames:
         raise ValueError(f"{shape}: {latent} latent frames are no whole number of "
                          f"{config.micro_z_frames}-frame chunks (expected a multiple of "
@@ -124,3 +133,43 @@ def decode_plan(shape: str, config: VAEConfig = FULL_VAE) -> DecodePlan:
                       latent_height=video.height // config.spatial_factor,
                       latent_width=video.width // config.spatial_factor,
                       micro_batch=config.micro_batch)
+
+
+def largest_dimension(config: VAEConfig, plan: DecodePlan, part: str) -> tuple[str, int]:
+    """The largest dimension any tensor of one traced ``part`` call holds, and where: a
+    GroupNorm views its input as (batch, groups, channels / groups * frames * height * width),
+    which is the largest dimension of the call (the attention's tokens, height * width of the
+    latent, are fewer)."""
+    h, w = plan.latent_height, plan.latent_width
+    if part == "spatial":
+        widths = list(reversed(config.spatial_block_channels))
+        groups = config.spatial_groups
+        sizes = [(widths[0], 1)]  # the mid block
+        for level, width in enumerate(widths):  # level i at 2**i times the latent
+            before = widths[level - 1] if level else widths[0]
+            sizes += [(before, 2**level), (width, 2**level)]
+        channels, scale = max(sizes, key=lambda item: item[0] * item[1] ** 2)
+        return (f"the spatial decoder's GroupNorm over {channels} channels at "
+                f"{h * scale}x{w * scale}"), channels // groups * h * scale * w * scale
+    widths = [config.temporal_filters * m for m in config.temporal_multipliers]
+    frames = config.micro_z_frames
+    sizes = [(widths[-1], frames)]
+    width = widths[-1]
+    for level in reversed(range(len(widths))):
+        sizes += [(width, frames), (widths[level], frames)]
+        width = widths[level]
+        if level > 0 and config.temporal_downsample[level - 1]:
+            frames *= 2
+            sizes.append((width, frames))
+    channels, frames = max(sizes, key=lambda item: item[0] * item[1])
+    return (f"the temporal decoder's GroupNorm over {channels} channels of {frames} frames at "
+            f"{h}x{w}"), channels // config.temporal_groups * frames * h * w
+
+
+def check_traceable(config: VAEConfig, plan: DecodePlan, part: str) -> None:
+    """ValueError when one ``part`` call of ``plan`` holds a dimension beyond what XLA takes
+    (``MAX_DIMENSION``): found before a trace, not by XLA's verifier after it."""
+    where, size = largest_dimension(config, plan, part)
+    if size > MAX_DIMENSION:
+        raise ValueError(f"{where} would hold a dimension of {size:.3g} elements, more than "
+                         f"the {MAX_DIMENSION} (2**31-1) XLA takes; expected a smaller shape")
