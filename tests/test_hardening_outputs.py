@@ -9,7 +9,6 @@ import re
 import shutil
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,59 +20,68 @@ from hlo_trace.cli import run_click
 from hlo_trace.errors import UsageError
 
 
-def plan_search(capsys, tmp_path, *args) -> tuple[int, str, float]:
-    from tracing.plan_search_cli import plan_search_command
+def plan_search(capsys, monkeypatch, tmp_path, *args) -> tuple[int, str]:
+    """plan-search on the tiny config, refused before its search: the search must never start."""
+    import tracing.plan_search
+    import tracing.plan_search_cli as cli
 
-    started = time.monotonic()
-    code = run_click(plan_search_command, ["--config", "tiny", "--devices", "4", "--strategies",
-                                           "megatron", "--stages", "1", "--budget", "1",
-                                           "--work-dir", str(tmp_path / "work"), *map(str, args)])
-    return code, capsys.readouterr().err, time.monotonic() - started
+    def no_search(*_args, **_kwargs):
+        raise AssertionError("the search started")
+
+    monkeypatch.setattr(tracing.plan_search, "search", no_search)  # the command imports it when it runs
+    code = run_click(cli.plan_search_command, ["--config", "tiny", "--devices", "4", "--strategies",
+                                               "megatron", "--stages", "1", "--budget", "1",
+                                               "--work-dir", str(tmp_path / "work"), *map(str, args)])
+    return code, capsys.readouterr().err
 
 
 # -- 11. outputs and extras are checked before the work -------------------------------------------
 
 
 @pytest.mark.parametrize("option", ["-o", "--json", "--plot"])
-def test_plan_search_outputs_in_an_unwritable_place_fail_before_the_search(tmp_path, capsys,
+def test_plan_search_outputs_in_an_unwritable_place_fail_before_the_search(tmp_path, capsys, monkeypatch,
                                                                            option):
     if not Path("/proc").is_dir():
         pytest.skip("no /proc")
     args = (option, "/proc/hlo-trace-out") if option == "-o" else (
         "-o", tmp_path / "best.toml", option, "/proc/hlo-trace-out")
-    code, err, seconds = plan_search(capsys, tmp_path, *args)
+    code, err = plan_search(capsys, monkeypatch, tmp_path, *args)
     assert_one_line(code, err, "/proc/hlo-trace-out", "cannot write there")
-    assert seconds < 5 and not (tmp_path / "work").exists()
+    assert not (tmp_path / "work").exists()
 
 
 def test_plan_search_without_the_plot_extra_fails_before_the_search(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
-    code, err, seconds = plan_search(capsys, tmp_path, "-o", tmp_path / "best.toml",
+    code, err = plan_search(capsys, monkeypatch, tmp_path, "-o", tmp_path / "best.toml",
                                      "--plot", tmp_path / "front.png")
     assert_one_line(code, err, "--plot needs matplotlib")
-    assert seconds < 5 and not (tmp_path / "work").exists()
+    assert not (tmp_path / "work").exists()
 
 
-def test_plan_search_over_an_existing_plan_fails_before_the_search(tmp_path, capsys):
+def test_plan_search_over_an_existing_plan_fails_before_the_search(tmp_path, capsys, monkeypatch):
     existing = tmp_path / "best.toml"
     existing.write_text("kept\n")
-    code, err, seconds = plan_search(capsys, tmp_path, "-o", existing)
+    code, err = plan_search(capsys, monkeypatch, tmp_path, "-o", existing)
     assert_one_line(code, err, "already exists", "--force")
-    assert seconds < 5 and existing.read_text() == "kept\n"
+    assert existing.read_text() == "kept\n"
 
 
-def test_trace_stage_shape_cache_on_a_device_fails_before_the_trace(tmp_path):
+def test_trace_stage_shape_cache_on_a_device_fails_before_the_trace(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
+    import tracing.cli
     from tracing.cli import main
 
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
-    started = time.monotonic()
+
+    def no_trace(*_args, **_kwargs):
+        raise AssertionError("the trace started")
+
+    monkeypatch.setattr(tracing.cli, "require_trace_extra", no_trace)  # the first step of a trace after its checks
     result = CliRunner().invoke(main, ["--config", "tiny", "--mesh", "2x2", "--shape-cache",
                                        "/dev/full", "-o", str(tmp_path / "out")])
     assert_one_line(result.exit_code, result.output, "/dev/full", "not a regular file")
-    assert time.monotonic() - started < 5
     assert list((tmp_path / "out").iterdir()) == []
 
 
@@ -176,23 +184,21 @@ def test_a_listener_that_is_no_scheduler_is_one_line_within_seconds(monkeypatch,
     monkeypatch.setattr(runner, "SCHEDULER_TIMEOUT_S", 1)
     server = listener(reply)
     port = server.getsockname()[1]
-    started = time.monotonic()
     try:
         with pytest.raises(UsageError, match=fragment) as caught:
             runner.check_scheduler(f"tcp://127.0.0.1:{port}")
     finally:
         server.close()
-    assert time.monotonic() - started < 15
     assert "\n" not in str(caught.value) and f"127.0.0.1:{port}" in str(caught.value)
 
 
 @pytest.mark.parametrize("address", ["ucx://127.0.0.1:8786", "tls://127.0.0.1:8786", "nonsense",
                                      "tcp://host:port", "tcp://" + "h" * 5000 + ":1"])
-def test_scheduler_addresses_of_other_kinds_are_one_line_at_once(capsys, tmp_path, address):
-    code, err, seconds = plan_search(capsys, tmp_path, "-o", tmp_path / "best.toml",
+def test_scheduler_addresses_of_other_kinds_are_one_line_at_once(capsys, monkeypatch, tmp_path, address):
+    code, err = plan_search(capsys, monkeypatch, tmp_path, "-o", tmp_path / "best.toml",
                                      "--scheduler", address)
     assert_one_line(code, err, "--scheduler", "expected a Dask scheduler address tcp://HOST:PORT")
-    assert seconds < 5 and len(err) < 400
+    assert len(err) < 400
 
 
 # -- 14. no path of the tracing machine in a dump -------------------------------------------------
