@@ -19,7 +19,9 @@ Counting rules (per device, since a partitioned dump is one device's program):
   tanh, logistic, log, power, abs, compare, select, clamp and the other element-wise math ops.
   ``batch_norm_training``: 7 per element, ``batch_norm_inference``: 4 (see their methods).
   ``reduce``: one FLOP per combined element, ``prod(input) - prod(output)`` per input; ``scatter``:
-  one per update element; ``reduce_window``: one per window element of each output.
+  one per update element; ``reduce_window``: one per window element of each output;
+  ``select_and_scatter``: one per window element of each source element (``window - 1``
+  selects pick the element, one scatter adds the source value to it; XLA counts the same).
 * Other (no FLOPs, but handled so that they are not reported as unknown): data movement, constants,
   control flow and structure (``DATA_MOVEMENT_OPS``, ``STRUCTURE_OPS``).
 
@@ -179,6 +181,14 @@ class FlopsVisitor(IRVisitor):
         inputs = len(operation.operands) // 2
         flops = sum(num_elements(self._result_shape(op, i)) * window for i in range(inputs))
         self._record(op, VECTOR, flops)
+
+    def visit_select_and_scatter(self, op: Any) -> None:
+        """Per element of the source (operand 1), one window of the operand: ``window - 1``
+        selects (compares) pick one element, one scatter combines the source value into it."""
+        attributes = op.operation.attributes
+        rank = len(self._operand_shape(op, 0))
+        window = math.prod(_int_attribute(attributes, "window_dimensions", [1] * rank))
+        self._record(op, VECTOR, num_elements(self._operand_shape(op, 1)) * window)
 
     def visit_batch_norm_training(self, op: Any) -> None:
         """Per element: mean (1), variance (subtract, square-accumulate: 2), normalise

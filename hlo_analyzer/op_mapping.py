@@ -24,7 +24,8 @@ What becomes what (positions are the walk positions of ``OpRow.position`` and th
   work. ``all`` charges the traced (masked) ``k * caption_tokens`` keys. A chip without a fused
   attention kernel runs the traced GEMMs and softmax in either mode.
 * **vector**: element-wise ops and reductions. ``eager``: one kernel per op; an element-wise op's
-  rows are its result's leading dims, a reduction's rows its result elements (each reads one row).
+  rows are its result's leading dims, a reduction's rows its result elements (each reads one row;
+  a ``select_and_scatter``'s rows are its windows, one per source element).
   ``fused``: ops joined by data dependencies with no GEMM, collective or other unfusable op between
   them form one kernel (one pass: reads the tensors entering the group once, writes the tensors
   leaving it once; LayerNorm + modulate and residual + next LayerNorm are such groups). Free data
@@ -104,7 +105,13 @@ CROSS_ATTENTION_MODES = ("per-sample", "all")
 GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND = "gemm", "vector", "flash_attention", "collective"
 #: The kinds of mapped op, which are also the timeline's compute tracks.
 KINDS = (GEMM_KIND, VECTOR_KIND, FLASH_KIND, NETWORK_KIND)
-REDUCTION_OPS = frozenset({"reduce", "reduce_window"})
+#: Reductions: a kernel's rows are their windows, one output each. ``select_and_scatter`` is a
+#: windowed reduction too (each element of its source selects one element of its window of the
+#: operand and adds itself there): its windows are its source's elements (``WINDOWS_OF_OPERAND``),
+#: not its result's, which has the operand's shape.
+REDUCTION_OPS = frozenset({"reduce", "reduce_window", "select_and_scatter"})
+#: Reductions whose windows are the elements of one of their operands (by index), not of the result.
+WINDOWS_OF_OPERAND = {"select_and_scatter": 1}
 #: A fused epilogue may read side inputs of up to this many rows of the GEMM's N outputs (a bias,
 #: the scale/shift/gate vectors of a few samples) without their reads being charged: at most a
 #: few per cent of the GEMM's output bytes for M >= 256 rows.
@@ -481,8 +488,14 @@ def _vector_op(name: str, inputs: Sequence[Sequence[int]], rows: int, out_elemen
     return Op(name, OpType.VECTOR, shapes, None, (rows, width), max(1, flops), bytes_per_element)
 
 
-def _rows_of(row_name: str, result: Sequence[int]) -> int:
-    if row_name in REDUCTION_OPS:
+def _rows_of(row: OpRow, result: Sequence[int]) -> int:
+    """Rows of a vector kernel whose largest op is ``row``, of result ``result``: a reduction's
+    windows, else its result's leading dims."""
+    name = row.op.split(".", 1)[-1]
+    if name in REDUCTION_OPS:
+        source = WINDOWS_OF_OPERAND.get(name)
+        if source is not None and source < len(row.operand_shapes):
+            return max(1, _elements(row.operand_shapes[source]))
         return max(1, _elements(result))
     return max(1, _elements(result[:-1]))
 
@@ -495,7 +508,7 @@ def _eager_vector_op(row: OpRow, reads: tuple[tuple[int, ...] | None, ...], exp_
         return None
     short = row.op.split(".", 1)[-1]
     inputs = [s for s in reads if s is not None]  # a constant is folded in: nothing read
-    op = _vector_op(short, inputs, _rows_of(short, result), _elements(result), _vector_flops(row, exp_ops),
+    op = _vector_op(short, inputs, _rows_of(row, result), _elements(result), _vector_flops(row, exp_ops),
                     _bytes(row.dtype))
     return op, short, _shapes_text(row.operand_shapes, row.result_shapes)
 
@@ -743,7 +756,7 @@ def _fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, An
         if epilogue_of is not None:
             with_epilogue[epilogue_of] = _with_epilogue(gemms[epilogue_of], name, flops, positions)
             continue
-        op = signatures.vector_op(name, inputs, _rows_of(largest.op.split(".", 1)[-1], result),
+        op = signatures.vector_op(name, inputs, _rows_of(largest, result),
                                   out_elements or _elements(result), flops, _bytes(largest.dtype))
         # A fused kernel runs once all its inputs are ready: at its last member.
         works.append(_Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
@@ -921,7 +934,7 @@ def _torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], ro
         if kernel in NORM_CLASSES:  # it needs contiguous rows
             copies += [copy for (key, shape), size in zip(io.entering, io.entering_bytes)
                        if (copy := _layout_copy(attributes_of, key, shape, size, rest[0], layout, signatures))]
-        rows_count = _rows_of(largest.op.split(".", 1)[-1], result) if largest is not None else 1
+        rows_count = _rows_of(largest, result) if largest is not None else 1
         if kernel == "group_norm":
             rows_count = _group_norm_rows(attributes_of, rest) or rows_count
         # Bytes, not elements: a kernel reads and writes tensors of several element types. A
