@@ -8,7 +8,8 @@ module turns that record into an execution count per scope:
   ``known_trip_count`` in the op's ``backend_config``, or the counter pattern of ``scan`` and
   ``fori_loop`` (the condition compares one loop variable against a constant, the body adds a
   constant to it, its initial value is a constant; copies, converts and single-op fusions on the
-  way are seen through). Otherwise once, and the loop is flagged ``unknown``. (The condition
+  way are seen through). The bound may also be another loop variable that the body hands back
+  unchanged and whose initial value is a constant (torch-xla's ``max_pool2d_with_indices``). Otherwise once, and the loop is flagged ``unknown``. (The condition
   region runs once more than the body; it is weighed like the body, which for a counter compare
   is one op.)
 * ``if``/``case``: one branch runs. ``branch="max"`` (default, as XLA's HloCostAnalysis) picks the
@@ -45,6 +46,8 @@ Cost = tuple[float, float]
 
 #: Ops a loop counter or bound may pass through unchanged on its way (value-preserving).
 _TRANSPARENT_OPS = frozenset({"copy", "convert", "reshape", "bitcast", "broadcast_in_dim"})
+#: Ops that are the identity when their result has their operand's type.
+_IDENTITY_WHEN_SAME_TYPE = frozenset({"convert", "reshape", "bitcast", "bitcast_convert"})
 
 BRANCH_POLICIES = ("max", "first")
 #: Largest region index ``--branch N`` takes (a case op with more regions is no real program).
@@ -207,6 +210,8 @@ def _counter_trip_count(operation: Any) -> int | None:
     for counter, bound, flip in ((lhs, rhs, False), (rhs, lhs, True)):
         index = _block_argument_index(counter, cond_block)
         limit = _constant(bound)
+        if limit is None:
+            limit = _invariant_constant(operation, bound, cond_block, body_block)
         if index is None or limit is None:
             continue
         init = _constant(operation.operands[index])
@@ -215,6 +220,37 @@ def _counter_trip_count(operation: Any) -> int | None:
             return None
         return _iterations(init, limit, step, _flip(direction) if flip else direction)
     return None
+
+
+def _invariant_constant(operation: Any, value: ir.Value, cond_block: Any, body_block: Any) -> int | None:
+    """The constant a loop variable holds in every iteration, or None: ``value`` is loop
+    variable ``j`` of the condition, the body hands its own ``j`` back unchanged (``_unchanged``),
+    and the loop's initial ``j`` is a constant. (torch-xla's ``max_pool2d_with_indices`` loops
+    from 0 to a bound carried this way.)"""
+    index = _block_argument_index(value, cond_block)
+    if index is None or index >= len(operation.operands):
+        return None
+    terminator = list(body_block.operations)[-1].operation
+    if index >= len(terminator.operands) or not _unchanged(terminator.operands[index], body_block, index):
+        return None
+    return _constant(operation.operands[index])
+
+
+def _unchanged(value: ir.Value, block: Any, index: int) -> bool:
+    """True when ``value`` is argument ``index`` of ``block``, directly or through copies and
+    ops that leave a value of one type as it is (a convert, reshape or bitcast to its own type):
+    only those, so that no rounding, truncation or reordering can hide on the way."""
+    for _ in range(64):  # bounded, as _trace
+        if isinstance(value, ir.BlockArgument):
+            return value.owner == block and value.arg_number == index
+        producer = value.owner
+        name = short_op_name(producer.name)
+        if len(producer.operands) != 1 or not (
+                name == "copy" or (name in _IDENTITY_WHEN_SAME_TYPE
+                                   and producer.operands[0].type == value.type)):
+            return False
+        value = producer.operands[0]
+    return False
 
 
 def _iterations(init: int, limit: int, step: int, direction: str) -> int | None:

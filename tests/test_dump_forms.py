@@ -44,6 +44,63 @@ def analyze_json(capsys, *args) -> dict:
     return json.loads(captured.out)
 
 
+# -- a loop bound carried through the loop ---------------------------------------------------------
+CARRIED_BOUND = """func.func @main(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %zero = stablehlo.constant dense<0> : tensor<i32>
+  %seven = stablehlo.constant dense<7> : tensor<i32>
+  %r:3 = stablehlo.while(%i = %zero, %n = %seven, %acc = %x) : tensor<i32>, tensor<i32>, tensor<4x4xf32>
+    cond {
+      %c = stablehlo.compare COMPARE, %i, %n : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %c : tensor<i1>
+    } do {
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %next = stablehlo.add %i, %one : tensor<i32>
+      BOUND_UPDATE
+      %y = stablehlo.dot %acc, %acc : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+      stablehlo.return %next, %m, %y : tensor<i32>, tensor<i32>, tensor<4x4xf32>
+    }
+  return %r#2 : tensor<4x4xf32>
+}
+"""
+#: One 4x4 @ 4x4 dot per iteration: 2 * 4 * 4 * 4 = 128 FLOPs.
+DOT = 128
+
+
+def carried_bound(update: str, compare: str = "LT, %i, %n") -> str:
+    return CARRIED_BOUND.replace("BOUND_UPDATE", update).replace("COMPARE, %i, %n", compare)
+
+
+@pytest.mark.parametrize(("update", "compare"), [
+    ("%m = mhlo.copy %n : tensor<i32>", "LT, %i, %n"),  # for (i = 0; i < n; i++), n = 7
+    ("%m = stablehlo.convert %n : tensor<i32>", "GT, %n, %i"),  # n > i, through a no-op convert
+    ("%m = stablehlo.reshape %n : (tensor<i32>) -> tensor<i32>", "LE, %i, %n"),  # 8 trips
+])
+def test_a_bound_carried_unchanged_from_a_constant_gives_the_trip_count(update, compare):
+    report = analyze(carried_bound(update, compare).encode())
+    trips = 8 if compare.startswith("LE") else 7
+    [loop] = report.loops
+    assert (loop.trip_count, loop.source) == (trips, "counter")
+    assert report.gemm_flops == trips * DOT
+    assert not report.notes
+
+
+@pytest.mark.parametrize("update", [
+    # the bound moves: i < n - k, an unknown number of trips as far as the pattern goes
+    "%m = stablehlo.subtract %n, %one : tensor<i32>",
+    # through i8 and back: a round trip that changes values past 127 is no proof of "unchanged"
+    "%narrow = stablehlo.convert %n : (tensor<i32>) -> tensor<i8>\n"
+    "      %m = stablehlo.convert %narrow : (tensor<i8>) -> tensor<i32>",
+    # another loop variable handed back in its place
+    "%m = mhlo.copy %i : tensor<i32>",
+])
+def test_a_bound_the_body_may_change_stays_unknown(update):
+    report = analyze(carried_bound(update).encode())
+    [loop] = report.loops
+    assert (loop.trip_count, loop.source) == (None, "unknown")
+    assert report.gemm_flops == DOT  # the body counted once, and said so
+    assert any("not static" in note for note in report.notes)
+
+
 # -- select_and_scatter ----------------------------------------------------------------------------
 #: Max pool's backward on 2x3x8x8 f32: 3x3 windows at stride 2 give a 2x3x3x3 source.
 SELECT_AND_SCATTER = """HloModule select_and_scatter
