@@ -4,7 +4,8 @@ For each collective, ``M`` is the size in bytes of the tensor the formula is sta
 the group size read from ``replica_groups``, in any form XLA and JAX write it: a dense list of
 device ids (``dense<[[0, 1], [2, 3]]>``; empty means all devices), or mesh axes
 (``#stablehlo.replica_group_mesh_axes<mesh = @m, axes = [...]>`` over an ``sdy.mesh @m``, or
-with the ``#stablehlo.mesh<...>`` written inline): the groups are the devices that differ only
+with the ``#stablehlo.mesh<...>`` written inline; MHLO's ``#mhlo.replica_group_mesh_axes``
+alike): the groups are the devices that differ only
 along the named axes (sub-axes included), the mesh's device ids in order (iota unless given).
 Shardy's own collectives (``sdy.all_gather`` ...) are pre-partition annotations, not
 communication, and are not measured. Per-device volume, ring algorithms:
@@ -44,6 +45,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy, stablehlo
 
 from hardware.collectives import per_device_bytes, ring_steps
+from hlo_analyzer.mlir import mhlo_replica_groups_to_stablehlo
 from hlo_analyzer.rows import COMM, OpRow
 from hlo_analyzer.tensors import TypeTable, format_location, num_elements
 from hlo_analyzer.visitor import IRVisitor
@@ -189,10 +191,9 @@ class CommVisitor(IRVisitor):
         return groups
 
     def _read_group_size(self, op: Any) -> tuple[int, int, tuple[int, ...]]:
-        attributes = op.operation.attributes
-        if "replica_groups" in attributes and stablehlo.ReplicaGroupMeshAxesAttr.isinstance(
-                attributes["replica_groups"]):
-            groups = self._mesh_groups(op, attributes["replica_groups"])
+        mesh_axes = _mesh_axes_groups(op)
+        if mesh_axes is not None:
+            groups = self._mesh_groups(op, mesh_axes)
             return groups.shape[1], groups.shape[0], tuple(int(d) for d in groups[0])
         groups = _dense_groups(op, "replica_groups")
         if groups.size == 0:
@@ -238,6 +239,25 @@ class CommVisitor(IRVisitor):
                                       _device_ids(mesh.device_ids), axis_refs)
         except ValueError as exc:
             raise UnsupportedIRError(f"{_describe(op)}: {exc}") from None
+
+
+def _mesh_axes_groups(op: Any) -> ir.Attribute | None:
+    """The op's ``replica_groups`` as a ``#stablehlo.replica_group_mesh_axes`` attribute, or None
+    when they are not mesh axes. MHLO's spelling (``#mhlo.replica_group_mesh_axes``, which the
+    bindings cannot read) is converted to it by MHLO's own legalization
+    (``hlo_analyzer.mlir.mhlo_replica_groups_to_stablehlo``): the two say the same."""
+    attributes = op.operation.attributes
+    if "replica_groups" not in attributes:
+        return None
+    attribute = attributes["replica_groups"]
+    if stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attribute):
+        return attribute
+    if isinstance(attribute, ir.DenseIntElementsAttr) or not op.operation.name.startswith("mhlo."):
+        return None
+    converted = mhlo_replica_groups_to_stablehlo(attribute)
+    if converted is not None and stablehlo.ReplicaGroupMeshAxesAttr.isinstance(converted):
+        return converted
+    return None
 
 
 def mesh_device_groups(axes: list[tuple[str, int]], device_ids: list[int],

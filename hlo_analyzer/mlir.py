@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir._mlir_libs import _jax_mlir_ext  # imported here, never first in a forked child
-from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
+from jaxlib.mlir.dialects import chlo, func, mhlo, sdy, stablehlo
 
 from hlo_trace.documents import check_input_file
 from hlo_trace.errors import InputFileError, UnsupportedIRError, shown
@@ -447,16 +447,60 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def stablehlo_to_mhlo(module: ir.Module) -> ir.Module:
-    """Legalize a StableHLO module to MHLO in place (and return it)."""
+def _register_mhlo_passes() -> None:
     global _mhlo_passes_registered
     if not _mhlo_passes_registered:
         mhlo.register_mhlo_passes()
         _mhlo_passes_registered = True
+
+
+def stablehlo_to_mhlo(module: ir.Module) -> ir.Module:
+    """Legalize a StableHLO module to MHLO in place (and return it)."""
+    _register_mhlo_passes()
     with module.context:
         pipeline = passmanager.PassManager.parse("builtin.module(stablehlo-legalize-to-hlo)")
         pipeline.run(module.operation)
     return module
+
+
+#: The op that carries an MHLO replica-groups attribute through ``mhlo_replica_groups_to_stablehlo``
+#: (the one collective with neither a region nor an operand attribute besides its dimension).
+_GROUPS_CARRIER = "mhlo.all_gather"
+
+
+def mhlo_replica_groups_to_stablehlo(attribute: ir.Attribute) -> ir.Attribute | None:
+    """The StableHLO form of an MHLO collective's ``replica_groups`` attribute (e.g.
+    ``#mhlo.replica_group_mesh_axes<...>`` -> ``#stablehlo.replica_group_mesh_axes<...>``, which
+    the bindings can read: they have no class for the MHLO one), or None when MHLO's own
+    legalization (``hlo-legalize-to-stablehlo``) does not convert it.
+
+    The attribute goes through that pass on a module of one ``mhlo.all_gather`` that carries it,
+    built with the bindings in the attribute's context. The verifier is off: the carrier's types
+    are placeholders, and a mesh it names (``mesh = @mesh``) lives in the dump's module, not in
+    this one; the caller resolves it there."""
+    _register_mhlo_passes()
+    with attribute.context, ir.Location.unknown():
+        module = ir.Module.create()
+        scalar = ir.RankedTensorType.get([], ir.F32Type.get())
+        with ir.InsertionPoint(module.body):
+            function = func.FuncOp("carrier", ir.FunctionType.get([scalar], []))
+            block = function.add_entry_block()
+            with ir.InsertionPoint(block):
+                ir.Operation.create(
+                    _GROUPS_CARRIER, results=[scalar], operands=[block.arguments[0]],
+                    attributes={"all_gather_dim": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0),
+                                "replica_groups": attribute})
+                func.ReturnOp([])
+        pipeline = passmanager.PassManager.parse("builtin.module(hlo-legalize-to-stablehlo)")
+        pipeline.enable_verifier(False)
+        try:
+            pipeline.run(module.operation)
+        except ir.MLIRError:
+            return None
+        converted = next(iter(block.operations)).operation
+        if converted.name == _GROUPS_CARRIER or "replica_groups" not in converted.attributes:
+            return None
+        return converted.attributes["replica_groups"]
 
 
 def module_to_text(module: ir.Module) -> str:

@@ -44,6 +44,52 @@ def analyze_json(capsys, *args) -> dict:
     return json.loads(captured.out)
 
 
+# -- #mhlo.replica_group_mesh_axes ----------------------------------------------------------------
+#: Collectives whose groups are mesh axes of a 2x4 mesh ('x' major), as jax 0.10 writes them in
+#: partitioned HLO: an all-reduce of f32[4] (16 B) over y, an all-gather of f32[2,16] to
+#: f32[4,16] over x, an all-reduce over the sub-axis y:(2)2 (y split as [2, 2], the second half).
+MESH_AXES_HLO = """HloModule mesh_axes, num_partitions=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[4], q: f32[2,16]) -> (f32[4], f32[4,16], f32[4]) {
+  %p = f32[4]{0} parameter(0)
+  %q = f32[2,16]{1,0} parameter(1)
+  %over_y = f32[4]{0} all-reduce(%p), channel_id=1, replica_groups=mesh['x'=2,'y'=4] {'y'}, use_global_device_ids=true, to_apply=%add
+  %over_x = f32[4,16]{1,0} all-gather(%q), channel_id=2, replica_groups=mesh['x'=2,'y'=4] {'x'}, dimensions={0}, use_global_device_ids=true
+  %over_sub = f32[4]{0} all-reduce(%p), channel_id=3, replica_groups=mesh['x'=2,'y'=4] {'y':(2)2}, use_global_device_ids=true, to_apply=%add
+  ROOT %t = (f32[4]{0}, f32[4,16]{1,0}, f32[4]{0}) tuple(%over_y, %over_x, %over_sub)
+}
+"""
+
+#: (group size, groups, first group, bytes each device sends), by hand. Device (i, j) of the iota
+#: mesh is 4i + j. Over y: {0, 1, 2, 3}, {4, ...}; all-reduce 2 * 16 * 3/4 = 24 B. Over x: {0, 4},
+#: {1, 5}, ...; all-gather of the 256 B result * 1/2 = 128 B. Over y:(2)2 (the minor half of y):
+#: {0, 1}, {2, 3}, ...; 2 * 16 * 1/2 = 16 B.
+MESH_AXES_EXPECTED = [(4, 2, (0, 1, 2, 3), 24.0), (2, 4, (0, 4), 128.0), (2, 4, (0, 1), 16.0)]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_mesh_axes_replica_groups_read_alike_in_every_spelling(dialect):
+    module = in_dialect(MESH_AXES_HLO, dialect)
+    if dialect == "mhlo":
+        assert "#mhlo.replica_group_mesh_axes" in str(module)
+    rows = [row for row in analyze(module).rows if row.category == "comm"]
+    assert [(r.group_size, r.num_groups, r.replica_group, r.comm_bytes_per_device)
+            for r in rows] == MESH_AXES_EXPECTED
+
+
+def test_the_command_reads_an_mhlo_dump_with_mesh_axes(capsys, tmp_path):
+    dump = tmp_path / "mesh_axes.mhlo.mlir"
+    dump.write_text(hlo_text_to_mlir_text(MESH_AXES_HLO, "mhlo"))
+    document = analyze_json(capsys, dump)
+    assert document["totals"]["comm_bytes_per_device"] == sum(e[3] for e in MESH_AXES_EXPECTED)
+
+
 # -- a loop bound carried through the loop ---------------------------------------------------------
 CARRIED_BOUND = """func.func @main(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   %zero = stablehlo.constant dense<0> : tensor<i32>
