@@ -52,7 +52,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
 from hlo_analyzer.rows import GEMM, OTHER, VECTOR, OpRow, compute_row
-from hlo_analyzer.tensors import TypeTable, num_elements
+from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, num_elements
 from hlo_analyzer.visitor import IRVisitor
 
 BRIEF_VECTOR_OPS = ("add", "subtract", "multiply", "divide", "rsqrt", "negate", "exponential")
@@ -102,6 +102,10 @@ class FlopsVisitor(IRVisitor):
         self._counts_without_row: Counter[str] = Counter()  # ops with no row (op_counts)
         self._contracting: dict[ir.Attribute, tuple[int, ...]] = {}  # dot_dimension_numbers
         self.custom_calls: Counter[str] = Counter()
+        #: Distinct ``mhlo.sharding`` strings on the measured ops: a partitioned program keeps
+        #: shardings only on its arguments, a program not yet partitioned has them on its ops
+        #: (XLA's ``before_spmd-partitioning`` dump: Shardy's, exported as HLO shardings).
+        self.op_shardings: set[str] = set()
         self.types = types if types is not None else TypeTable()
 
     @property
@@ -533,6 +537,9 @@ class FlopsVisitor(IRVisitor):
 
     def _record(self, op: Any, category: str, flops: int) -> None:
         types, name = self.types, self.op_name
+        attributes = op.operation.attributes
+        if SHARDING_ATTRIBUTE in attributes:
+            self.op_shardings.add(ir.StringAttr(attributes[SHARDING_ATTRIBUTE]).value)
         operands, results, dtype = types.row_shapes(op, name)
         self.rows.append(compute_row(self.position, name, types.location(op), category, operands,
                                      results, dtype, int(flops), self.scope))

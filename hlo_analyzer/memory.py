@@ -43,7 +43,7 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.sidecar import SIDECAR_DTYPES, read_sidecar
-from hlo_analyzer.tensors import TypeTable
+from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
 
 log = logging.getLogger(__name__)
@@ -130,18 +130,9 @@ def sidecar_for(dump: str | Path) -> Path | None:
 
 def global_shape(local: tuple[int, ...], sharding: str | None) -> tuple[int, ...]:
     """Local shape times the tile counts of an ``mhlo.sharding`` string (XLA's parser)."""
-    if not sharding:
+    tiles = sharding_tiles(sharding)
+    if tiles is None:
         return local
-    from jaxlib import xla_client
-
-    try:
-        parsed = xla_client.HloSharding.from_string(sharding)
-    except Exception:  # noqa: BLE001 - XLA raises its own error type for a bad sharding string
-        log.warning("unreadable mhlo.sharding %r: taken as replicated", sharding)
-        return local
-    if not parsed.is_tiled():
-        return local
-    tiles = parsed.tile_assignment_dimensions()
     return tuple(size * tiles[axis] for axis, size in enumerate(local))
 
 
@@ -405,8 +396,8 @@ def argument_shardings(function: Any) -> list[str | None]:
     shardings: list[str | None] = []
     for entry in ir.ArrayAttr(attributes["arg_attrs"]):
         dictionary = ir.DictAttr(entry)
-        shardings.append(ir.StringAttr(dictionary["mhlo.sharding"]).value
-                         if "mhlo.sharding" in dictionary else None)
+        shardings.append(ir.StringAttr(dictionary[SHARDING_ATTRIBUTE]).value
+                         if SHARDING_ATTRIBUTE in dictionary else None)
     return shardings + [None] * (count - len(shardings))
 
 

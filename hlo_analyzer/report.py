@@ -22,7 +22,7 @@ from hlo_analyzer.mapping_render import block_rows, kernel_rows, sections_dict, 
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.sections import HardwareSections
-from hlo_analyzer.tensors import TypeTable
+from hlo_analyzer.tensors import TypeTable, splits_tensor
 from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import UnsupportedIRError
 
@@ -314,12 +314,16 @@ def _scope_costs(flops_rows: list[OpRow], comm_rows: list[OpRow]) -> dict[int, C
 def _is_pre_partition(module: ir.Module, flops: FlopsVisitor, op_counts: Counter[str],
                       num_devices: int | None) -> bool:
     """A module before SPMD partitioning: Shardy ops or sharding attributes, the partitioner's
-    own custom_calls, or (with more than one partition) the result attribute jax writes when it
-    lowers."""
+    own custom_calls, or (with more than one partition) an op whose ``mhlo.sharding`` splits its
+    result over devices (XLA's ``before_spmd-partitioning`` dump, where Shardy's shardings are
+    HLO ``sharding={...}`` on the ops; after partitioning only arguments keep one) or the result
+    attribute jax writes when it lowers."""
     if any(name.startswith("sdy.") and name != "sdy.mesh" for name in op_counts):
         return True
     if any(target in PRE_PARTITION_TARGETS or target.startswith("xla.sdy.")
            for target in flops.custom_calls):
+        return True
+    if (num_devices or 1) > 1 and any(map(splits_tensor, flops.op_shardings)):
         return True
     for op in module.body.operations:
         if op.operation.name != "func.func":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from operator import attrgetter
@@ -11,6 +12,8 @@ from jaxlib.mlir import ir
 
 from hlo_analyzer.rows import OpRow, Shape
 from hlo_trace.errors import UnsupportedIRError
+
+log = logging.getLogger(__name__)
 
 #: Bytes per element of the common element types (kept for callers that want a whole-byte size
 #: by name; the analyzer itself sizes every builtin type through ``element_bits``).
@@ -48,6 +51,53 @@ def element_bits(element_type: ir.Type) -> int:
     if "token" in str(element_type):
         return TOKEN_BITS
     raise UnsupportedIRError(f"element type {element_type}: not a builtin numeric type")
+
+
+#: The attribute that carries XLA's sharding of an op's result or of an argument (HLO text's
+#: ``sharding={...}``), a string in HLO's sharding syntax.
+SHARDING_ATTRIBUTE = "mhlo.sharding"
+
+
+def parse_sharding(text: str) -> Any:
+    """``jaxlib.xla_client.HloSharding`` of an ``mhlo.sharding`` string (XLA's own parser), or
+    None when XLA cannot read it (logged; the caller takes it as replicated)."""
+    from jaxlib import xla_client
+
+    try:
+        return xla_client.HloSharding.from_string(text)
+    except Exception:  # noqa: BLE001 - XLA raises its own error type for a bad sharding string
+        log.warning("unreadable mhlo.sharding %r: taken as replicated", text)
+        return None
+
+
+def sharding_tiles(text: str | None) -> tuple[int, ...] | None:
+    """Tiles per dimension of a tensor sharded by ``text`` (a trailing replication dimension
+    included, as XLA lists them), or None when it is not split into tiles: replicated, on one
+    device, manual, a tuple (whose tiles ``tile_assignment_dimensions`` cannot be asked for:
+    XLA aborts the process), unreadable or absent."""
+    parsed = parse_sharding(text) if text else None
+    if parsed is None or parsed.tuple_elements() or not parsed.is_tiled():
+        return None
+    return tuple(parsed.tile_assignment_dimensions())
+
+
+def splits_tensor(text: str) -> bool:
+    """Whether a sharding string splits its tensor (or, for a tuple, one of its elements) into
+    more than one tile: a tensor so annotated belongs to a program not yet partitioned."""
+    parsed = parse_sharding(text)
+    if parsed is None:
+        return False
+    return any(_data_tiles(part) > 1 for part in parsed.tuple_elements() or [parsed])
+
+
+def _data_tiles(sharding: Any) -> int:
+    """Tiles a tiled (non-tuple) sharding cuts the data into: the product of its tile counts
+    without the trailing subgroup dimensions (replicated or manual copies of a tile)."""
+    if sharding.tuple_elements() or not sharding.is_tiled():
+        return 1
+    dims = list(sharding.tile_assignment_dimensions())
+    subgroups = len(sharding.subgroup_types()) + int(sharding.replicate_on_last_tile_dim())
+    return math.prod(dims[:len(dims) - subgroups])
 
 
 def packed_bytes(elements: int, bits: int) -> int:

@@ -20,16 +20,17 @@ from typing import Any
 import pytest
 
 
-def run_jax(code: str, *, timeout_s: int = 300) -> Any:
+def run_jax(code: str, *, timeout_s: int = 300, env: dict[str, str] | None = None) -> Any:
     """Run ``code`` (with ``jax`` and ``jnp`` imported) in a child interpreter on the CPU
-    platform; it must ``emit(value)`` one JSON-able value, which is returned. Skips the test
+    platform; it must ``emit(value)`` one JSON-able value, which is returned. ``env`` adds to
+    the child's environment (e.g. ``XLA_FLAGS``, read when its backend starts). Skips the test
     where jax is not installed."""
     pytest.importorskip("jax")
     program = ("import json, sys\nimport jax\nimport jax.numpy as jnp\n"
                "def emit(value):\n    print('\\n' + json.dumps(value))\n"
                + textwrap.dedent(code))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                          env=env, timeout=timeout_s)
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+                          timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

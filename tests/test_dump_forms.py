@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from jax_child import run_jax
@@ -23,6 +24,7 @@ from hardware import Op, OpType, load_chip, map_op
 from hlo_analyzer import analyze
 from hlo_analyzer.cli import analyze_command
 from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_module_text
+from hlo_analyzer.tensors import splits_tensor
 from hlo_trace.cli import run_click
 
 F32 = 4
@@ -42,6 +44,105 @@ def analyze_json(capsys, *args) -> dict:
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(captured.out)
+
+
+# -- the before_spmd-partitioning dump ------------------------------------------------------------
+#: An MLP, tensor parallel on a 2x4 mesh (x: batch, y: the hidden dimension), compiled once by
+#: jax with XLA dumping the SPMD partitioner's input and output.
+JAX_MLP = """
+    import glob, os
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto, AxisType.Auto))
+    def arg(shape, spec):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+    def mlp(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+    jax.jit(mlp, out_shardings=NamedSharding(mesh, P("x", None))).lower(
+        arg((16, 64), P("x", None)), arg((64, 128), P(None, "y")),
+        arg((128, 64), P("y", None))).compile()
+    emit(sorted(os.path.basename(p) for p in glob.glob(os.path.join(os.environ["DUMP"], "*.txt"))))
+"""
+
+
+@pytest.fixture(scope="module")
+def mlp_dumps(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("xla_dump")
+    flags = (f"--xla_force_host_platform_device_count=8 --xla_dump_to={out} "
+             "--xla_dump_hlo_as_text --xla_dump_hlo_pass_re=spmd-partitioning")
+    names = run_jax(JAX_MLP, env={"XLA_FLAGS": flags, "DUMP": str(out)})
+    # jax/jaxlib 0.10.2 name the partitioner's input after Shardy's export pass:
+    # module_0000.jit_mlp.0000.spmd-partitioner.after_shardy-xla.before_spmd-partitioning.txt
+    [before] = [n for n in names if "after_shardy-xla.before_spmd-partitioning" in n]
+    [after] = [n for n in names if "after_spmd-partitioning" in n]
+    return {"before": out / before, "after": out / after}
+
+
+#: Hand counts: x 16x64 @ w1 64x128 and tanh(.) 16x128 @ w2 128x64, 2 FLOPs per multiply-add:
+#: 2 * 16*64*128 * 2 = 524,288 for the whole mesh; tanh 16*128 = 2,048. Split over 2 x 4 devices
+#: each device computes 65,536 GEMM FLOPs and 256 tanh elements.
+GLOBAL_GEMM, GLOBAL_TANH, DEVICES = 524_288, 2_048, 8
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_before_spmd_partitioning_dump_is_the_global_program(mlp_dumps, dialect):
+    text = mlp_dumps["before"].read_text()
+    assert "sharding={devices=[2,4]" in text  # Shardy's sharding of the first dot's result
+    report = analyze(in_dialect(text, dialect))
+    assert report.num_devices == DEVICES
+    assert report.program == "global"
+    assert "mesh" not in report.totals()  # no whole-mesh multiplication
+    assert (report.gemm_flops, report.vector_flops) == (GLOBAL_GEMM, GLOBAL_TANH)
+    assert report.unhandled == {}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_partitioned_dump_of_the_same_compile_stays_per_device(mlp_dumps, dialect):
+    """Its arguments keep their shardings, its ops have none: one device's program, whose mesh
+    total is the global program's."""
+    report = analyze(in_dialect(mlp_dumps["after"].read_text(), dialect))
+    assert report.program == "per-device"
+    assert report.gemm_flops == GLOBAL_GEMM // DEVICES
+    assert report.totals()["mesh"]["gemm_flops"] == GLOBAL_GEMM
+
+
+def test_the_command_reports_the_dump_file_as_global(capsys, mlp_dumps):
+    document = analyze_json(capsys, mlp_dumps["before"])
+    assert document["program"] == "global"
+    assert "mesh" not in document["totals"]
+    assert document["totals"]["gemm_flops"] == GLOBAL_GEMM
+
+
+@pytest.mark.parametrize(("sharding", "splits"), [
+    ("{devices=[2,4]<=[8]}", True),
+    ("{devices=[2,1,4]<=[8] last_tile_dim_replicate}", True),  # 2 tiles, each on 4 devices
+    ("{{devices=[2,4]<=[8]}, {replicated}}", True),  # a tuple: one element is split
+    ("{devices=[1,1,8]<=[8] last_tile_dim_replicate}", False),  # all 8 hold the whole tensor
+    ("{devices=[1,1,4,2]<=[8] last_tile_dims={manual, replicated}}", False),
+    ("{replicated}", False), ("{maximal device=0}", False), ("{manual}", False), ("{}", False),
+    ("not a sharding", False),
+])
+def test_which_shardings_split_a_tensor(sharding, splits):
+    assert splits_tensor(sharding) is splits
+
+
+REPLICATED_OPS = """module attributes {mhlo.num_partitions = 8 : i32} {
+  func.func @main(%x: tensor<4x4xf32> {mhlo.sharding = "{devices=[2,1,4]<=[8] last_tile_dim_replicate}"})
+      -> tensor<4x4xf32> {
+    %0 = stablehlo.dot %x, %x {mhlo.sharding = "{replicated}"} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+    return %0 : tensor<4x4xf32>
+  }
+}
+"""
+
+
+def test_shardings_that_split_nothing_leave_a_program_per_device():
+    """An op every device computes whole (replicated) says nothing of partitioning; an argument's
+    sharding is kept after partitioning too."""
+    assert analyze(REPLICATED_OPS.encode()).program == "per-device"
+    split = REPLICATED_OPS.replace('{mhlo.sharding = "{replicated}"}',
+                                   '{mhlo.sharding = "{devices=[2,4]<=[8]}"}')
+    assert analyze(split.encode()).program == "global"
 
 
 # -- #mhlo.replica_group_mesh_axes ----------------------------------------------------------------
