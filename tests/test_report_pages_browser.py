@@ -262,3 +262,12 @@ def test_the_study_page_shows_the_fastest_case_of_each_shape(opened, pages):
     assert _finite_sorted(latency)
     assert [v for v in latency if v == v] == sorted(float(row[column]) for row in rows if row[column])
     assert page.hover_label("latency").splitlines()[0] in {row["strategy"] for row in rows}
+
+
+def test_no_page_asked_for_anything_after_the_sorting_and_hovering(opened, pages):
+    """Last in the file: every page the tests above loaded and used still asked for nothing but
+    its own file and logged no error."""
+    for kind in ("analysis", "pipeline", "plan", "study"):
+        page = opened(kind)
+        assert page.errors == []
+        assert page.requests == [pages[kind][0].as_uri()]
