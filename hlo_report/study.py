@@ -128,7 +128,9 @@ def _figures(study: Study, latency: list[dict[str, Any]]) -> Iterator[Figure]:
                {kind: [row[f"{kind} time %"] for row in rows]
                 for kind in ("GEMM", "vector", "flash-attention")},
                y_title="% of the compute time", stacked=True)
-    yield _devices_figure(latency, column, shapes)
+    meshes = {devices(str(row["mesh"])) for row in latency if row[column] is not None}
+    if len(meshes - {None}) > 1:  # a curve needs two device counts (a GPU study has one)
+        yield _devices_figure(latency, column, shapes)
     pipelines = study.tables.get("pipelines")
     if pipelines:
         yield _latency_memory(latency, pipelines, column)

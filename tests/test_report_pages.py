@@ -18,9 +18,9 @@ import pytest
 
 from hlo_report.document import Document, csv_value
 from hlo_report.figures import log_ticks
-from hlo_report.page import Fact, Page, Section, Table, columns, render_page, shown
+from hlo_report.page import Fact, Figure, Page, Section, Table, columns, render_page, shown
 from hlo_report.plan import plan_page
-from hlo_report.study import load_study, study_page
+from hlo_report.study import devices, load_study, study_page
 
 REPO = Path(__file__).resolve().parent.parent
 SEARCH = REPO / "results/plan_search/204_640_360_tx8-16.json"
@@ -148,3 +148,14 @@ def test_without_plotly_the_command_says_what_to_install(tmp_path):
                                text=True, timeout=120)
     assert completed.returncode == 2
     assert completed.stderr == "Error: hlo-report needs plotly for its figures: pip install -e '.[plot]'\n"
+
+
+def _figure_keys(page: Page) -> set[str]:
+    return {item.key for section in page.sections for item in section.items
+            if isinstance(item, Figure)}
+
+
+def test_the_latency_against_devices_curve_is_drawn_where_the_study_has_two_device_counts():
+    assert devices("1x16") == 16 and devices("2x4") == 8 and devices("n/a") is None
+    assert "devices" in _figure_keys(study_page(load_study(REPO / "results")))  # 1 and 16 devices
+    assert "devices" not in _figure_keys(study_page(load_study(REPO / "results/gpu8xh100")))  # 8 only
