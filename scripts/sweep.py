@@ -161,6 +161,22 @@ def plan_pipelines(model_config: str, shapes: list[str], devices: int, pipelines
 
 
 
+def write_study_page(results: Path) -> list[Path]:
+    """RESULTS/index.html, the study's page (hlo-report study RESULTS), where plotly is
+    installed (the plot extra)."""
+    from hlo_report.page import plotly_js, render_page
+    from hlo_report.study import load_study, study_page
+    from hlo_trace.atomic import atomic_write
+
+    try:
+        javascript = plotly_js()
+    except UsageError as error:
+        log.warning("no %s: %s", results / "index.html", error)
+        return []
+    page = render_page(study_page(load_study(results)), javascript)
+    return [atomic_write(results / "index.html", page, force=True)]
+
+
 def machine_description() -> dict:
     from importlib import metadata
 
@@ -286,6 +302,7 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                 [GanttCase(c.shape, c.strategy, c.mesh, paths.timeline(c))
                  for c, outcome in zip(cases, outcomes) if outcome.ok and paths.timeline(c).exists()],
                 results / "plots")
+            written += write_study_page(results)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)
