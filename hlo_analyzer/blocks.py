@@ -33,6 +33,7 @@ from hlo_analyzer.dataflow import (
     SOFTMAX_SPAN_LIMIT,
     after_exponential,
     build_dataflow,
+    gemm_input,
     walk_until,
 )
 from hlo_analyzer.tensors import ELEMENT_BYTES
@@ -49,15 +50,22 @@ class NotSTDiTError(UsageError):
 @dataclass
 class Attention:
     q_proj: int
-    kv_proj: int
+    kv_proj: int  # the k projection (fused with v unless ``v_proj`` is set)
     scores: list[int]
     values: list[int]
     q_norms: list[int] = field(default_factory=list)  # rsqrt nodes on the q path
     out_proj: int | None = None
+    #: A v projection of its own (Llama's ``k_proj`` / ``v_proj``), reading the input that the
+    #: k projection reads; None when k and v come from one fused projection.
+    v_proj: int | None = None
 
     @property
     def is_self(self) -> bool:
+        """One fused projection for q, k and v (STDiT3's self-attention)."""
         return self.q_proj == self.kv_proj
+
+    def projections(self) -> list[int]:
+        return [p for p in dict.fromkeys((self.q_proj, self.kv_proj, self.v_proj)) if p is not None]
 
 
 @dataclass
@@ -109,8 +117,7 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
     if len(self_attentions) % 2:
         raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: "
                             f"{len(self_attentions)} self-attentions, expected spatial/temporal pairs")
-    attention_gemms = {a.q_proj for a in attentions} | {a.kv_proj for a in attentions} | {
-        g for a in attentions for g in a.scores + a.values}
+    attention_gemms = attention_gemm_nodes(attentions)
 
     blocks = []
     for index, attention in enumerate(self_attentions):
@@ -133,6 +140,12 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
     except ValueError as error:
         raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: {error}") from None
     return Segmentation(blocks, per_pair[0], per_pair)
+
+
+def attention_gemm_nodes(attentions: list[Attention]) -> set[int]:
+    """Every projection, score and value GEMM of the attentions (not their output projections)."""
+    return {p for a in attentions for p in a.projections()} | {
+        g for a in attentions for g in a.scores + a.values}
 
 
 # -- finding the pieces ---------------------------------------------------------------------------
@@ -192,10 +205,14 @@ def find_attentions(graph: nx.DiGraph) -> list[Attention]:
             q_path |= q_passed
             k_side |= projections.before(score, 1)[0]
         v_side = projections.before(node, 1)[0]
-        if len(q_side) != 1 or len(k_side) != 1 or k_side != v_side:
+        if len(q_side) != 1 or len(k_side) != 1 or len(v_side) != 1:
             continue  # not an attention: a product fed by several projections
-        key = (q_side.pop(), k_side.pop())
-        attention = by_projections.setdefault(key, Attention(key[0], key[1], [], []))
+        k_proj, v_proj = next(iter(k_side)), next(iter(v_side))
+        if k_proj != v_proj and gemm_input(graph, k_proj) != gemm_input(graph, v_proj):
+            continue  # k and v of different inputs: no attention (a backward product, ...)
+        key = (next(iter(q_side)), k_proj)
+        attention = by_projections.setdefault(key, Attention(
+            key[0], key[1], [], [], v_proj=None if v_proj == k_proj else v_proj))
         attention.values.append(node)
         attention.scores.extend(s for s in sorted(scores) if s not in attention.scores)
         attention.q_norms = sorted(set(attention.q_norms) | {

@@ -16,7 +16,6 @@ def run(args, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--hw", "tx8-16", "--by", "block"], "--by block needs an STDiT3 block segmentation"),
     (["--hw", "tx8-16", "--pairs", "28"], "--pairs needs an STDiT3 stage"),
     (["--hw", "no-such-chip"], "no such hardware file or bundled name"),
     (["--by", "block"], "--by block needs --hw"),
