@@ -258,6 +258,9 @@ def _plan_mesh(table: Any, origin: str, mesh: str | None) -> tuple[tuple[int, ..
     if table is not None and not isinstance(table, dict):
         raise PlanError(f"{origin}: mesh = {brief(table)}: expected a table with shape and axes")
     table = table or {}
+    if set(table) - {"shape", "axes"}:
+        raise PlanError(f"{origin}: mesh: unknown key {sorted(set(table) - {'shape', 'axes'})[0]!r}; "
+                        "expected shape and axes")
     if mesh is not None:
         shape = parse_mesh(mesh)
     elif "shape" in table:
@@ -395,7 +398,7 @@ def check_spec(spec: Spec, shape: tuple[int, ...], what: str, axis_sizes: dict[s
         parts = math.prod(axis_sizes[n] for n in names)
         if size % parts:
             raise PlanError(f"{what}: dimension {dim} of shape {list(shape)} is {size}, not "
-                            f"divisible by the {parts} devices of mesh axes {'x'.join(names)}")
+                            f"divisible by the {parts} devices of mesh axes {', '.join(names)}")
 
 
 def unmatched_rules(rules: tuple[Rule, ...], names: list[str], optional: frozenset[str]) -> list[Rule]:
