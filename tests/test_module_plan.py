@@ -141,7 +141,7 @@ def test_the_shorthands_split_what_their_names_say():
 
 def test_a_spec_that_the_mesh_does_not_divide_is_refused():
     with pytest.raises(PlanError, match="dimension 0 of shape \\[6, 4\\] is 6, not divisible by "
-                                        "the 4 devices of mesh axes xxy"):
+                                        "the 4 devices of mesh axes x, y"):
         check_spec((("x", "y"), None), (6, 4), "parameter w", {"x": 2, "y": 2})
     with pytest.raises(PlanError, match="has 1 entries for a tensor of shape"):
         check_spec(("x",), (6, 4), "parameter w", {"x": 2, "y": 2})
