@@ -419,7 +419,7 @@ def _kernels_in_range(mapping: MappingSection) -> bool:
     distinct = set(map(operator.attrgetter(*repeating), ops))  # one pass
     least = min(min(map(operator.attrgetter("position"), ops)),
                 min(itertools.chain.from_iterable(map(operator.attrgetter("positions"), ops)), default=0))
-    return (_is_in_range(least) and all(map(_is_in_range, set(mapping.pair_of)))
+    return (_is_in_range(least) and all(map(_is_in_range, set(mapping.pair_of) | set(mapping.block_of)))
             and all(_is_in_range(value) for values in distinct for value in values))
 
 

@@ -84,11 +84,14 @@ KERNELS_PLACEHOLDER = "\0kernels"
 
 
 def kernel_records(mapping: MappingSection) -> list[dict[str, Any]]:
-    return [{"position": op.position, "pair": pair, "name": op.name, "kind": op.kind, "shapes": op.shapes,
-             "latency_s": op.latency_s, "utilization": op.utilization, "bound": op.bound,
+    """One record per kernel: its block pair (STDiT3) and its block (``MappingSection.block_of``;
+    None outside the blocks or without any)."""
+    block_of = mapping.block_of or (None,) * len(mapping.program.ops)
+    return [{"position": op.position, "pair": pair, "block": block, "name": op.name, "kind": op.kind,
+             "shapes": op.shapes, "latency_s": op.latency_s, "utilization": op.utilization, "bound": op.bound,
              "compute_s": op.compute_s, "dram_s": op.dram_s, "noc_s": op.noc_s, "flops": op.flops,
              "hlo_positions": list(op.positions)}
-            for op, pair in zip(mapping.program.ops, mapping.pair_of)]
+            for op, pair, block in zip(mapping.program.ops, mapping.pair_of, block_of)]
 
 
 def _system_dict(mapping: MappingSection) -> dict[str, Any]:

@@ -5,7 +5,7 @@ the dumps and their time, and the errors that need the model (torch) to be found
 Sizes: the zoo's defaults. GPT-2: hidden d=64, 2 layers, 4 heads, MLP 4d, vocabulary 256.
 Llama: d=128, 2 layers, 8 query heads and 4 key/value heads of 16, SwiGLU hidden 256, vocabulary
 256. ViT: 32x32x3 images in 8x8 patches (16 patches + a class token = 17 tokens), d=64, 2
-layers, 4 heads, MLP 4d, 10 classes. Conv net: 3 -> 16 -> 32 -> 64 channels, 3x3 kernels with
+layers, 4 heads, MLP 4d, 10 classes. DiT: see DIT_* below. Conv net: 3 -> 16 -> 32 -> 64 channels, 3x3 kernels with
 padding 1 (strides 1, 2, 2) on 16x16 images, 10 classes. f32 everywhere: 4 bytes an element.
 
 Collective bytes sent per device on n devices (``hardware.collectives``' ring forms): an
@@ -91,6 +91,16 @@ CONV_FC = 2 * B * 64 * 10
 CONV2_OUT_BYTES = B * 32 * 8 * 8 * F32
 
 
+# DiT: 16x16x4 latents in 2x2 patches (64 tokens), d=64, 2 layers, 4 heads, MLP 4d, 64 timestep
+# frequencies: the blocks are GPT-2's on 64 tokens (no mask) plus each block's adaLN modulation
+# d -> 6d; outside them the patch convolution, the timestep MLP (64 -> d -> d), the final
+# modulation d -> 2d and the projection back to 2x2x4 patch values.
+DIT_TOKENS = 64
+DIT_MODULATION = 2 * B * 64 * 6 * 64
+DIT_OUTSIDE = (2 * B * DIT_TOKENS * (4 * 2 * 2) * 64 + 2 * B * 64 * 64 * 2 + 2 * B * 64 * 2 * 64
+               + 2 * B * DIT_TOKENS * 64 * 16)
+
+
 def gpt2_parameters(d: int = 64, vocab: int = 256, positions: int = 128) -> int:
     layer = (2 * 2 * d                       # two LayerNorms (weight, bias)
              + d * 3 * d + 3 * d + d * d + d   # c_attn, attn.c_proj
@@ -127,6 +137,14 @@ CASES = {
     "vit_dp": ("models.zoo.vit:vit", ["--input", f"images={B}x3x32x32:float32", "--strategy",
                                       "dp", "--mesh", "2x2"],
                (VIT_PATCH_EMBED + LAYERS * gpt2_layer(length=VIT_TOKENS) + VIT_HEAD) // N, {}),
+    "dit_megatron": ("models.zoo.dit:dit", ["--input", f"latents={B}x4x16x16:float32", "--input",
+                                            f"t={B}:float32", "--strategy", "megatron", "--mesh",
+                                            "2x2"],
+                     DIT_OUTSIDE + LAYERS * (gpt2_layer(length=DIT_TOKENS) // N + DIT_MODULATION),
+                     {"all_reduce": 2 * LAYERS * ring_all_reduce(B * DIT_TOKENS * 64 * F32)}),
+    "dit_dp": ("models.zoo.dit:dit", ["--input", f"latents={B}x4x16x16:float32", "--input",
+                                      f"t={B}:float32", "--strategy", "dp", "--mesh", "2x2"],
+               (DIT_OUTSIDE + LAYERS * (gpt2_layer(length=DIT_TOKENS) + DIT_MODULATION)) // N, {}),
     # conv1 split by output channels, conv2 by input channels (partial sums all-reduced)
     "convnet_megatron": ("models.zoo.convnet:convnet", ["--input", f"images={B}x3x16x16:float32",
                                                         "--plan", str(PLANS / "convnet_megatron.toml")],
@@ -158,6 +176,7 @@ QUICK = {"gpt2_megatron"}
 BLOCKS = {
     "gpt2": ({"qkv", "scores", "values", "proj", "fc1", "fc2"}, "attention + GELU MLP"),
     "vit": ({"qkv", "scores", "values", "proj", "fc1", "fc2"}, "attention + GELU MLP"),
+    "dit": ({"qkv", "scores", "values", "proj", "fc1", "fc2"}, "attention + GELU MLP"),
     "llama": ({"q", "k", "v", "scores", "values", "proj", "gate", "up", "down"},
               "attention (GQA) + SwiGLU MLP"),
 }
@@ -227,6 +246,7 @@ def test_analyze_finds_the_blocks_and_times_each(traced, case):
     per_block = [sum(flops[p] for positions in block["ops"].values() for p in positions)
                  for block in transformer["labels"]]
     layer = {"gpt2": gpt2_layer(), "vit": gpt2_layer(length=VIT_TOKENS),
+             "dit": gpt2_layer(length=DIT_TOKENS),
              "llama": llama_layer(batch=1) if case == "llama_sp" else llama_layer()}[case.split("_")[0]]
     assert per_block == [layer // N] * LAYERS
     # every kernel is charged to one block or to the work outside them; the layers cost the same
@@ -235,6 +255,10 @@ def test_analyze_finds_the_blocks_and_times_each(traced, case):
     assert set(times) == {None, *range(LAYERS)}
     assert sum(times.values()) == pytest.approx(mapping["totals"]["step_latency_s"])
     assert times[0] > 0 and times[0] == pytest.approx(times[1])
+    if case.startswith("dit"):  # a block's own modulation (side work only it reads) is its work
+        charged = [k for k in mapping["kernels"] if k["block"] == 0]
+        assert sum(k["flops"] for k in charged if k["kind"] in ("gemm", "flash_attention")) == \
+            layer // N + DIT_MODULATION // (1 if case == "dit_megatron" else N)
     table = analyze(dump, "--hw", "h100-sxm", "--by", "block")
     assert table.returncode == 0, table.stderr
     assert f"Time per block ({LAYERS} blocks" in table.stdout

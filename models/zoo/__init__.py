@@ -4,6 +4,7 @@ PyTorch with random weights and tiny default sizes, each a factory ``name(**kwar
 * ``models.zoo.gpt2:gpt2``       GPT-2-style decoder (LayerNorm, fused QKV, GELU MLP, causal mask);
 * ``models.zoo.llama:llama``     Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU);
 * ``models.zoo.vit:vit``         ViT encoder (patch convolution, class token, LayerNorm, GELU MLP);
+* ``models.zoo.dit:dit``         DiT with adaLN-Zero blocks (timestep-modulated LayerNorms, gates);
 * ``models.zoo.convnet:convnet`` a small convolutional classifier.
 
 They follow the conventions that make a lazy torch-xla trace see every op (``models.zoo.layers``):
