@@ -187,37 +187,67 @@ class _Projections:
 
 
 def find_attentions(graph: nx.DiGraph) -> list[Attention]:
-    """Every attention of the graph (step 1 of the module docstring), self- and cross-."""
+    """Every attention of the graph (step 1 of the module docstring), self- and cross-.
+
+    XLA may put either operand of a product first (JAX's ``einsum("bhqk,bkhd->bqhd", p, v)``
+    partitions to ``dot_general(v, p)``): the softmax output is whichever operand follows an
+    ``exponential``; of the score product's two operands, k is the one whose projection reads
+    the v projection's input (or is v's own fused projection), the one of v's width when both
+    do (grouped-query attention's k and v are narrower than q), else the second."""
     by_projections: dict[tuple[int, int], Attention] = {}
     softmax_outputs = after_exponential(graph)
     projections = _Projections(graph)
     nodes = graph.nodes
     for node in sorted(_gemm_nodes(graph)):
-        if nodes[node]["operands"][0] not in softmax_outputs:
+        operands = nodes[node]["operands"]
+        if operands[0] in softmax_outputs:
+            probs_operand = 0
+        elif operands[1] in softmax_outputs:
+            probs_operand = 1
+        else:
             continue
-        scores, passed = _gemms_before(graph, node, 0, limit=SOFTMAX_SPAN_LIMIT)
+        scores, passed = _gemms_before(graph, node, probs_operand, limit=SOFTMAX_SPAN_LIMIT)
         if not scores or not any(nodes[p]["name"] == "exponential" for p in passed):
             continue
-        q_side, k_side, q_path = set(), set(), set()
+        sides: list[set[int]] = [set(), set()]
+        paths: list[set[int]] = [set(), set()]
         for score in scores:
-            q_gemms, q_passed = projections.before(score, 0)
-            q_side |= q_gemms
-            q_path |= q_passed
-            k_side |= projections.before(score, 1)[0]
-        v_side = projections.before(node, 1)[0]
-        if len(q_side) != 1 or len(k_side) != 1 or len(v_side) != 1:
+            for operand in (0, 1):
+                gemms, nodes_passed = projections.before(score, operand)
+                sides[operand] |= gemms
+                paths[operand] |= nodes_passed
+        v_side = projections.before(node, 1 - probs_operand)[0]
+        if len(sides[0]) != 1 or len(sides[1]) != 1 or len(v_side) != 1:
             continue  # not an attention: a product fed by several projections
-        k_proj, v_proj = next(iter(k_side)), next(iter(v_side))
-        if k_proj != v_proj and gemm_input(graph, k_proj) != gemm_input(graph, v_proj):
+        v_proj = next(iter(v_side))
+        order = _query_key_order(graph, next(iter(sides[0])), next(iter(sides[1])), v_proj)
+        if order is None:
             continue  # k and v of different inputs: no attention (a backward product, ...)
-        key = (next(iter(q_side)), k_proj)
+        q_operand = order
+        q_proj, k_proj = next(iter(sides[q_operand])), next(iter(sides[1 - q_operand]))
+        key = (q_proj, k_proj)
         attention = by_projections.setdefault(key, Attention(
             key[0], key[1], [], [], v_proj=None if v_proj == k_proj else v_proj))
         attention.values.append(node)
         attention.scores.extend(s for s in sorted(scores) if s not in attention.scores)
         attention.q_norms = sorted(set(attention.q_norms) | {
-            p for p in q_path if nodes[p]["name"] == "rsqrt"})
+            p for p in paths[q_operand] if nodes[p]["name"] == "rsqrt"})
     return list(by_projections.values())
+
+
+def _query_key_order(graph: nx.DiGraph, first: int, second: int, v_proj: int) -> int | None:
+    """Which operand of the score product holds q (0 or 1; the other holds k), given the
+    projections they lead back to and the v projection; None when neither can be k."""
+    def can_be_k(proj: int) -> bool:
+        return proj == v_proj or gemm_input(graph, proj) == gemm_input(graph, v_proj)
+
+    candidates = [q_operand for q_operand, k_proj in ((0, second), (1, first)) if can_be_k(k_proj)]
+    if len(candidates) == 2:  # both read v's input: k is the one of v's width, else the second
+        width = graph.nodes[v_proj]["dot_dims"][2]
+        if graph.nodes[second]["dot_dims"][2] != width and graph.nodes[first]["dot_dims"][2] == width:
+            return 1
+        return 0
+    return candidates[0] if candidates else None
 
 
 def _first(graph: nx.DiGraph, nodes: set[int]) -> int:

@@ -36,9 +36,10 @@ from hlo_analyzer.blocks import Attention, attention_gemm_nodes, find_attentions
 from hlo_analyzer.dataflow import GEMM_OPS, gemm_input, walk_until
 from hlo_analyzer.pairs import unit_owners
 
-#: Ops between an MLP's up and down projections that name its activation.
+#: Ops between an MLP's up and down projections that name its activation: GELU's tanh or erf;
+#: SiLU's sigmoid, a ``logistic`` (torch-xla) or written out as 1 / (1 + exp(-x)) (JAX).
 _GELU_OPS = frozenset({"tanh", "erf"})
-_SILU_OPS = frozenset({"logistic"})
+_SILU_OPS = frozenset({"logistic", "exponential"})
 
 
 def is_self_attention(graph: nx.DiGraph, attention: Attention) -> bool:
@@ -161,7 +162,7 @@ def segment_transformer(graph: nx.DiGraph,
         passed = walk_until(graph, [s for g in up for s in graph.successors(g)], backward=False,
                             stop=is_gemm)[1]
         names = {graph.nodes[n]["name"] for n in passed}
-        activation = "silu" if names & _SILU_OPS else "gelu" if names & _GELU_OPS else ""
+        activation = "gelu" if names & _GELU_OPS else "silu" if names & _SILU_OPS else ""
         blocks.append(TransformerBlock(attention, cross, up, down,
                                        block_kind(graph, attention, cross, up, activation)))
     labelled = {position: index for index, block in enumerate(blocks)
