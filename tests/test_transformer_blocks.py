@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from jax_decoder_program import (
     BATCH,
     DEVICES,
