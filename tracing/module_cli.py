@@ -126,7 +126,7 @@ def _trace_in_child(model: str, kwargs: dict[str, Any], inputs: list[InputSpec],
         progress("build")
         build_started = time.perf_counter()
         module = build_model(model, kwargs, dtype)
-        check_plan(plan, module, inputs)
+        check_plan(plan, module, inputs, mode=mode)
         build_s = time.perf_counter() - build_started
         traced = trace_module(module, plan, inputs, mode=mode, dtype=dtype, progress=progress)
         traced.seconds["build"] = build_s

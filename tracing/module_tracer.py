@@ -86,11 +86,12 @@ def build_model(factory: str, kwargs: dict[str, Any], dtype: str):
     return model.to(getattr(torch, dtype))
 
 
-def check_plan(plan: ModulePlan, model, inputs: list[InputSpec]) -> None:
-    """Every rule of a plan file must match a parameter, input or module of the model."""
+def check_plan(plan: ModulePlan, model, inputs: list[InputSpec], *, mode: str = "infer") -> None:
+    """Every rule of a plan file must match a parameter, input or module of the model (a
+    training step's ``target`` is an input too)."""
     checks = (
         ("parameter", plan.parameters, [name for name, _ in model.named_parameters()]),
-        ("input", plan.inputs, [spec.name for spec in inputs]),
+        ("input", plan.inputs, [spec.name for spec in inputs] + (["target"] if mode == "train" else [])),
         ("module", plan.activations, [name for name, _ in model.named_modules() if name]),
     )
     for what, rules, names in checks:
