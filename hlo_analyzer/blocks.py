@@ -33,6 +33,7 @@ from hlo_analyzer.dataflow import (
     SOFTMAX_SPAN_LIMIT,
     after_exponential,
     build_dataflow,
+    gemm_input,
     walk_until,
 )
 from hlo_analyzer.tensors import ELEMENT_BYTES
@@ -49,15 +50,22 @@ class NotSTDiTError(UsageError):
 @dataclass
 class Attention:
     q_proj: int
-    kv_proj: int
+    kv_proj: int  # the k projection (fused with v unless ``v_proj`` is set)
     scores: list[int]
     values: list[int]
     q_norms: list[int] = field(default_factory=list)  # rsqrt nodes on the q path
     out_proj: int | None = None
+    #: A v projection of its own (Llama's ``k_proj`` / ``v_proj``), reading the input that the
+    #: k projection reads; None when k and v come from one fused projection.
+    v_proj: int | None = None
 
     @property
     def is_self(self) -> bool:
+        """One fused projection for q, k and v (STDiT3's self-attention)."""
         return self.q_proj == self.kv_proj
+
+    def projections(self) -> list[int]:
+        return [p for p in dict.fromkeys((self.q_proj, self.kv_proj, self.v_proj)) if p is not None]
 
 
 @dataclass
@@ -109,8 +117,7 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
     if len(self_attentions) % 2:
         raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: "
                             f"{len(self_attentions)} self-attentions, expected spatial/temporal pairs")
-    attention_gemms = {a.q_proj for a in attentions} | {a.kv_proj for a in attentions} | {
-        g for a in attentions for g in a.scores + a.values}
+    attention_gemms = attention_gemm_nodes(attentions)
 
     blocks = []
     for index, attention in enumerate(self_attentions):
@@ -133,6 +140,12 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
     except ValueError as error:
         raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: {error}") from None
     return Segmentation(blocks, per_pair[0], per_pair)
+
+
+def attention_gemm_nodes(attentions: list[Attention]) -> set[int]:
+    """Every projection, score and value GEMM of the attentions (not their output projections)."""
+    return {p for a in attentions for p in a.projections()} | {
+        g for a in attentions for g in a.scores + a.values}
 
 
 # -- finding the pieces ---------------------------------------------------------------------------
@@ -174,33 +187,67 @@ class _Projections:
 
 
 def find_attentions(graph: nx.DiGraph) -> list[Attention]:
-    """Every attention of the graph (step 1 of the module docstring), self- and cross-."""
+    """Every attention of the graph (step 1 of the module docstring), self- and cross-.
+
+    XLA may put either operand of a product first (JAX's ``einsum("bhqk,bkhd->bqhd", p, v)``
+    partitions to ``dot_general(v, p)``): the softmax output is whichever operand follows an
+    ``exponential``; of the score product's two operands, k is the one whose projection reads
+    the v projection's input (or is v's own fused projection), the one of v's width when both
+    do (grouped-query attention's k and v are narrower than q), else the second."""
     by_projections: dict[tuple[int, int], Attention] = {}
     softmax_outputs = after_exponential(graph)
     projections = _Projections(graph)
     nodes = graph.nodes
     for node in sorted(_gemm_nodes(graph)):
-        if nodes[node]["operands"][0] not in softmax_outputs:
+        operands = nodes[node]["operands"]
+        if operands[0] in softmax_outputs:
+            probs_operand = 0
+        elif operands[1] in softmax_outputs:
+            probs_operand = 1
+        else:
             continue
-        scores, passed = _gemms_before(graph, node, 0, limit=SOFTMAX_SPAN_LIMIT)
+        scores, passed = _gemms_before(graph, node, probs_operand, limit=SOFTMAX_SPAN_LIMIT)
         if not scores or not any(nodes[p]["name"] == "exponential" for p in passed):
             continue
-        q_side, k_side, q_path = set(), set(), set()
+        sides: list[set[int]] = [set(), set()]
+        paths: list[set[int]] = [set(), set()]
         for score in scores:
-            q_gemms, q_passed = projections.before(score, 0)
-            q_side |= q_gemms
-            q_path |= q_passed
-            k_side |= projections.before(score, 1)[0]
-        v_side = projections.before(node, 1)[0]
-        if len(q_side) != 1 or len(k_side) != 1 or k_side != v_side:
+            for operand in (0, 1):
+                gemms, nodes_passed = projections.before(score, operand)
+                sides[operand] |= gemms
+                paths[operand] |= nodes_passed
+        v_side = projections.before(node, 1 - probs_operand)[0]
+        if len(sides[0]) != 1 or len(sides[1]) != 1 or len(v_side) != 1:
             continue  # not an attention: a product fed by several projections
-        key = (q_side.pop(), k_side.pop())
-        attention = by_projections.setdefault(key, Attention(key[0], key[1], [], []))
+        v_proj = next(iter(v_side))
+        order = _query_key_order(graph, next(iter(sides[0])), next(iter(sides[1])), v_proj)
+        if order is None:
+            continue  # k and v of different inputs: no attention (a backward product, ...)
+        q_operand = order
+        q_proj, k_proj = next(iter(sides[q_operand])), next(iter(sides[1 - q_operand]))
+        key = (q_proj, k_proj)
+        attention = by_projections.setdefault(key, Attention(
+            key[0], key[1], [], [], v_proj=None if v_proj == k_proj else v_proj))
         attention.values.append(node)
         attention.scores.extend(s for s in sorted(scores) if s not in attention.scores)
         attention.q_norms = sorted(set(attention.q_norms) | {
-            p for p in q_path if nodes[p]["name"] == "rsqrt"})
+            p for p in paths[q_operand] if nodes[p]["name"] == "rsqrt"})
     return list(by_projections.values())
+
+
+def _query_key_order(graph: nx.DiGraph, first: int, second: int, v_proj: int) -> int | None:
+    """Which operand of the score product holds q (0 or 1; the other holds k), given the
+    projections they lead back to and the v projection; None when neither can be k."""
+    def can_be_k(proj: int) -> bool:
+        return proj == v_proj or gemm_input(graph, proj) == gemm_input(graph, v_proj)
+
+    candidates = [q_operand for q_operand, k_proj in ((0, second), (1, first)) if can_be_k(k_proj)]
+    if len(candidates) == 2:  # both read v's input: k is the one of v's width, else the second
+        width = graph.nodes[v_proj]["dot_dims"][2]
+        if graph.nodes[second]["dot_dims"][2] != width and graph.nodes[first]["dot_dims"][2] == width:
+            return 1
+        return 0
+    return candidates[0] if candidates else None
 
 
 def _first(graph: nx.DiGraph, nodes: set[int]) -> int:

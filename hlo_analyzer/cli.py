@@ -69,7 +69,8 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
               help="What the table/CSV shows. summary: per category, totals, collectives by kind, "
                    "unhandled ops (and blocks and mapping with --hw); op: one row per measured "
                    "op before the summary; category: the per-category rows (CSV); block: one row "
-                   "per labelled GEMM of each STDiT3 block (needs --hw on an STDiT3 stage); "
+                   "per labelled GEMM of each block (an STDiT3 stage's or a generic "
+                   "transformer's), then the time per block (needs --hw); "
                    "kernel: one row per mapped kernel (needs --hw). JSON always carries all of them.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Write the report to this file (atomically) instead of standard output.")
@@ -91,7 +92,7 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "laid out for N: --hw tx8 on a 16-device dump is 16 TX8 chips on tx8-16's "
                    "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's (the report states "
                    "the system). Collectives are timed on the chip-to-chip network; an STDiT3 "
-                   "stage is also grouped by block pair.")
+                   "stage is also grouped by block pair, any transformer by block.")
 @click.option("--steps", type=Count(), default=None,
               help="Runs of the program the latency total covers (with --hw), e.g. the sampling "
                    "steps of a diffusion inference.  [default: 30 on an STDiT3 stage, a whole "
@@ -419,7 +420,7 @@ def _kernels_in_range(mapping: MappingSection) -> bool:
     distinct = set(map(operator.attrgetter(*repeating), ops))  # one pass
     least = min(min(map(operator.attrgetter("position"), ops)),
                 min(itertools.chain.from_iterable(map(operator.attrgetter("positions"), ops)), default=0))
-    return (_is_in_range(least) and all(map(_is_in_range, set(mapping.pair_of)))
+    return (_is_in_range(least) and all(map(_is_in_range, set(mapping.pair_of) | set(mapping.block_of)))
             and all(_is_in_range(value) for values in distinct for value in values))
 
 

@@ -244,6 +244,21 @@ def conv_layout(op: Any) -> ConvLayout:
     return ConvLayout(channels_first=dims.input_feature_dimension == 1, window_taps=taps)
 
 
+def gemm_input(graph: nx.DiGraph, node: int, operand: int = 0) -> Marker:
+    """The value a GEMM's operand (its lhs by default) holds, followed back through free data
+    movement (``FREE_MOVEMENT_OPS``) to the op that made it, or ``("argument", i)``: two
+    projections of one tensor (the k and v of an attention) read the same value."""
+    nodes = graph.nodes
+    attributes = nodes[node]
+    producer, marker = attributes["operands"][operand], operand_markers(attributes)[operand]
+    while producer is not None and nodes[producer]["name"] in FREE_MOVEMENT_OPS:
+        attributes = nodes[producer]
+        if len(attributes["operands"]) != 1:
+            break
+        producer, marker = attributes["operands"][0], operand_markers(attributes)[0]
+    return marker
+
+
 def build_dataflow(module: ir.Module) -> nx.DiGraph:
     visitor = DataflowVisitor()
     visitor.visit(module)

@@ -43,7 +43,7 @@ from hlo_analyzer.op_mapping import (
     ProgramMapping,
     map_program,
 )
-from hlo_analyzer.pairs import pair_owners, residual_inputs
+from hlo_analyzer.pairs import pair_owners, residual_inputs, unit_owners
 from hlo_analyzer.report import Report
 from hlo_analyzer.rows import COMM
 from hlo_analyzer.sections import (
@@ -53,6 +53,12 @@ from hlo_analyzer.sections import (
     MappingSection,
     MappingTotals,
     PairGroup,
+    TransformerSection,
+)
+from hlo_analyzer.transformer_blocks import (
+    TransformerSegmentation,
+    is_self_attention,
+    segment_transformer,
 )
 from hlo_trace.errors import UsageError
 
@@ -70,11 +76,37 @@ def blocks_section(segmentation: Segmentation) -> BlocksSection:
     return BlocksSection(segmentation.shapes, segmentation.pairs, segmentation.consistent, labels)
 
 
+def transformer_section(segmentation: TransformerSegmentation) -> TransformerSection:
+    labels = tuple(BlockLabels(index, block.kind, tuple((label, tuple(positions))
+                                                        for label, positions in block.labels().items()))
+                   for index, block in enumerate(segmentation.blocks))
+    return TransformerSection(labels, segmentation.shapes, segmentation.consistent)
+
+
+def stdit_block_owners(graph: nx.DiGraph, segmentation: Segmentation,
+                       pair_owner: dict[int, int]) -> dict[int, int]:
+    """Graph node -> STDiT3 block (spatial ``2k``, temporal ``2k+1``) within its pair's work
+    (``pair_owner``): an op of pair ``k`` is the temporal block's when it depends on that block's
+    input on the residual stream or is side work only the temporal block reads
+    (``pairs.unit_owners`` over the blocks), else the spatial block's. So a pair's two blocks
+    add up to the pair."""
+    blocks = segmentation.blocks
+    anchors = [(block.self_attention.out_proj, block.self_attention.q_proj) for block in blocks]
+    labelled = {position: index for index, block in enumerate(blocks)
+                for positions in block.labels().values() for position in positions if position is not None}
+    last = blocks[-1]
+    by_block = unit_owners(graph, anchors, (last.fc2, last.self_attention.q_proj), labelled)
+    pairs = len(blocks) // 2
+    return {node: 2 * pair + 1 if by_block.get(node) == 2 * pair + 1 else 2 * pair
+            for node, pair in pair_owner.items() if pair < pairs}
+
+
 def _by_kind(items: dict[str, float]) -> tuple[tuple[str, float], ...]:
     return tuple(items.items())
 
 
 def _pair_groups(program: ProgramMapping, pair_of: tuple[int | None, ...]) -> tuple[PairGroup, ...]:
+    """The kernels grouped by their unit (a pair, or a block: ``pair_of``), None last-but-first."""
     groups: dict[int | None, dict[str, float]] = {}
     counts: dict[int | None, int] = {}
     for op, pair in zip(program.ops, pair_of):
@@ -168,14 +200,25 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
                               hop_latency_s=hop_latency_s)
     graph = build_dataflow(module) if graph is None else graph
     attentions = find_attentions(graph)
-    cross_values = {v for attention in attentions if not attention.is_self for v in attention.values}
+    cross_values = {v for attention in attentions if not is_self_attention(graph, attention)
+                    for v in attention.values}
     segmentation = _segment(module, report, graph, attentions)
     if segmentation is None and pairs is not None:
         raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
     owners = pair_owners(graph, segmentation) if segmentation is not None else {}
+    transformer = segment_transformer(graph, attentions) if segmentation is None else None
+    if segmentation is not None:
+        block_owner = stdit_block_owners(graph, segmentation, owners)
+        blocks_found = len(segmentation.blocks)
+    elif transformer is not None:
+        log.info("found %d transformer blocks (%s)", len(transformer.blocks), transformer.blocks[0].kind)
+        block_owner, blocks_found = transformer.owners, len(transformer.blocks)
+    else:
+        block_owner, blocks_found = {}, 0
     residual = [m for m in residual_inputs(graph, segmentation) if m is not None] if segmentation is not None else []
     program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,
-                          cross_values=cross_values, owners=owners, residual_inputs=residual)
+                          cross_values=cross_values, owners=owners or block_owner,
+                          residual_inputs=residual)
     log.info("mapped %d kernels (%d distinct searches); cross-attention: %s (%d kernels per sample)",
              len(program.ops), program.distinct_mappings, program.cross_attention,
              program.per_sample_attentions)
@@ -187,10 +230,16 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     reference = map_block(build_stdit_block_ops(blocks.shapes), resolved.system.chip) if blocks else None
     groups, totals = program_totals(program, pair_of, steps=steps, pairs_found=blocks.pairs if blocks else None,
                                     pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
+    block_of = tuple(b if (b := block_owner.get(op.position)) is not None and b < blocks_found
+                     else None for op in program.ops) if blocks_found else ()
     mapping = MappingSection(hardware, resolved, options, program, pair_of, groups, totals, reference,
-                             program.kernel_classes(resolved.system.chip))
-    report.sections = HardwareSections(blocks=blocks, mapping=mapping)
+                             program.kernel_classes(resolved.system.chip), block_of,
+                             _pair_groups(program, block_of) if blocks_found else ())
+    report.sections = HardwareSections(
+        blocks=blocks, mapping=mapping,
+        transformer=transformer_section(transformer) if transformer is not None else None)
+
 
 
 __all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "program_totals",
-           "sidecar_caption_tokens"]
+           "sidecar_caption_tokens", "stdit_block_owners", "transformer_section"]

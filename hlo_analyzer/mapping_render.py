@@ -11,8 +11,16 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from hardware import model_assumptions
+from hlo_analyzer.op_mapping import FLASH_KIND, GEMM_KIND
 from hlo_analyzer.rows import OpRow
-from hlo_analyzer.sections import BlocksSection, HardwareSections, MappingSection
+from hlo_analyzer.sections import (
+    BlockLabels,
+    BlocksSection,
+    HardwareSections,
+    MappingSection,
+    PairGroup,
+    TransformerSection,
+)
 from hlo_trace.errors import UsageError
 
 
@@ -27,17 +35,63 @@ def blocks_dict(blocks: BlocksSection) -> dict[str, Any]:
     }
 
 
+def transformer_dict(transformer: TransformerSection) -> dict[str, Any]:
+    return {
+        "blocks": len(transformer.blocks),
+        "consistent": transformer.consistent,
+        "shapes": [dict(shapes) for shapes in transformer.shapes],
+        "labels": [{"index": b.index, "kind": b.kind, "ops": {label: list(p) for label, p in b.ops}}
+                   for b in transformer.blocks],
+    }
+
+
+def labelled_blocks(sections: HardwareSections) -> tuple[BlockLabels, ...]:
+    """Every block's labelled GEMMs: an STDiT3 stage's, or a generic transformer's."""
+    if sections.blocks is not None:
+        return sections.blocks.blocks
+    if sections.transformer is not None:
+        return sections.transformer.blocks
+    return ()
+
+
+def block_time_records(sections: HardwareSections) -> list[dict[str, Any]]:
+    """Time per block (``--by block``): one record per block with its kind, and one for the
+    work outside the blocks (``block`` None); empty without ``--hw`` or without blocks."""
+    mapping = sections.mapping
+    if mapping is None:
+        return []
+    kinds = {labels.index: labels.kind for labels in labelled_blocks(sections)}
+    block_of = mapping.block_of or (None,) * len(mapping.program.ops)
+    flops: dict[int | None, int] = {}
+    for op, block in zip(mapping.program.ops, block_of):
+        if op.kind in (GEMM_KIND, FLASH_KIND):
+            flops[block] = flops.get(block, 0) + op.flops
+    groups = mapping.blocks or (PairGroup(None, mapping.program.latency_s,
+                                          tuple(mapping.program.seconds_by_kind().items()),
+                                          len(mapping.program.ops)),)
+    return [_block_time(group, kinds, flops) for group in groups]
+
+
+def _block_time(group: PairGroup, kinds: dict[int, str], flops: dict[int | None, int]) -> dict[str, Any]:
+    return {"block": group.pair, "kind": "outside the blocks" if group.pair is None else kinds.get(group.pair, ""),
+            "kernels": group.kernels, "latency_s": group.latency_s, "matrix_flops": flops.get(group.pair, 0),
+            "seconds_by_kind": dict(group.seconds_by_kind)}
+
+
 #: Stands for the kernel list in the document that ``Report.to_json`` encodes; :func:`splice_kernels`
 #: puts the list's text in its place.
 KERNELS_PLACEHOLDER = "\0kernels"
 
 
 def kernel_records(mapping: MappingSection) -> list[dict[str, Any]]:
-    return [{"position": op.position, "pair": pair, "name": op.name, "kind": op.kind, "shapes": op.shapes,
-             "latency_s": op.latency_s, "utilization": op.utilization, "bound": op.bound,
+    """One record per kernel: its block pair (STDiT3) and its block (``MappingSection.block_of``;
+    None outside the blocks or without any)."""
+    block_of = mapping.block_of or (None,) * len(mapping.program.ops)
+    return [{"position": op.position, "pair": pair, "block": block, "name": op.name, "kind": op.kind,
+             "shapes": op.shapes, "latency_s": op.latency_s, "utilization": op.utilization, "bound": op.bound,
              "compute_s": op.compute_s, "dram_s": op.dram_s, "noc_s": op.noc_s, "flops": op.flops,
              "hlo_positions": list(op.positions)}
-            for op, pair in zip(mapping.program.ops, mapping.pair_of)]
+            for op, pair, block in zip(mapping.program.ops, mapping.pair_of, block_of)]
 
 
 def _system_dict(mapping: MappingSection) -> dict[str, Any]:
@@ -82,6 +136,8 @@ def mapping_dict(mapping: MappingSection, *, kernels: bool = True) -> dict[str, 
         "kernels": kernel_records(mapping) if kernels else KERNELS_PLACEHOLDER,
         "pairs": [{"pair": g.pair, "latency_s": g.latency_s, "kernels": g.kernels,
                    "seconds_by_kind": dict(g.seconds_by_kind)} for g in mapping.pairs],
+        "blocks": [{"block": g.pair, "latency_s": g.latency_s, "kernels": g.kernels,
+                    "seconds_by_kind": dict(g.seconds_by_kind)} for g in mapping.blocks],
         "reference": _reference_dict(mapping),
         "classes": [{"class": c.name, "kernels": c.kernels, "seconds": c.seconds,
                      "bound_seconds": c.bound_seconds, "ratio": c.ratio, "provenance": c.provenance}
@@ -107,6 +163,8 @@ def sections_dict(sections: HardwareSections, *, kernels: bool = True) -> dict[s
     document: dict[str, Any] = {}
     if sections.blocks is not None:
         document["blocks"] = blocks_dict(sections.blocks)
+    if sections.transformer is not None:
+        document["transformer"] = transformer_dict(sections.transformer)
     if sections.mapping is not None:
         document["mapping"] = mapping_dict(sections.mapping, kernels=kernels)
     return document
@@ -242,17 +300,17 @@ def _values_getter(keys: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...
 
 # -- records for --by block / --by kernel -------------------------------------------------------------
 def block_rows(sections: HardwareSections, rows: Sequence[OpRow], source: str) -> list[dict[str, Any]]:
-    """One record per labelled GEMM of each STDiT3 block (needs the blocks section); ``rows`` are
-    the report's op rows, ``source`` names the dump in the error."""
-    blocks = sections.blocks
-    if blocks is None:
-        raise UsageError(f"{source}: --by block needs an STDiT3 block segmentation; pass --hw NAME "
-                         "on an STDiT3 stage")
+    """One record per labelled GEMM of each block (an STDiT3 stage's or a generic transformer's);
+    ``rows`` are the report's op rows, ``source`` names the dump in the error."""
+    blocks = labelled_blocks(sections)
+    if not blocks and sections.mapping is None:
+        raise UsageError(f"{source}: --by block needs --hw NAME (the block segmentation and "
+                         "the time per block)")
     by_position = {row.position: row for row in rows}
     kernel_of = ({position: kernel for kernel in sections.mapping.program.ops
                   for position in kernel.positions} if sections.mapping is not None else None)
     records = []
-    for block in blocks.blocks:
+    for block in blocks:
         for label, positions in block.ops:
             for position in positions:
                 row = by_position[position]

@@ -46,7 +46,7 @@ import networkx as nx
 from hlo_analyzer.blocks import Segmentation
 from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS, Marker, operand_markers
 
-__all__ = ["RETURN_OP", "pair_owners", "residual_inputs"]
+__all__ = ["RETURN_OP", "pair_owners", "residual_inputs", "unit_owners"]
 
 RETURN_OP = "return"
 #: Element types of masks, which are never the residual stream.
@@ -61,16 +61,31 @@ def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]
     """Graph node -> block pair (module docstring). Work after the pairs (the final layer) has
     the number of pairs as its owner; work before them (the embeddings) is absent."""
     blocks = segmentation.blocks
-    pairs = len(blocks) // 2
-    levels_of: dict[Marker, int] = {marker: pair for pair, marker in enumerate(residual_inputs(graph, segmentation))
-                                    if marker is not None}
-    last = blocks[-1]
-    output = _residual_output(graph, last.fc2, last.self_attention.q_proj)
-    if output is not None:
-        levels_of[output] = pairs  # after the pairs
-    level = _levels(graph, levels_of)
+    anchors = [(blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
+               for pair in range(len(blocks) // 2)]
     labelled = {position: index // 2 for index, block in enumerate(blocks)
                 for positions in block.labels().values() for position in positions if position is not None}
+    last = blocks[-1]
+    return unit_owners(graph, anchors, (last.fc2, last.self_attention.q_proj), labelled)
+
+
+def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
+                last: tuple[int, int], labelled: dict[int, int]) -> dict[int, int]:
+    """Graph node -> unit (a block pair of STDiT3, a block of a generic transformer), by the
+    steps of the module docstring. ``anchors``: each unit's first attention (its output
+    projection and its q projection), whose residual add gives the unit's input; ``last``: the
+    last unit's last GEMM and its first q projection, whose residual add gives the output;
+    ``labelled``: the units' own GEMMs. Work after the units has ``len(anchors)`` as its owner."""
+    units = len(anchors)
+    levels_of: dict[Marker, int] = {}
+    for unit, (proj, qkv) in enumerate(anchors):
+        marker = _residual_input(graph, proj, qkv)
+        if marker is not None:
+            levels_of[marker] = unit
+    output = _residual_output(graph, *last)
+    if output is not None:
+        levels_of[output] = units  # after the units
+    level = _levels(graph, levels_of)
     owner = dict(level)
     owner.update(labelled)
     names = graph.nodes

@@ -31,6 +31,16 @@ class BlocksSection:
 
 
 @dataclass(frozen=True)
+class TransformerSection:
+    """The blocks of a generic transformer (``hlo_analyzer.transformer_blocks``): each block's
+    labelled GEMMs (``BlockLabels.kind``: the block's kind in words) and its shapes per device."""
+
+    blocks: tuple[BlockLabels, ...]
+    shapes: tuple[tuple[tuple[str, int], ...], ...]
+    consistent: bool
+
+
+@dataclass(frozen=True)
 class PairGroup:
     """The kernels charged to one block pair (``pair`` None: outside the pairs, the embeddings
     before them and the final layer after them).
@@ -104,11 +114,18 @@ class MappingSection:
     totals: MappingTotals
     reference: BlockMapping | None
     classes: tuple[KernelClass, ...] = ()  # the kernels by class, with first-principles bounds
+    #: Each kernel's block (STDiT3: spatial 2k, temporal 2k+1; a generic transformer: its
+    #: block), None outside the blocks; and the kernels grouped so (``PairGroup.pair``: the
+    #: block). Empty when the dump has no blocks.
+    block_of: tuple[int | None, ...] = ()
+    blocks: tuple[PairGroup, ...] = ()
 
 
 @dataclass(frozen=True)
 class HardwareSections:
-    """What ``--hw`` adds to a Report; both None without ``--hw``."""
+    """What ``--hw`` adds to a Report; all None without ``--hw``. ``blocks``: an STDiT3 stage's
+    pairs; ``transformer``: a generic transformer's blocks (when no STDiT3 pairs are found)."""
 
     blocks: BlocksSection | None = None
     mapping: MappingSection | None = None
+    transformer: TransformerSection | None = None

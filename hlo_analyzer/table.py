@@ -7,9 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from hardware import model_assumptions
-from hlo_analyzer.mapping_render import block_rows, kernel_rows
+from hlo_analyzer.mapping_render import block_rows, block_time_records, kernel_rows
 from hlo_analyzer.report import Report
-from hlo_analyzer.sections import BlocksSection, HardwareSections, MappingSection
+from hlo_analyzer.sections import (
+    BlocksSection,
+    HardwareSections,
+    MappingSection,
+    TransformerSection,
+)
 
 
 def si(value: float | None, unit: str) -> str:
@@ -70,11 +75,15 @@ def render_report_table(report: Report, by: str = "summary") -> str:
                  *([seconds(r["kernel_latency_s"]), "-" if r["kernel"] is None else f"#{r['kernel']} {r['kernel_name'][:32]}"]
                    if timed else []),
                  r["location"][:48]] for r in records]
-        lines += render_columns(header, rows, {0, 5, 6} if timed else {0, 5})
-        if timed:
+        if records:
+            lines += render_columns(header, rows, {0, 5, 6} if timed else {0, 5})
+        if timed and records:
             lines.append("(time: the kernel that runs the op; a kernel that runs several ops, e.g. "
                          "flash attention's two GEMMs or a GEMM with its epilogue, is listed "
                          "under each)")
+            lines.append("")
+        if timed:
+            lines += block_time_lines(report.sections) + [""]
     elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
                   "runs", "location"]
@@ -270,6 +279,28 @@ def kernel_table_lines(report: Report) -> list[str]:
     return render_columns(header, rows, {0, 1, 5, 6})
 
 
+def block_time_lines(sections: HardwareSections) -> list[str]:
+    """Time per block: every kernel charged to one block or to the work outside the blocks."""
+    records = block_time_records(sections)
+    kinds = list(dict.fromkeys(kind for r in records for kind in r["seconds_by_kind"]))
+    header = ["block", "kind", "kernels", "matrix FLOPs", "time", *kinds]
+    rows = [["outside" if r["block"] is None else str(r["block"]), r["kind"], str(r["kernels"]),
+             si(r["matrix_flops"], "FLOP"), seconds(r["latency_s"]),
+             *[seconds(r["seconds_by_kind"].get(kind, 0.0)) for kind in kinds]] for r in records]
+    found = [r for r in records if r["block"] is not None]
+    title = (f"Time per block ({len(found)} blocks; outside: the work before and after them):"
+             if found else "Time per block: no blocks found (no attention + MLP); the whole program:")
+    return [title] + render_columns(header, rows, set(range(2, len(header))))
+
+
+def transformer_lines(transformer: TransformerSection) -> list[str]:
+    kinds = list(dict.fromkeys(block.kind for block in transformer.blocks))
+    lines = ["", f"Transformer blocks found: {len(transformer.blocks)} ({'; '.join(kinds)}); "
+                 "shapes per device" + ("" if transformer.consistent else " (they differ: the first block's)")
+             + ":", "  " + "  ".join(f"{key}={value}" for key, value in transformer.shapes[0])]
+    return lines
+
+
 def blocks_lines(blocks: BlocksSection) -> list[str]:
     lines = ["", f"STDiT3 block pairs found: {blocks.pairs} (spatial + temporal); "
                  "per-block shape dictionary (per device):"]
@@ -308,6 +339,13 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
             for g in mapping.pairs])
         lines += ["  by block pair (traced ops):"] + ["    " + line for line in
                                                      render_columns(header, rows, set(range(1, len(header))))]
+    elif mapping.blocks:
+        header = ["block", "kernels", "latency", *[kind for kind, _ in totals.seconds_by_kind]]
+        rows = collapsed_pair_rows([(g.pair, [str(g.kernels), seconds(g.latency_s), *[
+            seconds(dict(g.seconds_by_kind).get(kind, 0.0)) for kind, _ in totals.seconds_by_kind]])
+            for g in mapping.blocks])
+        lines += ["  by block (traced ops):"] + ["    " + line for line in
+                                               render_columns(header, rows, set(range(1, len(header))))]
     if mapping.classes:
         header = ["class", "kernels", "time", "bound", "time/bound", "constants from"]
         rows = [[c.name, str(c.kernels), seconds(c.seconds), seconds(c.bound_seconds), f"{c.ratio:.2f}",
@@ -343,6 +381,8 @@ def sections_lines(sections: HardwareSections) -> list[str]:
     lines: list[str] = []
     if sections.blocks is not None:
         lines += blocks_lines(sections.blocks)
+    if sections.transformer is not None:
+        lines += transformer_lines(sections.transformer)
     if sections.mapping is not None:
         lines += mapping_lines(sections.mapping)
     return lines

@@ -16,7 +16,6 @@ def run(args, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--hw", "tx8-16", "--by", "block"], "--by block needs an STDiT3 block segmentation"),
     (["--hw", "tx8-16", "--pairs", "28"], "--pairs needs an STDiT3 stage"),
     (["--hw", "no-such-chip"], "no such hardware file or bundled name"),
     (["--by", "block"], "--by block needs --hw"),
@@ -35,3 +34,13 @@ def test_hw_usage_errors_are_one_line(capsys, args, message):
     code, out, err = run([EXAMPLE, *args], capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_by_block_without_blocks_times_the_whole_program(capsys):
+    """The bundled example (an MLP and a convolution) has no transformer blocks: --by block
+    gives the whole program's time as the one row outside the blocks."""
+    code, out, err = run([EXAMPLE, "--hw", "h100-sxm", "--by", "block"], capsys)
+    assert code == 0, err
+    assert "Time per block: no blocks found" in out
+    row = next(line for line in out.splitlines() if line.startswith("outside"))
+    assert "outside the blocks" in row

@@ -70,6 +70,7 @@ def test_what_the_commands_write_by_default_is_ignored_by_git_and_nothing_tracke
         pytest.skip("not a git work tree")
     from scripts.sweep import main as sweep
     from tracing.cli import main as trace_stage
+    from tracing.module_cli import main as trace_module
     from tracing.plan_search_cli import plan_search_command as plan_search
 
     dumps = _defaults(trace_stage)["out_dir"]
@@ -78,7 +79,9 @@ def test_what_the_commands_write_by_default_is_ignored_by_git_and_nothing_tracke
                f"{dumps}/tiny_28_64_64_megatron_2x2_stage0_pairs0-1.json",
                f"{dumps}/stage_shapes.json",  # the shape cache (OUT/stage_shapes.json)
                f"{search['work_dir']}/traces/stage0.mlir", search["plan_out"],
-               f"{_defaults(sweep)['results_dir']}/summary.md"]
+               f"{_defaults(sweep)['results_dir']}/summary.md",
+               f"{_defaults(trace_module)['out_dir']}/gpt2_megatron_2x2.mlir",  # trace-module's
+               f"{_defaults(trace_module)['out_dir']}/gpt2_megatron_2x2.json"]
     for output in outputs:
         assert _git("check-ignore", "-q", output).returncode == 0, f"{output} is not ignored"
     # the bundled test dumps stay tracked: no pattern hides a tracked file

@@ -35,9 +35,9 @@ NOT_RUN = {
 
 #: The console scripts, run through their modules so that they resolve to this checkout.
 COMMANDS = {"analyze-hlo": "hlo_analyzer.cli", "trace-stage": "tracing.cli",
-            "plan-search": "tracing.plan_search_cli"}
+            "plan-search": "tracing.plan_search_cli", "trace-module": "tracing.module_cli"}
 #: Commands that trace: they run in an empty directory (their outputs land there).
-TRACING_COMMANDS = ("trace-stage", "plan-search")
+TRACING_COMMANDS = ("trace-stage", "plan-search", "trace-module")
 
 
 def code_blocks() -> list[tuple[str, str]]:
@@ -99,6 +99,13 @@ def test_python_block_runs_from_a_directory_with_a_dumps_folder(index, tmp_path)
         # convolution and the two dots of the MLP: 3 GEMMs; 2,048 + 4,096 + 4,096 FLOPs.
         assert int(gemm_ops.group(1)) == 3
         assert completed.stdout.splitlines()[1].startswith("10240 GEMM FLOPs")
+    jax_mlp = re.search(r"(\d+) GEMM FLOPs and ([\d.]+) bytes sent per device", completed.stdout)
+    if jax_mlp:
+        # "Your own model": a 64x128 input through a 128x512 / 512x128 MLP, Megatron-split over 4
+        # devices: each multiplies by its 128 columns and 128 rows, then all-reduces the
+        # 64x128 float32 partial sums (2 (n-1)/n of 32 KiB sent on a ring of 4).
+        assert int(jax_mlp.group(1)) == 2 * (2 * 64 * 128 * 512 // 4)
+        assert float(jax_mlp.group(2)) == 2 * 3 / 4 * 64 * 128 * 4
 
 
 @pytest.mark.parametrize("index", [i for i, (lang, _) in enumerate(code_blocks()) if lang == ""])
