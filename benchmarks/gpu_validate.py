@@ -376,7 +376,7 @@ def _versions(torch) -> list[str]:  # noqa: ANN001
 
 def quick(torch, hardware: str | None) -> int:  # noqa: ANN001
     """``--quick``: the whole path on one pair of the tiny config; prints the table, writes nothing."""
-    from hlo_analyzer.hw_mapping import DIFFUSION_STEPS
+    from hlo_analyzer.mapping.apply import DIFFUSION_STEPS
     from models.opensora.config import get_config
     from tracing.config import default_shape
 
@@ -399,7 +399,7 @@ def quick(torch, hardware: str | None) -> int:  # noqa: ANN001
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hlo_analyzer.hw_mapping import DIFFUSION_STEPS
+    from hlo_analyzer.mapping.apply import DIFFUSION_STEPS
     from models.opensora.config import get_config
     from models.opensora.inputs import REFERENCE_SHAPES
 

@@ -35,8 +35,8 @@ from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_i
 if TYPE_CHECKING:
     import networkx as nx
 
+    from hlo_analyzer.mapping.sections import MappingSection
     from hlo_analyzer.report import Report
-    from hlo_analyzer.sections import MappingSection
 
 log = logging.getLogger("hlo_analyzer")
 
@@ -127,7 +127,7 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 @click.option("--kernels", type=click.Path(dir_okay=False, path_type=str), default=None, metavar="FILE",
               help="Write the mapped kernels of one device (each kernel's Op: shapes, FLOPs, bytes) "
                    "with their block pairs as a kernel list JSON, to cost them again on any GPU "
-                   "description without the dump (hlo_analyzer/kernel_list.py; with --hw).")
+                   "description without the dump (hlo_analyzer/mapping/kernel_list.py; with --hw).")
 @click.option("--sidecar", type=click.Path(dir_okay=False, exists=True, path_type=str),
               default=None, metavar="FILE",
               help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
@@ -242,10 +242,10 @@ def _render(request: _Request) -> str | None:
     report, graph = _measure(module, request)
     if request.hardware is not None:
         from hardware import load_chip
-        from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
-        from hlo_analyzer.library_calls import sidecar_call_regions
+        from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+        from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+        from hlo_analyzer.mapping.results import MappingOptions, default_execution
         from hlo_analyzer.memory import read_sidecar, sidecar_for
-        from hlo_analyzer.op_mapping import MappingOptions, default_execution
 
         log.info("mapping every op on %s", request.hardware)
         sidecar = read_sidecar(request.sidecar or sidecar_for(dump))
@@ -267,13 +267,13 @@ def _render(request: _Request) -> str | None:
                 hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
     check_numbers(report)
     if request.timeline is not None:
-        from hlo_analyzer.timeline import timeline_json
+        from hlo_analyzer.mapping.timeline import timeline_json
 
         assert report.sections.mapping is not None
         emit(timeline_json(report.sections.mapping, pair=request.timeline_pair),
              request.timeline, force=request.force)
     if request.kernels is not None:
-        from hlo_analyzer import kernel_list
+        from hlo_analyzer.mapping import kernel_list as kernel_list
 
         with _as_usage_error(dump, "has no kernel list"):
             listed = kernel_list.kernel_list(report)
@@ -410,7 +410,7 @@ def _kernels_in_range(mapping: MappingSection) -> bool:
     """Whether every number of the mapped kernels (each field of each ``MappedOp``, the
     elements of its tuples, and its block pair) is in range: the distinct combinations of the
     fields that repeat (kernels of one signature), the positions by their least."""
-    from hlo_analyzer.op_mapping import MappedOp
+    from hlo_analyzer.mapping.results import MappedOp
 
     ops = mapping.program.ops
     if not ops:

@@ -49,8 +49,8 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
     dumps/pipeline/tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir dumps/pipeline/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir
     """
     with native_imports():
+        from hlo_analyzer.mapping.pipeline import analyze_pipeline, load_plan
         from hlo_analyzer.mlir import load_native_libraries
-        from hlo_analyzer.pipeline import analyze_pipeline, load_plan
         from hlo_analyzer.table import render_pipeline_table
 
         load_native_libraries()

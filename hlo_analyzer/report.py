@@ -18,10 +18,10 @@ from jaxlib.mlir import ir
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
 from hlo_analyzer.control import ConditionalInfo, Cost, LoopInfo, resolve
 from hlo_analyzer.flops import FlopsVisitor
-from hlo_analyzer.mapping_render import block_rows, kernel_rows, sections_dict, splice_kernels
+from hlo_analyzer.mapping.render import block_rows, kernel_rows, sections_dict, splice_kernels
+from hlo_analyzer.mapping.sections import HardwareSections
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
-from hlo_analyzer.sections import HardwareSections
 from hlo_analyzer.tensors import TypeTable, splits_tensor
 from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import UnsupportedIRError
@@ -59,7 +59,7 @@ class _Sums:
 @dataclass
 class Report:
     """Everything one analysis found. ``sections`` holds what ``--hw`` adds (block pairs,
-    hardware mapping; ``hlo_analyzer.hw_mapping``) so that it travels in the same JSON document."""
+    hardware mapping; ``hlo_analyzer.mapping.apply``) so that it travels in the same JSON document."""
 
     source: str
     num_devices: int | None

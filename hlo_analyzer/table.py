@@ -1,20 +1,20 @@
 """Plain-text rendering: a Report with its ``--hw`` sections and the pipeline analysis, in aligned
 columns with numbers in units. The one home of the text form (the data forms: ``Report.to_json``
-and ``Report.to_csv``, the sections' ``hlo_analyzer.mapping_render``)."""
+and ``Report.to_csv``, the sections' ``hlo_analyzer.mapping.render``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hardware import model_assumptions
-from hlo_analyzer.mapping_render import block_rows, block_time_records, kernel_rows
-from hlo_analyzer.report import Report
-from hlo_analyzer.sections import (
+from hlo_analyzer.mapping.render import block_rows, block_time_records, kernel_rows
+from hlo_analyzer.mapping.sections import (
     BlocksSection,
     HardwareSections,
     MappingSection,
     TransformerSection,
 )
+from hlo_analyzer.report import Report
 
 
 def si(value: float | None, unit: str) -> str:

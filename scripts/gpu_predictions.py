@@ -6,7 +6,7 @@ embeddings and one block pair; the split-independence invariant makes one pair x
 model: results/split.md) and one call of each VAE decoder (``trace-vae-decode``), analyzes each
 dump once with ``analyze-hlo --hw <first GPU> --kernels`` (``--exec torch``, the mode the tool
 picks for a traced PyTorch model on a GPU: one kernel per library call) and costs the kernel
-lists on each GPU description (``hlo_analyzer.kernel_list.cost``: the same mapping, so the
+lists on each GPU description (``hlo_analyzer.mapping.kernel_list.cost``: the same mapping, so the
 figures equal ``analyze-hlo --hw X``'s): the loop is 30 steps of one pair x 28, the decode each
 decoder's call times the calls one sample takes. It prints:
 
@@ -44,7 +44,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
-from hlo_analyzer import kernel_list  # noqa: E402
+from hlo_analyzer.mapping import kernel_list as kernel_list  # noqa: E402
 from models.opensora.inputs import opensora_shape, parse_shape  # noqa: E402
 from models.opensora.memory import GIB, generation_peak  # noqa: E402
 from models.opensora.vae_config import decode_plan  # noqa: E402
@@ -252,7 +252,8 @@ def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | Non
     at = CLASSES_AT if CLASSES_AT in loops else shape_list[0]
     first = loops[at]
     from hardware.systems import resolve_system
-    from hlo_analyzer.op_mapping import MappingOptions, map_kernels
+    from hlo_analyzer.mapping.program import map_kernels
+    from hlo_analyzer.mapping.results import MappingOptions
 
     system = resolve_system(gpus[0], 1).system
     program = map_kernels(first.kernels, system.chip, system, MappingOptions(execution=first.execution))

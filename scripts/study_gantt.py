@@ -2,7 +2,7 @@
 
 ``scripts/sweep.py`` caches, per case of the detailed shape, the Chrome trace-event timeline of
 block pair 0 of its stage-0 dump (``analyze-hlo DUMP --hw SYSTEM --timeline FILE
---timeline-pair 0``, ``hlo_analyzer/timeline.py``). This module reads such a timeline into a
+--timeline-pair 0``, ``hlo_analyzer/mapping/timeline.py``). This module reads such a timeline into a
 :class:`GanttChart` (computing) and draws it as one PNG per strategy (rendering): one row per
 track (GEMM, vector, flash-attention, DRAM, NoC, chip-to-chip network), each kernel a bar
 coloured by its track, time in ms.
@@ -37,7 +37,7 @@ from hlo_trace.errors import UsageError, shown  # noqa: E402
 log = logging.getLogger(__name__)
 
 _MS_PER_US = 1e-3
-#: Bar colour per track name of ``hlo_analyzer.timeline.TRACKS`` (grey for any other track).
+#: Bar colour per track name of ``hlo_analyzer.mapping.timeline.TRACKS`` (grey for any other track).
 TRACK_COLOURS = {"GEMM": "tab:blue", "vector": "tab:orange", "flash-attention": "tab:green",
                  "DRAM": "tab:purple", "NoC": "tab:pink", "chip-to-chip network": "tab:red"}
 #: A bar is labelled with its op name when it spans at least this fraction of the chart.

@@ -14,7 +14,7 @@ import pytest
 from pinned_cards import PINNED_H100
 
 from hlo_analyzer.cli import analyze_command
-from hlo_analyzer.op_mapping import CROSS_ATTENTION_MODES, MappingOptions
+from hlo_analyzer.mapping.results import CROSS_ATTENTION_MODES, MappingOptions
 from hlo_trace.cli import run_click
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ Fast, no trace: the kernels of one step (the embeddings and one block pair) and 
 each VAE decoder at every shape are committed kernel lists (``results/gpu_validation/kernels``,
 written by ``python3 scripts/gpu_predictions.py --write-kernels results/gpu_validation/kernels``
 from the one-pair traces), costed here with the GPU descriptions' constants as they are now
-(``hlo_analyzer.kernel_list.cost``: the mapping ``analyze-hlo --hw`` uses), so a change of a
+(``hlo_analyzer.mapping.kernel_list.cost``: the mapping ``analyze-hlo --hw`` uses), so a change of a
 constant changes every prediction below. These figures are validation only: no constant of a
 GPU description is fitted to them (docs/gpu.md).
 

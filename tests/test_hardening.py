@@ -27,7 +27,7 @@ from hardware.ops import Op, OpType
 from hardware.spec import load_chip
 from hardware.tiling import small_divisors, tile_factors
 from hlo_analyzer import Report, analyze, load_module, load_module_text
-from hlo_analyzer.hw_mapping import add_hardware_sections
+from hlo_analyzer.mapping.apply import add_hardware_sections
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError
 

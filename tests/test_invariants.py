@@ -23,13 +23,14 @@ import pytest
 
 from hardware.systems import resolve_system
 from hlo_analyzer import analyze, load_module
-from hlo_analyzer import hw_mapping as hw_mapping_module
 from hlo_analyzer import op_mapping as op_mapping_module
 from hlo_analyzer.blocks import NotSTDiTError, find_attentions, segment_blocks
 from hlo_analyzer.dataflow import build_dataflow
-from hlo_analyzer.hw_mapping import add_hardware_sections
-from hlo_analyzer.library_calls import sidecar_call_regions
-from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, ProgramMapping, map_program
+from hlo_analyzer.mapping import apply as hw_mapping_module
+from hlo_analyzer.mapping.apply import add_hardware_sections
+from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+from hlo_analyzer.mapping.program import map_program
+from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions, ProgramMapping
 from hlo_analyzer.pairs import pair_owners
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Kernel lists (``analyze-hlo --kernels``, ``hlo_analyzer.kernel_list``): written, read back and
+"""Kernel lists (``analyze-hlo --kernels``, ``hlo_analyzer.mapping.kernel_list``): written, read back and
 costed again, they give the report's totals on the description they were found on and
 ``analyze-hlo --hw Y``'s on another GPU description; the committed lists of
 ``results/gpu_validation/kernels`` read back to the same bytes."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hlo_analyzer import kernel_list
 from hlo_analyzer.cli import analyze_command
+from hlo_analyzer.mapping import kernel_list as kernel_list
 from hlo_trace.cli import run_click
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

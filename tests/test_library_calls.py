@@ -1,4 +1,4 @@
-"""Library calls from torch-xla locations (hlo_analyzer.library_calls), on hand-made graphs, and the
+"""Library calls from torch-xla locations (hlo_analyzer.mapping.library_calls), on hand-made graphs, and the
 GPU descriptions' per-class efficiencies."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import networkx as nx
 import pytest
 
 from hardware import load_chip
-from hlo_analyzer.library_calls import (
+from hlo_analyzer.mapping.library_calls import (
     CallRegion,
     call_groups,
     folded_constants,

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from hlo_analyzer.cli import check_numbers
-from hlo_analyzer.hw_mapping import add_hardware_sections
-from hlo_analyzer.mapping_render import indented_records_json
+from hlo_analyzer.mapping.apply import add_hardware_sections
+from hlo_analyzer.mapping.render import indented_records_json
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.report import analyze
 from hlo_trace.errors import UsageError

@@ -9,8 +9,10 @@ import pytest
 
 from hardware.systems import resolve_system
 from hlo_analyzer.dataflow import build_dataflow
+from hlo_analyzer.mapping.program import map_program
+from hlo_analyzer.mapping.results import MappingOptions
+from hlo_analyzer.mapping.works import Signatures
 from hlo_analyzer.mlir import parse_module
-from hlo_analyzer.op_mapping import MappingOptions, _Signatures, map_program
 from hlo_analyzer.report import analyze
 
 # Two GEMMs of one signature (64x128 @ 128x256), one of another (32x128 @ 128x256); an
@@ -71,7 +73,7 @@ def test_an_option_is_part_of_the_signature(program):
 def test_signatures_share_one_op_per_signature(program):
     rows, _, _ = program
     gemm_a, gemm_b, gemm_c = [row for row in rows if row.category == "gemm"]
-    signatures = _Signatures(exp_ops=1)
+    signatures = Signatures(exp_ops=1)
     first = signatures.gemm(gemm_a.position, (64, 128, 256, 1), gemm_a)
     second = signatures.gemm(gemm_b.position, (64, 128, 256, 1), gemm_b)
     other = signatures.gemm(gemm_c.position, (32, 128, 256, 1), gemm_c)

@@ -19,8 +19,8 @@ pytest.importorskip("torch_xla")
 
 from hlo_analyzer import load_module  # noqa: E402
 from hlo_analyzer.blocks import segment_blocks  # noqa: E402
+from hlo_analyzer.mapping.pipeline import analyze_pipeline, load_plan  # noqa: E402
 from hlo_analyzer.memory import measure_memory, read_sidecar_inputs  # noqa: E402
-from hlo_analyzer.pipeline import analyze_pipeline, load_plan  # noqa: E402
 from hlo_analyzer.report import analyze  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

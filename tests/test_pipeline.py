@@ -14,7 +14,7 @@ from hardware.pipeline import (
     pipelined_steps_s,
     transfer_time_s,
 )
-from hlo_analyzer.pipeline import analyze_pipeline, load_plan
+from hlo_analyzer.mapping.pipeline import analyze_pipeline, load_plan
 from hlo_analyzer.pipeline_cli import pipeline_command
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError, UsageError

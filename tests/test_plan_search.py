@@ -303,7 +303,7 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
         assert plan["plan"] in searched.stdout
     # the plan file is a pipeline TOML the tools read as is: analyze-pipeline on the cached
     # dumps of that plan gives the reported latency
-    from hlo_analyzer.pipeline import analyze_pipeline, load_plan
+    from hlo_analyzer.mapping.pipeline import analyze_pipeline, load_plan
     from tracing.config import load_config_file
 
     best = tmp_path / "best.toml"

@@ -47,7 +47,7 @@ def test_the_pipeline_file_puts_each_stage_on_its_strategy_mesh_side_by_side():
 
 
 def test_the_tracer_and_analyze_pipeline_both_read_the_study_file(tmp_path):
-    from hlo_analyzer.pipeline import load_plan
+    from hlo_analyzer.mapping.pipeline import load_plan
     from tracing.config import load_config_file
 
     path = tmp_path / "case.toml"

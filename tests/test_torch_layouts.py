@@ -1,4 +1,4 @@
-"""hlo_analyzer.torch_layouts: which tensors an eager PyTorch run leaves non-contiguous, on
+"""hlo_analyzer.mapping.torch_layouts: which tensors an eager PyTorch run leaves non-contiguous, on
 hand-built dataflow nodes (each a dict as the dataflow graph holds it), and the kernel model's
 classes and fused-attention key overhead that price them (hardware/spec.py)."""
 
@@ -14,7 +14,7 @@ from hlo_trace.errors import InputFileError
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from hlo_analyzer.torch_layouts import (
+from hlo_analyzer.mapping.torch_layouts import (
     PERMUTED,
     TRANSPOSED,
     layouts,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-#: Thread (track) names every timeline of ``hlo_analyzer/timeline.py`` declares.
+#: Thread (track) names every timeline of ``hlo_analyzer/mapping/timeline.py`` declares.
 TRACK_NAMES = {"GEMM", "vector", "flash-attention", "DRAM", "NoC", "chip-to-chip network"}
 
 

@@ -10,7 +10,7 @@ attention's result: whatever kernel a strategy swaps in, that attention is the f
 the copy that ``reshape`` makes of a permuted tensor. One kind is no kernel but a fact about
 layouts: ``transposed_tokens`` marks the view that leaves the tokens channel-major (the patch
 embedding's ``x.flatten(2).transpose(1, 2)``), a layout PyTorch keeps along the residual stream
-(``hlo_analyzer.torch_layouts``), in every stage of the model.
+(``hlo_analyzer.mapping.torch_layouts``), in every stage of the model.
 
 A function of the model that is one such call says so with a decorator::
 
@@ -20,7 +20,7 @@ A function of the model that is one such call says so with a decorator::
 The decorator only records the function; the function runs unchanged. torch-xla writes the
 source line of every op into the dump (``XLA_HLO_DEBUG=1``); the tracer writes the lines of each
 recorded function into the sidecar (:func:`call_regions`), and ``analyze-hlo --exec torch``
-charges the ops made on those lines as the one kernel (``hlo_analyzer.library_calls``).
+charges the ops made on those lines as the one kernel (``hlo_analyzer.mapping.library_calls``).
 :data:`CALL_KINDS` is the list both sides share.
 """
 

@@ -34,19 +34,16 @@ from hlo_analyzer.blocks import (
     segment_blocks,
 )
 from hlo_analyzer.dataflow import build_dataflow
-from hlo_analyzer.op_mapping import (
+from hlo_analyzer.mapping.program import map_program
+from hlo_analyzer.mapping.results import (
     DEFAULT_OPTIONS,
     FLASH_KIND,
     GEMM_KIND,
     NETWORK_KIND,
     MappingOptions,
     ProgramMapping,
-    map_program,
 )
-from hlo_analyzer.pairs import pair_owners, residual_inputs, unit_owners
-from hlo_analyzer.report import Report
-from hlo_analyzer.rows import COMM
-from hlo_analyzer.sections import (
+from hlo_analyzer.mapping.sections import (
     BlockLabels,
     BlocksSection,
     HardwareSections,
@@ -55,6 +52,9 @@ from hlo_analyzer.sections import (
     PairGroup,
     TransformerSection,
 )
+from hlo_analyzer.pairs import pair_owners, residual_inputs, unit_owners
+from hlo_analyzer.report import Report
+from hlo_analyzer.rows import COMM
 from hlo_analyzer.transformer_blocks import (
     TransformerSegmentation,
     is_self_attention,

@@ -232,10 +232,10 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
                    following: dict[str, Any] | None, plan: PipelinePlan,
                    system: Any, hardware: str) -> StageAnalysis:
     from hardware.pipeline import transfer_time_s
-    from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
-    from hlo_analyzer.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.results import MappingOptions, default_execution
     from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.op_mapping import MappingOptions, default_execution
     from hlo_analyzer.report import analyze
 
     strategy = str(sidecar.get("strategy", {}).get("name", "?"))

@@ -1,5 +1,5 @@
-"""Typed sections that ``analyze-hlo --hw`` adds to a Report (computed in ``hlo_analyzer.hw_mapping``,
-rendered in ``hlo_analyzer.mapping_render``)."""
+"""Typed sections that ``analyze-hlo --hw`` adds to a Report (computed in ``hlo_analyzer.mapping.apply``,
+rendered in ``hlo_analyzer.mapping.render``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hardware import BlockMapping
 from hardware.stdit import BlockShapes
 from hardware.systems import ResolvedSystem
-from hlo_analyzer.op_mapping import KernelClass, MappingOptions, ProgramMapping
+from hlo_analyzer.mapping.results import KernelClass, MappingOptions, ProgramMapping
 
 
 @dataclass(frozen=True)

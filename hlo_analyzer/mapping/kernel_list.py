@@ -29,10 +29,11 @@ from typing import Any
 
 from hardware import Op, OpType
 from hardware.systems import resolve_system
-from hlo_analyzer.hw_mapping import program_totals
-from hlo_analyzer.op_mapping import NETWORK_KIND, KernelSource, MappingOptions, map_kernels
+from hlo_analyzer.mapping.apply import program_totals
+from hlo_analyzer.mapping.program import map_kernels
+from hlo_analyzer.mapping.results import NETWORK_KIND, KernelSource, MappingOptions
+from hlo_analyzer.mapping.sections import MappingTotals
 from hlo_analyzer.report import Report
-from hlo_analyzer.sections import MappingTotals
 
 __all__ = ["FORMAT", "VERSION", "KernelList", "cost", "from_dict", "kernel_list", "read", "to_dict", "write"]
 

@@ -15,7 +15,7 @@ meaning here: ``linear`` (its element-wise ops are the epilogue of the GEMM they
 bias epilogue), ``flash_attention`` (the attention whose result reaches these lines, directly or
 through a ring attention's combining ops, is one fused kernel: the official code calls flash-attn
 or xformers there), ``copy`` (its data movement is one copy kernel), ``transposed_tokens`` (a view
-that leaves the model's residual stream channel-major in every stage: ``hlo_analyzer.torch_layouts``).
+that leaves the model's residual stream channel-major in every stage: ``hlo_analyzer.mapping.torch_layouts``).
 Any other kind (``layer_norm``) is one memory-bound kernel over its ops. An op without a location
 is a call of its own.
 """

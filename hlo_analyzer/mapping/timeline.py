@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hlo_analyzer.op_mapping import FLASH_KIND, GEMM_KIND, NETWORK_KIND, VECTOR_KIND, MappedOp
-from hlo_analyzer.sections import MappingSection
+from hlo_analyzer.mapping.results import FLASH_KIND, GEMM_KIND, NETWORK_KIND, VECTOR_KIND, MappedOp
+from hlo_analyzer.mapping.sections import MappingSection
 from hlo_trace.errors import UsageError
 
 __all__ = ["TRACKS", "timeline_events", "timeline_json"]

@@ -11,9 +11,8 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from hardware import model_assumptions
-from hlo_analyzer.op_mapping import FLASH_KIND, GEMM_KIND
-from hlo_analyzer.rows import OpRow
-from hlo_analyzer.sections import (
+from hlo_analyzer.mapping.results import FLASH_KIND, GEMM_KIND
+from hlo_analyzer.mapping.sections import (
     BlockLabels,
     BlocksSection,
     HardwareSections,
@@ -21,6 +20,7 @@ from hlo_analyzer.sections import (
     PairGroup,
     TransformerSection,
 )
+from hlo_analyzer.rows import OpRow
 from hlo_trace.errors import UsageError
 
 

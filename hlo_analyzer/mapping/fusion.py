@@ -1,0 +1,275 @@
+"""``--exec fused``: a compiled graph's kernels (XLA-style fusion).
+
+Ops joined by data dependencies with no GEMM, collective or other unfusable op between them form
+one kernel (one pass: reads the tensors entering the group once, writes the tensors leaving it
+once; LayerNorm + modulate and residual + next LayerNorm are such groups). Free data movement
+(broadcast, reshape, convert, transpose, slice, copy) joins groups and costs nothing; constants
+are free. A group whose only large input is one GEMM's output (all of whose readers are in the
+group), whose output has that GEMM's shape and whose other inputs are at most
+``EPILOGUE_SIDE_INPUT_ROWS`` rows of N (bias, scale, gate vectors) is that GEMM's epilogue. A
+slice write (``select(pad(true), pad(update), buffer)``, XLA's lowering of torch's
+``slice_scatter``) reads and writes the update only: done in place, as ``dynamic_update_slice``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import networkx as nx
+
+from hardware import Op, OpType
+from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS
+from hlo_analyzer.mapping.results import VECTOR_KIND
+from hlo_analyzer.mapping.works import (
+    Signatures,
+    Work,
+    dtype_bytes,
+    element_count,
+    read_shape,
+    real_elements,
+    rows_of,
+    vector_flops,
+)
+from hlo_analyzer.rows import OpRow
+
+#: A fused epilogue may read side inputs of up to this many rows of the GEMM's N outputs (a bias,
+#: the scale/shift/gate vectors of a few samples) without their reads being charged: at most a
+#: few per cent of the GEMM's output bytes for M >= 256 rows.
+EPILOGUE_SIDE_INPUT_ROWS = 8
+
+
+class _Groups:
+    """Union-find of fusable nodes (fused mode). A group's root is its least node, so a node's
+    parent is never greater than the node."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def add(self, node: int, joining: Sequence[int] = ()) -> None:
+        """A new node (greater than every node added before), in one group with the nodes
+        ``joining`` (alone if none)."""
+        if len(joining) == 1:  # the common case
+            self.parent[node] = self.find(joining[0])
+            return
+        roots = {self.find(other) for other in joining}
+        root = min(roots, default=node)
+        self.parent[node] = root
+        for other in roots:
+            self.parent[other] = root
+
+    def find(self, node: int) -> int:
+        root = node
+        while self.parent.setdefault(root, root) != root:
+            root = self.parent[root]
+        while self.parent[node] != root:
+            self.parent[node], node = root, self.parent[node]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+    def members(self) -> list[list[int]]:
+        """Every group, as its nodes in increasing order (one pass: in increasing order a
+        node's parent has its root already)."""
+        parent = self.parent
+        root_of: dict[int, int] = {}
+        groups: dict[int, list[int]] = {}
+        for node in sorted(parent):
+            up = parent[node]
+            root = root_of[node] = node if up == node else root_of[up]
+            groups.setdefault(root, []).append(node)
+        return list(groups.values())
+
+
+def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
+                   vector_nodes: set[int], owners: dict[int, int]) -> tuple[list[list[int]], set[int]]:
+    """Groups of fusable nodes (vector ops and free movement, no constants) with no unfusable op
+    on any path between two members, and the constant nodes (constants and free movement of
+    constants only).
+
+    Members share an owner (``owners``: the block pair of each node, absent outside the pairs), so
+    no kernel spans two pairs, and a "barrier depth" (the most unfusable ops on a path from the
+    inputs), so a path that leaves the group through an unfusable op cannot come back. A tensor of
+    another owner counts as an input: no path leaves a pair and comes back to it
+    (:mod:`hlo_analyzer.pairs`), and so a pair is grouped alike wherever it lies in a stage. *Floating*
+    nodes (fusable, fed only by inputs, constants and floating nodes: ``weight * constant``, a
+    LayerNorm of an input) group among themselves; a floating group whose results are read by
+    exactly one node outside it joins that reader's group, since every path from it passes
+    through the reader.
+    """
+    constant: set[int] = set()
+    fusable: set[int] = set()
+    floating: set[int] = set()
+    #: the most unfusable ops on a path from the inputs to a fusable node; for an unfusable
+    #: node, one more (what it adds to the paths through it)
+    depth: dict[int, int] = {}
+    groups = _Groups()
+    owner = owners.get
+    for node in sorted(attributes_of):
+        attributes = attributes_of[node]
+        operands = attributes["operands"]
+        name = attributes["name"]
+        movement = name in FREE_MOVEMENT_OPS
+        if name in CONSTANT_OPS or (movement and operands and constant.issuperset(operands)):
+            constant.add(node)
+            continue
+        mine = owner(node)
+        # neither a constant, nor an argument, nor another pair's (which counts as an input)
+        inputs = [p for p in operands if p in depth and owner(p) == mine]
+        node_depth = max(map(depth.__getitem__, inputs), default=0)
+        if not movement and node not in vector_nodes:
+            depth[node] = node_depth + 1
+            continue
+        depth[node] = node_depth
+        fusable.add(node)
+        is_floating = floating.issuperset(inputs)
+        if is_floating:
+            floating.add(node)
+        groups.add(node, [p for p in inputs if p in fusable and (p in floating) == is_floating
+                          and depth[p] == node_depth])
+    floating_groups: dict[int, list[int]] = {}
+    for node in floating:
+        floating_groups.setdefault(groups.find(node), []).append(node)
+    for nodes in floating_groups.values():
+        readers = {r for node in nodes for r in graph.successors(node)} - set(nodes)
+        if len(readers) == 1 and (reader := readers.pop()) in fusable and owner(reader) == owner(nodes[0]):
+            groups.union(nodes[0], reader)
+    return [nodes for nodes in groups.members() if not vector_nodes.isdisjoint(nodes)], constant
+
+
+class GroupIO(NamedTuple):
+    """What a kernel over a group of nodes reads and writes (:func:`_group_io`)."""
+
+    entering: list[tuple[Any, tuple[int, ...]]]  # (producer or ("argument", i), what is read of it)
+    out_elements: int
+    entering_bytes: list[int]  # of each entering tensor, in its element type
+    out_bytes: int
+
+
+def group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
+              constant: set[int], real: dict[int, int]) -> GroupIO:
+    """The tensors entering the group and the elements of the tensors leaving it, and both in
+    bytes (each tensor in its own element type). Both at their real size
+    (:func:`real_elements`): a broadcast entering the group is read as its operand; a view
+    leaving it is written once per tensor it views, and not at all when it views a tensor that
+    entered the group (its readers read that)."""
+    inside = set(members)
+    entering: dict[Any, tuple[int | None, tuple[int, ...] | None, str]] = {}
+    leaving: dict[int, tuple[int, str]] = {}  # computing member -> largest real size that leaves
+    successors = graph.successors
+    for node in members:
+        attributes = attributes_of[node]
+        for index, producer in enumerate(attributes["operands"]):
+            if producer in inside or producer in constant:
+                continue
+            key = producer if producer is not None else ("argument", attributes["arguments"][index])
+            entering[key] = (producer, read_shape(producer, attributes["operand_shapes"][index], real),
+                             attributes["operand_dtypes"][index])
+        readers = set(successors(node))
+        if readers and readers <= inside:
+            continue
+        source = _computing_source(attributes_of, node, inside)
+        if source is not None and real[node] >= leaving.get(source, (0, ""))[0]:
+            leaving[source] = (real[node], attributes["dtype"])
+    read = [(key, shape, dtype) for key, (_, shape, dtype) in entering.items() if shape is not None]
+    return GroupIO([(key, shape) for key, shape, _ in read],
+                    sum(size for size, _ in leaving.values()),
+                    [element_count(shape) * dtype_bytes(dtype) for _, shape, dtype in read],
+                    sum(size * dtype_bytes(dtype) for size, dtype in leaving.values()))
+
+
+def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
+    """The member that computed what ``node`` holds (``node`` itself unless it is free movement),
+    or None when it views a tensor from outside the group."""
+    while attributes_of[node]["name"] in FREE_MOVEMENT_OPS:
+        producer = attributes_of[node]["operands"][0] if attributes_of[node]["operands"] else None
+        if producer not in inside:
+            return None
+        node = producer
+    return node
+
+
+def fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
+                        vector_nodes: set[int], gemms: dict[int, Work], signatures: Signatures,
+                        owners: dict[int, int]) -> tuple[list[Work], dict[int, Work]]:
+    """Fused vector kernels, and GEMMs that took a group as their epilogue (by GEMM position)."""
+    works: list[Work] = []
+    with_epilogue: dict[int, Work] = {}
+    exp_ops = signatures.exp_ops
+    groups, constant = _fusion_groups(graph, attributes_of, vector_nodes, owners)
+    real = real_elements(attributes_of)
+    for members in sorted(groups):
+        vector_rows = [rows[n] for n in members if n in vector_nodes]
+        flops = sum([vector_flops(r, exp_ops) for r in vector_rows])
+        entering, out_elements, _, _ = group_io(graph, attributes_of, members, constant, real)
+        largest = max(vector_rows, key=result_elements)
+        result = largest.result_shapes[0] if largest.result_shapes else ()
+        update = _slice_write_update(attributes_of, members, constant)
+        if update is not None:  # written in place: reads and writes the update only
+            entering, out_elements, result = [update], element_count(update[1]), update[1]
+        name = signatures.fusion_name(tuple([r.op for r in vector_rows]))
+        positions = tuple(members)
+        epilogue_of = _epilogue_target(graph, members, entering, out_elements, gemms, with_epilogue)
+        inputs = tuple([s for _, s in entering])
+        shapes = signatures.shapes_text(inputs, (result,))
+        if epilogue_of is not None:
+            with_epilogue[epilogue_of] = fused_epilogue(gemms[epilogue_of], name, flops, positions)
+            continue
+        op = signatures.vector_op(name, inputs, rows_of(largest, result),
+                                  out_elements or element_count(result), flops, dtype_bytes(largest.dtype))
+        # A fused kernel runs once all its inputs are ready: at its last member.
+        works.append(Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
+    return works, with_epilogue
+
+
+def fused_epilogue(gemm: Work, name: str, flops: int, positions: tuple[int, ...]) -> Work:
+    """The GEMM ``gemm`` with the element-wise work ``name`` (``flops``, the ops at
+    ``positions``) done in its epilogue, on its (M, N) output."""
+    assert gemm.op is not None
+    m, n = gemm.op.output_shape
+    epilogue = Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.op.bytes_per_element)
+    return gemm._replace(positions=tuple(sorted(gemm.positions + positions)), name=f"{gemm.name}+{name}",
+                         epilogue=epilogue)
+
+
+def result_elements(row: OpRow) -> int:
+    return element_count(row.result_shapes[0]) if row.result_shapes else 0
+
+
+def _slice_write_update(attributes_of: dict[int, dict[str, Any]], members: list[int],
+                        constant: set[int]) -> tuple[int | None, tuple[int, ...]] | None:
+    """The update of a slice write, if the group is one: ``select(pad(true), pad(update),
+    buffer)``, how XLA lowers torch's ``slice_scatter`` (the PipeFusion stale K/V write,
+    tracing/pipefusion.py). A fused kernel writes the update into the buffer in place, as
+    ``dynamic_update_slice`` would, instead of reading and rewriting the whole buffer; the free
+    movement that follows (the transpose of K for the score GEMM) is its readers' business."""
+    computing = [n for n in members if attributes_of[n]["name"] not in FREE_MOVEMENT_OPS]
+    if len(computing) != 1 or attributes_of[computing[0]]["name"] != "select":
+        return None
+    mask, data = attributes_of[computing[0]]["operands"][:2]
+    if mask is None or data is None:
+        return None
+    mask_node, data_node = attributes_of[mask], attributes_of[data]
+    if mask_node["name"] != "pad" or data_node["name"] != "pad" or \
+            mask_node["operands"][0] not in constant or \
+            list(mask_node["operand_shapes"][0]) != list(data_node["operand_shapes"][0]):
+        return None
+    return data_node["operands"][0], tuple(data_node["operand_shapes"][0])
+
+
+def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple[int | None, tuple[int, ...]]],
+                     out_elements: int, gemms: dict[int, Work], taken: dict[int, Work]) -> int | None:
+    producers = [p for p, _ in entering if p in gemms]
+    if len(producers) != 1 or producers[0] in taken or gemms[producers[0]].op.batch != 1:
+        return None
+    gemm = producers[0]
+    m, n = gemms[gemm].op.output_shape
+    side = sum(element_count(s) for p, s in entering if p != gemm)
+    if out_elements != m * n or side > EPILOGUE_SIDE_INPUT_ROWS * n:
+        return None
+    if set(graph.successors(gemm)) - set(members):
+        return None
+    return gemm
