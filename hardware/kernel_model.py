@@ -164,7 +164,7 @@ def gpu_vector_mapping(op: Op, chip: ChipSpec) -> Mapping:
     row_bandwidth = _model(chip).group_norm_row_bandwidth_bytes_per_s
     if op.name != GROUP_NORM_CLASS or row_bandwidth <= 0:
         return mapping
-    rows = op.output_shape[0]  # (sample, group) rows: hlo_analyzer.op_mapping
+    rows = op.output_shape[0]  # (sample, group) rows: hlo_analyzer.mapping.torch_kernels
     moments_s = op.input_elements * op.bytes_per_element / min(rows * row_bandwidth, _sustained_bandwidth(chip))
     latency_s = mapping.latency_s + moments_s
     return dataclasses.replace(mapping, latency_s=latency_s, dram_s=mapping.dram_s + moments_s,

@@ -213,7 +213,7 @@ class _Request:
     steps: int | None
     pairs: int | None
     sidecar: str | None
-    execution: str | None = None  # None: the hardware's default (op_mapping.default_execution)
+    execution: str | None = None  # None: the hardware's default (mapping.results.default_execution)
     dram_efficiency: float = 1.0
     exp_ops: int = 1
     cross_attention: str = "per-sample"
@@ -267,10 +267,12 @@ def _render(request: _Request) -> str | None:
                 hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
     check_numbers(report)
     if request.timeline is not None:
+        from hlo_analyzer.mapping.render import hardware_sections
         from hlo_analyzer.mapping.timeline import timeline_json
 
-        assert report.sections.mapping is not None
-        emit(timeline_json(report.sections.mapping, pair=request.timeline_pair),
+        mapping = hardware_sections(report).mapping
+        assert mapping is not None
+        emit(timeline_json(mapping, pair=request.timeline_pair),
              request.timeline, force=request.force)
     if request.kernels is not None:
         from hlo_analyzer.mapping import kernel_list as kernel_list
@@ -401,7 +403,9 @@ def check_numbers(report: Report) -> None:
                               report.source)
     # The mapping's kernels likewise: their distinct values, then the tree for the name if bad.
     _check_tree(report.to_dict(with_ops=False, with_kernels=False), "", report.source)
-    mapping = report.sections.mapping
+    from hlo_analyzer.mapping.render import hardware_sections
+
+    mapping = hardware_sections(report).mapping
     if mapping is not None and not _kernels_in_range(mapping):
         _check_tree(report.to_dict(with_ops=False), "", report.source)
 

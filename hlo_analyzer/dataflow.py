@@ -116,7 +116,7 @@ class DataflowVisitor(IRVisitor):
             attributes["location"] = types.location(node)
             if name == "transpose":  # which axes a view permutes decides PyTorch's strides
                 attributes["permutation"] = permutation(node)
-            elif name == "convolution":  # cuDNN's layout transposes around it (op_mapping)
+            elif name == "convolution":  # cuDNN's layout transposes around it (hlo_analyzer.mapping.torch_kernels)
                 attributes["conv_layout"] = conv_layout(node)
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])

@@ -11,20 +11,18 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, Protocol
 
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
 from hlo_analyzer.control import ConditionalInfo, Cost, LoopInfo, resolve
 from hlo_analyzer.flops import FlopsVisitor
-from hlo_analyzer.mapping.render import block_rows, kernel_rows, sections_dict, splice_kernels
-from hlo_analyzer.mapping.sections import HardwareSections
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import TypeTable, splits_tensor
 from hlo_analyzer.visitor import IRVisitor
-from hlo_trace.errors import UnsupportedIRError
+from hlo_trace.errors import UnsupportedIRError, UsageError
 
 PER_DEVICE = "per-device"
 GLOBAL = "global"
@@ -45,6 +43,46 @@ GLOBAL_NOTE = (
     "--xla_dump_hlo_pass_re=spmd-partitioning' (file *after_spmd-partitioning*.txt).")
 
 
+#: What ``--by kernel`` and ``--by block`` need that the measurement alone does not give.
+NEEDS_SECTIONS = {
+    "kernel": "--by kernel needs --hw NAME",
+    "block": "--by block needs --hw NAME (the block segmentation and the time per block)",
+}
+
+
+class Sections(Protocol):
+    """What a layer above the measurement adds to a Report, written into the same JSON document
+    and CSV: ``hlo_analyzer.mapping.render.HardwareSections`` (the block pairs and the hardware
+    mapping of ``--hw``). The Report knows this protocol only, never the layer that fills it."""
+
+    def json_sections(self, *, kernels: bool = True) -> dict[str, Any]:
+        """The sections as JSON values by key (``kernels`` false: a long list left as a
+        placeholder that :meth:`splice_json` fills)."""
+        ...
+
+    def splice_json(self, text: str) -> str:
+        """``text``, the indented JSON document, with the placeholders filled."""
+        ...
+
+    def records(self, by: str, rows: Sequence[OpRow], source: str) -> list[dict[str, Any]]:
+        """The CSV records of ``--by kernel`` or ``--by block``."""
+        ...
+
+
+class NoSections:
+    """A Report's sections before a layer above adds any: nothing to write; ``--by kernel`` and
+    ``--by block`` are refused."""
+
+    def json_sections(self, *, kernels: bool = True) -> dict[str, Any]:
+        return {}
+
+    def splice_json(self, text: str) -> str:
+        return text
+
+    def records(self, by: str, rows: Sequence[OpRow], source: str) -> list[dict[str, Any]]:
+        raise UsageError(f"{source}: {NEEDS_SECTIONS[by]}")
+
+
 class _Sums:
     """Running totals of one category (``Report._category_sums``)."""
 
@@ -58,15 +96,16 @@ class _Sums:
 
 @dataclass
 class Report:
-    """Everything one analysis found. ``sections`` holds what ``--hw`` adds (block pairs,
-    hardware mapping; ``hlo_analyzer.mapping.apply``) so that it travels in the same JSON document."""
+    """Everything one analysis found. ``sections`` holds what a layer above adds (``--hw``: the
+    block pairs and the hardware mapping, ``hlo_analyzer.mapping.apply``) so that it travels in
+    the same JSON document."""
 
     source: str
     num_devices: int | None
     rows: list[OpRow]
     unhandled: dict[str, int]
     op_counts: dict[str, int]
-    sections: HardwareSections = field(default_factory=HardwareSections)
+    sections: Sections = field(default_factory=NoSections)
     extra: dict[str, Any] = field(default_factory=dict)
     program: str = PER_DEVICE  # or GLOBAL: a pre-partition module
     loops: tuple[LoopInfo, ...] = ()
@@ -179,8 +218,8 @@ class Report:
         return document
 
     def _later_sections(self, with_kernels: bool = True) -> dict[str, Any]:
-        """The memory section (hlo_analyzer.memory) and the typed --hw sections."""
-        return self.extra | sections_dict(self.sections, kernels=with_kernels)
+        """The memory section (hlo_analyzer.memory) and the sections added from above."""
+        return self.extra | self.sections.json_sections(kernels=with_kernels)
 
     def _summary_dict(self) -> dict[str, Any]:
         """Every section but ``ops`` and ``extra``."""
@@ -207,9 +246,9 @@ class Report:
         Indented, but one line per op row: readable, and fast on 1M ops because each distinct
         row goes once through json's C encoder (indentation forces the pure-Python one) and the
         rows that repeat it differ only in their position (``_RowLines``); the mapping's kernels
-        likewise skip that encoder (``mapping_render.splice_kernels``)."""
+        likewise skip that encoder (``Sections.splice_json``)."""
         document = self.to_dict(with_ops=False, with_kernels=False)
-        head = splice_kernels(json.dumps(document, indent=1, sort_keys=True), self.sections)  # ends with "\n}"
+        head = self.sections.splice_json(json.dumps(document, indent=1, sort_keys=True))  # ends with "\n}"
         if not self.rows:
             yield head[:-2] + ',\n "ops": [\n ]\n}\n'
             return
@@ -225,9 +264,9 @@ class Report:
         if by in ("summary", "category"):
             records = self.by_category()
         elif by == "kernel":
-            records = kernel_rows(self.sections, self.source)
+            records = self.sections.records(by, self.rows, self.source)
         elif by == "block":
-            records = block_rows(self.sections, self.rows, self.source)
+            records = self.sections.records(by, self.rows, self.source)
             for record in records:
                 record["operand_shapes"] = _shapes_text(record["operand_shapes"])
                 record["result_shapes"] = _shapes_text(record["result_shapes"])

@@ -7,13 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from hardware import model_assumptions
-from hlo_analyzer.mapping.render import block_rows, block_time_records, kernel_rows
-from hlo_analyzer.mapping.sections import (
-    BlocksSection,
-    HardwareSections,
-    MappingSection,
-    TransformerSection,
-)
+from hlo_analyzer.mapping.render import HardwareSections, block_time_records, hardware_sections
+from hlo_analyzer.mapping.sections import BlocksSection, MappingSection, TransformerSection
 from hlo_analyzer.report import Report
 
 
@@ -67,8 +62,8 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     if by == "kernel":
         lines += kernel_table_lines(report)
     elif by == "block":
-        records = block_rows(report.sections, report.rows, report.source)
-        timed = report.sections.mapping is not None
+        records = report.sections.records(by, report.rows, report.source)
+        timed = hardware_sections(report).mapping is not None
         header = ["block", "kind", "label", "op", "shapes", "FLOPs",
                   *(["time", "kernel (#, name)"] if timed else []), "location"]
         rows = [[str(r["block"]), r["kind"], r["label"], r["op"], _shapes(r), si(r["flops"], "FLOP"),
@@ -83,7 +78,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
                          "under each)")
             lines.append("")
         if timed:
-            lines += block_time_lines(report.sections) + [""]
+            lines += block_time_lines(hardware_sections(report)) + [""]
     elif by == "op":
         header = ["#", "op", "category", "shapes", "dtype", "FLOPs", "comm B/device", "group",
                   "runs", "location"]
@@ -125,7 +120,7 @@ def render_report_table(report: Report, by: str = "summary") -> str:
             f"{si(mesh['vector_flops'], 'FLOP')} vector, {si(mesh['comm_bytes'], 'B')} sent"
         )
     lines += _control_lines(report)
-    lines += sections_lines(report.sections)
+    lines += sections_lines(hardware_sections(report))
     if "memory" in report.extra:
         lines += _memory_lines(report.extra["memory"], training="training" in report.extra)
     if "training" in report.extra:
@@ -275,7 +270,7 @@ def kernel_table_lines(report: Report) -> list[str]:
     header = ["#", "pair", "kernel", "kind", "shapes", "latency", "util", "bound"]
     rows = [[str(r["position"]), "-" if r["pair"] is None else str(r["pair"]), r["name"][:40], r["kind"],
              r["shapes"][:48], seconds(r["latency_s"]), f"{r['utilization']:.1%}", r["bound"]]
-            for r in kernel_rows(report.sections, report.source)]
+            for r in report.sections.records("kernel", report.rows, report.source)]
     return render_columns(header, rows, {0, 1, 5, 6})
 
 

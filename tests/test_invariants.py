@@ -23,10 +23,11 @@ import pytest
 
 from hardware.systems import resolve_system
 from hlo_analyzer import analyze, load_module
-from hlo_analyzer import op_mapping as op_mapping_module
 from hlo_analyzer.blocks import NotSTDiTError, find_attentions, segment_blocks
 from hlo_analyzer.dataflow import build_dataflow
 from hlo_analyzer.mapping import apply as hw_mapping_module
+from hlo_analyzer.mapping import fusion as fusion_module
+from hlo_analyzer.mapping import program as program_module
 from hlo_analyzer.mapping.apply import add_hardware_sections
 from hlo_analyzer.mapping.library_calls import sidecar_call_regions
 from hlo_analyzer.mapping.program import map_program
@@ -258,7 +259,7 @@ def test_fused_check_catches_broadcasts_charged_at_full_size(monkeypatch):
     d = Dump(EXAMPLE)
     honest_fused, eager = d.program("tx8", "fused"), d.program("tx8", "eager")
     assert fused_above_eager(honest_fused, eager) == []
-    monkeypatch.setattr(op_mapping_module, "real_elements", full_size)
+    monkeypatch.setattr(fusion_module, "real_elements", full_size)  # the fused groups' reads
     assert fused_above_eager(d.program("tx8", "fused"), eager) != []
 
 
@@ -273,13 +274,13 @@ def test_sanity_check_catches_zero_and_overfull_kernels():
 def test_monotonicity_check_catches_a_model_slowed_by_bandwidth(monkeypatch):
     d = dump(EXAMPLE)
     base = d.program("tx8", "fused")
-    real_map_op = op_mapping_module.map_op
+    real_map_op = program_module.map_op
 
     def perverse(op, chip, **kwargs):  # charges the DRAM bandwidth as if it were a latency
         mapping = real_map_op(op, chip, **kwargs)
         return replace(mapping, latency_s=mapping.latency_s * chip.dram_bandwidth_bytes_per_s / 1e11)
 
-    monkeypatch.setattr(op_mapping_module, "map_op", perverse)
+    monkeypatch.setattr(program_module, "map_op", perverse)
     assert latency_grown(base, d.program("tx8", "fused", chip_scale={"dram_bandwidth_bytes_per_s": 2.0})) != []
 
 

@@ -184,6 +184,32 @@ def test_design_md_lists_every_file_below_the_files_that_import_it():
     assert upward == []
 
 
+#: The analyzer's front ends: the commands and their text, on top of both of its layers.
+ANALYZER_FRONT_ENDS = frozenset({"hlo_analyzer.cli", "hlo_analyzer.pipeline_cli", "hlo_analyzer.table"})
+
+
+def _measurement_uses_of_the_mapping(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of ``hlo_analyzer.mapping`` by the analyzer's measurement layer (docs/design.md,
+    "hlo_analyzer": every file of the analyzer but the mapping and the front ends)."""
+    def mapping(module: str) -> bool:
+        return module == "hlo_analyzer.mapping" or module.startswith("hlo_analyzer.mapping.")
+
+    return sorted(f"{module} imports {imported}" for module, imports in graph.items()
+                  if module.split(".")[0] == "hlo_analyzer" and not mapping(module)
+                  and module not in ANALYZER_FRONT_ENDS
+                  for imported in imports if mapping(imported))
+
+
+def test_the_measurement_layer_never_imports_the_mapping_layer():
+    graph = _import_graph()
+    assert any(module.startswith("hlo_analyzer.mapping.") for module in graph)
+    assert _measurement_uses_of_the_mapping(graph) == []
+    # the check sees such an import: the Report reaching up for the --hw sections' renderer
+    graph["hlo_analyzer.report"] = graph["hlo_analyzer.report"] | {"hlo_analyzer.mapping.render"}
+    assert _measurement_uses_of_the_mapping(graph) == [
+        "hlo_analyzer.report imports hlo_analyzer.mapping.render"]
+
+
 def _import_with_blocked(modules: list[str], blocked: list[str]) -> subprocess.CompletedProcess:
     """Import ``modules`` in a fresh interpreter where importing any of ``blocked`` fails."""
     code = "\n".join([

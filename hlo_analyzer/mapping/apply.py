@@ -2,7 +2,7 @@
 
 1. The system: ``hardware.systems.resolve_system`` (a chip name on an N-device dump is N chips on
    the chip's default network; ``--link-bandwidth``/``--hop-latency`` override it).
-2. Every op: ``hlo_analyzer.op_mapping.map_program`` on the dump's rows and dataflow graph, with
+2. Every op: ``hlo_analyzer.mapping.program.map_program`` on the dump's rows and dataflow graph, with
    the cross-attentions that ``hlo_analyzer.blocks.find_attentions`` finds (charged per sample
    when the options ask for it; the caption length of one sample comes from the options or the
    tracer's sidecar, :func:`sidecar_caption_tokens`). The collectives' latencies go back into the
@@ -35,6 +35,7 @@ from hlo_analyzer.blocks import (
 )
 from hlo_analyzer.dataflow import build_dataflow
 from hlo_analyzer.mapping.program import map_program
+from hlo_analyzer.mapping.render import HardwareSections
 from hlo_analyzer.mapping.results import (
     DEFAULT_OPTIONS,
     FLASH_KIND,
@@ -46,7 +47,6 @@ from hlo_analyzer.mapping.results import (
 from hlo_analyzer.mapping.sections import (
     BlockLabels,
     BlocksSection,
-    HardwareSections,
     MappingSection,
     MappingTotals,
     PairGroup,

@@ -5,7 +5,7 @@ the dump.
 kind and shapes text, the :class:`hardware.ops.Op` it is costed from and its fused epilogue),
 the block pair each belongs to, and what the totals scale by (runs of the program, pairs found
 and pairs totalled). :func:`cost` maps the same kernels on a hardware description with
-``hlo_analyzer.op_mapping.map_kernels`` and totals them with ``hw_mapping.program_totals``, the
+``hlo_analyzer.mapping.program.map_kernels`` and totals them with ``mapping.apply.program_totals``, the
 functions ``analyze-hlo --hw`` uses: the result equals the report's totals on the description
 the list was found on, and follows any later change of the description's constants. What the
 kernels are (which library calls, which copies, which shapes) is fixed when the list is written:
@@ -31,6 +31,7 @@ from hardware import Op, OpType
 from hardware.systems import resolve_system
 from hlo_analyzer.mapping.apply import program_totals
 from hlo_analyzer.mapping.program import map_kernels
+from hlo_analyzer.mapping.render import hardware_sections
 from hlo_analyzer.mapping.results import NETWORK_KIND, KernelSource, MappingOptions
 from hlo_analyzer.mapping.sections import MappingTotals
 from hlo_analyzer.report import Report
@@ -76,7 +77,7 @@ class KernelList:
 def kernel_list(report: Report) -> KernelList:
     """The kernel list of a report mapped with ``--hw``; ValueError without a mapping or with a
     collective (a multi-device program)."""
-    mapping = report.sections.mapping
+    mapping = hardware_sections(report).mapping
     if mapping is None:
         raise ValueError(f"{report.source}: no mapping (a kernel list needs --hw)")
     program = mapping.program

@@ -234,6 +234,7 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     from hardware.pipeline import transfer_time_s
     from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
     from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.render import hardware_sections
     from hlo_analyzer.mapping.results import MappingOptions, default_execution
     from hlo_analyzer.mlir import load_module
     from hlo_analyzer.report import analyze
@@ -252,8 +253,9 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
     options = MappingOptions(execution=default_execution(system.chip, library_calls),
                              caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
     add_hardware_sections(report, module, hardware, steps=1, pairs=pairs, options=options)
-    assert report.sections.mapping is not None and report.sections.blocks is not None
-    totals = report.sections.mapping.totals
+    sections = hardware_sections(report)
+    assert sections.mapping is not None and sections.blocks is not None
+    totals = sections.mapping.totals
     compute_s, comm_s = totals.inference_compute_s, totals.inference_comm_s
     traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
     if traced not in (1, plan.patches):
@@ -275,7 +277,7 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
                             capacity_bytes=system.chip.dram_capacity_bytes)
     if plan.patches > 1:
         memory = dataclasses.replace(memory, stale_kv_bytes=_stale_kv_bytes(
-            report.sections.blocks.shapes.as_dict(), pairs))
+            sections.blocks.shapes.as_dict(), pairs))
     return StageAnalysis(
         stage=index, dump=dump, strategy=strategy, devices=devices, block_pairs=pairs,
         traced_patches=traced, compute_s=compute_s, comm_s=comm_s,

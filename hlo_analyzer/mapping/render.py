@@ -1,5 +1,6 @@
 """Rendering of the ``--hw`` sections as data: JSON-ready dicts and CSV records (their text lines:
-``hlo_analyzer.table``)."""
+``hlo_analyzer.table``), and :class:`HardwareSections`, the sections as the Report holds them
+(``hlo_analyzer.report.Sections``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
@@ -15,13 +17,39 @@ from hlo_analyzer.mapping.results import FLASH_KIND, GEMM_KIND
 from hlo_analyzer.mapping.sections import (
     BlockLabels,
     BlocksSection,
-    HardwareSections,
     MappingSection,
     PairGroup,
     TransformerSection,
 )
+from hlo_analyzer.report import NEEDS_SECTIONS, Report
 from hlo_analyzer.rows import OpRow
 from hlo_trace.errors import UsageError
+
+
+@dataclass(frozen=True)
+class HardwareSections:
+    """What ``--hw`` adds to a Report (``hlo_analyzer.report.Sections``), each None where it was
+    not found or not asked for: ``blocks``, an STDiT3 stage's pairs; ``mapping``, the hardware
+    mapping; ``transformer``, a generic transformer's blocks (when no STDiT3 pairs are found)."""
+
+    blocks: BlocksSection | None = None
+    mapping: MappingSection | None = None
+    transformer: TransformerSection | None = None
+
+    def json_sections(self, *, kernels: bool = True) -> dict[str, Any]:
+        return sections_dict(self, kernels=kernels)
+
+    def splice_json(self, text: str) -> str:
+        return splice_kernels(text, self)
+
+    def records(self, by: str, rows: Sequence[OpRow], source: str) -> list[dict[str, Any]]:
+        return block_rows(self, rows, source) if by == "block" else kernel_rows(self, source)
+
+
+def hardware_sections(report: Report) -> HardwareSections:
+    """The ``--hw`` sections of ``report`` (empty ones where none were added)."""
+    sections = report.sections
+    return sections if isinstance(sections, HardwareSections) else HardwareSections()
 
 
 # -- JSON -------------------------------------------------------------------------------------------
@@ -304,8 +332,7 @@ def block_rows(sections: HardwareSections, rows: Sequence[OpRow], source: str) -
     ``rows`` are the report's op rows, ``source`` names the dump in the error."""
     blocks = labelled_blocks(sections)
     if not blocks and sections.mapping is None:
-        raise UsageError(f"{source}: --by block needs --hw NAME (the block segmentation and "
-                         "the time per block)")
+        raise UsageError(f"{source}: {NEEDS_SECTIONS['block']}")
     by_position = {row.position: row for row in rows}
     kernel_of = ({position: kernel for kernel in sections.mapping.program.ops
                   for position in kernel.positions} if sections.mapping is not None else None)
@@ -334,5 +361,5 @@ def block_rows(sections: HardwareSections, rows: Sequence[OpRow], source: str) -
 def kernel_rows(sections: HardwareSections, source: str) -> list[dict[str, Any]]:
     """One record per kernel of the mapping section (needs ``--hw``)."""
     if sections.mapping is None:
-        raise UsageError(f"{source}: --by kernel needs --hw NAME")
+        raise UsageError(f"{source}: {NEEDS_SECTIONS['kernel']}")
     return kernel_records(sections.mapping)

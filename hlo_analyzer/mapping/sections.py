@@ -1,5 +1,6 @@
-"""Typed sections that ``analyze-hlo --hw`` adds to a Report (computed in ``hlo_analyzer.mapping.apply``,
-rendered in ``hlo_analyzer.mapping.render``)."""
+"""Typed sections that ``analyze-hlo --hw`` adds to a Report (computed in
+``hlo_analyzer.mapping.apply``, rendered and held by the Report as
+``hlo_analyzer.mapping.render.HardwareSections``)."""
 
 from __future__ import annotations
 
@@ -120,12 +121,3 @@ class MappingSection:
     block_of: tuple[int | None, ...] = ()
     blocks: tuple[PairGroup, ...] = ()
 
-
-@dataclass(frozen=True)
-class HardwareSections:
-    """What ``--hw`` adds to a Report; all None without ``--hw``. ``blocks``: an STDiT3 stage's
-    pairs; ``transformer``: a generic transformer's blocks (when no STDiT3 pairs are found)."""
-
-    blocks: BlocksSection | None = None
-    mapping: MappingSection | None = None
-    transformer: TransformerSection | None = None

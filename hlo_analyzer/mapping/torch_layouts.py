@@ -70,7 +70,7 @@ def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writ
     """The non-contiguous values: each node of ``order`` (program order) or argument
     (``("argument", i)``) -> :data:`TRANSPOSED` or :data:`PERMUTED`. ``writes_contiguous(node)``:
     the node belongs to a kernel that writes a contiguous result (a GEMM, a library call, a
-    fused attention). ``real``: each node's real elements (``op_mapping.real_elements``: a
+    fused attention). ``real``: each node's real elements (``mapping.works.real_elements``: a
     broadcast at its operand's size). ``feeds_gemms(node)``: GEMMs alone read the node's result
     (through views). ``seeds``: values known to be non-contiguous (a stage's residual input).
     ``keeps_channels_last(node)``: the value whose memory format the node's kernel keeps (a
