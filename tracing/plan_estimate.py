@@ -1,0 +1,509 @@
+"""The plan search's estimate from the traced program's own kernels (issue 32): a traced pair at a
+small shape, re-costed at the plan's shape.
+
+A plan's traced latency (``analyze-pipeline``) is the sum of the kernels the analyzer finds in
+each stage's dump (``hlo_analyzer.op_mapping``: under ``--exec torch`` one kernel per library
+call or torch op, under the fused execution one per fusion group), each costed on the chip, plus
+the stage's collectives on the network, composed by the PipeFusion schedule. The ideal op list
+of ``hardware.map_block`` leaves out most of those kernels (the eager element-wise ops, the
+copies and layout transposes GSPMD and PyTorch add), so on a GPU it sits at a third of the trace.
+
+Here every kernel is the trace's. The program of one block pair on a stage mesh does not depend
+on the video size except through the sizes of its dimensions: a pair traced at a small shape
+holds the same kernels in the same order, each dimension a product of powers of the latent
+frames ``T`` and the token columns ``W`` (the latent width over the patch) times constants (the
+height is kept: PipeFusion cuts it and pads it). So each *calibration* traces one pair per stage
+role (a flat stage: embeddings + pair + final layer; a pipeline of three one-pair stages: first,
+middle, last) at two small shapes, ``(T0, W0)`` and ``(3 T0, 5 W0)``, with ``T0`` and ``W0``
+as divisible by every power of two as the plan's ``T`` and ``W`` (the meshes here are powers of
+two: the same splits divide, the same pads happen). Each integer of each kernel (shapes, FLOPs,
+bytes of a collective, rows) is ``v0`` in the first and ``v1`` in the second: ``v1 / v0 =
+3^a 5^b`` gives its exponents, and its value at the plan's shape is ``v0 (T/T0)^a (W/W0)^b``
+(:func:`rescale`). The kernels are then costed with ``op_mapping.map_kernels``, the function
+``analyze-hlo --hw`` uses, in the execution mode ``analyze-pipeline`` picks for the chip, and a
+stage is its role's kernels outside the pairs plus its pairs times one pair's, as
+``hw_mapping.program_totals`` totals a traced stage. What the trace knows and this does not:
+a value that is no such product (an integer the analyzer derives by a sum or a rounding; counted
+in ``Calibration.inexact``) and whatever differs between a one-pair stage and a stage of many
+pairs.
+
+The calibration traces are small (about a second each in a process that has torch loaded) and
+are cached by what decides them (model, strategy, stage mesh, usp degrees, patches, the two
+shapes) under the search's work directory, with each chip kind's kernel list; re-costing at a
+shape and a system is cached in memory, so a space of 10^4 plans that shares its calibrations
+is estimated in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from hardware.spec import SystemSpec
+from hlo_trace.errors import UsageError
+from models.opensora.config import STDiT3Config, get_config
+from models.opensora.inputs import geometry, latent_frames, parse_shape
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CALIBRATION_FACTORS", "Calibration", "CalibrationKey", "KernelCosts", "RoleCost",
+           "StagePart", "calibration_shapes", "decode_exponents", "rescale_value"]
+
+#: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
+#: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
+CALIBRATION_FACTORS = (3, 5)
+#: Largest exponent of ``T`` or ``W`` looked for in one integer (an attention's FLOPs over a
+#: pair of sequences: 2; a product of those with a batch of frames: 3).
+MAX_EXPONENT = 4
+#: The odd part of the calibration's first frames and columns (``_small``).
+SMALL_ODD_PART = 3
+#: Stage roles of a calibration: a flat plan's one stage, and a pipeline's first, middle, last.
+ROLES = ("flat", "first", "middle", "last")
+#: Format of the cached calibration files (bumped when what they hold changes).
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What decides a calibration's programs (the plan's split and stage count do not)."""
+
+    config: str
+    strategy: str
+    mesh: tuple[int, int]
+    ring: int | None
+    patches: int
+    pipelined: bool
+    base_shape: str
+    scaled_shape: str
+
+    @property
+    def name(self) -> str:
+        text = (f"{Path(self.config).stem}_{self.strategy}_{self.mesh[0]}x{self.mesh[1]}_M{self.patches}"
+                f"_{'pp' if self.pipelined else 'flat'}_{self.base_shape}_{self.scaled_shape}")
+        return text + (f"_ring{self.ring}" if self.ring is not None else "")
+
+
+def _odd_part_free(value: int) -> int:
+    """The largest power of two dividing ``value``."""
+    return value & -value
+
+
+def _small(value: int) -> int:
+    """``3 * 2^k`` with the power of two of ``value``: as divisible by every power of two, and
+    odd part 3 so that no split of it by a mesh axis is 1 (a dimension of 1 may make another
+    kernel: a broadcast where there was a strided read)."""
+    return SMALL_ODD_PART * _odd_part_free(value)
+
+
+def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: int) -> str:
+    frames = math.ceil(frames_latent * 17 / 5)
+    while latent_frames(frames) < frames_latent:
+        frames += 1
+    _, _, pw = model.patch_size
+    return f"{frames}_{columns * pw * model.vae_downsample}_{height}"
+
+
+def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fraction, Fraction]:
+    """The two small shapes of ``shape``'s calibration and the factors ``T / T0``, ``W / W0``
+    that take the first to ``shape``. The latent frames and token columns keep ``shape``'s
+    power of two (at least 2 each); the height is ``shape``'s."""
+    geo = geometry(model, shape)
+    video = parse_shape(shape)
+    pt, _, _ = model.patch_size
+    if pt != 1 or geo.T_lat != geo.T:
+        raise UsageError(f"--shape {shape}: the estimate's calibration expects a temporal patch of 1")
+    t0, w0 = _small(geo.T), _small(geo.W_patches)
+    if geo.W_lat != geo.W_patches * model.patch_size[2]:
+        raise UsageError(f"--shape {shape}: the estimate's calibration expects a latent width the "
+                         "patch divides")
+    ft, fw = CALIBRATION_FACTORS
+    base = _shape_text(model, t0, w0, video.height)
+    scaled = _shape_text(model, ft * t0, fw * w0, video.height)
+    for text, (t, w) in ((base, (t0, w0)), (scaled, (ft * t0, fw * w0))):
+        check = geometry(model, text)
+        assert (check.T, check.W_patches, check.H_patches) == (t, w, geo.H_patches), text
+    return base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0)
+
+
+def decode_exponents(v0: int, v1: int) -> tuple[int, int] | None:
+    """``(a, b)`` with ``v1 = v0 3^a 5^b`` (``CALIBRATION_FACTORS``), or None when none is."""
+    if v0 <= 0 or v1 <= 0:
+        return (0, 0) if v0 == v1 else None
+    ft, fw = CALIBRATION_FACTORS
+    for a in range(MAX_EXPONENT + 1):
+        for b in range(MAX_EXPONENT + 1):
+            if v0 * ft ** a * fw ** b == v1:
+                return a, b
+    return None
+
+
+def rescale_value(v0: int, v1: int, t_ratio: Fraction, w_ratio: Fraction) -> tuple[int, bool]:
+    """The value at the plan's shape of an integer that is ``v0`` at the first calibration
+    shape and ``v1`` at the second, and whether it was exact (a product of powers). Not one:
+    the nearest such product by the logarithm of ``v1 / v0`` (both exponents rounded as one
+    power of the geometric mean of the two factors)."""
+    exponents = decode_exponents(v0, v1)
+    if exponents is not None:
+        a, b = exponents
+        value = v0 * t_ratio ** a * w_ratio ** b
+        return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
+    ft, fw = CALIBRATION_FACTORS
+    if v0 <= 0 or v1 <= 0:
+        return max(v0, 0), False
+    power = math.log(v1 / v0) / math.log(math.sqrt(ft * fw))
+    mean_ratio = math.sqrt(float(t_ratio) * float(w_ratio))
+    return max(1, round(v0 * mean_ratio ** power)), False
+
+
+class _Rescaler:
+    """Rescales the integers of aligned structures; counts the inexact ones."""
+
+    def __init__(self, t_ratio: Fraction, w_ratio: Fraction) -> None:
+        self.t_ratio, self.w_ratio = t_ratio, w_ratio
+        self.inexact = 0
+        self.values = 0
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        if isinstance(a, str) and isinstance(b, str):
+            if a != b:  # a kernel class that depends on the size (a broadcast of a dim of 1)
+                self.inexact += 1
+            return b
+        if isinstance(a, bool) or a is None:
+            if a != b:
+                raise ValueError(f"calibration programs differ: {str(a)[:40]} against {str(b)[:40]}")
+            return a
+        if isinstance(a, int):
+            if not isinstance(b, int):
+                raise ValueError(f"calibration programs differ: {a} against {str(b)[:40]}")
+            value, exact = rescale_value(a, b, self.t_ratio, self.w_ratio)
+            self.values += 1
+            self.inexact += not exact
+            return value
+        if isinstance(a, float):
+            return a  # no float field decides a kernel's cost through its size
+        if isinstance(a, (list, tuple)):
+            if not isinstance(b, (list, tuple)) or len(a) != len(b):
+                raise ValueError(f"calibration programs differ: {len(a)} items against "
+                                 f"{len(b) if isinstance(b, (list, tuple)) else type(b).__name__}")
+            return type(a)(self(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict):
+            if not isinstance(b, dict) or a.keys() != b.keys():
+                raise ValueError("calibration programs differ in a record's fields")
+            return {key: self(a[key], b[key]) for key in a}
+        raise TypeError(f"cannot rescale {type(a).__name__}")
+
+
+@dataclass(frozen=True)
+class StagePart:
+    """One role's kernels of a calibration stage at one calibration shape: the kernel list
+    document (``hlo_analyzer.kernel_list`` rows and ops, collectives kept) of the kernels outside
+    the pair and of the pair, and the stage's boundary tensors (name -> bytes)."""
+
+    outside: dict[str, Any]
+    pair: dict[str, Any]
+    outputs: dict[str, int]
+    latent_bytes: int
+
+
+@dataclass(frozen=True)
+class RoleCost:
+    """One stage role at the plan's shape on the system: seconds of its kernels outside the
+    pairs and of one pair, compute and collectives apart, and its boundary bytes."""
+
+    outside_compute_s: float
+    outside_comm_s: float
+    pair_compute_s: float
+    pair_comm_s: float
+    outputs: dict[str, int]
+    latent_bytes: int
+    inexact: int
+    values: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration's kernels per role at both shapes (the roles it traced)."""
+
+    key: CalibrationKey
+    hardware_kind: str
+    base: dict[str, StagePart]
+    scaled: dict[str, StagePart]
+    #: The tracer's line when a calibration stage could not be traced (no parts then).
+    error: str | None = None
+
+
+def _model_toml(model: STDiT3Config, depth: int) -> str:
+    lines = []
+    for field in dataclasses.fields(model):
+        value = getattr(model, field.name)
+        if field.name == "depth":
+            value = depth
+        if isinstance(value, bool):
+            lines.append(f"{field.name} = {'true' if value else 'false'}")
+        elif isinstance(value, (tuple, list)):
+            lines.append(f"{field.name} = [{', '.join(str(v) for v in value)}]")
+        elif isinstance(value, str):
+            lines.append(f"{field.name} = {json.dumps(value)}")
+        else:
+            lines.append(f"{field.name} = {value!r}")
+    return "\n".join(lines) + "\n"
+
+
+class KernelCosts:
+    """The traced-kernel estimate's calibrations, traced on demand and cached under ``work``
+    (``work/calibrations``), and their costs at a shape on a system, cached in memory."""
+
+    def __init__(self, work: Path, *, jobs: int = 1) -> None:
+        self.work = Path(work) / "calibrations"
+        self.jobs = jobs
+        self._calibrations: dict[tuple[CalibrationKey, str], Calibration] = {}
+        self._costs: dict[tuple, RoleCost] = {}
+        self.traced = 0
+
+    # -- the calibration ----------------------------------------------------------------------
+    def key(self, config: str, shape: str, strategy: str, mesh: tuple[int, int], ring: int | None,
+            patches: int, pipelined: bool) -> CalibrationKey:
+        base, scaled, _, _ = calibration_shapes(get_config(config), shape)
+        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, pipelined, base, scaled)
+
+    def _path(self, key: CalibrationKey, kind: str) -> Path:
+        return self.work / kind / f"{key.name}.json"
+
+    def calibration(self, key: CalibrationKey, system: SystemSpec) -> Calibration:
+        kind = system.chip.name
+        cached = self._calibrations.get((key, kind))
+        if cached is None:
+            if not self._path(key, kind).exists():
+                self.prepare([key], system)
+            cached = self._calibrations[(key, kind)] = _read_calibration(self._path(key, kind), key, kind)
+        return cached
+
+    def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec) -> int:
+        """Trace (in one child process: ``tracing.calibrate``) and analyze every calibration of
+        ``keys`` not cached yet; the number of stages traced."""
+        from hlo_trace.atomic import atomic_write
+
+        kind = system.chip.name
+        missing = list(dict.fromkeys(k for k in keys if not self._path(k, kind).exists()))
+        if not missing:
+            return 0
+        plans = {key: self._stage_dumps(key) for key in missing}
+        requests = [request for key in missing for request in plans[key][1]]
+        traced = run_calibration_traces(requests, self.work, jobs=self.jobs)
+        self.traced += traced
+        analyze = functools.partial(_calibrate_key, system=system, kind=kind)
+        work = [(key, plans[key][0]) for key in missing]
+        if self.jobs > 1 and len(work) > 1:
+            import concurrent.futures
+            import multiprocessing
+
+            with concurrent.futures.ProcessPoolExecutor(
+                    self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                calibrations = list(pool.map(analyze, work))
+        else:
+            calibrations = [analyze(item) for item in work]
+        for key, calibration in zip(missing, calibrations, strict=True):
+            path = self._path(key, kind)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
+        return traced
+
+    def _stage_dumps(self, key: CalibrationKey) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
+        """The dumps of a calibration's stages per shape, and the tracer's requests for them."""
+        depth = 3 if key.pipelined else 1
+        model_file = self._model_file(key.config, depth)
+        dumps, requests = {}, []
+        for label, shape in (("base", key.base_shape), ("scaled", key.scaled_shape)):
+            out = self.work / "dumps" / key.name / label
+            request = {"config": model_file, "shape": shape, "strategy": key.strategy,
+                       "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches, "depth": depth,
+                       "out": str(out)}
+            dumps[label] = [str(out / name) for name in _dump_names(request)]
+            requests.append(request)
+        return dumps, requests
+
+    def _model_file(self, config: str, depth: int) -> str:
+        model = get_config(config)
+        path = self.work / "models" / f"{Path(config).stem}_depth{depth}.toml"
+        text = _model_toml(model, depth)
+        if not path.exists() or path.read_text() != text:
+            from hlo_trace.atomic import atomic_write
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, text, force=True)
+        return str(path)
+
+    # -- the costs ----------------------------------------------------------------------------
+    def role_cost(self, key: CalibrationKey, role: str, shape: str, system: SystemSpec) -> RoleCost:
+        cache_key = (key, role, shape, system.name, id(system))
+        cost = self._costs.get(cache_key)
+        if cost is None:
+            cost = self._costs[cache_key] = _role_cost(self.calibration(key, system), role, shape, system)
+        return cost
+
+
+def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jobs: int = 1) -> int:
+    """Trace the stages of ``requests`` with ``python -m tracing.calibrate`` (``jobs``
+    processes, each loading torch once and taking every ``jobs``-th request); the number of
+    requests run. UsageError with the tracer's last line when one fails as a whole."""
+    import os
+    import subprocess
+    import sys
+
+    from hlo_trace.atomic import atomic_write
+    from hlo_trace.isolate import child_environment
+
+    missing = [r for r in requests
+               if not (Path(r["out"]) / FAILURE_FILE).exists()
+               and not all((Path(r["out"]) / name).exists() for name in _dump_names(r))]
+    if not missing:
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    log.info("tracing %d calibration requests in %d process(es)", len(missing), jobs)
+    listings, processes = [], []
+    try:
+        for job in range(min(jobs, len(missing))):
+            listing = work / f"requests.{os.getpid()}.{job}.json"
+            atomic_write(listing, json.dumps(missing[job::jobs]), force=True)
+            listings.append(listing)
+            processes.append(subprocess.Popen([sys.executable, "-m", "tracing.calibrate", str(listing)],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                              env=environment))
+        errors = [(process.wait(), process.stderr.read()) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        for listing in listings:
+            listing.unlink(missing_ok=True)
+    for code, stderr in errors:
+        if code:
+            lines = [line for line in stderr.splitlines() if line.startswith("Error:")] or \
+                stderr.strip().splitlines()[-1:] or [f"exit code {code}"]
+            raise UsageError(f"calibration trace failed: {lines[-1].removeprefix('Error: ')}")
+    return len(missing)
+
+
+#: ``tracing.calibrate``'s record of a request the tracer refused (its one line).
+FAILURE_FILE = "failed.txt"
+
+
+def _dump_names(request: dict[str, Any]) -> list[str]:
+    from tracing.config import build_config
+
+    ring, mesh = request["ring"], tuple(request["mesh"])
+    config = build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
+                          mesh=mesh, stage_ids=",".join(f"{p}-{p}" for p in range(request["depth"])),
+                          patches=request["patches"], ring_degree=ring,
+                          ulysses_degree=None if ring is None else mesh[1] // ring)
+    return [f"{config.dump_name(stage)}.mlir" for stage in range(request["depth"])]
+
+
+def _calibrate_key(item: tuple[CalibrationKey, dict[str, list[str]]], *, system: SystemSpec,
+                   kind: str) -> Calibration:
+    """The calibration of a key from its traced stages (or the tracer's error)."""
+    key, dumps = item
+    roles = ("first", "middle", "last") if key.pipelined else ("flat",)
+    failures = [Path(stages[0]).parent / FAILURE_FILE for stages in dumps.values()]
+    failed = [f.read_text().strip() for f in failures if f.exists()]
+    if failed:
+        return Calibration(key, kind, {}, {}, error=failed[0])
+    parts = {label: {role: analyze_calibration_stage(dump, system) for role, dump in zip(roles, stages)}
+             for label, stages in dumps.items()}
+    return Calibration(key, kind, parts["base"], parts["scaled"])
+
+
+def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
+    """The kernels of one calibration stage as ``analyze-pipeline`` finds them on ``system``'s
+    chip, split into the one pair's and the rest, with the stage's boundary bytes."""
+    from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
+    from hlo_analyzer.kernel_list import sources_document
+    from hlo_analyzer.library_calls import sidecar_call_regions
+    from hlo_analyzer.mlir import load_module
+    from hlo_analyzer.op_mapping import MappingOptions, default_execution
+    from hlo_analyzer.pipeline import LATENT_INPUT, _read_sidecar, _tensor_bytes
+    from hlo_analyzer.report import analyze
+
+    sidecar = _read_sidecar(dump)
+    module = load_module(dump)
+    report = analyze(module, name=dump)
+    library_calls = sidecar_call_regions(sidecar)
+    options = MappingOptions(execution=default_execution(system.chip, library_calls),
+                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
+    add_hardware_sections(report, module, system.name, steps=1, pairs=1, options=options)
+    mapping = report.sections.mapping
+    assert mapping is not None
+    sources, pair_of = mapping.program.sources, mapping.pair_of
+    if mapping.totals.pairs_found != 1:
+        raise UsageError(f"{dump}: a calibration stage must hold one block pair, found "
+                         f"{mapping.totals.pairs_found}")
+    outside = [s for s, p in zip(sources, pair_of) if p is None]
+    pair = [s for s, p in zip(sources, pair_of) if p is not None]
+    outputs = {name: _tensor_bytes(entry) for name, entry in sorted(sidecar.get("outputs", {}).items())}
+    latent = sidecar.get("inputs", {}).get(LATENT_INPUT)
+    return StagePart(sources_document(outside, options.execution), sources_document(pair, options.execution),
+                     outputs, 0 if latent is None else _tensor_bytes(latent))
+
+
+def _role_cost(calibration: Calibration, role: str, shape: str, system: SystemSpec) -> RoleCost:
+    from hlo_analyzer.kernel_list import sources_from_document
+    from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, map_kernels
+
+    key = calibration.key
+    if calibration.error is not None:
+        raise ValueError(f"calibration not traced: {calibration.error}")
+    _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
+    rescaler = _Rescaler(t_ratio, w_ratio)
+    base, scaled = calibration.base[role], calibration.scaled[role]
+    seconds = []
+    for name in ("outside", "pair"):
+        document = rescaler(getattr(base, name), getattr(scaled, name))
+        sources, execution = sources_from_document(document)
+        program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
+        comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
+        seconds.append((program.latency_s - comm, comm))
+    outputs = rescaler(base.outputs, scaled.outputs)
+    latent = rescaler(base.latent_bytes, scaled.latent_bytes)
+    return RoleCost(seconds[0][0], seconds[0][1], seconds[1][0], seconds[1][1], outputs, latent,
+                    rescaler.inexact, rescaler.values)
+
+
+def _calibration_document(calibration: Calibration) -> dict[str, Any]:
+    def part(p: StagePart) -> dict[str, Any]:
+        return {"outside": p.outside, "pair": p.pair, "outputs": p.outputs, "latent_bytes": p.latent_bytes}
+
+    return {"version": CACHE_VERSION, "key": dataclasses.asdict(calibration.key),
+            "hardware_kind": calibration.hardware_kind, "error": calibration.error,
+            "base": {role: part(p) for role, p in calibration.base.items()},
+            "scaled": {role: part(p) for role, p in calibration.scaled.items()}}
+
+
+def _read_calibration(path: Path, key: CalibrationKey, kind: str) -> Calibration:
+    document = json.loads(path.read_text())
+    if document.get("version") != CACHE_VERSION:
+        raise UsageError(f"{path}: calibration cache version {document.get('version')!r}; expected "
+                         f"{CACHE_VERSION} (delete the file to trace it again)")
+
+    def part(record: dict[str, Any]) -> StagePart:
+        return StagePart(record["outside"], record["pair"], dict(record["outputs"]), int(record["latent_bytes"]))
+
+    return Calibration(key, kind, {r: part(p) for r, p in document["base"].items()},
+                       {r: part(p) for r, p in document["scaled"].items()}, error=document.get("error"))
+
+
+def stage_roles(stages: int) -> Sequence[str]:
+    """The role of each stage of a plan of ``stages`` stages."""
+    if stages == 1:
+        return ("flat",)
+    return ("first", *["middle"] * (stages - 2), "last")
