@@ -1,12 +1,20 @@
-"""Wall time of the tiny exhaustive plan space with ``--jobs 1`` and ``--jobs 2`` (issue 25).
+"""Plan search speed: estimating 10,000 plans (issue 32), and tracing the tiny exhaustive space
+with ``--jobs 1`` and ``--jobs 2`` (issue 25).
 
-Runs ``plan-search --exhaustive`` (every plan the tracer accepts is traced and analyzed) on the
+**Estimating.** The traced-kernel estimate (``tracing.plan_estimate``) of ``--plans`` plans (10,000)
+of the full model at 204_640_360 on 8xh100: the space of ``plan-search`` with every pipeline's
+pairs split at random (seeded compositions of the 28 pairs; a split needs no calibration of its
+own), after the space's calibrations are traced (``--work``, cached: the first run traces them,
+minutes; the figure printed apart). Baseline, in the same run: the ideal estimate of the same
+plans (no trace at all). Target: under 60 s for 10,000.
+
+**Tracing.** Runs ``plan-search --exhaustive`` (every plan the tracer accepts is traced and analyzed) on the
 tiny config at 28_64_64 on 8 devices of tx8-16, twice, each into a fresh work directory (no
 cache), and prints both wall times and their ratio (baseline: ``--jobs 1``).  Both runs must
 give the same answer; the script says so or fails.  Needs the trace extra (torch, torch-xla).
 
-    python3 benchmarks/plan_search.py            # the whole tiny space (minutes)
-    python3 benchmarks/plan_search.py --quick    # two flat plans (seconds): what CI runs
+    python3 benchmarks/plan_search.py [--work DIR] [--plans 10000]  # both parts (minutes)
+    python3 benchmarks/plan_search.py --quick    # 200 plans of one calibration; two flat tiny plans traced
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
 #: The tiny exhaustive space of issue 25: all strategies and meshes of 8 devices, flat and 2
 #: stages, patches 1, 2, 4.
@@ -29,6 +39,73 @@ FULL = ["--config", "tiny", "--shape", "28_64_64", "--hw", "tx8-16", "--devices"
 #: of 2 on x).
 QUICK = ["--config", "tiny", "--shape", "28_64_64", "--hw", "tx8-16", "--devices", "4",
          "--strategies", "ds_ulysses", "--stages", "1"]
+
+
+#: The estimated space: the full model at the study's shape on 8 H100s (``plan-search``'s defaults).
+ESTIMATED = {"config": "full", "shape": "204_640_360", "hardware": "8xh100"}
+#: --quick: one strategy, flat, on 2 devices (one or two calibrations).
+ESTIMATED_QUICK = {"strategies": ("ds_ulysses",), "stage_counts": (1,), "devices": 2}
+#: Seed of the random pair splits.
+SPLIT_SEED = 25
+
+
+def many_plans(space, count: int, depth: int, seed: int = SPLIT_SEED) -> list:
+    """``count`` plans: the space's plans in turn, each pipeline's pairs split at random (a
+    composition of ``depth`` pairs into its stages), flat plans as they are."""
+    import dataclasses
+    import random
+
+    from tracing.plan_search import Plan
+
+    rng = random.Random(seed)
+    plans = []
+    while len(plans) < count:
+        for plan in space.plans:
+            if len(plans) == count:
+                break
+            case = plan.case
+            stages = case.pipeline.stages
+            if stages > 1:
+                cuts = sorted(rng.sample(range(1, depth), stages - 1))
+                bounds = [0, *cuts, depth]
+                split = tuple((bounds[i], bounds[i + 1] - 1) for i in range(stages))
+                plan = Plan(dataclasses.replace(case, split=split))
+            plans.append(plan)
+    return plans
+
+
+def estimate_speed(work: Path, count: int, quick: bool) -> None:
+    """Print the calibration time and the time to estimate ``count`` plans, against the ideal
+    estimate of the same plans."""
+    from hardware import load_system
+    from models.opensora.config import get_config
+    from tracing.plan_estimate import KernelCosts
+    from tracing.plan_search import calibration_keys, enumerate_plans, estimate_plan
+
+    system = load_system(ESTIMATED["hardware"])
+    options = ESTIMATED_QUICK if quick else {}
+    space = enumerate_plans(ESTIMATED["config"], ESTIMATED["shape"], options.get("devices", system.chip_count),
+                            **{k: v for k, v in options.items() if k != "devices"})
+    kernels = KernelCosts(work, jobs=2)
+    started = time.perf_counter()
+    keys = calibration_keys(space.plans, kernels)
+    traced = kernels.prepare(keys, system)
+    calibrate_s = time.perf_counter() - started
+    plans = many_plans(space, count, get_config(ESTIMATED["config"]).depth)
+    started = time.perf_counter()
+    for plan in plans:
+        estimate_plan(plan, system, kernels=kernels)
+    kernel_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for plan in plans:
+        estimate_plan(plan, system)
+    ideal_s = time.perf_counter() - started
+    print(f"estimate, {ESTIMATED['config']} at {ESTIMATED['shape']} on {ESTIMATED['hardware']}: {len(plans):,} "
+          f"plans ({len(space.plans)} of the space, pairs split at random), {len(keys)} calibrations")
+    print(f"  calibrations: {calibrate_s:8.1f} s   ({traced} trace requests run now; cached in {work})")
+    print(f"  ideal estimate (baseline):      {ideal_s:8.2f} s")
+    print(f"  traced-kernel estimate:         {kernel_s:8.2f} s   ratio {kernel_s / ideal_s:.2f}; "
+          f"target < 60 s for 10,000: {'meets' if kernel_s * 10_000 / len(plans) < 60 else 'MISSES'}")
 
 
 def run(arguments: list[str], jobs: int, work: Path) -> tuple[float, dict]:
@@ -50,8 +127,13 @@ def run(arguments: list[str], jobs: int, work: Path) -> tuple[float, dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="two flat plans instead of the whole space (seconds)")
+                        help="200 plans of one calibration, two flat tiny plans traced (a minute)")
+    parser.add_argument("--plans", type=int, default=10_000, help="plans estimated")
+    parser.add_argument("--work", default=None,
+                        help="calibration cache (default: a temporary directory, traced anew)")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="plan_estimate_") as tmp:
+        estimate_speed(Path(args.work or tmp), 200 if args.quick else args.plans, args.quick)
     arguments = QUICK if args.quick else FULL
     walls, answers = {}, {}
     for jobs in (1, 2):
@@ -65,6 +147,7 @@ def main() -> int:
     print(f"  --jobs 1: {walls[1]:8.1f} s   (baseline)")
     print(f"  --jobs 2: {walls[2]:8.1f} s   ratio jobs 2 / jobs 1 = {walls[2] / walls[1]:.2f}")
     print(f"  same answer: {answers[1][0]} ({answers[1][1]['latency_s']:.6g} s)")
+    print(f"  per traced plan (--jobs 1, tiny model, calibration included): {walls[1] / plans:.1f} s")
     return 0
 
 

@@ -59,6 +59,7 @@ Limits
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -399,6 +400,24 @@ def gemm_auto_opt_mapper(
         return gpu_gemm_mapping(op, chip, epilogue=epilogue)
     preset = preset or GemmPreset()
     problem = _problem(op, epilogue)
+    if shuffle_seed is None:  # the same search again (a program's GEMM and its ideal block's): its result
+        key = (dataclasses.replace(problem, name=""), chip, preset)
+        known = _SEARCHED.get(key)
+        if known is None:
+            known = _SEARCHED[key] = _search(problem, chip, preset, None)
+            if len(_SEARCHED) > MAX_SEARCHES_KEPT:
+                del _SEARCHED[next(iter(_SEARCHED))]
+        return replace(known, op_name=problem.name)
+    return _search(problem, chip, preset, shuffle_seed)
+
+
+#: Searches kept (a process maps a few dozen distinct GEMMs per program).
+MAX_SEARCHES_KEPT = 4096
+_SEARCHED: dict[tuple, Mapping] = {}
+
+
+def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed: int | None) -> Mapping:
+    """The branch and bound of :func:`gemm_auto_opt_mapper`."""
     rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
     placements = _shuffled(_placements(chip, problem, preset), rng)
     bounded = sorted((_placement_bound(problem, chip, p), p) for p in placements)

@@ -80,26 +80,26 @@ def test_stage_roles():
 
 @pytest.mark.slow
 def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path):
-    """The claim of the estimate: the pair's kernels of the two small traces, rescaled to the
-    plan's shape, are the kernels a trace at that shape finds (the full model's pair at a
-    small shape, 68_256_360: T = 20, 16 token columns; ds_ulysses on 1 x 2)."""
+    """The claim of the estimate: the kernels of the two small traces, rescaled to the plan's
+    shape, are the kernels a trace at that shape finds, group by group (the full model's three
+    pairs at a small shape, 68_256_360: T = 20, 16 token columns; ds_ulysses on 1 x 2)."""
     pytest.importorskip("torch_xla")
     from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, map_kernels
     from tracing.calibrate import trace_requests
-    from tracing.plan_estimate import KernelCosts, analyze_calibration_stage
+    from tracing.plan_estimate import GROUPS, KernelCosts, analyze_calibration_stage
 
     system = load_system("8xh100")
     costs = KernelCosts(tmp_path)
     shape = "68_256_360"
-    key = costs.key("full", shape, "ds_ulysses", (1, 2), None, 1, False)
-    cost = costs.role_cost(key, "flat", shape, system)
-    model_file = costs._model_file("full", 1)
-    out = tmp_path / "direct"
-    trace_requests([{"config": model_file, "shape": shape, "strategy": "ds_ulysses", "mesh": [1, 2],
-                     "ring": None, "patches": 1, "depth": 1, "out": str(out)}])
-    direct = analyze_calibration_stage(str(next(out.glob("*.mlir"))), system)
-    kernels, execution = sources_from_document(direct.pair)
-    program = map_kernels(kernels, system.chip, system, MappingOptions(execution=execution))
-    comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
-    assert cost.pair_compute_s == pytest.approx(program.latency_s - comm, rel=1e-9)
-    assert cost.pair_comm_s == pytest.approx(comm, rel=1e-9)
+    key = costs.key("full", shape, "ds_ulysses", (1, 2), None, 1)
+    rescaled = costs.stage(key, shape, system)
+    _, requests = costs._requests(key, stages=(0,))
+    direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"))
+    trace_requests([direct])
+    part = analyze_calibration_stage(str(next((tmp_path / "direct").glob("*.mlir"))), system)
+    for name in GROUPS:
+        kernels, execution = sources_from_document(part.groups[name])
+        program = map_kernels(kernels, system.chip, system, MappingOptions(execution=execution))
+        comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
+        assert rescaled.groups[name].compute_s == pytest.approx(program.latency_s - comm, rel=1e-9), name
+        assert rescaled.groups[name].comm_s == pytest.approx(comm, rel=1e-9, abs=1e-15), name

@@ -2,8 +2,8 @@
 estimate calibrations (``tracing.plan_estimate``) in one process.
 
 ``REQUESTS.json`` lists ``{"config": MODEL_TOML, "shape", "strategy", "mesh": [nx, ny],
-"ring": int|null, "patches", "depth", "out": DIR}``; every stage (one pair each, ``depth``
-stages) whose dump is not in ``out`` yet is traced there. torch and torch-xla are imported once (op metadata on, as
+"ring": int|null, "patches", "stage_ids": "0-2", "stages": [0], "out": DIR}``; every stage of
+``stages`` whose dump is not in ``out`` yet is traced there. torch and torch-xla are imported once (op metadata on, as
 ``tracing.capture.prepare_process`` sets it);
 each stage is traced in a forked child (the device count is fixed per process, and a child
 starts from the loaded modules: about a second a stage instead of five for a fresh process).
@@ -24,8 +24,7 @@ from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import _trace_in_child, require_trace_extra
-from tracing.config import build_config
-from tracing.plan_estimate import FAILURE_FILE
+from tracing.plan_estimate import FAILURE_FILE, request_config
 
 __all__ = ["main", "trace_requests"]
 
@@ -54,17 +53,11 @@ def trace_requests(requests: Sequence[dict]) -> int:
 
 def _trace_request(request: dict) -> int:
     """Trace the missing stages of one request; how many."""
-    depth = int(request["depth"])
-    mesh = tuple(int(v) for v in request["mesh"])
-    ring = request.get("ring")
-    config = build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
-                          mesh=mesh, stage_ids=",".join(f"{p}-{p}" for p in range(depth)),
-                          patches=int(request["patches"]), ring_degree=ring,
-                          ulysses_degree=None if ring is None else mesh[1] // ring)
+    config = request_config(request)
     out = Path(request["out"])
     out.mkdir(parents=True, exist_ok=True)
     traced = 0
-    for stage in range(depth):
+    for stage in request["stages"]:
         if (out / f"{config.dump_name(stage)}.mlir").exists():
             continue
         call_in_child(_trace_in_child, config, stage, out, "stablehlo", True, out / "stage_shapes.json", None,

@@ -54,8 +54,9 @@ from models.opensora.inputs import geometry, latent_frames, parse_shape
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_FACTORS", "Calibration", "CalibrationKey", "KernelCosts", "RoleCost",
-           "StagePart", "calibration_shapes", "decode_exponents", "rescale_value"]
+__all__ = ["CALIBRATION_FACTORS", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
+           "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "request_config", "rescale_value",
+           "run_calibration_traces", "stage_roles"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -65,10 +66,14 @@ CALIBRATION_FACTORS = (3, 5)
 MAX_EXPONENT = 4
 #: The odd part of the calibration's first frames and columns (``_small``).
 SMALL_ODD_PART = 3
-#: Stage roles of a calibration: a flat plan's one stage, and a pipeline's first, middle, last.
+#: Stage roles: a flat plan's one stage, and a pipeline's first, middle, last.
 ROLES = ("flat", "first", "middle", "last")
+#: Block pairs of a calibration's one stage: the first pair, one in the middle, the last.
+CALIBRATION_PAIRS = 3
 #: Format of the cached calibration files (bumped when what they hold changes).
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+#: The kernel groups of a calibration stage (``_groups``).
+GROUPS = ("embed", "final", "pair0", "pair1", "pair2")
 
 
 @dataclass(frozen=True)
@@ -80,14 +85,13 @@ class CalibrationKey:
     mesh: tuple[int, int]
     ring: int | None
     patches: int
-    pipelined: bool
     base_shape: str
     scaled_shape: str
 
     @property
     def name(self) -> str:
         text = (f"{Path(self.config).stem}_{self.strategy}_{self.mesh[0]}x{self.mesh[1]}_M{self.patches}"
-                f"_{'pp' if self.pipelined else 'flat'}_{self.base_shape}_{self.scaled_shape}")
+                f"_{self.base_shape}_{self.scaled_shape}")
         return text + (f"_ring{self.ring}" if self.ring is not None else "")
 
 
@@ -203,40 +207,77 @@ class _Rescaler:
 
 @dataclass(frozen=True)
 class StagePart:
-    """One role's kernels of a calibration stage at one calibration shape: the kernel list
-    document (``hlo_analyzer.kernel_list`` rows and ops, collectives kept) of the kernels outside
-    the pair and of the pair, and the stage's boundary tensors (name -> bytes)."""
+    """A calibration stage at one calibration shape: its kernels by group as kernel documents
+    (``hlo_analyzer.kernel_list.sources_document``, collectives kept): ``embed`` before the
+    first pair, ``final`` after the last, and each of the three pairs (``_groups``)."""
 
-    outside: dict[str, Any]
-    pair: dict[str, Any]
+    groups: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Bytes a pipeline stage sends on (name -> bytes of one traced patch, the hidden states
+    ``x`` among them) and the latent the last stage sends back (stage 0's input ``z``)."""
+
     outputs: dict[str, int]
     latent_bytes: int
 
 
 @dataclass(frozen=True)
-class RoleCost:
-    """One stage role at the plan's shape on the system: seconds of its kernels outside the
-    pairs and of one pair, compute and collectives apart, and its boundary bytes."""
+class GroupCost:
+    """Seconds of a kernel group at the plan's shape: its kernels and its collectives."""
 
-    outside_compute_s: float
-    outside_comm_s: float
-    pair_compute_s: float
-    pair_comm_s: float
-    outputs: dict[str, int]
-    latent_bytes: int
+    compute_s: float
+    comm_s: float
+
+    def __add__(self, other: GroupCost) -> GroupCost:
+        return GroupCost(self.compute_s + other.compute_s, self.comm_s + other.comm_s)
+
+    def __mul__(self, factor: float) -> GroupCost:
+        return GroupCost(self.compute_s * factor, self.comm_s * factor)
+
+    def __sub__(self, other: GroupCost) -> GroupCost:
+        return GroupCost(self.compute_s - other.compute_s, self.comm_s - other.comm_s)
+
+
+ZERO = GroupCost(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """A calibration's groups at the plan's shape on the system (:func:`stage`), with how many
+    of the integers they were rescaled from were exact."""
+
+    groups: dict[str, GroupCost]
     inexact: int
     values: int
+
+    def outside(self, role: str) -> GroupCost:
+        """The kernels outside the pairs of a stage of ``role``: a pipeline's first stage holds
+        the embeddings, its last the final layer, a flat stage both, a middle stage neither."""
+        g = self.groups
+        embed, final = g["embed"], g["final"]
+        return {"flat": embed + final, "first": embed, "middle": ZERO, "last": final}[role]
+
+    def pairs(self, count: int) -> GroupCost:
+        """``count`` pairs of a stage: the first and the last pair of the calibration (their
+        boundaries with the rest of the stage) and ``count - 2`` middle ones; one pair alone
+        has both boundaries: first + last - middle."""
+        g = self.groups
+        if count == 1:
+            return g["pair0"] + g["pair2"] - g["pair1"]
+        return g["pair0"] + g["pair2"] + g["pair1"] * (count - 2)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A calibration's kernels per role at both shapes (the roles it traced)."""
+    """A calibration's kernel groups at both shapes."""
 
     key: CalibrationKey
     hardware_kind: str
-    base: dict[str, StagePart]
-    scaled: dict[str, StagePart]
-    #: The tracer's line when a calibration stage could not be traced (no parts then).
+    base: StagePart | None
+    scaled: StagePart | None
+    #: The tracer's line when the calibration could not be traced (no parts then).
     error: str | None = None
 
 
@@ -257,26 +298,33 @@ def _model_toml(model: STDiT3Config, depth: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The strategy and mesh of a boundary calibration (the boundary tensors are global shapes:
+#: any layout gives them).
+BOUNDARY_LAYOUT = ("none", (1, 1))
+
+
 class KernelCosts:
     """The traced-kernel estimate's calibrations, traced on demand and cached under ``work``
-    (``work/calibrations``), and their costs at a shape on a system, cached in memory."""
+    (``work/calibrations``), and their costs at a shape on a system, cached in memory.
+    ``jobs``: calibration processes at once (each loads torch once)."""
 
     def __init__(self, work: Path, *, jobs: int = 1) -> None:
         self.work = Path(work) / "calibrations"
         self.jobs = jobs
         self._calibrations: dict[tuple[CalibrationKey, str], Calibration] = {}
-        self._costs: dict[tuple, RoleCost] = {}
+        self._costs: dict[tuple, StageCosts] = {}
+        self._boundaries: dict[tuple, Boundary] = {}
         self.traced = 0
 
-    # -- the calibration ----------------------------------------------------------------------
     def key(self, config: str, shape: str, strategy: str, mesh: tuple[int, int], ring: int | None,
-            patches: int, pipelined: bool) -> CalibrationKey:
+            patches: int) -> CalibrationKey:
         base, scaled, _, _ = calibration_shapes(get_config(config), shape)
-        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, pipelined, base, scaled)
+        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled)
 
     def _path(self, key: CalibrationKey, kind: str) -> Path:
         return self.work / kind / f"{key.name}.json"
 
+    # -- tracing and analyzing ----------------------------------------------------------------
     def calibration(self, key: CalibrationKey, system: SystemSpec) -> Calibration:
         kind = system.chip.name
         cached = self._calibrations.get((key, kind))
@@ -287,20 +335,22 @@ class KernelCosts:
         return cached
 
     def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec) -> int:
-        """Trace (in one child process: ``tracing.calibrate``) and analyze every calibration of
-        ``keys`` not cached yet; the number of stages traced."""
+        """Trace (``jobs`` processes of ``tracing.calibrate``) and analyze every calibration of
+        ``keys`` not cached yet, and the boundary calibration of each (model, shapes, patches);
+        the number of trace requests run."""
         from hlo_trace.atomic import atomic_write
 
         kind = system.chip.name
         missing = list(dict.fromkeys(k for k in keys if not self._path(k, kind).exists()))
-        if not missing:
+        boundaries = list(dict.fromkeys(self._boundary_key(k) for k in keys))
+        requests = [r for key in missing for r in self._requests(key, stages=(0,))[1]]
+        requests += [r for key in boundaries for r in self._requests(key, stages=(0,), boundary=True)[1]]
+        if not requests:
             return 0
-        plans = {key: self._stage_dumps(key) for key in missing}
-        requests = [request for key in missing for request in plans[key][1]]
         traced = run_calibration_traces(requests, self.work, jobs=self.jobs)
         self.traced += traced
         analyze = functools.partial(_calibrate_key, system=system, kind=kind)
-        work = [(key, plans[key][0]) for key in missing]
+        work = [(key, self._requests(key, stages=(0,))[0]) for key in missing]
         if self.jobs > 1 and len(work) > 1:
             import concurrent.futures
             import multiprocessing
@@ -316,17 +366,25 @@ class KernelCosts:
             atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
         return traced
 
-    def _stage_dumps(self, key: CalibrationKey) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
-        """The dumps of a calibration's stages per shape, and the tracer's requests for them."""
-        depth = 3 if key.pipelined else 1
+    def _boundary_key(self, key: CalibrationKey) -> CalibrationKey:
+        strategy, mesh = BOUNDARY_LAYOUT
+        return dataclasses.replace(key, strategy=strategy, mesh=mesh, ring=None)
+
+    def _requests(self, key: CalibrationKey, *, stages: Sequence[int], boundary: bool = False,
+                  ) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """The dump of the calibration's stage per shape, and the tracer's requests for them: one
+        stage of ``CALIBRATION_PAIRS`` pairs; a boundary calibration: stage 0 of two one-pair
+        stages (its outputs are what a pipeline stage sends on)."""
+        depth = 2 if boundary else CALIBRATION_PAIRS
+        stage_ids = "0-0,1-1" if boundary else f"0-{CALIBRATION_PAIRS - 1}"
         model_file = self._model_file(key.config, depth)
         dumps, requests = {}, []
         for label, shape in (("base", key.base_shape), ("scaled", key.scaled_shape)):
-            out = self.work / "dumps" / key.name / label
+            out = self.work / "dumps" / (("boundary_" if boundary else "") + key.name) / label
             request = {"config": model_file, "shape": shape, "strategy": key.strategy,
-                       "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches, "depth": depth,
-                       "out": str(out)}
-            dumps[label] = [str(out / name) for name in _dump_names(request)]
+                       "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches,
+                       "stage_ids": stage_ids, "stages": list(stages), "out": str(out)}
+            dumps[label] = str(out / _dump_names(request)[0])
             requests.append(request)
         return dumps, requests
 
@@ -342,12 +400,29 @@ class KernelCosts:
         return str(path)
 
     # -- the costs ----------------------------------------------------------------------------
-    def role_cost(self, key: CalibrationKey, role: str, shape: str, system: SystemSpec) -> RoleCost:
-        cache_key = (key, role, shape, system.name, id(system))
+    def stage(self, key: CalibrationKey, shape: str, system: SystemSpec) -> StageCosts:
+        """The calibration's kernel groups at ``shape`` on ``system`` (cached)."""
+        cache_key = (key, shape, system.name, id(system))
         cost = self._costs.get(cache_key)
         if cost is None:
-            cost = self._costs[cache_key] = _role_cost(self.calibration(key, system), role, shape, system)
+            cost = self._costs[cache_key] = _stage_costs(self.calibration(key, system), shape, system)
         return cost
+
+    def boundary(self, key: CalibrationKey, shape: str) -> Boundary:
+        """What a pipeline stage of ``key``'s model, shapes and patches sends on, at ``shape``."""
+        bkey = self._boundary_key(key)
+        cached = self._boundaries.get((bkey, shape))
+        if cached is None:
+            dumps, requests = self._requests(bkey, stages=(0,), boundary=True)
+            if not all(Path(d).exists() for d in dumps.values()):
+                run_calibration_traces(requests, self.work, jobs=1)
+            parts = {label: _boundary_of(dump) for label, dump in dumps.items()}
+            _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
+            rescaler = _Rescaler(t_ratio, w_ratio)
+            cached = self._boundaries[(bkey, shape)] = Boundary(
+                rescaler(parts["base"].outputs, parts["scaled"].outputs),
+                rescaler(parts["base"].latent_bytes, parts["scaled"].latent_bytes))
+        return cached
 
 
 def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jobs: int = 1) -> int:
@@ -399,40 +474,51 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
 FAILURE_FILE = "failed.txt"
 
 
-def _dump_names(request: dict[str, Any]) -> list[str]:
+def request_config(request: dict[str, Any]):
+    """The tracer's configuration of a calibration request (``tracing.calibrate`` traces it)."""
     from tracing.config import build_config
 
     ring, mesh = request["ring"], tuple(request["mesh"])
-    config = build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
-                          mesh=mesh, stage_ids=",".join(f"{p}-{p}" for p in range(request["depth"])),
-                          patches=request["patches"], ring_degree=ring,
-                          ulysses_degree=None if ring is None else mesh[1] // ring)
-    return [f"{config.dump_name(stage)}.mlir" for stage in range(request["depth"])]
+    return build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
+                        mesh=mesh, stage_ids=request["stage_ids"], patches=request["patches"], ring_degree=ring,
+                        ulysses_degree=None if ring is None else mesh[1] // ring)
 
 
-def _calibrate_key(item: tuple[CalibrationKey, dict[str, list[str]]], *, system: SystemSpec,
+def _dump_names(request: dict[str, Any]) -> list[str]:
+    config = request_config(request)
+    return [f"{config.dump_name(stage)}.mlir" for stage in request["stages"]]
+
+
+def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: SystemSpec,
                    kind: str) -> Calibration:
-    """The calibration of a key from its traced stages (or the tracer's error)."""
+    """The calibration of a key from its traced stage at both shapes (or the tracer's error)."""
     key, dumps = item
-    roles = ("first", "middle", "last") if key.pipelined else ("flat",)
-    failures = [Path(stages[0]).parent / FAILURE_FILE for stages in dumps.values()]
+    failures = [Path(dump).parent / FAILURE_FILE for dump in dumps.values()]
     failed = [f.read_text().strip() for f in failures if f.exists()]
     if failed:
-        return Calibration(key, kind, {}, {}, error=failed[0])
-    parts = {label: {role: analyze_calibration_stage(dump, system) for role, dump in zip(roles, stages)}
-             for label, stages in dumps.items()}
-    return Calibration(key, kind, parts["base"], parts["scaled"])
+        return Calibration(key, kind, None, None, error=failed[0])
+    return Calibration(key, kind, analyze_calibration_stage(dumps["base"], system),
+                       analyze_calibration_stage(dumps["scaled"], system))
+
+
+def _boundary_of(dump: str) -> Boundary:
+    from hlo_analyzer.pipeline import LATENT_INPUT, _read_sidecar, _tensor_bytes
+
+    sidecar = _read_sidecar(dump)
+    outputs = {name: _tensor_bytes(entry) for name, entry in sorted(sidecar.get("outputs", {}).items())}
+    latent = sidecar.get("inputs", {}).get(LATENT_INPUT)
+    return Boundary(outputs, 0 if latent is None else _tensor_bytes(latent))
 
 
 def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
-    """The kernels of one calibration stage as ``analyze-pipeline`` finds them on ``system``'s
-    chip, split into the one pair's and the rest, with the stage's boundary bytes."""
+    """The kernels of a calibration stage as ``analyze-pipeline`` finds them on ``system``'s
+    chip, by group (:class:`StagePart`)."""
     from hlo_analyzer.hw_mapping import add_hardware_sections, sidecar_caption_tokens
     from hlo_analyzer.kernel_list import sources_document
     from hlo_analyzer.library_calls import sidecar_call_regions
     from hlo_analyzer.mlir import load_module
     from hlo_analyzer.op_mapping import MappingOptions, default_execution
-    from hlo_analyzer.pipeline import LATENT_INPUT, _read_sidecar, _tensor_bytes
+    from hlo_analyzer.pipeline import _read_sidecar
     from hlo_analyzer.report import analyze
 
     sidecar = _read_sidecar(dump)
@@ -441,52 +527,63 @@ def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
     library_calls = sidecar_call_regions(sidecar)
     options = MappingOptions(execution=default_execution(system.chip, library_calls),
                              caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
-    add_hardware_sections(report, module, system.name, steps=1, pairs=1, options=options)
+    add_hardware_sections(report, module, system.name, steps=1, pairs=CALIBRATION_PAIRS, options=options)
     mapping = report.sections.mapping
     assert mapping is not None
-    sources, pair_of = mapping.program.sources, mapping.pair_of
-    if mapping.totals.pairs_found != 1:
-        raise UsageError(f"{dump}: a calibration stage must hold one block pair, found "
+    if mapping.totals.pairs_found != CALIBRATION_PAIRS:
+        raise UsageError(f"{dump}: a calibration stage must hold {CALIBRATION_PAIRS} block pairs, found "
                          f"{mapping.totals.pairs_found}")
-    outside = [s for s, p in zip(sources, pair_of) if p is None]
-    pair = [s for s, p in zip(sources, pair_of) if p is not None]
-    outputs = {name: _tensor_bytes(entry) for name, entry in sorted(sidecar.get("outputs", {}).items())}
-    latent = sidecar.get("inputs", {}).get(LATENT_INPUT)
-    return StagePart(sources_document(outside, options.execution), sources_document(pair, options.execution),
-                     outputs, 0 if latent is None else _tensor_bytes(latent))
+    groups = _groups(mapping.program.sources, mapping.pair_of)
+    return StagePart({name: sources_document(kernels, options.execution) for name, kernels in groups.items()})
 
 
-def _role_cost(calibration: Calibration, role: str, shape: str, system: SystemSpec) -> RoleCost:
+def _groups(sources: Sequence[Any], pair_of: Sequence[int | None]) -> dict[str, list[Any]]:
+    """The kernels by group (:class:`StagePart`), in program order. A kernel outside every
+    pair that runs among them (a pair's modulation from the timestep, which reads no token:
+    the block segmentation leaves it out) goes with the pair of the next pair kernel: a stage
+    of many pairs runs one such run per pair."""
+    inside = [i for i, pair in enumerate(pair_of) if pair is not None]
+    first, last = inside[0], inside[-1]
+    groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
+    following = None
+    for index in range(len(sources) - 1, -1, -1):  # backwards: the next pair kernel is known
+        pair = pair_of[index]
+        if pair is not None:
+            following = pair
+            groups[f"pair{pair}"].append(sources[index])
+        elif index < first:
+            groups["embed"].append(sources[index])
+        elif index > last:
+            groups["final"].append(sources[index])
+        else:
+            groups[f"pair{following}"].append(sources[index])
+    return {name: kernels[::-1] for name, kernels in groups.items()}
+
+
+def _stage_costs(calibration: Calibration, shape: str, system: SystemSpec) -> StageCosts:
     from hlo_analyzer.kernel_list import sources_from_document
     from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, map_kernels
 
     key = calibration.key
-    if calibration.error is not None:
+    if calibration.error is not None or calibration.base is None or calibration.scaled is None:
         raise ValueError(f"calibration not traced: {calibration.error}")
     _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
     rescaler = _Rescaler(t_ratio, w_ratio)
-    base, scaled = calibration.base[role], calibration.scaled[role]
-    seconds = []
-    for name in ("outside", "pair"):
-        document = rescaler(getattr(base, name), getattr(scaled, name))
+    groups = {}
+    for name in GROUPS:
+        document = rescaler(calibration.base.groups[name], calibration.scaled.groups[name])
         sources, execution = sources_from_document(document)
         program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
         comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
-        seconds.append((program.latency_s - comm, comm))
-    outputs = rescaler(base.outputs, scaled.outputs)
-    latent = rescaler(base.latent_bytes, scaled.latent_bytes)
-    return RoleCost(seconds[0][0], seconds[0][1], seconds[1][0], seconds[1][1], outputs, latent,
-                    rescaler.inexact, rescaler.values)
+        groups[name] = GroupCost(program.latency_s - comm, comm)
+    return StageCosts(groups, rescaler.inexact, rescaler.values)
 
 
 def _calibration_document(calibration: Calibration) -> dict[str, Any]:
-    def part(p: StagePart) -> dict[str, Any]:
-        return {"outside": p.outside, "pair": p.pair, "outputs": p.outputs, "latent_bytes": p.latent_bytes}
-
     return {"version": CACHE_VERSION, "key": dataclasses.asdict(calibration.key),
             "hardware_kind": calibration.hardware_kind, "error": calibration.error,
-            "base": {role: part(p) for role, p in calibration.base.items()},
-            "scaled": {role: part(p) for role, p in calibration.scaled.items()}}
+            "base": None if calibration.base is None else calibration.base.groups,
+            "scaled": None if calibration.scaled is None else calibration.scaled.groups}
 
 
 def _read_calibration(path: Path, key: CalibrationKey, kind: str) -> Calibration:
@@ -494,12 +591,9 @@ def _read_calibration(path: Path, key: CalibrationKey, kind: str) -> Calibration
     if document.get("version") != CACHE_VERSION:
         raise UsageError(f"{path}: calibration cache version {document.get('version')!r}; expected "
                          f"{CACHE_VERSION} (delete the file to trace it again)")
-
-    def part(record: dict[str, Any]) -> StagePart:
-        return StagePart(record["outside"], record["pair"], dict(record["outputs"]), int(record["latent_bytes"]))
-
-    return Calibration(key, kind, {r: part(p) for r, p in document["base"].items()},
-                       {r: part(p) for r, p in document["scaled"].items()}, error=document.get("error"))
+    base, scaled = document["base"], document["scaled"]
+    return Calibration(key, kind, None if base is None else StagePart(base),
+                       None if scaled is None else StagePart(scaled), error=document.get("error"))
 
 
 def stage_roles(stages: int) -> Sequence[str]:

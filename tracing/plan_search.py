@@ -445,51 +445,49 @@ def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30,
 
 def kernel_estimate(plan: Plan, system: SystemSpec, kernels: KernelCosts, *, steps: int = 30,
                     memory_bytes: float = 0.0) -> Estimate:
-    """The traced-kernel latency of ``plan`` (``estimate_plan``; ``tracing.plan_estimate``)."""
+    """The traced-kernel latency of ``plan`` (``estimate_plan``; ``tracing.plan_estimate``): each
+    stage is its role's kernels outside the pairs plus its pairs, on one patch when M > 1 (the
+    calibration is traced on one patch), composed as ``analyze-pipeline`` composes stages."""
     case = plan.case
     stages = case.pipeline.stages
     key = kernels.key(case.config, case.shape, case.pipeline.strategy, case.stage_mesh, case.ring,
-                      case.patches, stages > 1)
+                      case.patches)
+    costs = kernels.stage(key, case.shape, system)
     chips = _stage_chips(case)
     patches = case.patches
-    traced = patches  # a pipeline stage is calibrated on one of M patches; a flat one whole (M = 1)
+    boundary = kernels.boundary(key, case.shape) if stages > 1 else None
+    # per patch (a stage traced on one of M patches) and for the full latent (M patches)
+    full_bytes = patch_bytes = 0.0
+    if boundary is not None:
+        full_bytes = sum(b * patches if name == PATCHED_OUTPUT else b for name, b in boundary.outputs.items())
+        patch_bytes = sum(boundary.outputs.values())
     patch_s, full_s, transfer_patch, transfer_full, rows = [], [], [], [], []
-    inexact = values = 0
-    latent_bytes = 0
     for index, ((first, last), role) in enumerate(zip(case.stage_ids, stage_roles(stages), strict=True)):
-        cost = kernels.role_cost(key, role, case.shape, system)
-        inexact, values = inexact + cost.inexact, values + cost.values
-        pairs = last - first + 1
-        outside = cost.outside_compute_s + cost.outside_comm_s
-        compute, comm = pairs * cost.pair_compute_s, pairs * cost.pair_comm_s
-        own = outside + compute + comm
-        patch_s.append(own if traced > 1 else own / patches)
-        full_s.append(own * patches if traced > 1 else own)
-        if index == 0:
-            latent_bytes = cost.latent_bytes * traced
-        sent_full = sent_patch = 0.0
+        outside, pairs = costs.outside(role), costs.pairs(last - first + 1)
+        own = outside.compute_s + outside.comm_s + pairs.compute_s + pairs.comm_s
+        patch_s.append(own)
+        full_s.append(own * patches)
+        sent = 0.0
         if index + 1 < stages:
-            full_bytes = sum(b * traced if name == PATCHED_OUTPUT else b for name, b in cost.outputs.items())
-            patch_bytes = sum(b * traced / patches if name == PATCHED_OUTPUT else b
-                              for name, b in cost.outputs.items())
-            sent_full = transfer_time_s(full_bytes, chips[index], chips[index + 1], system)
-            sent_patch = transfer_time_s(patch_bytes, chips[index], chips[index + 1], system)
-            transfer_full.append(sent_full)
-            transfer_patch.append(sent_patch)
-        scale = patches if traced > 1 else 1
-        rows.append((full_s[-1], (("outside the pairs", scale * outside), ("pairs: compute", scale * compute),
-                                  ("pairs: collectives", scale * comm), ("send to the next stage", sent_full))))
+            sent = transfer_time_s(full_bytes, chips[index], chips[index + 1], system)
+            transfer_full.append(sent)
+            transfer_patch.append(transfer_time_s(patch_bytes, chips[index], chips[index + 1], system))
+        rows.append((full_s[-1], (("outside the pairs", patches * (outside.compute_s + outside.comm_s)),
+                                  ("pairs: compute", patches * pairs.compute_s),
+                                  ("pairs: collectives", patches * pairs.comm_s),
+                                  ("send to the next stage", sent))))
+    latent = 0.0 if boundary is None else boundary.latent_bytes * patches
     step = pipefusion_step(patch_s, transfer_patch, full_s, transfer_full, patches=patches, steps=steps,
                            warmup_steps=WARMUP_STEPS,
-                           return_patch_s=transfer_time_s(latent_bytes / patches, chips[-1], chips[0], system),
-                           return_full_s=transfer_time_s(latent_bytes, chips[-1], chips[0], system))
+                           return_patch_s=transfer_time_s(latent / patches, chips[-1], chips[0], system),
+                           return_full_s=transfer_time_s(latent, chips[-1], chips[0], system))
     _, parts = max(rows, key=lambda row: row[0])
     named = dict(parts)
     return Estimate(latency_s=step.inference_s, memory_bytes=memory_bytes,
                     compute_s=named["outside the pairs"] + named["pairs: compute"],
                     comm_s=named["pairs: collectives"],
-                    basis=f"traced kernels ({key.base_shape}, {key.scaled_shape}; {inexact} of {values} "
-                          "integers inexact)",
+                    basis=f"traced kernels ({key.base_shape}, {key.scaled_shape}; {costs.inexact} of "
+                          f"{costs.values} integers inexact)",
                     parts=parts)
 
 
@@ -694,7 +692,7 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
 def calibration_keys(plans: Sequence[Plan], kernels: KernelCosts) -> list:
     """The calibrations the traced-kernel estimate of ``plans`` needs (``tracing.plan_estimate``)."""
     keys = {kernels.key(p.case.config, p.case.shape, p.case.pipeline.strategy, p.case.stage_mesh, p.case.ring,
-                        p.case.patches, p.case.pipeline.stages > 1) for p in plans}
+                        p.case.patches) for p in plans}
     return sorted(keys, key=lambda k: k.name)
 
 
