@@ -172,10 +172,9 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     segmentation = _segment(module, report, graph, attentions)
     if segmentation is None and pairs is not None:
         raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
-    owners = pair_owners(graph, segmentation) if segmentation is not None else {}
-    # the pairs' inputs on the residual stream matter to the torch execution only (its layouts)
-    residual = [m for m in residual_inputs(graph, segmentation) if m is not None] \
-        if segmentation is not None and options.execution == "torch" else []
+    inputs = residual_inputs(graph, segmentation) if segmentation is not None else []
+    owners = pair_owners(graph, segmentation, inputs) if segmentation is not None else {}
+    residual = [m for m in inputs if m is not None]
     program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,
                           cross_values=cross_values, owners=owners, residual_inputs=residual)
     log.info("mapped %d kernels (%d distinct searches); cross-attention: %s (%d kernels per sample)",

@@ -57,13 +57,15 @@ RESIDUAL_SEARCH_LIMIT = 512
 
 
 
-def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]:
+def pair_owners(graph: nx.DiGraph, segmentation: Segmentation,
+                inputs: list[Marker | None] | None = None) -> dict[int, int]:
     """Graph node -> block pair (module docstring). Work after the pairs (the final layer) has
-    the number of pairs as its owner; work before them (the embeddings) is absent."""
+    the number of pairs as its owner; work before them (the embeddings) is absent. ``inputs``:
+    :func:`residual_inputs` when already found."""
     blocks = segmentation.blocks
     pairs = len(blocks) // 2
-    levels_of: dict[Marker, int] = {marker: pair for pair, marker in enumerate(residual_inputs(graph, segmentation))
-                                    if marker is not None}
+    inputs = residual_inputs(graph, segmentation) if inputs is None else inputs
+    levels_of: dict[Marker, int] = {marker: pair for pair, marker in enumerate(inputs) if marker is not None}
     last = blocks[-1]
     output = _residual_output(graph, last.fc2, last.self_attention.q_proj)
     if output is not None:
