@@ -129,11 +129,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="200 plans of one calibration, two flat tiny plans traced (a minute)")
     parser.add_argument("--plans", type=int, default=10_000, help="plans estimated")
+    parser.add_argument("--part", choices=("both", "estimate", "trace"), default="both",
+                        help="estimate 10,000 plans, trace the tiny space, or both")
     parser.add_argument("--work", default=None,
                         help="calibration cache (default: a temporary directory, traced anew)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="plan_estimate_") as tmp:
-        estimate_speed(Path(args.work or tmp), 200 if args.quick else args.plans, args.quick)
+    if args.part != "trace":
+        with tempfile.TemporaryDirectory(prefix="plan_estimate_") as tmp:
+            estimate_speed(Path(args.work or tmp), 200 if args.quick else args.plans, args.quick)
+    if args.part == "estimate":
+        return 0
     arguments = QUICK if args.quick else FULL
     walls, answers = {}, {}
     for jobs in (1, 2):

@@ -432,6 +432,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     import os
     import subprocess
     import sys
+    import tempfile
 
     from hlo_trace.atomic import atomic_write
     from hlo_trace.isolate import child_environment
@@ -446,22 +447,29 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     environment = child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
     log.info("tracing %d calibration requests in %d process(es)", len(missing), jobs)
-    listings, processes = [], []
+    listings, processes, logs = [], [], []
     try:
         for job in range(min(jobs, len(missing))):
             listing = work / f"requests.{os.getpid()}.{job}.json"
             atomic_write(listing, json.dumps(missing[job::jobs]), force=True)
             listings.append(listing)
+            logs.append(tempfile.TemporaryFile("w+"))  # a pipe would fill with the traces' progress
             processes.append(subprocess.Popen([sys.executable, "-m", "tracing.calibrate", str(listing)],
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                              stdout=subprocess.DEVNULL, stderr=logs[-1], text=True,
                                               env=environment))
-        errors = [(process.wait(), process.stderr.read()) for process in processes]
+        codes = [process.wait() for process in processes]
+        errors = []
+        for code, stream in zip(codes, logs, strict=True):
+            stream.seek(0)
+            errors.append((code, stream.read()))
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
         for listing in listings:
             listing.unlink(missing_ok=True)
+        for stream in logs:
+            stream.close()
     for code, stderr in errors:
         if code:
             lines = [line for line in stderr.splitlines() if line.startswith("Error:")] or \
