@@ -334,15 +334,15 @@ class KernelCosts:
             cached = self._calibrations[(key, kind)] = _read_calibration(self._path(key, kind), key, kind)
         return cached
 
-    def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec) -> int:
+    def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec, *, boundaries: bool = True) -> int:
         """Trace (``jobs`` processes of ``tracing.calibrate``) and analyze every calibration of
-        ``keys`` not cached yet, and the boundary calibration of each (model, shapes, patches);
-        the number of trace requests run."""
+        ``keys`` not cached yet, and (``boundaries``: for pipelines) the boundary calibration of
+        each (model, shapes, patches); the number of trace requests run."""
         from hlo_trace.atomic import atomic_write
 
         kind = system.chip.name
         missing = list(dict.fromkeys(k for k in keys if not self._path(k, kind).exists()))
-        boundaries = list(dict.fromkeys(self._boundary_key(k) for k in keys))
+        boundaries = list(dict.fromkeys(self._boundary_key(k) for k in keys)) if boundaries else []
         requests = [r for key in missing for r in self._requests(key, stages=(0,))[1]]
         requests += [r for key in boundaries for r in self._requests(key, stages=(0,), boundary=True)[1]]
         if not requests:

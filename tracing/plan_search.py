@@ -636,7 +636,8 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
     if limit is None:
         raise UsageError(f"--hw {hardware}: the chip has no memory capacity; pass --memory-limit")
     if kernels is not None:
-        kernels.prepare(calibration_keys(space.plans, kernels), system)
+        kernels.prepare(calibration_keys(space.plans, kernels), system,
+                        boundaries=any(p.case.pipeline.stages > 1 for p in space.plans))
     estimates = {plan: estimate_plan(plan, system, steps=steps, kernels=kernels) for plan in space.plans}
     order = sorted(space.plans, key=lambda p: (estimates[p].latency_s, p.label))
     candidates = [p for p in order
