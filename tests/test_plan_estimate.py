@@ -85,8 +85,12 @@ def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_p
     pairs at a small shape, 68_256_360: T = 20, 16 token columns; ds_ulysses on 1 x 2)."""
     pytest.importorskip("torch_xla")
     from hlo_analyzer.op_mapping import NETWORK_KIND, MappingOptions, map_kernels
-    from tracing.calibrate import trace_requests
-    from tracing.plan_estimate import GROUPS, KernelCosts, analyze_calibration_stage
+    from tracing.plan_estimate import (
+        GROUPS,
+        KernelCosts,
+        analyze_calibration_stage,
+        run_calibration_traces,
+    )
 
     system = load_system("8xh100")
     costs = KernelCosts(tmp_path)
@@ -95,7 +99,7 @@ def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_p
     rescaled = costs.stage(key, shape, system)
     _, requests = costs._requests(key, stages=(0,))
     direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"))
-    trace_requests([direct])
+    run_calibration_traces([direct], tmp_path)  # in a process of its own, as the estimate traces
     part = analyze_calibration_stage(str(next((tmp_path / "direct").glob("*.mlir"))), system)
     for name in GROUPS:
         kernels, execution = sources_from_document(part.groups[name])

@@ -355,8 +355,12 @@ class KernelCosts:
             import concurrent.futures
             import multiprocessing
 
+            from hlo_analyzer.mlir import use_fresh_context
+
+            # forked workers: each makes an MLIR context of its own (this process's may hold a
+            # thread pool that did not fork)
             with concurrent.futures.ProcessPoolExecutor(
-                    self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                    self.jobs, mp_context=multiprocessing.get_context("fork"), initializer=use_fresh_context) as pool:
                 calibrations = list(pool.map(analyze, work))
         else:
             calibrations = [analyze(item) for item in work]
