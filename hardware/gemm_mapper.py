@@ -78,6 +78,7 @@ __all__ = [
     "ACCUMULATOR_BYTES",
     "LOOP_ORDERS",
     "GemmPreset",
+    "forget_searches",
     "gemm_auto_opt_mapper",
     "gemm_candidate_cost",
     "gemm_exhaustive_search",
@@ -414,6 +415,11 @@ def gemm_auto_opt_mapper(
 #: Searches kept (a process maps a few dozen distinct GEMMs per program).
 MAX_SEARCHES_KEPT = 4096
 _SEARCHED: dict[tuple, Mapping] = {}
+
+
+def forget_searches() -> None:
+    """Forget the searches done (a benchmark times the search itself)."""
+    _SEARCHED.clear()
 
 
 def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed: int | None) -> Mapping:
