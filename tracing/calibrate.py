@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
-from hlo_trace.isolate import call_in_child
+from hlo_trace.isolate import call_in_child, die_with_parent
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import _trace_in_child, require_trace_extra
 from tracing.plan_estimate import FAILURE_FILE, request_config
@@ -67,6 +67,7 @@ def _trace_request(request: dict) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_parent()  # the search that started it ends: so does this (and its traces)
     arguments = list(sys.argv[1:] if argv is None else argv)
     if len(arguments) != 1:
         print("Error: usage: python -m tracing.calibrate REQUESTS.json", file=sys.stderr)
