@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hardware import gemm_mapper
-from hardware.gemm_mapper import gemm_auto_opt_mapper, gemm_exhaustive_search
+from hardware.gemm_mapper import forget_searches, gemm_auto_opt_mapper, gemm_exhaustive_search
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
 
@@ -54,7 +54,11 @@ def main() -> int:
     fc1 = Op("fc1", OpType.GEMM, ((M, K),), (K, N), (M, N), 2 * M * K * N)
     tx8 = load_chip("tx8")
     exhaustive_s, exhaustive = _best_time(lambda: gemm_exhaustive_search(fc1, tx8), args.repeats)
-    searched_s, searched = _best_time(lambda: gemm_auto_opt_mapper(fc1, tx8), args.repeats)
+    def searched_afresh():
+        forget_searches()  # the search's memo: every run searches
+        return gemm_auto_opt_mapper(fc1, tx8)
+
+    searched_s, searched = _best_time(searched_afresh, args.repeats)
     same = (searched.latency_s, searched.tiling) == (exhaustive.latency_s, exhaustive.tiling)
 
     print(f"GEMM fc1 (full STDiT3, 204_640_360, one device): M={M} K={K} N={N}, bf16, on {tx8.name}")

@@ -59,11 +59,13 @@ Limits
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from hardware.kernel_model import gpu_gemm_mapping
 from hardware.mapping import GemmTiling, Mapping, pipeline_chains
@@ -76,6 +78,7 @@ __all__ = [
     "ACCUMULATOR_BYTES",
     "LOOP_ORDERS",
     "GemmPreset",
+    "forget_searches",
     "gemm_auto_opt_mapper",
     "gemm_candidate_cost",
     "gemm_exhaustive_search",
@@ -182,9 +185,18 @@ def _hops(chip: ChipSpec, pm: int, pn: int, pk: int) -> int:
     return 1 if pm * pn * pk > 1 else 0
 
 
-def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
-    pm, pn, pk, tm, tk, tn = tiling.pm, tiling.pn, tiling.pk, tiling.tm, tiling.tk, tiling.tn
-    pb = tiling.pb
+class _Costed(NamedTuple):
+    """A tiling's figures (:func:`_costed`), before a :class:`Mapping` is made of them."""
+
+    latency_s: float
+    compute_s: float
+    dram_bytes: float
+    noc_s: float
+    bound: str
+
+
+def _costed(problem: _Problem, chip: ChipSpec, pm: int, pn: int, pk: int, pb: int, tm: int, tk: int, tn: int,
+            order: str) -> _Costed:
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
     mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
@@ -197,7 +209,7 @@ def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
     epilogue_s = problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile
     compute_s = bt * max(gemm_s, epilogue_s)
 
-    a_reads, b_reads = _reuse(tiling.loop_order, mb, nb, kb)
+    a_reads, b_reads = _reuse(order, mb, nb, kb)
     a_tile, b_tile, c_tile = mt * kt * q * a_reads, kt * nt * q * b_reads, mt * nt * q
     dram_bytes = problem.batch * (pm * pk * a_tile + pk * pn * b_tile + pm * pn * c_tile)
     reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
@@ -213,21 +225,30 @@ def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
         transfer_latency_s=chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s,
         chip=chip,
     )
-    latency_s = chains.latency_s
+    return _Costed(chains.latency_s, compute_s, dram_bytes, noc_s, chains.bound)
+
+
+def _mapping_of(problem: _Problem, chip: ChipSpec, tiling: GemmTiling, costed: _Costed) -> Mapping:
     return Mapping(
         op_name=problem.name,
         op_type=OpType.GEMM.value,
         mapper="gemm_auto_opt_mapper",
-        latency_s=latency_s,
-        compute_s=compute_s,
-        dram_s=dram_bytes / chip.dram_bandwidth_bytes_per_s,
-        noc_s=noc_s,
-        utilization=min(1.0, problem.flops / latency_s / chip.gemm_flops_per_s),
+        latency_s=costed.latency_s,
+        compute_s=costed.compute_s,
+        dram_s=costed.dram_bytes / chip.dram_bandwidth_bytes_per_s,
+        noc_s=costed.noc_s,
+        utilization=min(1.0, problem.flops / costed.latency_s / chip.gemm_flops_per_s),
         flops=problem.flops,
-        dram_bytes=dram_bytes,
+        dram_bytes=costed.dram_bytes,
         tiling=tiling,
-        bound=chains.bound,
+        bound=costed.bound,
     )
+
+
+def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
+    costed = _costed(problem, chip, tiling.pm, tiling.pn, tiling.pk, tiling.pb, tiling.tm, tiling.tk, tiling.tn,
+                     tiling.loop_order)
+    return _mapping_of(problem, chip, tiling, costed)
 
 
 def _problem(op: Op, epilogue: Op | None) -> _Problem:
@@ -380,6 +401,29 @@ def gemm_auto_opt_mapper(
         return gpu_gemm_mapping(op, chip, epilogue=epilogue)
     preset = preset or GemmPreset()
     problem = _problem(op, epilogue)
+    if shuffle_seed is None:  # the same search again (a program's GEMM and its ideal block's): its result
+        key = (dataclasses.replace(problem, name=""), chip, preset)
+        known = _SEARCHED.get(key)
+        if known is None:
+            known = _SEARCHED[key] = _search(problem, chip, preset, None)
+            if len(_SEARCHED) > MAX_SEARCHES_KEPT:
+                del _SEARCHED[next(iter(_SEARCHED))]
+        return replace(known, op_name=problem.name)
+    return _search(problem, chip, preset, shuffle_seed)
+
+
+#: Searches kept (a process maps a few dozen distinct GEMMs per program).
+MAX_SEARCHES_KEPT = 4096
+_SEARCHED: dict[tuple, Mapping] = {}
+
+
+def forget_searches() -> None:
+    """Forget the searches done (a benchmark times the search itself)."""
+    _SEARCHED.clear()
+
+
+def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed: int | None) -> Mapping:
+    """The branch and bound of :func:`gemm_auto_opt_mapper`."""
     rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
     placements = _shuffled(_placements(chip, problem, preset), rng)
     bounded = sorted((_placement_bound(problem, chip, p), p) for p in placements)
@@ -409,9 +453,12 @@ def gemm_auto_opt_mapper(
                     continue
                 for order in orders:
                     visited += 1
-                    mapping = _cost(problem, chip, _tiling(placement, tm, tk, tn, order))
-                    if _better(mapping, best):
-                        best = mapping
+                    # the Mapping is made only for a candidate that may win (ties: by tiling)
+                    costed = _costed(problem, chip, *placement, tm, tk, tn, order)
+                    if best is None or costed.latency_s <= best.latency_s:
+                        mapping = _mapping_of(problem, chip, _tiling(placement, tm, tk, tn, order), costed)
+                        if _better(mapping, best):
+                            best = mapping
             steps += len(tks) * len(orders)
     if best is None:
         raise _no_fit(problem, chip)

@@ -21,7 +21,9 @@ cross_proj, fc1, fc2. The shape dictionary is a ``hardware.stdit.BlockShapes`` (
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -119,18 +121,18 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
                             f"{len(self_attentions)} self-attentions, expected spatial/temporal pairs")
     attention_gemms = attention_gemm_nodes(attentions)
 
+    cross_of = {c.q_proj: c for c in reversed(cross_attentions)}  # the first of a q_proj wins
     blocks = []
     for index, attention in enumerate(self_attentions):
-        attention.out_proj = _first(graph, _gemms_after(graph, attention.values))
-        readers = _gemms_after(graph, [attention.out_proj])
-        cross = next((c for c in cross_attentions if c.q_proj in readers), None)
-        if cross is None:
+        attention.out_proj = _first_gemm_after(graph, attention.values)
+        cross_q = _first_gemm_after(graph, [attention.out_proj], cross_of.__contains__, required=False)
+        if cross_q is None:
             raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: block {index} "
                                 "has no cross-attention after its self-attention")
-        cross.out_proj = _first(graph, _gemms_after(graph, cross.values))
-        after_cross = _gemms_after(graph, [cross.out_proj]) - attention_gemms
-        fc1 = _first(graph, after_cross)
-        fc2 = _first(graph, _gemms_after(graph, [fc1]))
+        cross = cross_of[cross_q]
+        cross.out_proj = _first_gemm_after(graph, cross.values)
+        fc1 = _first_gemm_after(graph, [cross.out_proj], lambda g: g not in attention_gemms)
+        fc2 = _first_gemm_after(graph, [fc1])
         kind = "spatial" if index % 2 == 0 else "temporal"
         blocks.append(Block(kind, attention, cross, fc1, fc2))
 
@@ -161,11 +163,6 @@ def _gemms_before(graph: nx.DiGraph, node: int, operand: int, *,
                   limit: int | None = None) -> tuple[set[int], set[int]]:
     producer = graph.nodes[node]["operands"][operand]
     return walk_until(graph, [producer], backward=True, stop=_gemm_nodes(graph).__contains__, limit=limit)
-
-
-def _gemms_after(graph: nx.DiGraph, nodes: list[int]) -> set[int]:
-    starts = [s for node in nodes for s in graph.successors(node)]
-    return walk_until(graph, starts, backward=False, stop=_gemm_nodes(graph).__contains__)[0]
 
 
 class _Projections:
@@ -253,6 +250,31 @@ def _query_key_order(graph: nx.DiGraph, first: int, second: int, v_proj: int) ->
 def _first(graph: nx.DiGraph, nodes: set[int]) -> int:
     # Positions are a topological order: of two dependent ops the producer comes first.
     return min(nodes)
+
+
+def _first_gemm_after(graph: nx.DiGraph, nodes: list[int], accept: Callable[[int], bool] | None = None, *,
+                      required: bool = True) -> int | None:
+    """The first GEMM (smallest position) that the results of ``nodes`` reach without passing
+    another GEMM, of those ``accept`` takes (the others stop the walk too). The walk goes in
+    position order and stops at the first: positions are a topological order (of two dependent
+    ops the producer comes first), so no GEMM found later has a smaller position. Without one:
+    ValueError (None when not ``required``)."""
+    is_gemm = _gemm_nodes(graph).__contains__
+    heap = sorted({s for node in nodes for s in graph.successors(node)})
+    seen = set(heap)
+    while heap:
+        node = heapq.heappop(heap)
+        if is_gemm(node):
+            if accept is None or accept(node):
+                return node
+            continue
+        for reader in graph.successors(node):
+            if reader not in seen:
+                seen.add(reader)
+                heapq.heappush(heap, reader)
+    if required:
+        raise ValueError(f"no GEMM after {nodes[:3]}")
+    return None
 
 
 # -- the dictionary -------------------------------------------------------------------------------

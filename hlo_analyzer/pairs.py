@@ -57,31 +57,33 @@ RESIDUAL_SEARCH_LIMIT = 512
 
 
 
-def pair_owners(graph: nx.DiGraph, segmentation: Segmentation) -> dict[int, int]:
+def pair_owners(graph: nx.DiGraph, segmentation: Segmentation,
+                inputs: list[Marker | None] | None = None) -> dict[int, int]:
     """Graph node -> block pair (module docstring). Work after the pairs (the final layer) has
-    the number of pairs as its owner; work before them (the embeddings) is absent."""
+    the number of pairs as its owner; work before them (the embeddings) is absent. ``inputs``:
+    :func:`residual_inputs` when already found."""
     blocks = segmentation.blocks
     anchors = [(blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
                for pair in range(len(blocks) // 2)]
     labelled = {position: index // 2 for index, block in enumerate(blocks)
                 for positions in block.labels().values() for position in positions if position is not None}
     last = blocks[-1]
-    return unit_owners(graph, anchors, (last.fc2, last.self_attention.q_proj), labelled)
+    return unit_owners(graph, anchors, (last.fc2, last.self_attention.q_proj), labelled, inputs)
 
 
 def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
-                last: tuple[int, int], labelled: dict[int, int]) -> dict[int, int]:
+                last: tuple[int, int], labelled: dict[int, int],
+                inputs: list[Marker | None] | None = None) -> dict[int, int]:
     """Graph node -> unit (a block pair of STDiT3, a block of a generic transformer), by the
     steps of the module docstring. ``anchors``: each unit's first attention (its output
-    projection and its q projection), whose residual add gives the unit's input; ``last``: the
-    last unit's last GEMM and its first q projection, whose residual add gives the output;
-    ``labelled``: the units' own GEMMs. Work after the units has ``len(anchors)`` as its owner."""
+    projection and its q projection), whose residual add gives the unit's input (``inputs``:
+    those inputs when already found); ``last``: the last unit's last GEMM and its first q
+    projection, whose residual add gives the output; ``labelled``: the units' own GEMMs. Work
+    after the units has ``len(anchors)`` as its owner."""
     units = len(anchors)
-    levels_of: dict[Marker, int] = {}
-    for unit, (proj, qkv) in enumerate(anchors):
-        marker = _residual_input(graph, proj, qkv)
-        if marker is not None:
-            levels_of[marker] = unit
+    if inputs is None:
+        inputs = [_residual_input(graph, proj, qkv) for proj, qkv in anchors]
+    levels_of: dict[Marker, int] = {marker: unit for unit, marker in enumerate(inputs) if marker is not None}
     output = _residual_output(graph, *last)
     if output is not None:
         levels_of[output] = units  # after the units

@@ -297,7 +297,7 @@ def test_sum_check_catches_a_pair_counted_twice(monkeypatch):
     assert unbalanced_sums(d.report.to_dict()) != []
 
 
-def _latest_gemm_owners(graph, segmentation):
+def _latest_gemm_owners(graph, segmentation, inputs=None):
     """The old rule: a node belongs to the pair of the latest labelled GEMM behind it (hoisted
     modulation and a stage's first LayerNorm fall outside the pairs)."""
     labelled = {p: i // 2 for i, block in enumerate(segmentation.blocks)

@@ -175,6 +175,25 @@ def test_search_traces_in_estimate_order_within_budget_and_answers_only_traced_p
     assert {o.plan.label for o in result.pareto} == {calls[0], calls[1]}
 
 
+def test_validation_traces_plans_drawn_from_the_untraced_rest_and_counts_those_within_5_percent():
+    space = _space()
+    calls: list[str] = []
+    system = load_system("tx8-16")
+
+    def tracer(plans):
+        # each plan traces at its estimate times 1.04 (within 5%) for the first, 1.2 after
+        calls.extend(p.label for p in plans)
+        return [(estimate_plan(p, system).latency_s * (1.04 if len(calls) == 1 else 1.2), 1.0) for p in plans]
+
+    result = search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=1, validate=3)
+    assert len(calls) == 4 and len(set(calls)) == 4  # the top plan, then 3 others, none twice
+    assert calls[0] == result.outcomes[0].plan.label
+    assert {p.label for p in result.validation} == set(calls[1:])
+    assert result.within == (1, 4)  # 1/1.04 and 1/1.2: only the first within 5%
+    again = search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=1, validate=3)
+    assert again.validation == result.validation  # a fixed seed
+
+
 def test_search_never_answers_a_plan_over_the_memory_limit_or_one_that_failed():
     space = _space()
     order: list[str] = []
@@ -279,7 +298,7 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
     plans = len(enumerate_plans("tiny", "28_64_64", 8, strategies=("ds_ulysses", "megatron_sp"),
                                 stage_counts=(1, 2), patch_counts=(1, 2, 4)).plans)
     assert plans == 14
-    searched = _run([*space, "--budget", str(plans // 3), "--json", "search.json",
+    searched = _run([*space, "--budget", str(plans // 3), "--validate", "0", "--json", "search.json",
                      "-o", "best.toml", "--plot", "front.png"], tmp_path)
     assert searched.returncode == 0, searched.stderr[-2000:]
     exhaustive = _run([*space, "--exhaustive", "--json", "all.json", "-o", "all.toml"], tmp_path)

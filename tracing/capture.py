@@ -80,6 +80,11 @@ class CaptureSession:
         return self.background_compile is not None and self.background_compile.is_alive()
 
 
+#: torch-xla's switch for the torch op type and name on every HLO op (read when torch-xla is
+#: imported: a process that imports it before ``prepare_process`` sets this first).
+OP_METADATA_ENV = "XLA_HLO_DEBUG"
+
+
 def prepare_process(num_devices: int, *, op_metadata: bool = True,
                     dump_root: str | os.PathLike | None = None,
                     keep_every_op: bool = True) -> CaptureSession:
@@ -104,7 +109,7 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(num_devices)
     if op_metadata:
-        os.environ["XLA_HLO_DEBUG"] = "1"
+        os.environ[OP_METADATA_ENV] = "1"
     # Keep whatever flags the user set, but our dump flags must win.
     flags = os.environ.get("XLA_FLAGS", "").split()
     disabled = [name for flag in flags if flag.startswith(_DISABLE_PASSES_FLAG + "=")

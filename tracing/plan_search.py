@@ -38,6 +38,7 @@ rank correlation, worst ratio) comes with it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -50,6 +51,7 @@ from hardware import block_shapes_for, build_stdit_block_ops, map_block
 from hardware.collectives import collective_time_s
 from hardware.pipeline import pipefusion_step, transfer_time_s
 from hardware.spec import SystemSpec
+from hlo_analyzer.mapping.pipeline import PATCHED_OUTPUT
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_breakdown
@@ -57,12 +59,13 @@ from models.opensora.inputs import geometry
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
 from models.opensora.theory import BlockDims, final_layer_collectives, layout_collectives
 from tracing.config import PipelineConfigError, build_config
+from tracing.plan_estimate import KernelCosts, stage_roles
 from tracing.plans import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BOUND_MARGIN", "MEMORY_SLACK", "Estimate", "Plan", "PlanOutcome", "SearchResult", "Space",
-           "enumerate_plans", "estimate_plan", "live_bytes", "pareto_front", "search",
+__all__ = ["BOUND_MARGIN", "ESTIMATE_TOLERANCE", "MEMORY_SLACK", "Estimate", "Plan", "PlanOutcome", "SearchResult", "Space",
+           "calibration_keys", "enumerate_plans", "estimate_plan", "ideal_estimate", "kernel_estimate", "live_bytes", "pareto_front", "search",
            "spearman"]
 
 #: A plan is traced when its estimated memory is at most this many times the limit: the
@@ -105,6 +108,11 @@ _IDEAL_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
 _WEIGHT_SPLIT = {"megatron": "all", "two_dimension": "y", "megatron_sp": "y"}
 
 
+#: The estimate's error the report counts plans within: |estimate / traced - 1| (issue 32).
+ESTIMATE_TOLERANCE = 0.05
+#: Seed of the random draw of the plans traced to check the estimate (``validate``).
+VALIDATION_SEED = 32
+
 #: Fewest traced plans a Spearman rank correlation is reported over: over two it is +1 or -1
 #: whatever the estimate is worth.
 MIN_RANKED_PLANS = 3
@@ -139,6 +147,11 @@ class Estimate:
     compute_s: float
     comm_s: float
     basis: str
+    #: Per-part seconds of one step of the slowest stage (full latent), by what they cost:
+    #: the kernels outside the block pairs (embeddings, final layer), the pairs' compute, the
+    #: pairs' collectives, the sends to the next stage; and how many of the kernels' integers
+    #: were no exact product of the calibration (``tracing.plan_estimate``), of how many.
+    parts: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,6 +201,9 @@ class SearchResult:
     best: PlanOutcome | None
     stopped: str  # why the tracing stopped
     pareto: tuple[PlanOutcome, ...] = field(default=())
+    #: Plans drawn at random from the rest of the space and traced to check the estimate
+    #: (``validate`` of :func:`search`); traced like the others, so they may be the answer.
+    validation: tuple[Plan, ...] = field(default=())
 
     @property
     def traced(self) -> tuple[PlanOutcome, ...]:
@@ -201,6 +217,13 @@ class SearchResult:
         if len(traced) < MIN_RANKED_PLANS:
             return None
         return spearman([o.estimate.latency_s for o in traced], [o.traced_latency_s for o in traced])
+
+    @property
+    def within(self) -> tuple[int, int]:
+        """(traced plans whose estimate is within ``ESTIMATE_TOLERANCE`` of the traced
+        latency, traced plans)."""
+        ratios = [o.ratio for o in self.traced if o.ratio]
+        return sum(1 for r in ratios if abs(r - 1) <= ESTIMATE_TOLERANCE), len(ratios)
 
     @property
     def worst_ratio(self) -> float | None:
@@ -400,11 +423,77 @@ def _weight_bytes(model: STDiT3Config, strategy: str, mesh: tuple[int, int], pai
     return params * BYTES_PER_ELEMENT
 
 
-def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30) -> Estimate:
-    """The plan's inference latency and memory per device, without tracing (module doc). With
+def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30,
+                  kernels: KernelCosts | None = None) -> Estimate:
+    """The plan's inference latency and memory per device, without tracing the plan.
+
+    With ``kernels`` (the traced-kernel estimate, ``tracing.plan_estimate``): the latency from
+    the kernels of the plan's stages as a one-pair trace at two small shapes finds them,
+    re-costed at the plan's shape on ``system`` and composed as ``analyze-pipeline`` composes
+    the traced stages; the memory as below. Without: the ideal estimate (module doc): with
     M > 1 patches a stage is estimated on one patch (the latent cut along its height, its
     spatial attention over the full sequence's K/V), and the full latent costs M patches, as
     ``analyze-pipeline`` composes a stage traced on one patch."""
+    ideal = ideal_estimate(plan, system, steps=steps)
+    if kernels is None:
+        return ideal
+    try:
+        return kernel_estimate(plan, system, kernels, steps=steps, memory_bytes=ideal.memory_bytes)
+    except ValueError as error:  # the calibration could not be traced, or its two programs differ
+        return dataclasses.replace(ideal, basis=f"{ideal.basis} (no traced kernels: {error})")
+
+
+def kernel_estimate(plan: Plan, system: SystemSpec, kernels: KernelCosts, *, steps: int = 30,
+                    memory_bytes: float = 0.0) -> Estimate:
+    """The traced-kernel latency of ``plan`` (``estimate_plan``; ``tracing.plan_estimate``): each
+    stage is its role's kernels outside the pairs plus its pairs, on one patch when M > 1 (the
+    calibration is traced on one patch), composed as ``analyze-pipeline`` composes stages."""
+    case = plan.case
+    stages = case.pipeline.stages
+    key = kernels.key(case.config, case.shape, case.pipeline.strategy, case.stage_mesh, case.ring,
+                      case.patches)
+    costs = kernels.stage(key, case.shape, system)
+    chips = _stage_chips(case)
+    patches = case.patches
+    boundary = kernels.boundary(key, case.shape) if stages > 1 else None
+    # per patch (a stage traced on one of M patches) and for the full latent (M patches)
+    full_bytes = patch_bytes = 0.0
+    if boundary is not None:
+        full_bytes = sum(b * patches if name == PATCHED_OUTPUT else b for name, b in boundary.outputs.items())
+        patch_bytes = sum(boundary.outputs.values())
+    patch_s, full_s, transfer_patch, transfer_full, rows = [], [], [], [], []
+    for index, ((first, last), role) in enumerate(zip(case.stage_ids, stage_roles(stages), strict=True)):
+        outside, pairs = costs.outside(role), costs.pairs(last - first + 1)
+        own = outside.compute_s + outside.comm_s + pairs.compute_s + pairs.comm_s
+        patch_s.append(own)
+        full_s.append(own * patches)
+        sent = 0.0
+        if index + 1 < stages:
+            sent = transfer_time_s(full_bytes, chips[index], chips[index + 1], system)
+            transfer_full.append(sent)
+            transfer_patch.append(transfer_time_s(patch_bytes, chips[index], chips[index + 1], system))
+        rows.append((full_s[-1], (("outside the pairs", patches * (outside.compute_s + outside.comm_s)),
+                                  ("pairs: compute", patches * pairs.compute_s),
+                                  ("pairs: collectives", patches * pairs.comm_s),
+                                  ("send to the next stage", sent))))
+    latent = 0.0 if boundary is None else boundary.latent_bytes * patches
+    step = pipefusion_step(patch_s, transfer_patch, full_s, transfer_full, patches=patches, steps=steps,
+                           warmup_steps=WARMUP_STEPS,
+                           return_patch_s=transfer_time_s(latent / patches, chips[-1], chips[0], system),
+                           return_full_s=transfer_time_s(latent, chips[-1], chips[0], system))
+    _, parts = max(rows, key=lambda row: row[0])
+    named = dict(parts)
+    return Estimate(latency_s=step.inference_s, memory_bytes=memory_bytes,
+                    compute_s=named["outside the pairs"] + named["pairs: compute"],
+                    comm_s=named["pairs: collectives"],
+                    basis=f"traced kernels ({key.base_shape}, {key.scaled_shape}; {costs.inexact} of "
+                          f"{costs.values} integers inexact)",
+                    parts=parts)
+
+
+def ideal_estimate(plan: Plan, system: SystemSpec, *, steps: int = 30) -> Estimate:
+    """The ideal estimate (module doc): the ideal per-device op list of ``hardware.map_block``
+    and the layout formulas' collectives; no trace at all."""
     case = plan.case
     model = get_config(case.config)
     full = geometry(model, case.shape)
@@ -529,18 +618,27 @@ Tracer = Callable[[Sequence[Plan]], list[tuple[float, float] | str]]
 
 def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer, *,
            devices: int, memory_limit_bytes: float | None = None, budget: int = 12,
-           jobs: int = 1, steps: int = 30, exhaustive: bool = False) -> SearchResult:
+           jobs: int = 1, steps: int = 30, exhaustive: bool = False,
+           kernels: KernelCosts | None = None, validate: int = 0) -> SearchResult:
     """Estimate every plan of ``space``, trace the most promising (module doc) with
     ``tracer``, ``jobs`` plans per round, at most ``budget`` plans in all. ``exhaustive``:
     trace every plan (no budget, no bound, no memory cut): the reference a search is
-    measured against."""
+    measured against. ``kernels``: estimate from the traced kernels (``estimate_plan``),
+    else the ideal estimate. ``validate``: then also trace that many plans drawn at random
+    (seed ``VALIDATION_SEED``) from the untraced rest, to measure the estimate beyond the
+    plans it ranked first."""
+    import random
+
     from hardware import load_system
 
     system = load_system(hardware)
     limit = system.chip.dram_capacity_bytes if memory_limit_bytes is None else memory_limit_bytes
     if limit is None:
         raise UsageError(f"--hw {hardware}: the chip has no memory capacity; pass --memory-limit")
-    estimates = {plan: estimate_plan(plan, system, steps=steps) for plan in space.plans}
+    if kernels is not None:
+        kernels.prepare(calibration_keys(space.plans, kernels), system,
+                        boundaries=any(p.case.pipeline.stages > 1 for p in space.plans))
+    estimates = {plan: estimate_plan(plan, system, steps=steps, kernels=kernels) for plan in space.plans}
     order = sorted(space.plans, key=lambda p: (estimates[p].latency_s, p.label))
     candidates = [p for p in order
                   if exhaustive or estimates[p].memory_bytes <= MEMORY_SLACK * limit]
@@ -568,6 +666,15 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
         for plan, value in zip(batch, tracer(batch), strict=True):
             traced[plan] = value
             log.info("traced %s: %s", plan.label, value)
+    drawn: list[Plan] = []
+    if validate:
+        rest = [p for p in order if p not in traced]
+        drawn = random.Random(VALIDATION_SEED).sample(rest, min(validate, len(rest)))
+        for start in range(0, len(drawn), jobs):
+            batch = drawn[start:start + jobs]
+            for plan, value in zip(batch, tracer(batch), strict=True):
+                traced[plan] = value
+                log.info("traced %s (validation): %s", plan.label, value)
     outcomes = []
     for plan in order:
         value = traced.get(plan)
@@ -580,7 +687,14 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
     fitting = [o for o in outcomes if o.traced and o.traced_memory_bytes <= limit]
     best_outcome = min(fitting, key=lambda o: (o.traced_latency_s, o.plan.label), default=None)
     return SearchResult(config, shape, hardware, devices, limit, budget, steps, space,
-                        tuple(outcomes), best_outcome, stopped, pareto_front(outcomes))
+                        tuple(outcomes), best_outcome, stopped, pareto_front(outcomes), tuple(drawn))
+
+
+def calibration_keys(plans: Sequence[Plan], kernels: KernelCosts) -> list:
+    """The calibrations the traced-kernel estimate of ``plans`` needs (``tracing.plan_estimate``)."""
+    keys = {kernels.key(p.case.config, p.case.shape, p.case.pipeline.strategy, p.case.stage_mesh, p.case.ring,
+                        p.case.patches) for p in plans}
+    return sorted(keys, key=lambda k: k.name)
 
 
 def _best(traced: dict, limit: float):

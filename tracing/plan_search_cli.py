@@ -42,7 +42,7 @@ def _int_list(text: str, option: str, *, minimum: int = 1) -> list[int]:
 def render_report(result) -> str:
     """The search's report as text: the answer, the Pareto front, every traced plan's estimate
     beside its traced figures with the estimate's error, and how the space was cut."""
-    from tracing.plan_search import MIN_RANKED_PLANS
+    from tracing.plan_search import ESTIMATE_TOLERANCE, MIN_RANKED_PLANS
 
     limit = result.memory_limit_bytes / GIGA
     lines = [f"plan-search: {result.config} at {result.shape} on {result.hardware} "
@@ -71,16 +71,22 @@ def render_report(result) -> str:
                          f"failed: {outcome.error}")
         elif outcome.traced:
             fits = "yes" if outcome.traced_memory_bytes <= result.memory_limit_bytes else "no"
-            lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} "
+            drawn = "*" if outcome.plan in result.validation else " "
+            lines.append(f" {drawn}{outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} "
                          f"{outcome.traced_latency_s:12.6g} {outcome.ratio:10.3f} "
                          f"{outcome.estimate.memory_bytes / GIGA:9.4g} "
                          f"{outcome.traced_memory_bytes / GIGA:9.4g}  {fits}")
     rho, worst = result.spearman, result.worst_ratio
+    within, ratios = result.within
     lines.append("estimate on the traced plans: Spearman rank correlation "
                  + (f"n/a (fewer than {MIN_RANKED_PLANS} traced plans)" if rho is None
                     else f"{rho:.3f}")
                  + ", worst ratio " + ("n/a" if worst is None else f"{worst:.3f}")
                  + " (max of estimate/traced and traced/estimate)")
+    lines.append(f"estimate within {ESTIMATE_TOLERANCE:.0%} of the traced latency: {within} of {ratios} "
+                 f"traced plans ({len(result.validation)} of them drawn at random to check it, "
+                 "marked *); estimate basis: " + (result.outcomes[0].estimate.basis.split(" (")[0]
+                                                   if result.outcomes else "n/a"))
     untraced = [o for o in result.outcomes if not o.traced and o.error is None]
     lines += ["", f"untraced plans, best 10 of {len(untraced)} by estimate (never an answer):"]
     for outcome in untraced[:10]:
@@ -117,12 +123,16 @@ def refused_lines(infeasible: Sequence[tuple[str, str]]) -> list[str]:
 
 def result_document(result) -> dict:
     """The search's result as JSON-able data (``--json``)."""
+    from tracing.plan_search import ESTIMATE_TOLERANCE
+
     def outcome(o) -> dict:
         return {"plan": o.plan.label, "case": o.plan.case.name,
                 "estimate": {"latency_s": o.estimate.latency_s,
                              "memory_bytes": o.estimate.memory_bytes,
                              "compute_s": o.estimate.compute_s, "comm_s": o.estimate.comm_s,
-                             "basis": o.estimate.basis},
+                             "basis": o.estimate.basis, "parts": dict(o.estimate.parts)},
+                "residual": None if o.ratio is None else o.ratio - 1,
+                "validation": o.plan in result.validation,
                 "traced": None if not o.traced else {"latency_s": o.traced_latency_s,
                                                      "memory_bytes": o.traced_memory_bytes},
                 "error": o.error}
@@ -133,6 +143,7 @@ def result_document(result) -> dict:
             "best": None if result.best is None else outcome(result.best),
             "pareto": [o.plan.label for o in result.pareto],
             "spearman": result.spearman, "worst_ratio": result.worst_ratio,
+            "within_tolerance": {"tolerance": ESTIMATE_TOLERANCE, "plans": result.within[0], "of": result.within[1]},
             "plans": [outcome(o) for o in result.outcomes],
             "infeasible": [{"plan": label, "reason": reason}
                            for label, reason in result.space.infeasible]}
@@ -233,6 +244,14 @@ def plot_front(result, path: str, *, force: bool) -> None:
 @click.option("--exhaustive", is_flag=True,
               help="Trace every plan (no budget, no bound): the reference to measure a search "
                    "against; slow.")
+@click.option("--estimate", "estimate_kind", type=click.Choice(["kernels", "ideal"]), default="kernels",
+              show_default=True,
+              help="How plans are estimated: kernels = the kernels of a one-pair trace at two small "
+                   "shapes re-costed at the plan's shape (tracing.plan_estimate; the calibration "
+                   "traces are cached in --work-dir); ideal = the ideal op list, no trace.")
+@click.option("--validate", type=click.IntRange(0, MAX_COUNT), default=10, show_default=True,
+              help="Also trace this many plans drawn at random from the untraced rest, to "
+                   "measure the estimate beyond the plans it ranked first (0: none).")
 @click.option("--force", is_flag=True, help="Overwrite existing --plan-out / --json files.")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
@@ -240,7 +259,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         stage_counts: str | None, splits: int, patch_counts: str, steps: int,
                         jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
                         json_out: str | None, plot_out: str | None,
-                        exhaustive: bool, force: bool, verbose: bool) -> int:
+                        exhaustive: bool, estimate_kind: str, validate: int, force: bool,
+                        verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
     tracing, trace the most promising within the budget, and report the best traced plan that
@@ -294,9 +314,15 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     click.echo(f"estimating {len(space.plans)} plans ({len(space.infeasible)} refused by the "
                "tracer) ...", err=True)
     tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler)
+    kernels = None
+    if estimate_kind == "kernels":
+        from tracing.plan_estimate import KernelCosts
+
+        kernels = KernelCosts(Path(work_dir))
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
                     memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
-                    budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive)
+                    budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive, kernels=kernels,
+                    validate=0 if exhaustive else validate)
     click.echo(render_report(result), nl=False)
     if json_out:
         atomic_write(json_out, json.dumps(result_document(result), indent=1) + "\n", force=force)

@@ -205,7 +205,8 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     segmentation = _segment(module, report, graph, attentions)
     if segmentation is None and pairs is not None:
         raise UsageError(f"{report.source}: --pairs needs an STDiT3 stage (no block pairs found)")
-    owners = pair_owners(graph, segmentation) if segmentation is not None else {}
+    inputs = residual_inputs(graph, segmentation) if segmentation is not None else []
+    owners = pair_owners(graph, segmentation, inputs) if segmentation is not None else {}
     transformer = segment_transformer(graph, attentions) if segmentation is None else None
     if segmentation is not None:
         block_owner = stdit_block_owners(graph, segmentation, owners)
@@ -215,7 +216,7 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
         block_owner, blocks_found = transformer.owners, len(transformer.blocks)
     else:
         block_owner, blocks_found = {}, 0
-    residual = [m for m in residual_inputs(graph, segmentation) if m is not None] if segmentation is not None else []
+    residual = [m for m in inputs if m is not None]
     program = map_program(report.rows, graph, resolved.system.chip, resolved.system, options,
                           cross_values=cross_values, owners=owners or block_owner,
                           residual_inputs=residual)

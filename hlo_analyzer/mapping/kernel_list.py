@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from hlo_analyzer.mapping.results import NETWORK_KIND, KernelSource, MappingOpti
 from hlo_analyzer.mapping.sections import MappingTotals
 from hlo_analyzer.report import Report
 
-__all__ = ["FORMAT", "VERSION", "KernelList", "cost", "from_dict", "kernel_list", "read", "to_dict", "write"]
+__all__ = ["FORMAT", "VERSION", "KernelList", "cost", "from_dict", "kernel_list", "read", "sources_document",
+           "sources_from_document", "to_dict", "write"]
 
 FORMAT = "hlo-trace kernel list"
 VERSION = 1
@@ -172,6 +174,33 @@ def from_dict(document: Any) -> KernelList:
                           dram_efficiency=float(document.get("dram_efficiency", 1.0)))
     except (KeyError, IndexError, TypeError) as error:
         raise ValueError(f"malformed kernel list: {type(error).__name__}: {error}") from None
+
+
+def sources_document(sources: Sequence[KernelSource], execution: str) -> dict[str, Any]:
+    """Kernels of a program, collectives included, as a JSON-able document: ``execution`` and the
+    ``kernels`` as ``[name, kind, op, epilogue, collective, per_sample]``, each Op inline (its
+    fields by name; so two programs of the same kernels line up field by field) and the shapes
+    text left out (every number a kernel is costed from is in its Op or its collective). Read
+    back by :func:`sources_from_document`."""
+    def op(value: Op | None) -> dict[str, Any] | None:
+        return None if value is None else _op_dict(value)
+
+    rows = [[k.name, k.kind, op(k.op), op(k.epilogue),
+             None if k.collective is None else [k.collective[0], k.collective[1], k.collective[2],
+                                                None if k.collective[3] is None else list(k.collective[3])],
+             k.per_sample] for k in sources]
+    return {"execution": execution, "kernels": rows}
+
+
+def sources_from_document(document: dict[str, Any]) -> tuple[tuple[KernelSource, ...], str]:
+    """The kernels and the execution mode of a :func:`sources_document`."""
+    kernels = []
+    for name, kind, op, epilogue, collective, per_sample in document["kernels"]:
+        comm = None if collective is None else (str(collective[0]), int(collective[1]), int(collective[2]),
+                                                None if collective[3] is None else tuple(collective[3]))
+        kernels.append(KernelSource(str(name), str(kind), "", None if op is None else _op(op),
+                                    None if epilogue is None else _op(epilogue), comm, bool(per_sample)))
+    return tuple(kernels), str(document["execution"])
 
 
 def dumps(kernels: KernelList) -> str:

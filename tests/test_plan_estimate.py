@@ -1,0 +1,110 @@
+"""The plan search's traced-kernel estimate (issue 32, ``tracing.plan_estimate``): the two
+calibration shapes and the rescaling of their integers, derived by hand; and, with the trace
+extra, the kernels of a calibration rescaled to a shape against the kernels a trace at that
+shape finds."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from hardware import Op, OpType, load_system
+from hlo_analyzer.mapping.kernel_list import sources_document, sources_from_document
+from hlo_analyzer.mapping.results import KernelSource
+from models.opensora.config import get_config
+from tracing.plan_estimate import (
+    _Rescaler,
+    calibration_shapes,
+    decode_exponents,
+    rescale_value,
+    stage_roles,
+)
+
+
+def test_calibration_shapes_keep_the_powers_of_two_and_the_height():
+    # full at 204_640_360: T = 204*5//17 = 60 = 4 * 15, token columns 640/8/2 = 40 = 8 * 5, so
+    # T0 = 3 * 4 = 12 (41 frames: 41*5//17 = 12) and W0 = 3 * 8 = 24 (24 * 2 * 8 = 384 px);
+    # the second shape 3 T0 = 36 (123 frames: 615//17 = 36) and 5 W0 = 120 (1920 px).
+    base, scaled, t_ratio, w_ratio = calibration_shapes(get_config("full"), "204_640_360")
+    assert (base, scaled) == ("41_384_360", "123_1920_360")
+    assert (t_ratio, w_ratio) == (Fraction(60, 12), Fraction(40, 24))
+    # 51_1280_720: T = 15 (odd): T0 = 3; columns 80 = 16 * 5: W0 = 48
+    base, scaled, t_ratio, w_ratio = calibration_shapes(get_config("full"), "51_1280_720")
+    assert base == "11_768_720" and (t_ratio, w_ratio) == (5, Fraction(80, 48))
+
+
+def test_exponents_are_read_from_the_ratio_of_the_two_shapes():
+    assert decode_exponents(1152, 1152) == (0, 0)
+    assert decode_exponents(12, 12 * 3) == (1, 0)
+    assert decode_exponents(24 * 12, 24 * 12 * 3 * 5) == (1, 1)
+    assert decode_exponents(7, 7 * 25 * 9) == (2, 2)
+    assert decode_exponents(7, 8) is None
+
+
+def test_a_product_of_frames_and_columns_is_rescaled_exactly():
+    # 2 samples x T x W tokens of one row: 2*12*24 at the first shape, 2*36*120 at the second;
+    # at T = 60, W = 40: 2*60*40 = 4800
+    assert rescale_value(2 * 12 * 24, 2 * 36 * 120, Fraction(5), Fraction(5, 3)) == (4800, True)
+    # an attention's score FLOPs over W^2: 4 * 16 * 24^2 * 72 -> 4 * 16 * 40^2 * 72
+    assert rescale_value(4 * 16 * 24 ** 2 * 72, 4 * 16 * 120 ** 2 * 72, Fraction(5),
+                         Fraction(5, 3)) == (4 * 16 * 40 ** 2 * 72, True)
+    # no product of powers (a sum: 12 + 1 -> 36 + 1): the nearest, flagged inexact
+    value, exact = rescale_value(13, 37, Fraction(5), Fraction(5, 3))
+    assert not exact and 13 <= value <= 13 * 5
+
+
+def test_rescaling_walks_records_and_refuses_programs_that_differ():
+    rescaler = _Rescaler(Fraction(2), Fraction(1))
+    assert rescaler({"shape": [3, 1152], "kind": "gemm"}, {"shape": [9, 1152], "kind": "gemm"}) == \
+        {"shape": [6, 1152], "kind": "gemm"}
+    assert (rescaler.values, rescaler.inexact) == (2, 0)
+    with pytest.raises(ValueError, match="differ"):
+        rescaler([1, 2], [1, 2, 3])
+
+
+def test_the_kernel_document_round_trips_with_its_collectives():
+    op = Op("stablehlo.dot", OpType.GEMM, ((64, 32),), (32, 16), (64, 16), 2 * 64 * 32 * 16)
+    kernels = (KernelSource("stablehlo.dot", "gemm", "64x32->64x16", op),
+               KernelSource("all_to_all", "collective", "", None, collective=("all_to_all", 4, 4096, (0, 1, 2, 3))))
+    back, execution = sources_from_document(sources_document(kernels, "torch"))
+    assert execution == "torch"
+    assert back[0].op == op and back[1].collective == ("all_to_all", 4, 4096, (0, 1, 2, 3))
+
+
+def test_stage_roles():
+    assert stage_roles(1) == ("flat",)
+    assert stage_roles(2) == ("first", "last")
+    assert stage_roles(4) == ("first", "middle", "middle", "last")
+
+
+@pytest.mark.slow
+def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path):
+    """The claim of the estimate: the kernels of the two small traces, rescaled to the plan's
+    shape, are the kernels a trace at that shape finds, group by group (the full model's three
+    pairs at a small shape, 68_256_360: T = 20, 16 token columns; ds_ulysses on 1 x 2)."""
+    pytest.importorskip("torch_xla")
+    from hlo_analyzer.mapping.program import map_kernels
+    from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
+    from tracing.plan_estimate import (
+        GROUPS,
+        KernelCosts,
+        analyze_calibration_stage,
+        run_calibration_traces,
+    )
+
+    system = load_system("8xh100")
+    costs = KernelCosts(tmp_path)
+    shape = "68_256_360"
+    key = costs.key("full", shape, "ds_ulysses", (1, 2), None, 1)
+    rescaled = costs.stage(key, shape, system)
+    _, requests = costs._requests(key, stages=(0,))
+    direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"))
+    run_calibration_traces([direct], tmp_path)  # in a process of its own, as the estimate traces
+    part = analyze_calibration_stage(str(next((tmp_path / "direct").glob("*.mlir"))), system)
+    for name in GROUPS:
+        kernels, execution = sources_from_document(part.groups[name])
+        program = map_kernels(kernels, system.chip, system, MappingOptions(execution=execution))
+        comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
+        assert rescaled.groups[name].compute_s == pytest.approx(program.latency_s - comm, rel=1e-9), name
+        assert rescaled.groups[name].comm_s == pytest.approx(comm, rel=1e-9, abs=1e-15), name

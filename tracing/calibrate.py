@@ -1,0 +1,87 @@
+"""``python -m tracing.calibrate REQUESTS.json``: trace the one-pair stages of the plan search's
+estimate calibrations (``tracing.plan_estimate``) in one process.
+
+``REQUESTS.json`` lists ``{"config": MODEL_TOML, "shape", "strategy", "mesh": [nx, ny],
+"ring": int|null, "patches", "stage_ids": "0-2", "stages": [0], "out": DIR}``; every stage of
+``stages`` whose dump is not in ``out`` yet is traced there. torch and torch-xla are imported once (op metadata on, as
+``tracing.capture.prepare_process`` sets it);
+each stage is traced in a forked child (the device count is fixed per process, and a child
+starts from the loaded modules: about a second a stage instead of five for a fresh process).
+A request the tracer refuses is recorded in its directory (``failed.txt``, the tracer's line)
+and the others go on; exit code 2 and one ``Error:`` line on a malformed requests file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hlo_trace.cli import native_imports
+from hlo_trace.errors import UsageError
+from hlo_trace.isolate import call_in_child, die_with_parent
+from tracing.capture import OP_METADATA_ENV
+from tracing.cli import _trace_in_child, require_trace_extra
+from tracing.plan_estimate import FAILURE_FILE, request_config
+
+__all__ = ["main", "trace_requests"]
+
+
+def trace_requests(requests: Sequence[dict]) -> int:
+    """Trace every missing stage of ``requests``; the number of stages traced."""
+    require_trace_extra()
+    os.environ[OP_METADATA_ENV] = "1"  # read when torch-xla is imported, here, before the forks
+    with native_imports():
+        import torch  # noqa: F401
+        import torch_xla  # noqa: F401
+
+        from hlo_analyzer.mlir import load_native_libraries
+
+        load_native_libraries()
+    traced = 0
+    for request in requests:
+        try:
+            traced += _trace_request(request)
+        except UsageError as error:  # recorded; the estimate of its plans says so
+            out = Path(request["out"])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / FAILURE_FILE).write_text(f"{error}\n")
+    return traced
+
+
+def _trace_request(request: dict) -> int:
+    """Trace the missing stages of one request; how many."""
+    config = request_config(request)
+    out = Path(request["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    traced = 0
+    for stage in request["stages"]:
+        if (out / f"{config.dump_name(stage)}.mlir").exists():
+            continue
+        call_in_child(_trace_in_child, config, stage, out, "stablehlo", True, out / "stage_shapes.json", None,
+                      origin=config.dump_name(stage), what="tracing a calibration stage")
+        traced += 1
+    return traced
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    die_with_parent()  # the search that started it ends: so does this (and its traces)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if len(arguments) != 1:
+        print("Error: usage: python -m tracing.calibrate REQUESTS.json", file=sys.stderr)
+        return 2
+    try:
+        requests = json.loads(Path(arguments[0]).read_text())
+        if not isinstance(requests, list):
+            raise UsageError(f"{arguments[0]}: expected a JSON list of calibration requests")
+        trace_requests(requests)
+    except (UsageError, OSError, ValueError, KeyError) as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

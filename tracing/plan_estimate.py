@@ -1,0 +1,617 @@
+"""The plan search's estimate from the traced program's own kernels (issue 32): a traced pair at a
+small shape, re-costed at the plan's shape.
+
+A plan's traced latency (``analyze-pipeline``) is the sum of the kernels the analyzer finds in
+each stage's dump (``hlo_analyzer.mapping.program``: under ``--exec torch`` one kernel per library
+call or torch op, under the fused execution one per fusion group), each costed on the chip, plus
+the stage's collectives on the network, composed by the PipeFusion schedule. The ideal op list
+of ``hardware.map_block`` leaves out most of those kernels (the eager element-wise ops, the
+copies and layout transposes GSPMD and PyTorch add), so on a GPU it sits at a third of the trace.
+
+Here every kernel is the trace's. The program of one block pair on a stage mesh does not depend
+on the video size except through the sizes of its dimensions: a pair traced at a small shape
+holds the same kernels in the same order, each dimension a product of powers of the latent
+frames ``T`` and the token columns ``W`` (the latent width over the patch) times constants (the
+height is kept: PipeFusion cuts it and pads it). So each *calibration* traces one pair per stage
+role (a flat stage: embeddings + pair + final layer; a pipeline of three one-pair stages: first,
+middle, last) at two small shapes, ``(T0, W0)`` and ``(3 T0, 5 W0)``, with ``T0`` and ``W0``
+as divisible by every power of two as the plan's ``T`` and ``W`` (the meshes here are powers of
+two: the same splits divide, the same pads happen). Each integer of each kernel (shapes, FLOPs,
+bytes of a collective, rows) is ``v0`` in the first and ``v1`` in the second: ``v1 / v0 =
+3^a 5^b`` gives its exponents, and its value at the plan's shape is ``v0 (T/T0)^a (W/W0)^b``
+(:func:`rescale`). The kernels are then costed with ``mapping.program.map_kernels``, the function
+``analyze-hlo --hw`` uses, in the execution mode ``analyze-pipeline`` picks for the chip, and a
+stage is its role's kernels outside the pairs plus its pairs times one pair's, as
+``mapping.apply.program_totals`` totals a traced stage. What the trace knows and this does not:
+a value that is no such product (an integer the analyzer derives by a sum or a rounding; counted
+in ``Calibration.inexact``) and whatever differs between a one-pair stage and a stage of many
+pairs.
+
+The calibration traces are small (about a second each in a process that has torch loaded) and
+are cached by what decides them (model, strategy, stage mesh, usp degrees, patches, the two
+shapes) under the search's work directory, with each chip kind's kernel list; re-costing at a
+shape and a system is cached in memory, so a space of 10^4 plans that shares its calibrations
+is estimated in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from hardware.spec import SystemSpec
+from hlo_trace.errors import UsageError
+from models.opensora.config import STDiT3Config, get_config
+from models.opensora.inputs import geometry, latent_frames, parse_shape
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CALIBRATION_FACTORS", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
+           "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "request_config", "rescale_value",
+           "run_calibration_traces", "stage_roles"]
+
+#: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
+#: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
+CALIBRATION_FACTORS = (3, 5)
+#: Largest exponent of ``T`` or ``W`` looked for in one integer (an attention's FLOPs over a
+#: pair of sequences: 2; a product of those with a batch of frames: 3).
+MAX_EXPONENT = 4
+#: The odd part of the calibration's first frames and columns (``_small``).
+SMALL_ODD_PART = 3
+#: Stage roles: a flat plan's one stage, and a pipeline's first, middle, last.
+ROLES = ("flat", "first", "middle", "last")
+#: Block pairs of a calibration's one stage: the first pair, one in the middle, the last.
+CALIBRATION_PAIRS = 3
+#: Format of the cached calibration files (bumped when what they hold changes).
+CACHE_VERSION = 2
+#: The kernel groups of a calibration stage (``_groups``).
+GROUPS = ("embed", "final", "pair0", "pair1", "pair2")
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What decides a calibration's programs (the plan's split and stage count do not)."""
+
+    config: str
+    strategy: str
+    mesh: tuple[int, int]
+    ring: int | None
+    patches: int
+    base_shape: str
+    scaled_shape: str
+
+    @property
+    def name(self) -> str:
+        text = (f"{Path(self.config).stem}_{self.strategy}_{self.mesh[0]}x{self.mesh[1]}_M{self.patches}"
+                f"_{self.base_shape}_{self.scaled_shape}")
+        return text + (f"_ring{self.ring}" if self.ring is not None else "")
+
+
+def _odd_part_free(value: int) -> int:
+    """The largest power of two dividing ``value``."""
+    return value & -value
+
+
+def _small(value: int) -> int:
+    """``3 * 2^k`` with the power of two of ``value``: as divisible by every power of two, and
+    odd part 3 so that no split of it by a mesh axis is 1 (a dimension of 1 may make another
+    kernel: a broadcast where there was a strided read)."""
+    return SMALL_ODD_PART * _odd_part_free(value)
+
+
+def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: int) -> str:
+    frames = math.ceil(frames_latent * 17 / 5)
+    while latent_frames(frames) < frames_latent:
+        frames += 1
+    _, _, pw = model.patch_size
+    return f"{frames}_{columns * pw * model.vae_downsample}_{height}"
+
+
+def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fraction, Fraction]:
+    """The two small shapes of ``shape``'s calibration and the factors ``T / T0``, ``W / W0``
+    that take the first to ``shape``. The latent frames and token columns keep ``shape``'s
+    power of two (at least 2 each); the height is ``shape``'s."""
+    geo = geometry(model, shape)
+    video = parse_shape(shape)
+    pt, _, _ = model.patch_size
+    if pt != 1 or geo.T_lat != geo.T:
+        raise UsageError(f"--shape {shape}: the estimate's calibration expects a temporal patch of 1")
+    t0, w0 = _small(geo.T), _small(geo.W_patches)
+    if geo.W_lat != geo.W_patches * model.patch_size[2]:
+        raise UsageError(f"--shape {shape}: the estimate's calibration expects a latent width the "
+                         "patch divides")
+    ft, fw = CALIBRATION_FACTORS
+    base = _shape_text(model, t0, w0, video.height)
+    scaled = _shape_text(model, ft * t0, fw * w0, video.height)
+    for text, (t, w) in ((base, (t0, w0)), (scaled, (ft * t0, fw * w0))):
+        check = geometry(model, text)
+        assert (check.T, check.W_patches, check.H_patches) == (t, w, geo.H_patches), text
+    return base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0)
+
+
+def decode_exponents(v0: int, v1: int) -> tuple[int, int] | None:
+    """``(a, b)`` with ``v1 = v0 3^a 5^b`` (``CALIBRATION_FACTORS``), or None when none is."""
+    if v0 <= 0 or v1 <= 0:
+        return (0, 0) if v0 == v1 else None
+    ft, fw = CALIBRATION_FACTORS
+    for a in range(MAX_EXPONENT + 1):
+        for b in range(MAX_EXPONENT + 1):
+            if v0 * ft ** a * fw ** b == v1:
+                return a, b
+    return None
+
+
+def rescale_value(v0: int, v1: int, t_ratio: Fraction, w_ratio: Fraction) -> tuple[int, bool]:
+    """The value at the plan's shape of an integer that is ``v0`` at the first calibration
+    shape and ``v1`` at the second, and whether it was exact (a product of powers). Not one:
+    the nearest such product by the logarithm of ``v1 / v0`` (both exponents rounded as one
+    power of the geometric mean of the two factors)."""
+    exponents = decode_exponents(v0, v1)
+    if exponents is not None:
+        a, b = exponents
+        value = v0 * t_ratio ** a * w_ratio ** b
+        return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
+    ft, fw = CALIBRATION_FACTORS
+    if v0 <= 0 or v1 <= 0:
+        return max(v0, 0), False
+    power = math.log(v1 / v0) / math.log(math.sqrt(ft * fw))
+    mean_ratio = math.sqrt(float(t_ratio) * float(w_ratio))
+    return max(1, round(v0 * mean_ratio ** power)), False
+
+
+class _Rescaler:
+    """Rescales the integers of aligned structures; counts the inexact ones."""
+
+    def __init__(self, t_ratio: Fraction, w_ratio: Fraction) -> None:
+        self.t_ratio, self.w_ratio = t_ratio, w_ratio
+        self.inexact = 0
+        self.values = 0
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        if isinstance(a, str) and isinstance(b, str):
+            if a != b:  # a kernel class that depends on the size (a broadcast of a dim of 1)
+                self.inexact += 1
+            return b
+        if isinstance(a, bool) or a is None:
+            if a != b:
+                raise ValueError(f"calibration programs differ: {str(a)[:40]} against {str(b)[:40]}")
+            return a
+        if isinstance(a, int):
+            if not isinstance(b, int):
+                raise ValueError(f"calibration programs differ: {a} against {str(b)[:40]}")
+            value, exact = rescale_value(a, b, self.t_ratio, self.w_ratio)
+            self.values += 1
+            self.inexact += not exact
+            return value
+        if isinstance(a, float):
+            return a  # no float field decides a kernel's cost through its size
+        if isinstance(a, (list, tuple)):
+            if not isinstance(b, (list, tuple)) or len(a) != len(b):
+                raise ValueError(f"calibration programs differ: {len(a)} items against "
+                                 f"{len(b) if isinstance(b, (list, tuple)) else type(b).__name__}")
+            return type(a)(self(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict):
+            if not isinstance(b, dict) or a.keys() != b.keys():
+                raise ValueError("calibration programs differ in a record's fields")
+            return {key: self(a[key], b[key]) for key in a}
+        raise TypeError(f"cannot rescale {type(a).__name__}")
+
+
+@dataclass(frozen=True)
+class StagePart:
+    """A calibration stage at one calibration shape: its kernels by group as kernel documents
+    (``hlo_analyzer.mapping.kernel_list.sources_document``, collectives kept): ``embed`` before the
+    first pair, ``final`` after the last, and each of the three pairs (``_groups``)."""
+
+    groups: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Bytes a pipeline stage sends on (name -> bytes of one traced patch, the hidden states
+    ``x`` among them) and the latent the last stage sends back (stage 0's input ``z``)."""
+
+    outputs: dict[str, int]
+    latent_bytes: int
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """Seconds of a kernel group at the plan's shape: its kernels and its collectives."""
+
+    compute_s: float
+    comm_s: float
+
+    def __add__(self, other: GroupCost) -> GroupCost:
+        return GroupCost(self.compute_s + other.compute_s, self.comm_s + other.comm_s)
+
+    def __mul__(self, factor: float) -> GroupCost:
+        return GroupCost(self.compute_s * factor, self.comm_s * factor)
+
+    def __sub__(self, other: GroupCost) -> GroupCost:
+        return GroupCost(self.compute_s - other.compute_s, self.comm_s - other.comm_s)
+
+
+ZERO = GroupCost(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """A calibration's groups at the plan's shape on the system (:func:`stage`), with how many
+    of the integers they were rescaled from were exact."""
+
+    groups: dict[str, GroupCost]
+    inexact: int
+    values: int
+
+    def outside(self, role: str) -> GroupCost:
+        """The kernels outside the pairs of a stage of ``role``: a pipeline's first stage holds
+        the embeddings, its last the final layer, a flat stage both, a middle stage neither."""
+        g = self.groups
+        embed, final = g["embed"], g["final"]
+        return {"flat": embed + final, "first": embed, "middle": ZERO, "last": final}[role]
+
+    def pairs(self, count: int) -> GroupCost:
+        """``count`` pairs of a stage: the first and the last pair of the calibration (their
+        boundaries with the rest of the stage) and ``count - 2`` middle ones; one pair alone
+        has both boundaries: first + last - middle."""
+        g = self.groups
+        if count == 1:
+            return g["pair0"] + g["pair2"] - g["pair1"]
+        return g["pair0"] + g["pair2"] + g["pair1"] * (count - 2)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration's kernel groups at both shapes."""
+
+    key: CalibrationKey
+    hardware_kind: str
+    base: StagePart | None
+    scaled: StagePart | None
+    #: The tracer's line when the calibration could not be traced (no parts then).
+    error: str | None = None
+
+
+def _model_toml(model: STDiT3Config, depth: int) -> str:
+    lines = []
+    for field in dataclasses.fields(model):
+        value = getattr(model, field.name)
+        if field.name == "depth":
+            value = depth
+        if isinstance(value, bool):
+            lines.append(f"{field.name} = {'true' if value else 'false'}")
+        elif isinstance(value, (tuple, list)):
+            lines.append(f"{field.name} = [{', '.join(str(v) for v in value)}]")
+        elif isinstance(value, str):
+            lines.append(f"{field.name} = {json.dumps(value)}")
+        else:
+            lines.append(f"{field.name} = {value!r}")
+    return "\n".join(lines) + "\n"
+
+
+#: The strategy and mesh of a boundary calibration (the boundary tensors are global shapes:
+#: any layout gives them).
+BOUNDARY_LAYOUT = ("none", (1, 1))
+
+
+class KernelCosts:
+    """The traced-kernel estimate's calibrations, traced on demand and cached under ``work``
+    (``work/calibrations``), and their costs at a shape on a system, cached in memory.
+    ``jobs``: calibration processes at once (each loads torch once)."""
+
+    def __init__(self, work: Path, *, jobs: int = 1) -> None:
+        self.work = Path(work) / "calibrations"
+        self.jobs = jobs
+        self._calibrations: dict[tuple[CalibrationKey, str], Calibration] = {}
+        self._costs: dict[tuple, StageCosts] = {}
+        self._boundaries: dict[tuple, Boundary] = {}
+        self.traced = 0
+
+    def key(self, config: str, shape: str, strategy: str, mesh: tuple[int, int], ring: int | None,
+            patches: int) -> CalibrationKey:
+        base, scaled, _, _ = calibration_shapes(get_config(config), shape)
+        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled)
+
+    def _path(self, key: CalibrationKey, kind: str) -> Path:
+        return self.work / kind / f"{key.name}.json"
+
+    # -- tracing and analyzing ----------------------------------------------------------------
+    def calibration(self, key: CalibrationKey, system: SystemSpec) -> Calibration:
+        kind = system.chip.name
+        cached = self._calibrations.get((key, kind))
+        if cached is None:
+            if not self._path(key, kind).exists():
+                self.prepare([key], system)
+            cached = self._calibrations[(key, kind)] = _read_calibration(self._path(key, kind), key, kind)
+        return cached
+
+    def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec, *, boundaries: bool = True) -> int:
+        """Trace (``jobs`` processes of ``tracing.calibrate``) and analyze every calibration of
+        ``keys`` not cached yet, and (``boundaries``: for pipelines) the boundary calibration of
+        each (model, shapes, patches); the number of trace requests run."""
+        from hlo_trace.atomic import atomic_write
+
+        kind = system.chip.name
+        missing = list(dict.fromkeys(k for k in keys if not self._path(k, kind).exists()))
+        boundaries = list(dict.fromkeys(self._boundary_key(k) for k in keys)) if boundaries else []
+        requests = [r for key in missing for r in self._requests(key, stages=(0,))[1]]
+        requests += [r for key in boundaries for r in self._requests(key, stages=(0,), boundary=True)[1]]
+        if not requests:
+            return 0
+        traced = run_calibration_traces(requests, self.work, jobs=self.jobs)
+        self.traced += traced
+        analyze = functools.partial(_calibrate_key, system=system, kind=kind)
+        work = [(key, self._requests(key, stages=(0,))[0]) for key in missing]
+        if self.jobs > 1 and len(work) > 1:
+            import concurrent.futures
+            import multiprocessing
+
+            from hlo_analyzer.mlir import use_fresh_context
+
+            # forked workers: each makes an MLIR context of its own (this process's may hold a
+            # thread pool that did not fork)
+            with concurrent.futures.ProcessPoolExecutor(
+                    self.jobs, mp_context=multiprocessing.get_context("fork"), initializer=use_fresh_context) as pool:
+                calibrations = list(pool.map(analyze, work))
+        else:
+            calibrations = [analyze(item) for item in work]
+        for key, calibration in zip(missing, calibrations, strict=True):
+            path = self._path(key, kind)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
+        return traced
+
+    def _boundary_key(self, key: CalibrationKey) -> CalibrationKey:
+        strategy, mesh = BOUNDARY_LAYOUT
+        return dataclasses.replace(key, strategy=strategy, mesh=mesh, ring=None)
+
+    def _requests(self, key: CalibrationKey, *, stages: Sequence[int], boundary: bool = False,
+                  ) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """The dump of the calibration's stage per shape, and the tracer's requests for them: one
+        stage of ``CALIBRATION_PAIRS`` pairs; a boundary calibration: stage 0 of two one-pair
+        stages (its outputs are what a pipeline stage sends on)."""
+        depth = 2 if boundary else CALIBRATION_PAIRS
+        stage_ids = "0-0,1-1" if boundary else f"0-{CALIBRATION_PAIRS - 1}"
+        model_file = self._model_file(key.config, depth)
+        dumps, requests = {}, []
+        for label, shape in (("base", key.base_shape), ("scaled", key.scaled_shape)):
+            out = self.work / "dumps" / (("boundary_" if boundary else "") + key.name) / label
+            request = {"config": model_file, "shape": shape, "strategy": key.strategy,
+                       "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches,
+                       "stage_ids": stage_ids, "stages": list(stages), "out": str(out)}
+            dumps[label] = str(out / _dump_names(request)[0])
+            requests.append(request)
+        return dumps, requests
+
+    def _model_file(self, config: str, depth: int) -> str:
+        model = get_config(config)
+        path = self.work / "models" / f"{Path(config).stem}_depth{depth}.toml"
+        text = _model_toml(model, depth)
+        if not path.exists() or path.read_text() != text:
+            from hlo_trace.atomic import atomic_write
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, text, force=True)
+        return str(path)
+
+    # -- the costs ----------------------------------------------------------------------------
+    def stage(self, key: CalibrationKey, shape: str, system: SystemSpec) -> StageCosts:
+        """The calibration's kernel groups at ``shape`` on ``system`` (cached)."""
+        cache_key = (key, shape, system.name, id(system))
+        cost = self._costs.get(cache_key)
+        if cost is None:
+            cost = self._costs[cache_key] = _stage_costs(self.calibration(key, system), shape, system)
+        return cost
+
+    def boundary(self, key: CalibrationKey, shape: str) -> Boundary:
+        """What a pipeline stage of ``key``'s model, shapes and patches sends on, at ``shape``."""
+        bkey = self._boundary_key(key)
+        cached = self._boundaries.get((bkey, shape))
+        if cached is None:
+            dumps, requests = self._requests(bkey, stages=(0,), boundary=True)
+            if not all(Path(d).exists() for d in dumps.values()):
+                run_calibration_traces(requests, self.work, jobs=1)
+            parts = {label: _boundary_of(dump) for label, dump in dumps.items()}
+            _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
+            rescaler = _Rescaler(t_ratio, w_ratio)
+            cached = self._boundaries[(bkey, shape)] = Boundary(
+                rescaler(parts["base"].outputs, parts["scaled"].outputs),
+                rescaler(parts["base"].latent_bytes, parts["scaled"].latent_bytes))
+        return cached
+
+
+def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jobs: int = 1) -> int:
+    """Trace the stages of ``requests`` with ``python -m tracing.calibrate`` (``jobs``
+    processes, each loading torch once and taking every ``jobs``-th request); the number of
+    requests run. UsageError with the tracer's last line when one fails as a whole."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from hlo_trace.atomic import atomic_write
+    from hlo_trace.isolate import child_environment
+
+    missing = [r for r in requests
+               if not (Path(r["out"]) / FAILURE_FILE).exists()
+               and not all((Path(r["out"]) / name).exists() for name in _dump_names(r))]
+    if not missing:
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    log.info("tracing %d calibration requests in %d process(es)", len(missing), jobs)
+    listings, processes, logs = [], [], []
+    try:
+        for job in range(min(jobs, len(missing))):
+            listing = work / f"requests.{os.getpid()}.{job}.json"
+            atomic_write(listing, json.dumps(missing[job::jobs]), force=True)
+            listings.append(listing)
+            logs.append(tempfile.TemporaryFile("w+"))  # a pipe would fill with the traces' progress
+            processes.append(subprocess.Popen([sys.executable, "-m", "tracing.calibrate", str(listing)],
+                                              stdout=subprocess.DEVNULL, stderr=logs[-1], text=True,
+                                              env=environment))
+        codes = [process.wait() for process in processes]
+        errors = []
+        for code, stream in zip(codes, logs, strict=True):
+            stream.seek(0)
+            errors.append((code, stream.read()))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        for listing in listings:
+            listing.unlink(missing_ok=True)
+        for stream in logs:
+            stream.close()
+    for code, stderr in errors:
+        if code:
+            lines = [line for line in stderr.splitlines() if line.startswith("Error:")] or \
+                stderr.strip().splitlines()[-1:] or [f"exit code {code}"]
+            raise UsageError(f"calibration trace failed: {lines[-1].removeprefix('Error: ')}")
+    return len(missing)
+
+
+#: ``tracing.calibrate``'s record of a request the tracer refused (its one line).
+FAILURE_FILE = "failed.txt"
+
+
+def request_config(request: dict[str, Any]):
+    """The tracer's configuration of a calibration request (``tracing.calibrate`` traces it)."""
+    from tracing.config import build_config
+
+    ring, mesh = request["ring"], tuple(request["mesh"])
+    return build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
+                        mesh=mesh, stage_ids=request["stage_ids"], patches=request["patches"], ring_degree=ring,
+                        ulysses_degree=None if ring is None else mesh[1] // ring)
+
+
+def _dump_names(request: dict[str, Any]) -> list[str]:
+    config = request_config(request)
+    return [f"{config.dump_name(stage)}.mlir" for stage in request["stages"]]
+
+
+def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: SystemSpec,
+                   kind: str) -> Calibration:
+    """The calibration of a key from its traced stage at both shapes (or the tracer's error)."""
+    key, dumps = item
+    failures = [Path(dump).parent / FAILURE_FILE for dump in dumps.values()]
+    failed = [f.read_text().strip() for f in failures if f.exists()]
+    if failed:
+        return Calibration(key, kind, None, None, error=failed[0])
+    return Calibration(key, kind, analyze_calibration_stage(dumps["base"], system),
+                       analyze_calibration_stage(dumps["scaled"], system))
+
+
+def _boundary_of(dump: str) -> Boundary:
+    from hlo_analyzer.mapping.pipeline import LATENT_INPUT, _read_sidecar, _tensor_bytes
+
+    sidecar = _read_sidecar(dump)
+    outputs = {name: _tensor_bytes(entry) for name, entry in sorted(sidecar.get("outputs", {}).items())}
+    latent = sidecar.get("inputs", {}).get(LATENT_INPUT)
+    return Boundary(outputs, 0 if latent is None else _tensor_bytes(latent))
+
+
+def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
+    """The kernels of a calibration stage as ``analyze-pipeline`` finds them on ``system``'s
+    chip, by group (:class:`StagePart`)."""
+    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hlo_analyzer.mapping.kernel_list import sources_document
+    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.pipeline import _read_sidecar
+    from hlo_analyzer.mapping.render import hardware_sections
+    from hlo_analyzer.mapping.results import MappingOptions, default_execution
+    from hlo_analyzer.mlir import load_module
+    from hlo_analyzer.report import analyze
+
+    sidecar = _read_sidecar(dump)
+    module = load_module(dump)
+    report = analyze(module, name=dump)
+    library_calls = sidecar_call_regions(sidecar)
+    options = MappingOptions(execution=default_execution(system.chip, library_calls),
+                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
+    add_hardware_sections(report, module, system.name, steps=1, pairs=CALIBRATION_PAIRS, options=options)
+    mapping = hardware_sections(report).mapping
+    assert mapping is not None
+    if mapping.totals.pairs_found != CALIBRATION_PAIRS:
+        raise UsageError(f"{dump}: a calibration stage must hold {CALIBRATION_PAIRS} block pairs, found "
+                         f"{mapping.totals.pairs_found}")
+    groups = _groups(mapping.program.sources, mapping.pair_of)
+    return StagePart({name: sources_document(kernels, options.execution) for name, kernels in groups.items()})
+
+
+def _groups(sources: Sequence[Any], pair_of: Sequence[int | None]) -> dict[str, list[Any]]:
+    """The kernels by group (:class:`StagePart`), in program order. A kernel outside every
+    pair that runs among them (a pair's modulation from the timestep, which reads no token:
+    the block segmentation leaves it out) goes with the pair of the next pair kernel: a stage
+    of many pairs runs one such run per pair."""
+    inside = [i for i, pair in enumerate(pair_of) if pair is not None]
+    first, last = inside[0], inside[-1]
+    groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
+    following = None
+    for index in range(len(sources) - 1, -1, -1):  # backwards: the next pair kernel is known
+        pair = pair_of[index]
+        if pair is not None:
+            following = pair
+            groups[f"pair{pair}"].append(sources[index])
+        elif index < first:
+            groups["embed"].append(sources[index])
+        elif index > last:
+            groups["final"].append(sources[index])
+        else:
+            groups[f"pair{following}"].append(sources[index])
+    return {name: kernels[::-1] for name, kernels in groups.items()}
+
+
+def _stage_costs(calibration: Calibration, shape: str, system: SystemSpec) -> StageCosts:
+    from hlo_analyzer.mapping.kernel_list import sources_from_document
+    from hlo_analyzer.mapping.program import map_kernels
+    from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
+
+    key = calibration.key
+    if calibration.error is not None or calibration.base is None or calibration.scaled is None:
+        raise ValueError(f"calibration not traced: {calibration.error}")
+    _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
+    rescaler = _Rescaler(t_ratio, w_ratio)
+    groups = {}
+    for name in GROUPS:
+        document = rescaler(calibration.base.groups[name], calibration.scaled.groups[name])
+        sources, execution = sources_from_document(document)
+        program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
+        comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
+        groups[name] = GroupCost(program.latency_s - comm, comm)
+    return StageCosts(groups, rescaler.inexact, rescaler.values)
+
+
+def _calibration_document(calibration: Calibration) -> dict[str, Any]:
+    return {"version": CACHE_VERSION, "key": dataclasses.asdict(calibration.key),
+            "hardware_kind": calibration.hardware_kind, "error": calibration.error,
+            "base": None if calibration.base is None else calibration.base.groups,
+            "scaled": None if calibration.scaled is None else calibration.scaled.groups}
+
+
+def _read_calibration(path: Path, key: CalibrationKey, kind: str) -> Calibration:
+    document = json.loads(path.read_text())
+    if document.get("version") != CACHE_VERSION:
+        raise UsageError(f"{path}: calibration cache version {document.get('version')!r}; expected "
+                         f"{CACHE_VERSION} (delete the file to trace it again)")
+    base, scaled = document["base"], document["scaled"]
+    return Calibration(key, kind, None if base is None else StagePart(base),
+                       None if scaled is None else StagePart(scaled), error=document.get("error"))
+
+
+def stage_roles(stages: int) -> Sequence[str]:
+    """The role of each stage of a plan of ``stages`` stages."""
+    if stages == 1:
+        return ("flat",)
+    return ("first", *["middle"] * (stages - 2), "last")
