@@ -426,9 +426,14 @@ def _confirm_sizing(result, model_config: str, shape: str, hardware: str, steps:
         return (f"traced confirmation: one block pair of its stage steps in {pair.traced_step_s * 1e3:.4g} ms "
                 f"(estimate {pair.estimated_step_s * 1e3:.4g} ms, ratio "
                 f"{pair.estimated_step_s / pair.traced_step_s:.3f})")
-    from tracing.plan_search import runner_tracer
+    import fcntl
 
-    value = runner_tracer(work, hardware, steps=steps)([plan])[0]
+    from tracing.plan_search import runner_tracer
+    from tracing.sizing_cli import FULL_TRACE_LOCK
+
+    with open(FULL_TRACE_LOCK, "a") as lock:  # one full-size trace at a time on this machine
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        value = runner_tracer(work, hardware, steps=steps)([plan])[0]
     if isinstance(value, str):
         return f"traced confirmation failed: {value}"
     verdict = "meets" if value[0] <= result.target_s else "does NOT meet"

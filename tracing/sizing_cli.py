@@ -19,6 +19,9 @@ GIGA = 1e9
 TRAIN_PLANS_SHOWN = 10
 #: Memory classes of a training step, in the order the reports print them.
 MEMORY_CLASSES = ("param", "grad", "optimizer_state", "activation")
+#: Full-size traces take gigabytes: the confirmations hold this lock (``flock``) while they
+#: trace, as scripts/training_study.py does, so that no two run at once.
+FULL_TRACE_LOCK = "/tmp/fulltrace.lock"
 #: The repository root (the tracer and the analyzer run as modules from it).
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +61,7 @@ def confirm_training_pair(outcome, config: str, shape: str, hardware: str, work:
     out_dir = work / "train_pairs"
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.mlir"))
-    traced = subprocess.run(["flock", "/tmp/fulltrace.lock",
+    traced = subprocess.run(["flock", FULL_TRACE_LOCK,
                              *pair_trace_command(plan, config, shape, depth, out_dir)],
                             cwd=REPO_ROOT, capture_output=True, text=True)
     if traced.returncode:
