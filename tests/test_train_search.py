@@ -36,7 +36,7 @@ def test_the_space_refuses_plans_without_a_formula_or_an_even_split():
     space = enumerate_train_plans("tiny", SHAPE, 4, batch=4)
     reasons = " | ".join(reason for _, reason in space.infeasible)
     assert "megatron splits every weight" in reasons          # megatron has no ZeRO formula
-    assert "formula for megatron and dp" in reasons            # no recompute formula for SP layouts
+    assert "megatron_sp --recompute full: no formula" in reasons  # GSPMD merges its recomputed collectives
     labels = {plan.label for plan in space.plans}
     assert "1x4:dp@1x4 zero3 recompute m=1 b=4" in labels
     assert all(plan.micro_batch % plan.data_parallel == 0 for plan in space.plans)
@@ -108,3 +108,77 @@ def test_sizing_errors_are_one_line(args, fragment):
 
     result = CliRunner().invoke(plan_search_command, ["--config", "tiny", "--no-confirm", *args])
     assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Full recompute of the sequence-parallel layouts (models/opensora/training_theory.py)
+# ---------------------------------------------------------------------------------------------
+
+def _tiny3(tmp_path):
+    from test_tracing_strategies import TINY3_TOML
+
+    path = tmp_path / "tiny3.toml"
+    path.write_text(TINY3_TOML)
+    return path
+
+
+def test_recompute_keeps_block_inputs_every_caption_and_the_local_modulation(tmp_path):
+    """ds_ulysses on 2x2, the 3-pair tiny model (h = 64, B = 2, N = T*S = 8*16, 8 caption
+    tokens), clean path, by hand: each block's input B*N*h/4 = 4096 bf16 elements (2 blocks:
+    16384 B), every caption of the batch 2*8*64 = 1024 elements (2048 B), t_mlp of the x row's
+    sample (B/x = 1) x 6h = 384 elements (768 B): 19200 B. ring_attention on 2x4 keeps its y
+    slice of the captions (256 elements) and inputs of 2048: 8192 + 512 + 768 = 9472 B; the
+    official path adds t0_mlp (768 B) and the local frames' mask (B/x * T/y bools)."""
+    from models.opensora.theory import block_dims
+
+    model = get_config(str(_tiny3(tmp_path)))
+    dims = block_dims(model, SHAPE, batch=2)
+
+    def act(strategy, mesh, path):
+        return sum(t.bytes for t in layout_training_activations(strategy, model, dims, mesh,
+                                                                recompute=True, path=path))
+
+    assert act("ds_ulysses", (2, 2), "clean") == 16384 + 2048 + 768
+    assert act("ds_ulysses", (2, 2), "official") == 16384 + 2048 + 768 + 768 + 4
+    assert act("ring_attention", (2, 4), "clean") == 8192 + 512 + 768
+    assert act("usp", (2, 4), "official") == 8192 + 2048 + 768 + 768 + 2
+
+
+@pytest.mark.slow  # four tiny training traces
+@pytest.mark.trace
+@pytest.mark.parametrize("strategy, mesh, zero", [("ds_ulysses", "2x2", 0), ("ring_attention", "2x4", 0),
+                                                  ("usp", "2x4", 2)])
+def test_recompute_formulas_are_the_trace(tmp_path, strategy, mesh, zero):
+    """Act and every collective (phase, traffic, kind: count and bytes) of the traced one-pair
+    step with --recompute full equal the formulas (the backward reruns the forward's
+    activation collectives)."""
+    import subprocess
+    import sys
+    from collections import defaultdict
+    from pathlib import Path
+
+    from hlo_analyzer import load_module
+    from hlo_analyzer.training import measure_training, read_training_layout
+    from models.opensora.theory import block_dims
+    from models.opensora.training_theory import layout_training_collectives
+
+    config = _tiny3(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    traced = subprocess.run([sys.executable, "-m", "tracing.cli", "--config", str(config), "--shape", SHAPE,
+                             "--stage-ids", "0-0,1-1,2-2", "--stage", "1", "--mode", "train", "--path", "clean",
+                             "--strategy", strategy, "--mesh", mesh, "--zero", str(zero), "--recompute", "full",
+                             "-o", str(tmp_path)], cwd=root, capture_output=True, text=True)
+    assert traced.returncode == 0, traced.stderr[-2000:]
+    dump = Path(traced.stderr.strip().splitlines()[-1].split()[1])
+    split = measure_training(load_module(dump), read_training_layout(dump.with_suffix(".json")))
+    model = get_config(str(config))
+    dims = block_dims(model, SHAPE, batch=2)
+    grid = tuple(int(v) for v in mesh.split("x"))
+    assert split.memory["activation"] == sum(t.bytes for t in layout_training_activations(
+        strategy, model, dims, grid, recompute=True, path="clean"))
+    theory: dict = defaultdict(lambda: [0, 0.0])
+    for term in layout_training_collectives(strategy, model, dims, grid, zero, True, path="clean"):
+        theory[(term.phase, term.traffic, term.kind)][0] += term.count
+        theory[(term.phase, term.traffic, term.kind)][1] += term.bytes_per_device
+    assert {k: (c, round(v)) for k, (c, v) in theory.items()} == {
+        k: (c, round(v)) for k, (c, v) in split.comm.items()}
