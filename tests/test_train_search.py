@@ -182,3 +182,26 @@ def test_recompute_formulas_are_the_trace(tmp_path, strategy, mesh, zero):
         theory[(term.phase, term.traffic, term.kind)][1] += term.bytes_per_device
     assert {k: (c, round(v)) for k, (c, v) in theory.items()} == {
         k: (c, round(v)) for k, (c, v) in split.comm.items()}
+
+
+def test_sizing_traces_until_a_traced_plan_meets_the_target():
+    """A hand-made curve (estimates 8, 4, 2, 1 s on 1, 2, 4, 8 devices) and a tracer that
+    traces every plan 3x its estimate: target 3 s. The estimate says 2 devices (4 s > 3, so 4
+    devices at 2 s); traced 6 s, the scale becomes 3, so 8 devices (1 s x 3 = 3 s) next: traced
+    3 s meets it. A budget of one trace answers nothing."""
+    from tracing.sizing import SizingPoint, SizingResult, confirm_inference
+
+    curve = tuple(SizingPoint(n, 1, f"plan{n}", 8.0 / n, 1e9) for n in (1, 2, 4, 8))
+    result = SizingResult("infer", "tiny", SHAPE, "x", 3.0, 2e9, curve, curve[2], "p4",
+                          plans=tuple((n, f"p{n}") for n in (1, 2, 4, 8)))
+    traced = []
+
+    def tracer(plan):
+        traced.append(plan)
+        n = int(plan[1:])
+        return (3 * 8.0 / n, 1e9)
+
+    confirmed = confirm_inference(result, tracer, budget=3)
+    assert traced == ["p4", "p8"] and confirmed.confirmed and confirmed.answer.devices == 8
+    assert [t.traced_s for t in confirmed.traces] == [6.0, 3.0]
+    assert confirm_inference(result, tracer, budget=1).answer is None

@@ -302,7 +302,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                                target_step_time=target_step_time, max_devices=max_devices,
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
-                               force=force)
+                               force=force, budget=budget)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -345,7 +345,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     target_latency: float | None, target_step_time: float | None,
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
-                    force: bool) -> int:
+                    force: bool, budget: int = 12) -> int:
     """``--mode train`` and the sizing options (``tracing.train_search``, ``tracing.sizing``,
     rendered by ``tracing.sizing_cli``)."""
     from dataclasses import asdict
@@ -375,12 +375,16 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                            memory_limit_bytes=limit, steps=steps, progress=progress)
         confirmed = None
         if confirm and result.answer_plan is not None:
-            confirmed = _confirm_sizing(result, model_config, shape, hardware, steps, work)
+            if mode == "train":
+                confirmed = _confirm_training_sizing(result, model_config, shape, hardware, work)
+            else:
+                result = sizing.confirm_inference(result, _locked_tracer(work, hardware, steps), budget=budget)
         click.echo(sizing_cli.render_sizing(result, confirmed), nl=False)
         if json_out:
             atomic_write(json_out, json.dumps({"mode": result.mode, "target_s": result.target_s,
                                                "answer": None if result.answer is None else asdict(result.answer),
-                                               "confirmed": confirmed,
+                                               "confirmed": confirmed or result.confirmed,
+                                               "traces": [asdict(t) for t in result.traces],
                                                "curve": [asdict(p) for p in result.curve]}, indent=1) + "\n",
                          force=force)
         if plot_out:
@@ -411,34 +415,35 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     return 0 if result.best is not None else 1
 
 
-def _confirm_sizing(result, model_config: str, shape: str, hardware: str, steps: int, work: Path) -> str:
-    """Trace the sizing answer: the inference plan through plan-search's tracer (every stage),
-    the training plan's block pair; one line with the traced figure."""
+def _confirm_training_sizing(result, model_config: str, shape: str, hardware: str, work: Path) -> str:
+    """Trace the training sizing answer's block pair; one line with the traced figure."""
+    from hardware import load_system
     from tracing import sizing_cli
+    from tracing.train_search import TrainOutcome, estimate_train_plan
 
     plan = result.answer_plan
-    if result.mode == "train":
-        from hardware import load_system
-        from tracing.train_search import TrainOutcome, estimate_train_plan
+    outcome = TrainOutcome(plan, estimate_train_plan(plan, load_system(hardware), model_config, shape))
+    pair = sizing_cli.confirm_training_pair(outcome, model_config, shape, hardware, work)
+    return (f"traced confirmation: one block pair of its stage steps in {pair.traced_step_s * 1e3:.4g} ms "
+            f"(estimate {pair.estimated_step_s * 1e3:.4g} ms, ratio "
+            f"{pair.estimated_step_s / pair.traced_step_s:.3f})")
 
-        outcome = TrainOutcome(plan, estimate_train_plan(plan, load_system(hardware), model_config, shape))
-        pair = sizing_cli.confirm_training_pair(outcome, model_config, shape, hardware, work)
-        return (f"traced confirmation: one block pair of its stage steps in {pair.traced_step_s * 1e3:.4g} ms "
-                f"(estimate {pair.estimated_step_s * 1e3:.4g} ms, ratio "
-                f"{pair.estimated_step_s / pair.traced_step_s:.3f})")
+
+def _locked_tracer(work: Path, hardware: str, steps: int):
+    """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
     import fcntl
 
     from tracing.plan_search import runner_tracer
     from tracing.sizing_cli import FULL_TRACE_LOCK
 
-    with open(FULL_TRACE_LOCK, "a") as lock:  # one full-size trace at a time on this machine
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        value = runner_tracer(work, hardware, steps=steps)([plan])[0]
-    if isinstance(value, str):
-        return f"traced confirmation failed: {value}"
-    verdict = "meets" if value[0] <= result.target_s else "does NOT meet"
-    return (f"traced confirmation: {value[0]:.4g} s, {value[1] / GIGA:.4g} GB per device: the traced "
-            f"plan {verdict} the target")
+    tracer = runner_tracer(work, hardware, steps=steps)
+
+    def trace(plan):
+        with open(FULL_TRACE_LOCK, "a") as lock:  # one full-size trace at a time on this machine
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return tracer([plan])[0]
+
+    return trace
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,6 +11,13 @@ exact as its estimate does), ``tracing.train_search.estimate_train_plan`` for tr
 plan of ``n`` is the fastest whose estimated memory per device fits. The answer is the smallest
 ``n`` whose best meets the target; ``confirm`` traces it (plan-search's tracer, or the training
 pair trace) so that the answer rests on a traced figure.
+
+Inference answers are traced until one holds (:func:`confirm_inference`): the estimate's best
+plan of the answer's count is traced; when its traced latency misses the target, every estimate
+is scaled by the traced / estimated ratio of the last trace and the smallest untried count whose
+scaled estimate meets the target is traced next, up to a budget of traced plans. The answer is
+then the first traced plan that meets the target (None if none did within the budget), with
+every trace listed.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from dataclasses import dataclass
 from hardware.spec import SystemSpec
 from hlo_trace.errors import UsageError
 
-__all__ = ["SizingPoint", "SizingResult", "size_inference", "size_training"]
+__all__ = ["SizingPoint", "SizingResult", "SizingTrace", "confirm_inference", "size_inference",
+           "size_training"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,18 @@ class SizingPoint:
 
 
 @dataclass(frozen=True)
+class SizingTrace:
+    """One traced confirmation: the best estimated plan of ``devices`` devices, traced."""
+
+    devices: int
+    label: str
+    estimate_s: float
+    traced_s: float | None
+    traced_memory_bytes: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class SizingResult:
     mode: str
     config: str
@@ -48,6 +68,12 @@ class SizingResult:
     answer: SizingPoint | None
     #: The answer's best plan object (a ``Plan`` or a ``TrainPlan``), for the confirmation.
     answer_plan: object | None = None
+    #: The best plan object of every count (for the confirmation's next tries).
+    plans: tuple[tuple[int, object], ...] = ()
+    #: The traced confirmations, in the order they ran (inference; :func:`confirm_inference`).
+    traces: tuple[SizingTrace, ...] = ()
+    #: Whether ``answer`` rests on a trace that met the target.
+    confirmed: bool = False
 
 
 def _answer(curve: Sequence[SizingPoint], target_s: float) -> SizingPoint | None:
@@ -95,7 +121,8 @@ def size_inference(config: str, shape: str, hardware: str, target_s: float, max_
             progress(n, len(space.plans))
     answer = _answer(curve, target_s)
     return SizingResult("infer", config, shape, hardware, target_s, limit, tuple(curve), answer,
-                        None if answer is None else plans_of[answer.devices])
+                        None if answer is None else plans_of[answer.devices],
+                        tuple((n, plan) for n, plan in plans_of.items() if plan is not None))
 
 
 def size_training(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,
@@ -125,3 +152,36 @@ def size_training(config: str, shape: str, hardware: str, target_s: float, max_d
     answer = _answer(curve, target_s)
     return SizingResult("train", config, shape, hardware, target_s, limit, tuple(curve), answer,
                         None if answer is None else plans_of[answer.devices])
+
+
+#: Traces one plan; returns (latency s, memory bytes) or an error string (plan-search's tracer).
+PlanTracer = Callable[[object], "tuple[float, float] | str"]
+
+
+def confirm_inference(result: SizingResult, trace: PlanTracer, *, budget: int = 3) -> SizingResult:
+    """Trace the answer, and further counts by the scaled estimate until a traced plan meets
+    the target or ``budget`` plans were traced (module doc)."""
+    import dataclasses
+
+    plans = dict(result.plans)
+    by_count = {p.devices: p for p in result.curve if p.seconds is not None and p.devices in plans}
+    traces: list[SizingTrace] = []
+    scale = 1.0
+    while len(traces) < budget:
+        tried = {t.devices for t in traces}
+        candidates = [n for n in sorted(by_count) if n not in tried
+                      and by_count[n].seconds * scale <= result.target_s]
+        if not candidates:
+            break
+        point = by_count[candidates[0]]
+        value = trace(plans[point.devices])
+        if isinstance(value, str):
+            traces.append(SizingTrace(point.devices, point.best_label, point.seconds, None, None, value))
+            continue
+        traces.append(SizingTrace(point.devices, point.best_label, point.seconds, value[0], value[1]))
+        if value[0] <= result.target_s and value[1] <= result.memory_limit_bytes:
+            return dataclasses.replace(result, answer=point, answer_plan=plans[point.devices],
+                                       traces=tuple(traces), confirmed=True)
+        scale = value[0] / point.seconds
+    return dataclasses.replace(result, answer=None, answer_plan=None, traces=tuple(traces),
+                               confirmed=False)

@@ -140,14 +140,25 @@ def render_sizing(result, confirmed: str | None = None) -> str:
     what = "inference latency" if result.mode == "infer" else "training step"
     lines = [f"plan-search sizing: {result.config} at {result.shape} on {result.hardware}, target "
              f"{what} {result.target_s:.4g} s, memory limit {result.memory_limit_bytes / GIGA:.4g} GB per device"]
+    traced = {t.devices: t for t in result.traces}
     if result.answer is None:
-        lines.append(f"answer: no device count up to {result.curve[-1].devices} meets the target")
+        lines.append(f"answer: no device count up to {result.curve[-1].devices} meets the target"
+                     + (f" (traced {len(result.traces)} plan(s), none met it)" if result.traces else ""))
     else:
         a = result.answer
-        lines.append(f"answer: {a.devices} devices: {a.best_label}: {a.seconds:.4g} s (estimate), "
-                     f"{a.memory_bytes / GIGA:.4g} GB per device")
+        how = "traced" if result.confirmed else "estimate"
+        seconds = traced[a.devices].traced_s if result.confirmed else a.seconds
+        memory = traced[a.devices].traced_memory_bytes if result.confirmed else a.memory_bytes
+        lines.append(f"answer: {a.devices} devices: {a.best_label}: {seconds:.4g} s ({how}), "
+                     f"{memory / GIGA:.4g} GB per device")
     if confirmed:
         lines.append(confirmed)
+    for t in result.traces:
+        verdict = (f"failed: {t.error}" if t.error is not None else
+                   f"traced {t.traced_s:.4g} s, {t.traced_memory_bytes / GIGA:.4g} GB per device: "
+                   + ("meets the target" if t.traced_s <= result.target_s
+                      and t.traced_memory_bytes <= result.memory_limit_bytes else "does NOT meet the target"))
+        lines.append(f"  confirmation {t.devices} devices, {t.label}: estimate {t.estimate_s:.4g} s, {verdict}")
     lines += ["", f"best estimated {what} by device count:",
               f"  {'devices':>7s} {'plans':>6s} {'seconds':>10s} {'GB/device':>9s}  best plan"]
     for p in result.curve:
@@ -175,9 +186,14 @@ def plot_sizing(result, path: str, *, force: bool) -> None:
     axis.plot([p.devices for p in points], [p.seconds for p in points], "o-", color="C0",
               label="best plan that fits (estimate)")
     axis.axhline(result.target_s, color="C3", linestyle="--", label=f"target {result.target_s:.3g} s")
+    done = [t for t in result.traces if t.traced_s is not None]
+    if done:
+        axis.scatter([t.devices for t in done], [t.traced_s for t in done], marker="x", s=60, color="C1",
+                     zorder=3, label="traced confirmations")
     if result.answer is not None:
-        axis.scatter([result.answer.devices], [result.answer.seconds], marker="*", s=180, color="C3",
-                     zorder=3, label=f"answer: {result.answer.devices} devices")
+        seconds = next((t.traced_s for t in done if t.devices == result.answer.devices), result.answer.seconds)
+        axis.scatter([result.answer.devices], [seconds], marker="*", s=180, color="C3",
+                     zorder=4, label=f"answer: {result.answer.devices} devices")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("devices")
