@@ -15,8 +15,8 @@ A *training plan* (:class:`TrainPlan`) on ``devices`` chips:
 
 The global batch (``--batch``, default: the devices) is cut into m micro-batches; a plan whose
 micro-batch the layout cannot split evenly, or for which ``models.opensora.training_theory``
-has no formula (ZeRO for megatron / megatron_sp / ds_ulysses / ring_attention, recompute for the
-sequence-parallel layouts) is listed as refused with the reason.
+has no formula (ZeRO for megatron / megatron_sp / ds_ulysses / ring_attention, recompute for
+megatron_sp and with ZeRO-3) is listed as refused with the reason.
 
 The estimate (:func:`estimate_train_plan`), per device, one step:
 
