@@ -48,6 +48,33 @@ the protocol switch and the measured peak as NCCL runs them, all-to-all with its
 instead of the phases above; groups that run at the same time use disjoint switch ports.
 Collective-permute and broadcast keep the phase model.
 
+*Multi-node systems* (a system with ``inter_node``, e.g. ``4x8xh100``, ``tx8-64``): a group
+inside one node runs on that node's network as above (local chip ids). A group spanning ``k``
+nodes with ``g`` members on each runs hierarchically, as NCCL does:
+
+=====================  ==================================  =================================
+kind                   inside each node (``g`` members)    between the nodes (``k`` nodes)
+=====================  ==================================  =================================
+``all_reduce``         reduce-scatter of M, all-gather     all-reduce of ``M/g`` by each of
+                       of M                                the ``g`` members with its peers
+``all_gather``         all-gather of M                     all-gather of ``M/g`` per member
+``reduce_scatter``     reduce-scatter of M                 reduce-scatter of ``M/g``
+``all_to_all``         all-to-all of the ``g*M/n`` bound   every member sends ``M*(n-g)/n``
+                       for its own node (+ PXN: the        off its node
+                       share bound for other rails)
+``collective_permute`` --                                  ``M`` per member crossing nodes
+=====================  ==================================  =================================
+
+A node's inter-node bytes (every concurrent group's members on that node together; a ring
+member sends the ring volume of its level) cross its NICs at
+:meth:`hardware.spec.InterNodeNetwork.nic_bytes_per_s` of the chips taking part; each
+inter-node step pays ``inter_node.latency``. NCCL pipelines the levels chunk by chunk, so a
+hierarchical collective takes the slower level plus the latency of the faster one::
+
+    time = max(intra, inter) + latency(the other level)
+
+(:func:`hierarchical_cost` returns the bytes of each level, which the tests count by hand.)
+
 *Link sharing*: ``concurrent_groups`` lists every group of the collective that runs at the same
 time (an SPMD collective's replica groups); their transfers load the same links, e.g. the pairs
 ``{i, i+8}`` of a 4x4 mesh all cross the middle vertical links. Communication is not overlapped
@@ -59,21 +86,24 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from hardware.nccl import NCCL_KINDS, nccl_time_s
+from hardware.nccl import NCCL_KINDS, nccl_floor_s, nccl_time_s
 from hardware.spec import SystemSpec
 
 __all__ = [
     "COLLECTIVE_KINDS",
     "SWITCH_NODE",
+    "HierarchicalCost",
     "Phase",
     "Transfer",
     "all_to_all_bisection_bound_s",
     "bisection_links",
     "collective_phases",
     "collective_time_s",
+    "hierarchical_cost",
     "hop_distance",
+    "node_system",
     "phase_time_s",
     "route",
     "per_device_bytes",
@@ -422,9 +452,134 @@ def collective_time_s(
             raise ValueError(f"concurrent group {group} does not have {group_size} members")
         if len(set(group)) != len(group) or any(d < 0 or d >= system.chip_count for d in group):
             raise ValueError(f"device ids {group} repeat or do not fit a system of {system.chip_count} chips")
+    if system.inter_node is not None:
+        return hierarchical_cost(kind, groups, message_bytes, system).seconds
+    return _one_node_time_s(kind, groups, message_bytes, system)
+
+
+def _one_node_time_s(kind: str, groups: Sequence[Sequence[int]], message_bytes: float,
+                     system: SystemSpec) -> float:
+    """Seconds of ``kind`` over the concurrent ``groups`` of one node's network."""
+    group_size = len(groups[0])
+    if group_size < 2:
+        return 0.0
     if system.nccl_table is not None and kind in NCCL_KINDS:
         return nccl_time_s(system.nccl_table, kind, group_size, message_bytes, busbw_scale=system.nccl_busbw_scale)
     seconds = sum(phase_time_s(p, system) for p in collective_phases(kind, groups, message_bytes, system))
     if kind == "all_to_all":
         seconds = max(seconds, all_to_all_bisection_bound_s(group_size, message_bytes, system))
     return seconds
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-node systems: hierarchical collectives (module docstring)
+# --------------------------------------------------------------------------------------------
+
+
+def node_system(system: SystemSpec) -> SystemSpec:
+    """The network inside one node of a multi-node system (the system itself for one node):
+    its chips, topology, links and NCCL table, as the system (with any overrides) has them."""
+    if system.inter_node is None:
+        return system
+    return replace(system, name=f"{system.name} node", chip_count=system.chips_per_node, inter_node=None)
+
+
+@dataclass(frozen=True)
+class HierarchicalCost:
+    """A collective over concurrent groups of a multi-node system, level by level.
+
+    ``nodes``/``members_per_node``: how one group spreads (k nodes, g members on each);
+    ``intra_phases``: ``(kind, message bytes)`` run inside every node, one after the other;
+    ``inter_kind``/``inter_message_bytes``: the collective each member runs with its peers on
+    the other nodes; ``nic_bytes_per_node``: bytes one node sends over its NICs (all groups);
+    ``intra_s``/``inter_s``: each level's time; ``seconds``: the total (module docstring)."""
+
+    nodes: int
+    members_per_node: int
+    intra_phases: tuple[tuple[str, float], ...]
+    inter_kind: str | None
+    inter_message_bytes: float
+    nic_bytes_per_node: float
+    intra_s: float
+    inter_s: float
+    intra_latency_s: float
+    inter_latency_s: float
+    seconds: float
+
+
+def _intra_latency_s(kind: str, group_size: int, node: SystemSpec) -> float:
+    """The latency part of one collective inside a node: the measured NCCL floor, or one hop
+    latency per ring step."""
+    if group_size < 2:
+        return 0.0
+    if node.nccl_table is not None and kind in NCCL_KINDS:
+        return nccl_floor_s(node.nccl_table, kind, busbw_scale=node.nccl_busbw_scale)
+    return ring_steps(kind, group_size) * node.hop_latency_s
+
+
+def _by_node(group: Sequence[int], system: SystemSpec) -> dict[int, list[int]]:
+    network = system.inter_node
+    assert network is not None
+    members: dict[int, list[int]] = defaultdict(list)
+    for device in group:
+        members[network.node_of(device)].append(network.local_id(device))
+    return members
+
+
+def hierarchical_cost(kind: str, groups: Sequence[Sequence[int]], message_bytes: float,
+                      system: SystemSpec) -> HierarchicalCost:
+    """The hierarchical collective of the module docstring on a multi-node ``system``."""
+    network = system.inter_node
+    if network is None:
+        raise ValueError(f"{system.name} has one node: no hierarchical collective")
+    node = node_system(system)
+    spread = [_by_node(g, system) for g in groups]
+    k = len(spread[0])
+    g = max(len(members) for members in spread[0].values())
+    n = len(groups[0])
+    # The groups of one node run at the same time: those members, in local ids, on the busiest node.
+    per_node: dict[int, list[list[int]]] = defaultdict(list)
+    for members in spread:
+        for node_id, local in members.items():
+            per_node[node_id].append(sorted(local))
+    busiest = max(per_node, key=lambda node_id: (sum(map(len, per_node[node_id])), -node_id))
+    local_groups = [grp for grp in per_node[busiest] if len(grp) == g] or per_node[busiest]
+    active = sum(map(len, per_node[busiest]))
+    m = message_bytes
+    if k == 1:
+        seconds = _one_node_time_s(kind, local_groups, m, node) if g > 1 else 0.0
+        return HierarchicalCost(1, g, ((kind, m),), None, 0.0, 0.0, seconds, 0.0,
+                                _intra_latency_s(kind, g, node), 0.0, seconds)
+    groups_on_node = len(per_node[busiest])
+    if kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        intra = {"all_reduce": (("reduce_scatter", m), ("all_gather", m)),
+                 "all_gather": (("all_gather", m),),
+                 "reduce_scatter": (("reduce_scatter", m),)}[kind] if g > 1 else ()
+        inter_kind, inter_message = kind, m / g
+        # each member sends its ring volume over k nodes; every member on the node does
+        nic_bytes = groups_on_node * g * per_device_bytes(kind, k, inter_message)
+        steps = ring_steps(kind, k)
+    elif kind == "all_to_all":
+        local_share = m * g / n  # what a member sends to its own node (itself included)
+        remote = m * (n - g) / n
+        if network.switch == "rail_optimized" and g > 1:
+            # PXN: the part bound for other rails first moves to the chip on the destination's rail
+            local_share += remote * (g - 1) / g
+        intra = (("all_to_all", local_share),) if g > 1 else ()
+        inter_kind, inter_message = "all_to_all", remote  # what each member sends off its node
+        nic_bytes = groups_on_node * g * remote
+        steps = k - 1
+    else:  # collective_permute, collective_broadcast: each member's message crosses its node
+        intra = ()
+        inter_kind, inter_message = kind, m
+        nic_bytes = groups_on_node * g * m
+        steps = 1
+    intra_s = sum(_one_node_time_s(sub, local_groups, size, node) for sub, size in intra)
+    intra_latency = sum(_intra_latency_s(sub, g, node) for sub, _ in intra)
+    inter_latency = steps * network.latency_s
+    inter_s = nic_bytes / network.nic_bytes_per_s(active) + inter_latency
+    seconds = max(intra_s, inter_s) + (inter_latency if intra_s >= inter_s else intra_latency)
+    if not intra:
+        seconds = inter_s
+    return HierarchicalCost(k, g, tuple(intra), inter_kind, inter_message, nic_bytes, intra_s,
+                            inter_s, intra_latency, inter_latency, seconds)

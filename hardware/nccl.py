@@ -47,10 +47,13 @@ __all__ = [
     "NCCL_KINDS",
     "NCCL_TABLE_COLUMNS",
     "NcclCurve",
+    "NcclMeasurement",
     "NcclTable",
     "bus_bandwidth",
     "bus_bandwidth_factor",
+    "load_nccl_measurement",
     "load_nccl_table",
+    "nccl_floor_s",
     "nccl_time_s",
 ]
 
@@ -122,6 +125,12 @@ def bus_bandwidth(curve: NcclCurve, message_bytes: float) -> float:
     return math.exp(math.log(busbw[lower]) + fraction * math.log(busbw[upper] / busbw[lower]))
 
 
+def nccl_floor_s(table: NcclTable, kind: str, *, busbw_scale: float = 1.0) -> float:
+    """The table's small-message floor of ``kind``: the time of its first row (scaled)."""
+    curve = table.curve(kind)
+    return curve.sizes_bytes[0] * bus_bandwidth_factor(kind, table.group_size) / (curve.busbw_bytes_per_s[0] * busbw_scale)
+
+
 def nccl_time_s(table: NcclTable, kind: str, group_size: int, message_bytes: float, *,
                 busbw_scale: float = 1.0) -> float:
     """Seconds of one ``kind`` of ``message_bytes`` over ``group_size`` GPUs (module docstring)."""
@@ -132,7 +141,7 @@ def nccl_time_s(table: NcclTable, kind: str, group_size: int, message_bytes: flo
     if group_size == 1 or message_bytes == 0:
         return 0.0
     curve = table.curve(kind)
-    floor = curve.sizes_bytes[0] * bus_bandwidth_factor(kind, table.group_size) / (curve.busbw_bytes_per_s[0] * busbw_scale)
+    floor = nccl_floor_s(table, kind, busbw_scale=busbw_scale)
     moving = message_bytes * bus_bandwidth_factor(kind, group_size) / (bus_bandwidth(curve, message_bytes) * busbw_scale)
     return max(floor, moving)
 
@@ -221,3 +230,61 @@ def load_nccl_table(path: str | Path) -> NcclTable:
         group_size=group_size,
         curves=tuple(_curve(path, kind, data[kind], group_size) for kind in NCCL_KINDS),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-node measurements (validation of hardware.collectives' hierarchical model)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NcclMeasurement:
+    """An nccl-tests run over ``nodes`` nodes of ``ranks_per_node`` GPUs (``kind =
+    "nccl_measurement"``): one or more collectives' rows, for validation only (nothing is
+    timed from them)."""
+
+    name: str
+    description: str
+    source: str
+    path: str
+    nodes: int
+    ranks_per_node: int
+    curves: tuple[NcclCurve, ...]
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+_MEASUREMENT_KEYS = {"kind", "name", "description", "source", "nodes", "ranks_per_node", "columns",
+                     *NCCL_KINDS}
+
+
+def load_nccl_measurement(path: str | Path) -> NcclMeasurement:
+    """Read a multi-node nccl-tests measurement file (rows as :func:`load_nccl_table` reads
+    them, over ``nodes * ranks_per_node`` ranks); InputFileError names the bad field."""
+    path = Path(path)
+    data = load_toml(path, "a multi-node nccl-tests measurement (TOML)")
+    if data.get("kind") != "nccl_measurement":
+        raise InputFileError(f"{path}: field 'kind': expected 'nccl_measurement', got {data.get('kind')!r}")
+    unknown = sorted(set(data) - _MEASUREMENT_KEYS)
+    if unknown:
+        raise InputFileError(f"{path}: field '{unknown[0]}': unknown field (known: {', '.join(sorted(_MEASUREMENT_KEYS))})")
+    counts = []
+    for key in ("nodes", "ranks_per_node"):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputFileError(f"{path}: field '{key}': expected a positive integer, got {value!r}")
+        counts.append(value)
+    if data.get("columns") != list(NCCL_TABLE_COLUMNS):
+        raise InputFileError(f"{path}: field 'columns': expected {list(NCCL_TABLE_COLUMNS)}, got {data.get('columns')!r}")
+    kinds = [kind for kind in NCCL_KINDS if kind in data]
+    if not kinds:
+        raise InputFileError(f"{path}: no collective's rows (expected one of {', '.join(NCCL_KINDS)})")
+    ranks = counts[0] * counts[1]
+    return NcclMeasurement(
+        name=_text(path, data, "name", required=True),
+        description=_text(path, data, "description", required=False),
+        source=_text(path, data, "source", required=True),
+        path=str(path), nodes=counts[0], ranks_per_node=counts[1],
+        curves=tuple(_curve(path, kind, data[kind], ranks) for kind in kinds))

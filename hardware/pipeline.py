@@ -60,24 +60,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hardware.collectives import hop_distance
+from hardware.collectives import hop_distance, node_system
 from hardware.spec import SystemSpec
 
 
 def transfer_time_s(message_bytes: float, senders: Sequence[int], receivers: Sequence[int],
                     system: SystemSpec) -> float:
-    """Seconds to move ``message_bytes`` from the chips ``senders`` to the chips ``receivers``."""
+    """Seconds to move ``message_bytes`` from the chips ``senders`` to the chips ``receivers``.
+
+    On a multi-node system a pair on two nodes sends over the sender's NICs (the pairs leaving
+    one node share that node's NICs, :meth:`hardware.spec.InterNodeNetwork.nic_bytes_per_s`)
+    and pays one inter-node latency; a pair inside a node uses the node's network."""
     if message_bytes <= 0 or not senders or not receivers:
         return 0.0
     pairs = min(len(senders), len(receivers))
     share = message_bytes / pairs
     slowest = 0.0
+    network = system.inter_node
+    node = node_system(system)
+    crossing: dict[int, int] = {}
+    if network is not None:
+        for sender, receiver in zip(senders[:pairs], receivers[:pairs]):
+            if network.node_of(sender) != network.node_of(receiver):
+                crossing[network.node_of(sender)] = crossing.get(network.node_of(sender), 0) + 1
     for sender, receiver in zip(senders[:pairs], receivers[:pairs]):
-        hops = hop_distance(sender, receiver, system)
+        if network is not None:
+            if network.node_of(sender) != network.node_of(receiver):
+                count = crossing[network.node_of(sender)]
+                slowest = max(slowest, share * count / network.nic_bytes_per_s(count) + network.latency_s)
+                continue
+            sender, receiver = network.local_id(sender), network.local_id(receiver)
+        hops = hop_distance(sender, receiver, node)
         if hops == 0:
             continue
-        slowest = max(slowest, share / system.link_bandwidth_bytes_per_s
-                      + hops * system.hop_latency_s)
+        slowest = max(slowest, share / node.link_bandwidth_bytes_per_s
+                      + hops * node.hop_latency_s)
     return slowest
 
 

@@ -20,7 +20,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,10 @@ __all__ = [
     "COLLECTIVE_ALGORITHMS",
     "NOC_TOPOLOGIES",
     "SYSTEM_TOPOLOGIES",
+    "INTER_NODE_SWITCHES",
     "ChipSpec",
     "HardwareSpec",
+    "InterNodeNetwork",
     "KernelModel",
     "SystemSpec",
     "as_system",
@@ -61,6 +63,13 @@ SYSTEM_TOPOLOGIES = ("mesh2d", "torus2d", "ring", "switch")
 #: ``per_dimension`` (row rings then column rings of a 2-D grid), ``switch`` (every chip has one
 #: port of ``link_bandwidth`` each way into a non-blocking switch, e.g. NVSwitch).
 COLLECTIVE_ALGORITHMS = ("ring", "bidirectional_ring", "per_dimension", "switch")
+#: Switch fabrics between the nodes of a multi-node system (``[inter_node] switch``):
+#: ``rail_optimized``: NIC i of every node hangs on rail switch i, so traffic between the same
+#: local rank of two nodes crosses one leaf at the NIC's full rate; traffic to another rail is
+#: first moved over the node's own network to the chip on the destination's rail (NCCL's PXN).
+#: ``fat_tree``: every NIC into a two-level fat tree whose leaf uplinks are ``oversubscription``
+#: times fewer than its downlinks: inter-node traffic runs at ``nic_bandwidth / oversubscription``.
+INTER_NODE_SWITCHES = ("rail_optimized", "fat_tree")
 #: Algorithms each topology allows; the first is the default when a file names none.
 _ALGORITHMS_BY_TOPOLOGY = {
     "switch": ("switch",),
@@ -253,6 +262,57 @@ class SystemSpec:
     #: Multiplies the table's bus bandwidths (``nccl_busbw_scale``): 1 for the system the table
     #: was measured on, the NVLink bandwidth ratio for a system measured with another's table.
     nccl_busbw_scale: float = 1.0
+
+
+    #: Nodes joined by NICs (a multi-node system, :class:`InterNodeNetwork`); None: one node.
+    #: When set, ``topology``, ``topology_rows x topology_cols``, ``link_bandwidth`` and the NCCL
+    #: table describe the network *inside* one node (``inter_node.node``), and device ``d`` is
+    #: chip ``d % chips_per_node`` of node ``d // chips_per_node``.
+    inter_node: InterNodeNetwork | None = None
+
+    @property
+    def chips_per_node(self) -> int:
+        """Chips of one node (all of them on a one-node system)."""
+        return self.chip_count if self.inter_node is None else self.inter_node.node.chip_count
+
+
+@dataclass(frozen=True)
+class InterNodeNetwork:
+    """The network between the ``node_count`` identical nodes of a multi-node system.
+
+    ``node`` is the one-node system (its chips and intra-node network); every node has
+    ``nics_per_node`` NICs of ``nic_bandwidth_bytes_per_s`` each way; ``latency_s`` is what one
+    inter-node step of a collective pays (NIC, switch, NCCL's per-step network cost);
+    ``switch`` one of :data:`INTER_NODE_SWITCHES` with its ``oversubscription`` (1: non-blocking).
+    """
+
+    node: SystemSpec
+    node_count: int
+    nics_per_node: int
+    nic_bandwidth_bytes_per_s: float
+    latency_s: float
+    switch: str
+    oversubscription: float = 1.0
+
+    @property
+    def chips_per_node(self) -> int:
+        return self.node.chip_count
+
+    def node_of(self, device: int) -> int:
+        return device // self.node.chip_count
+
+    def local_id(self, device: int) -> int:
+        return device % self.node.chip_count
+
+    def nic_bytes_per_s(self, active_chips: int) -> float:
+        """Inter-node bandwidth, each way, of one node whose ``active_chips`` chips take part in
+        a collective: the NICs those chips own (``nics_per_node / chips_per_node`` each, at least
+        one; a rail-optimised node reaches the others' NICs through PXN only for other rails),
+        divided by the fat tree's oversubscription."""
+        per_chip = self.nics_per_node / self.node.chip_count
+        nics = min(self.nics_per_node, max(1, math.ceil(active_chips * per_chip - 1e-9)))
+        rate = nics * self.nic_bandwidth_bytes_per_s
+        return rate / self.oversubscription if self.switch == "fat_tree" else rate
 
 
 HardwareSpec = ChipSpec | SystemSpec
@@ -508,6 +568,24 @@ _SYSTEM_FIELDS: dict[str, tuple[str, Reader, bool]] = {
     "nccl_busbw_scale": ("nccl_busbw_scale", _positive_number, False),
 }
 
+#: A multi-node system file: ``node`` (a one-node system file), ``node_count`` and the
+#: ``[inter_node]`` table (:data:`_INTER_NODE_FIELDS`).
+_MULTI_NODE_FIELDS: dict[str, tuple[str, Reader, bool]] = {
+    "name": ("name", _text, True),
+    "description": ("description", _text, False),
+    "source": ("source", _text, False),
+    "node": ("node", _text, True),
+    "node_count": ("node_count", _positive_int, True),
+}
+
+_INTER_NODE_FIELDS: dict[str, tuple[str, Reader, bool]] = {
+    "nics_per_node": ("nics_per_node", _positive_int, True),
+    "nic_bandwidth": ("nic_bandwidth_bytes_per_s", _quantity(Dimension.BANDWIDTH), True),
+    "latency": ("latency_s", _quantity(Dimension.TIME, allow_zero=True), True),
+    "switch": ("switch", _one_of(INTER_NODE_SWITCHES), True),
+    "oversubscription": ("oversubscription", _positive_number, False),
+}
+
 
 def _read_fields(path: Path, table: dict[str, Any], fields: dict[str, tuple[str, Reader, bool]]) -> dict[str, Any]:
     unknown = sorted(set(table) - set(fields) - {"kind"})
@@ -544,7 +622,48 @@ def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
     return ChipSpec(tile_grid_rows=rows, tile_grid_cols=cols, **values)
 
 
+def _multi_node_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]) -> SystemSpec:
+    """A system of ``node_count`` copies of the one-node system ``node``, joined by the NICs of
+    ``[inter_node]``."""
+    table = dict(table)
+    inter_table = table.pop("inter_node", None)
+    if not isinstance(inter_table, dict):
+        raise InputFileError(f"{path}: field 'inter_node': expected a table (nics_per_node, nic_bandwidth, "
+                             f"latency, switch), got {inter_table!r}")
+    values = _read_fields(path, table, _MULTI_NODE_FIELDS)
+    unknown = sorted(set(inter_table) - set(_INTER_NODE_FIELDS))
+    if unknown:
+        raise InputFileError(f"{path}: field 'inter_node.{unknown[0]}': unknown field "
+                             f"(known: {', '.join(_INTER_NODE_FIELDS)})")
+    inter = {}
+    for key, (attribute, reader, required) in _INTER_NODE_FIELDS.items():
+        if key not in inter_table:
+            if required:
+                raise InputFileError(f"{path}: field 'inter_node.{key}': missing")
+            continue
+        try:
+            inter[attribute] = reader(inter_table[key])
+        except ValueError as error:
+            raise InputFileError(f"{path}: field 'inter_node.{key}': {error}") from None
+    if values["node_count"] < 2:
+        raise InputFileError(f"{path}: field 'node_count': a multi-node system needs at least 2 nodes, "
+                             f"got {values['node_count']}")
+    node_ref = values["node"]
+    node_path = _resolve(node_ref, relative_to=path.parent)
+    if node_path is None:
+        raise InputFileError(f"{path}: field 'node': no bundled system or file named {node_ref!r}")
+    node = _load(node_path, seen + (path,))
+    if not isinstance(node, SystemSpec) or node.inter_node is not None:
+        raise InputFileError(f"{path}: field 'node': {node_ref!r} is not a one-node system file")
+    network = InterNodeNetwork(node=node, node_count=values["node_count"], **inter)
+    return replace(node, name=values["name"], description=values["description"] or "",
+                   source=values["source"] or "", chip_count=node.chip_count * values["node_count"],
+                   inter_node=network)
+
+
 def _system_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]) -> SystemSpec:
+    if "node" in table or "inter_node" in table:
+        return _multi_node_from_table(path, table, seen)
     values = _read_fields(path, table, _SYSTEM_FIELDS)
     chip_ref = values.pop("chip")
     chip_path = _resolve(chip_ref, relative_to=path.parent)

@@ -48,10 +48,11 @@ def near_square_grid(count: int) -> tuple[int, int]:
 
 
 def default_network(chip: ChipSpec) -> SystemSpec | None:
-    """The first bundled system file (by name) whose chip is ``chip``, or None."""
+    """The first bundled one-node system file (by name) whose chip is ``chip``, or None
+    (a multi-node system is no chip's default network)."""
     for name in bundled_hardware_names():
         spec = load_hardware(name)
-        if isinstance(spec, SystemSpec) and spec.chip.name == chip.name:
+        if isinstance(spec, SystemSpec) and spec.inter_node is None and spec.chip.name == chip.name:
             return spec
     return None
 

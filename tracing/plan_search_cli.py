@@ -252,6 +252,23 @@ def plot_front(result, path: str, *, force: bool) -> None:
 @click.option("--validate", type=click.IntRange(0, MAX_COUNT), default=10, show_default=True,
               help="Also trace this many plans drawn at random from the untraced rest, to "
                    "measure the estimate beyond the plans it ranked first (0: none).")
+@click.option("--mode", type=click.Choice(["infer", "train"]), default="infer", show_default=True,
+              help="infer: inference plans (traced); train: training plans (data parallel, ZeRO "
+                   "0-3, sequence and tensor parallel, pipeline stages and micro-batches, full "
+                   "recompute), estimated, the best confirmed by a one-pair trace.")
+@click.option("--batch", "train_batch", type=Count(), default=None,
+              help="--mode train: the global batch of one step.  [default: the devices]")
+@click.option("--micro-batches", "micro_batch_counts", default="1,2,4,8", show_default=True,
+              help="--mode train: micro-batch counts of the pipelines, comma-separated.")
+@click.option("--target-latency", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
+              help="Sizing: the smallest device count (up to --max-devices) whose best inference "
+                   "plan meets this latency in seconds, and the curve.")
+@click.option("--target-step-time", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
+              help="Sizing with --mode train: the same for the training step, in seconds.")
+@click.option("--max-devices", type=Count(), default=None,
+              help="Sizing: the largest device count tried.  [default: the system's chips]")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="--mode train and sizing: trace the answer to confirm it.")
 @click.option("--force", is_flag=True, help="Overwrite existing --plan-out / --json files.")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
@@ -259,8 +276,10 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         stage_counts: str | None, splits: int, patch_counts: str, steps: int,
                         jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
                         json_out: str | None, plot_out: str | None,
-                        exhaustive: bool, estimate_kind: str, validate: int, force: bool,
-                        verbose: bool) -> int:
+                        exhaustive: bool, estimate_kind: str, validate: int, mode: str,
+                        train_batch: int | None, micro_batch_counts: str,
+                        target_latency: float | None, target_step_time: float | None,
+                        max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
     tracing, trace the most promising within the budget, and report the best traced plan that
@@ -296,6 +315,14 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"expected some of {', '.join(STRATEGY_NAMES)}")
     stages = None if stage_counts is None else _int_list(stage_counts, "--stages")
     patches = _int_list(patch_counts, "--patches")
+    if mode == "train" or target_latency is not None or target_step_time is not None:
+        return train_or_sizing(model_config, shape, hardware, devices, mode=mode, batch=train_batch,
+                               micro_batches=_int_list(micro_batch_counts, "--micro-batches"),
+                               stages=stages, target_latency=target_latency,
+                               target_step_time=target_step_time, max_devices=max_devices,
+                               memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
+                               work_dir=work_dir, json_out=json_out, plot_out=plot_out,
+                               force=force, budget=budget)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -337,6 +364,112 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     atomic_write(plan_out, plan_file_text(result.best, result), force=force)
     click.echo(f"wrote {plan_out}", err=True)
     return 0
+
+
+def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, *, mode: str,
+                    batch: int | None, micro_batches: list[int], stages: list[int] | None,
+                    target_latency: float | None, target_step_time: float | None,
+                    max_devices: int | None, memory_limit_gb: float | None, steps: int,
+                    confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
+                    force: bool, budget: int = 12) -> int:
+    """``--mode train`` and the sizing options (``tracing.train_search``, ``tracing.sizing``,
+    rendered by ``tracing.sizing_cli``)."""
+    from dataclasses import asdict
+
+    from hlo_trace.atomic import atomic_write, check_targets
+    from tracing import sizing, sizing_cli, train_search
+
+    if target_latency is not None and mode == "train":
+        raise UsageError("--target-latency: inference sizing; with --mode train pass --target-step-time")
+    if target_step_time is not None and mode != "train":
+        raise UsageError("--target-step-time: training sizing; pass --mode train")
+    check_targets({"--json": json_out, "--plot": plot_out}, force=force)
+    if plot_out:
+        require_plot_extra()
+    limit = None if memory_limit_gb is None else memory_limit_gb * GIGA
+    work = Path(work_dir)
+    target = target_latency if target_latency is not None else target_step_time
+    if target is not None:
+        top = max_devices or devices
+        progress = lambda n, count: click.echo(f"  {n} devices: {count} plans", err=True)  # noqa: E731
+        if mode == "train":
+            result = sizing.size_training(model_config, shape, hardware, target, top,
+                                          batch=batch or top, memory_limit_bytes=limit,
+                                          micro_batch_counts=micro_batches, progress=progress)
+        else:
+            result = sizing.size_inference(model_config, shape, hardware, target, top,
+                                           memory_limit_bytes=limit, steps=steps, progress=progress)
+        confirmed = None
+        if confirm and result.answer_plan is not None:
+            if mode == "train":
+                confirmed = _confirm_training_sizing(result, model_config, shape, hardware, work)
+            else:
+                result = sizing.confirm_inference(result, _locked_tracer(work, hardware, steps), budget=budget)
+        click.echo(sizing_cli.render_sizing(result, confirmed), nl=False)
+        if json_out:
+            atomic_write(json_out, json.dumps({"mode": result.mode, "target_s": result.target_s,
+                                               "answer": None if result.answer is None else asdict(result.answer),
+                                               "confirmed": confirmed or result.confirmed,
+                                               "traces": [asdict(t) for t in result.traces],
+                                               "curve": [asdict(p) for p in result.curve]}, indent=1) + "\n",
+                         force=force)
+        if plot_out:
+            sizing_cli.plot_sizing(result, plot_out, force=force)
+            click.echo(f"wrote {plot_out}", err=True)
+        return 0 if result.answer is not None else 1
+    space = train_search.enumerate_train_plans(model_config, shape, devices, batch=batch,
+                                               stage_counts=stages, micro_batch_counts=micro_batches)
+    click.echo(f"estimating {len(space.plans)} training plans ({len(space.infeasible)} refused) ...", err=True)
+    result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
+                                       memory_limit_bytes=limit)
+    confirmation = None
+    if confirm and result.best is not None:
+        click.echo(f"tracing one block pair of {result.best.plan.label} to confirm ...", err=True)
+        confirmation = sizing_cli.confirm_training_pair(result.best, model_config, shape, hardware, work)
+    refused = refused_lines(result.space.infeasible)
+    if refused:  # no tracer refused these: the training formulas or the batch did
+        refused[0] = "refused (no training formula, or no even split of the batch or the pairs), by reason (plans):"
+    click.echo(sizing_cli.render_train_report(result, confirmation, refused), nl=False)
+    if json_out:
+        document = {"best": None if result.best is None else {
+                        "plan": asdict(result.best.plan), "label": result.best.plan.label,
+                        "estimate": asdict(result.best.estimate)},
+                    "confirmation": None if confirmation is None else asdict(confirmation),
+                    "plans": [{"label": o.plan.label, "step_s": o.estimate.step_s,
+                               "memory_bytes": o.estimate.memory_bytes} for o in result.outcomes]}
+        atomic_write(json_out, json.dumps(document, indent=1) + "\n", force=force)
+    return 0 if result.best is not None else 1
+
+
+def _confirm_training_sizing(result, model_config: str, shape: str, hardware: str, work: Path) -> str:
+    """Trace the training sizing answer's block pair; one line with the traced figure."""
+    from hardware import load_system
+    from tracing import sizing_cli
+    from tracing.train_search import TrainOutcome, estimate_train_plan
+
+    plan = result.answer_plan
+    outcome = TrainOutcome(plan, estimate_train_plan(plan, load_system(hardware), model_config, shape))
+    pair = sizing_cli.confirm_training_pair(outcome, model_config, shape, hardware, work)
+    return (f"traced confirmation: one block pair of its stage steps in {pair.traced_step_s * 1e3:.4g} ms "
+            f"(estimate {pair.estimated_step_s * 1e3:.4g} ms, ratio "
+            f"{pair.estimated_step_s / pair.traced_step_s:.3f})")
+
+
+def _locked_tracer(work: Path, hardware: str, steps: int):
+    """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
+    import fcntl
+
+    from tracing.plan_search import runner_tracer
+    from tracing.sizing_cli import FULL_TRACE_LOCK
+
+    tracer = runner_tracer(work, hardware, steps=steps)
+
+    def trace(plan):
+        with open(FULL_TRACE_LOCK, "a") as lock:  # one full-size trace at a time on this machine
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return tracer([plan])[0]
+
+    return trace
 
 
 def main(argv: Sequence[str] | None = None) -> None:

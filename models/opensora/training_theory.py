@@ -51,7 +51,7 @@ the table's gradient and the modulation partial sums are reduced twice.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config
@@ -161,7 +161,9 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
     replicated but the norm weights, biases and tables, which ZeRO would shard), ds_ulysses,
     ring_attention (ZeRO 0) and usp (ZeRO 0, 1); ``path`` as ``--path``. With
     ``recompute`` (``--recompute full``) the backward runs each block's forward again, with its
-    collectives (megatron: 6 all-reduces of A more; dp: none)."""
+    collectives (megatron: 6 all-reduces of A more; dp: none; ds_ulysses, ring_attention and
+    usp, ZeRO 0-2: every forward activation collective once more in the backward; megatron_sp
+    has no formula)."""
     _require_path(path)
     n, q = mesh[0] * mesh[1], dims.bytes_per_element
     h = dims.hidden
@@ -209,9 +211,20 @@ def layout_training_collectives(strategy: str, config: STDiT3Config, dims: Block
                 _term("backward", "param_grad", "all_reduce", 4, n, q * hd,
                              "q and k RMSNorm weight gradients"))
     if strategy == "megatron_sp":
+        if recompute:
+            raise TrainingTheoryError("megatron_sp --recompute full: no formula (GSPMD merges the "
+                                      "recomputed forward's gathers and scatters with the backward's)")
         return _megatron_sp_collectives(config, dims, mesh, zero, path)
     if strategy in _SEQUENCE_PARALLEL:
-        return _sequence_parallel_collectives(strategy, config, dims, mesh, zero, path)
+        terms = _sequence_parallel_collectives(strategy, config, dims, mesh, zero, path)
+        if not recompute:
+            return terms
+        if zero >= 3:
+            raise TrainingTheoryError(f"{strategy} --zero 3 --recompute full: no formula (the "
+                                      "recomputed forward's parameter gathers are not derived)")
+        # the backward runs each block's forward again, with its activation collectives
+        return terms + tuple(replace(term, phase="backward", what=f"recomputed forward: {term.what}")
+                             for term in terms if term.phase == "forward" and term.traffic == "activation")
     raise TrainingTheoryError(f"no training-step layout formula for {strategy!r} here: dp, "
                               "megatron, ds_ulysses, ring_attention, usp")
 
@@ -456,7 +469,10 @@ def layout_training_activations(strategy: str, config: STDiT3Config, dims: Block
     neither.
 
     ``recompute`` (``--recompute full``): each block's input x, the captions y and t_mlp as the
-    stage receives them (megatron, dp).
+    stage receives them: megatron and dp whole or split with the batch; the layouts with the
+    batch on x (megatron_sp, ds_ulysses, ring_attention, usp) keep B/x samples' t_mlp, every
+    caption (ring_attention: its y slice) and, on the official path, the temporal mask of the
+    local frames (checked on the tiny 2x2 / 2x4 traces, tests/test_training.py).
 
     Checked to the byte against the traced tiny dumps (``tests/test_training.py``) and the
     study's full-size dumps (``results/training.md``). Known limit: where GSPMD shards the
@@ -485,15 +501,21 @@ def layout_training_activations(strategy: str, config: STDiT3Config, dims: Block
     caption = ActivationTerm("captions y read by the kv projection's weight gradient", 1,
                              captions * h // caption_rows, b)
     if recompute:
-        if strategy not in ("megatron", "dp"):
-            raise TrainingTheoryError(f"--recompute full: an activation formula for megatron "
-                                      f"and dp, not {strategy!r}")
-        batch = dims.batch // residual  # the residual's split is the batch's (dp) or none
+        if strategy in ("megatron", "dp"):
+            batch, frames = dims.batch // residual, dims.T  # the residual's split is the batch's (dp) or none
+        else:  # the batch on x, the tokens (and the frames where they split) on y
+            batch = dims.batch // x_devices
+            frames = dims.T // y_devices if dims.T % y_devices == 0 else dims.T
+            # the checkpointed captions: every caption of the batch (the flattened
+            # cross-attention), ring_attention's split over y as it reads them
+            caption_split = y_devices if strategy == "ring_attention" else 1
+            caption = ActivationTerm("captions y as the checkpointed stage input", 1,
+                                     captions * h // caption_split, b)
         terms = [ActivationTerm("input x of each block (checkpointed)", 2, R, b), caption,
                  ActivationTerm("t_mlp", 1, batch * 6 * h, b)]
         if path == "official":
             terms += [ActivationTerm("t0_mlp", 1, batch * 6 * h, b),
-                      ActivationTerm("temporal mask x_mask (bool)", 1, batch * dims.T, 1)]
+                      ActivationTerm("temporal mask x_mask (bool)", 1, batch * frames, 1)]
         return tuple(terms)
     split_temporal = dims.T % y_devices == 0  # the attention whose sequence the SP layouts split
     terms = [caption]

@@ -1,0 +1,187 @@
+"""Sizing (issue 32, item 4; ``plan-search --target-latency S --max-devices N``, and
+``--target-step-time S`` with ``--mode train``): the smallest device count whose best plan meets
+the target, and the curve of the best estimate against the device count.
+
+For every device count ``n`` from 1 to ``--max-devices`` that the model can use (the counts the
+plan spaces accept), the plans of ``n`` devices are enumerated and estimated on the first ``n``
+chips of the ``--hw`` system (a multi-node system holds them node by node: ``n`` beyond one node
+crosses the NICs) with the estimates that ``plan-search`` ranks by:
+``tracing.plan_search.estimate_plan`` for inference (whatever that module exposes: it becomes as
+exact as its estimate does), ``tracing.train_search.estimate_train_plan`` for training. The best
+plan of ``n`` is the fastest whose estimated memory per device fits. The answer is the smallest
+``n`` whose best meets the target; ``confirm`` traces it (plan-search's tracer, or the training
+pair trace) so that the answer rests on a traced figure.
+
+Inference answers are traced until one holds (:func:`confirm_inference`): the estimate's best
+plan of the answer's count is traced; when its traced latency misses the target, every estimate
+is scaled by the traced / estimated ratio of the last trace and the smallest untried count whose
+scaled estimate meets the target is traced next, up to a budget of traced plans. The answer is
+then the first traced plan that meets the target (None if none did within the budget), with
+every trace listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hardware.spec import SystemSpec
+from hlo_trace.errors import UsageError
+
+__all__ = ["SizingPoint", "SizingResult", "SizingTrace", "confirm_inference", "size_inference",
+           "size_training"]
+
+
+@dataclass(frozen=True)
+class SizingPoint:
+    """The best plan on ``devices`` devices: its label, estimated seconds (inference latency or
+    training step) and memory per device; None when no plan fits."""
+
+    devices: int
+    plans: int
+    best_label: str | None
+    seconds: float | None
+    memory_bytes: float | None
+
+
+@dataclass(frozen=True)
+class SizingTrace:
+    """One traced confirmation: the best estimated plan of ``devices`` devices, traced."""
+
+    devices: int
+    label: str
+    estimate_s: float
+    traced_s: float | None
+    traced_memory_bytes: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SizingResult:
+    mode: str
+    config: str
+    shape: str
+    hardware: str
+    target_s: float
+    memory_limit_bytes: float
+    curve: tuple[SizingPoint, ...]
+    answer: SizingPoint | None
+    #: The answer's best plan object (a ``Plan`` or a ``TrainPlan``), for the confirmation.
+    answer_plan: object | None = None
+    #: The best plan object of every count (for the confirmation's next tries).
+    plans: tuple[tuple[int, object], ...] = ()
+    #: The traced confirmations, in the order they ran (inference; :func:`confirm_inference`).
+    traces: tuple[SizingTrace, ...] = ()
+    #: Whether ``answer`` rests on a trace that met the target.
+    confirmed: bool = False
+
+
+def _answer(curve: Sequence[SizingPoint], target_s: float) -> SizingPoint | None:
+    return next((p for p in curve if p.seconds is not None and p.seconds <= target_s), None)
+
+
+def _limit(system: SystemSpec, memory_limit_bytes: float | None, hardware: str) -> float:
+    limit = system.chip.dram_capacity_bytes if memory_limit_bytes is None else memory_limit_bytes
+    if limit is None:
+        raise UsageError(f"--hw {hardware}: the chip has no memory capacity; pass --memory-limit")
+    return limit
+
+
+def _check_devices(system: SystemSpec, max_devices: int, hardware: str) -> None:
+    if max_devices > system.chip_count:
+        raise UsageError(f"--max-devices {max_devices}: {system.name} has {system.chip_count} chips; "
+                         "pass a system with enough (e.g. --hw tx8-64, --hw 8x8xh100)")
+
+
+def size_inference(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,
+                   memory_limit_bytes: float | None = None, steps: int = 30,
+                   device_counts: Sequence[int] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> SizingResult:
+    """The inference sizing of the module doc."""
+    from hardware import load_system
+    from tracing.plan_search import enumerate_plans, estimate_plan
+
+    system = load_system(hardware)
+    _check_devices(system, max_devices, hardware)
+    limit = _limit(system, memory_limit_bytes, hardware)
+    counts = list(device_counts) if device_counts is not None else list(range(1, max_devices + 1))
+    curve, plans_of = [], {}
+    for n in counts:
+        space = enumerate_plans(config, shape, n)
+        best = None
+        for plan in space.plans:
+            estimate = estimate_plan(plan, system, steps=steps)
+            if estimate.memory_bytes <= limit and (best is None or estimate.latency_s < best[1].latency_s):
+                best = (plan, estimate)
+        curve.append(SizingPoint(n, len(space.plans), None if best is None else best[0].label,
+                                 None if best is None else best[1].latency_s,
+                                 None if best is None else best[1].memory_bytes))
+        plans_of[n] = None if best is None else best[0]
+        if progress is not None:
+            progress(n, len(space.plans))
+    answer = _answer(curve, target_s)
+    return SizingResult("infer", config, shape, hardware, target_s, limit, tuple(curve), answer,
+                        None if answer is None else plans_of[answer.devices],
+                        tuple((n, plan) for n, plan in plans_of.items() if plan is not None))
+
+
+def size_training(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,
+                  batch: int, memory_limit_bytes: float | None = None,
+                  device_counts: Sequence[int] | None = None,
+                  micro_batch_counts: Sequence[int] = (1, 2, 4, 8),
+                  progress: Callable[[int, int], None] | None = None) -> SizingResult:
+    """The training sizing of the module doc (the global ``batch`` fixed across counts)."""
+    from hardware import load_system
+    from tracing.train_search import enumerate_train_plans, search_train
+
+    system = load_system(hardware)
+    _check_devices(system, max_devices, hardware)
+    limit = _limit(system, memory_limit_bytes, hardware)
+    counts = list(device_counts) if device_counts is not None else list(range(1, max_devices + 1))
+    curve, plans_of = [], {}
+    for n in counts:
+        space = enumerate_train_plans(config, shape, n, batch=batch, micro_batch_counts=micro_batch_counts)
+        result = search_train(config, shape, hardware, space, devices=n, memory_limit_bytes=limit)
+        best = result.best
+        curve.append(SizingPoint(n, len(result.outcomes), None if best is None else best.plan.label,
+                                 None if best is None else best.estimate.step_s,
+                                 None if best is None else best.estimate.memory_bytes))
+        plans_of[n] = None if best is None else best.plan
+        if progress is not None:
+            progress(n, len(result.outcomes))
+    answer = _answer(curve, target_s)
+    return SizingResult("train", config, shape, hardware, target_s, limit, tuple(curve), answer,
+                        None if answer is None else plans_of[answer.devices])
+
+
+#: Traces one plan; returns (latency s, memory bytes) or an error string (plan-search's tracer).
+PlanTracer = Callable[[object], "tuple[float, float] | str"]
+
+
+def confirm_inference(result: SizingResult, trace: PlanTracer, *, budget: int = 3) -> SizingResult:
+    """Trace the answer, and further counts by the scaled estimate until a traced plan meets
+    the target or ``budget`` plans were traced (module doc)."""
+    import dataclasses
+
+    plans = dict(result.plans)
+    by_count = {p.devices: p for p in result.curve if p.seconds is not None and p.devices in plans}
+    traces: list[SizingTrace] = []
+    scale = 1.0
+    while len(traces) < budget:
+        tried = {t.devices for t in traces}
+        candidates = [n for n in sorted(by_count) if n not in tried
+                      and by_count[n].seconds * scale <= result.target_s]
+        if not candidates:
+            break
+        point = by_count[candidates[0]]
+        value = trace(plans[point.devices])
+        if isinstance(value, str):
+            traces.append(SizingTrace(point.devices, point.best_label, point.seconds, None, None, value))
+            continue
+        traces.append(SizingTrace(point.devices, point.best_label, point.seconds, value[0], value[1]))
+        if value[0] <= result.target_s and value[1] <= result.memory_limit_bytes:
+            return dataclasses.replace(result, answer=point, answer_plan=plans[point.devices],
+                                       traces=tuple(traces), confirmed=True)
+        scale = value[0] / point.seconds
+    return dataclasses.replace(result, answer=None, answer_plan=None, traces=tuple(traces),
+                               confirmed=False)
