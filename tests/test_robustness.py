@@ -316,8 +316,11 @@ def _sweep_with_step(tmp_path: Path, step: list[str]):
 
 
 def test_sweep_interrupted_step_is_not_recorded_as_failed(tmp_path, monkeypatch):
-    # The step dies of SIGINT, as a traced stage does when Ctrl-C reaches its process group.
-    step = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGINT)"]
+    # The step dies of SIGINT, as a traced stage does when Ctrl-C reaches its process group
+    # (Python's own handler set first: a test run started in the background, where the shell
+    # ignores SIGINT, hands that on to its children).
+    step = [sys.executable, "-c", "import os, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "os.kill(os.getpid(), signal.SIGINT)"]
     sweep_module, runner, case, paths, settings, run_stage = _sweep_with_step(tmp_path, step)
     monkeypatch.setattr(runner, "_run_stage", run_stage)
     monkeypatch.setattr(runner, "STEPS", runner._Steps())
