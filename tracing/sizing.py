@@ -93,18 +93,26 @@ def _check_devices(system: SystemSpec, max_devices: int, hardware: str) -> None:
                          "pass a system with enough (e.g. --hw tx8-64, --hw 8x8xh100)")
 
 
-def size_inference(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,
-                   memory_limit_bytes: float | None = None, steps: int = 30,
-                   device_counts: Sequence[int] | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> SizingResult:
-    """The inference sizing of the module doc."""
+def _sizing_inputs(hardware: str, max_devices: int, memory_limit_bytes: float | None,
+                   device_counts: Sequence[int] | None):
+    """The system, the memory limit per device and the device counts to try (checked)."""
     from hardware import load_system
-    from tracing.plan_search import enumerate_plans, estimate_plan
 
     system = load_system(hardware)
     _check_devices(system, max_devices, hardware)
     limit = _limit(system, memory_limit_bytes, hardware)
     counts = list(device_counts) if device_counts is not None else list(range(1, max_devices + 1))
+    return system, limit, counts
+
+
+def size_inference(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,
+                   memory_limit_bytes: float | None = None, steps: int = 30,
+                   device_counts: Sequence[int] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> SizingResult:
+    """The inference sizing of the module doc."""
+    from tracing.plan_search import enumerate_plans, estimate_plan
+
+    system, limit, counts = _sizing_inputs(hardware, max_devices, memory_limit_bytes, device_counts)
     curve, plans_of = [], {}
     for n in counts:
         space = enumerate_plans(config, shape, n)
@@ -131,13 +139,9 @@ def size_training(config: str, shape: str, hardware: str, target_s: float, max_d
                   micro_batch_counts: Sequence[int] = (1, 2, 4, 8),
                   progress: Callable[[int, int], None] | None = None) -> SizingResult:
     """The training sizing of the module doc (the global ``batch`` fixed across counts)."""
-    from hardware import load_system
     from tracing.train_search import enumerate_train_plans, search_train
 
-    system = load_system(hardware)
-    _check_devices(system, max_devices, hardware)
-    limit = _limit(system, memory_limit_bytes, hardware)
-    counts = list(device_counts) if device_counts is not None else list(range(1, max_devices + 1))
+    system, limit, counts = _sizing_inputs(hardware, max_devices, memory_limit_bytes, device_counts)
     curve, plans_of = [], {}
     for n in counts:
         space = enumerate_train_plans(config, shape, n, batch=batch, micro_batch_counts=micro_batch_counts)
