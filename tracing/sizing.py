@@ -6,8 +6,9 @@ For every device count ``n`` from 1 to ``--max-devices`` that the model can use 
 plan spaces accept), the plans of ``n`` devices are enumerated and estimated on the first ``n``
 chips of the ``--hw`` system (a multi-node system holds them node by node: ``n`` beyond one node
 crosses the NICs) with the estimates that ``plan-search`` ranks by:
-``tracing.plan_search.estimate_plan`` for inference (whatever that module exposes: it becomes as
-exact as its estimate does), ``tracing.train_search.estimate_train_plan`` for training. The best
+``tracing.plan_search.estimate_plan`` for inference (its ideal estimate: the traced-kernel one,
+``tracing.plan_estimate``, needs calibration traces of every mesh of up to ``--max-devices``,
+hours on a laptop-class machine), ``tracing.train_search.estimate_train_plan`` for training. The best
 plan of ``n`` is the fastest whose estimated memory per device fits. The answer is the smallest
 ``n`` whose best meets the target; ``confirm`` traces it (plan-search's tracer, or the training
 pair trace) so that the answer rests on a traced figure.
