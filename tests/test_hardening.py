@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_robustness import analyze_cli, assert_one_line
+from waiting import wait_until
 
 from benchmarks.fuzz import group_members
 from hardware import gemm_mapper
@@ -523,11 +524,8 @@ def test_killed_analyze_hlo_leaves_no_process_and_no_output(tmp_path, big_dump, 
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)  # its own process group: every process of it is found by group
     try:
-        deadline = time.monotonic() + 30
-        while len(_group_members(process.pid)) < 2:  # the analysis child is running
-            assert process.poll() is None, "analyze-hlo ended before it could be killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: len(_group_members(process.pid)) >= 2, "analyze-hlo's analysis child",
+                   still_running=lambda: process.poll() is None)
         time.sleep(0.3)
         assert process.poll() is None
         process.send_signal(getattr(signal, signal_name))

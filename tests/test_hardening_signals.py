@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_hardening_inputs import PIPELINE_TOML, REPO_ROOT, STAGES, TINY
+from waiting import wait_until
 
 from benchmarks.fuzz import group_members as _group_members
 
@@ -40,13 +41,6 @@ def command_lines(group: int) -> list[str]:
     return lines
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def kill_group(group: int) -> None:
     for pid in _group_members(group):
         try:
@@ -69,8 +63,8 @@ def test_sigterm_to_plan_search_ends_its_trace_steps(tmp_path):
                     "--jobs", "2", "--estimate", "ideal",  # no calibration traces: the plans' own
                     "--work-dir", work, "-o", tmp_path / "best.toml")
     try:
-        wait_for(lambda: sum("tracing.cli" in line for line in command_lines(process.pid)) >= 2,
-                 90, "two trace steps")
+        wait_until(lambda: sum("tracing.cli" in line for line in command_lines(process.pid)) >= 2,
+                   "two trace steps", still_running=lambda: process.poll() is None)
         before = files_under(work / "dumps")
         process.send_signal(signal.SIGTERM)  # the command alone, not its group
         process.wait(timeout=10)
@@ -87,8 +81,8 @@ def test_sigterm_to_trace_stage_all_stages_ends_the_stage_process(tmp_path):
     out = tmp_path / "out"
     process = start("tracing.cli", "--pipeline", PIPELINE_TOML, "--all-stages", "-o", out)
     try:
-        wait_for(lambda: any("--stage 0" in line for line in command_lines(process.pid)), 60,
-                 "the stage process")
+        wait_until(lambda: any("--stage 0" in line for line in command_lines(process.pid)),
+                   "the stage process", still_running=lambda: process.poll() is None)
         time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=10)
