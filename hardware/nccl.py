@@ -205,15 +205,21 @@ def _text(path: Path, data: dict[str, Any], key: str, *, required: bool) -> str:
     return value
 
 
+def _document(path: Path, what: str, kind: str, known: set[str]) -> dict:
+    """The TOML document at ``path`` whose ``kind`` is ``kind`` and whose fields are ``known``."""
+    data = load_toml(path, what)
+    if data.get("kind") != kind:
+        raise InputFileError(f"{path}: field 'kind': expected {kind!r}, got {data.get('kind')!r}")
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InputFileError(f"{path}: field '{unknown[0]}': unknown field (known: {', '.join(sorted(known))})")
+    return data
+
+
 def load_nccl_table(path: str | Path) -> NcclTable:
     """Read an nccl-tests table file (module docstring); InputFileError names the bad field."""
     path = Path(path)
-    data = load_toml(path, "an NCCL bus-bandwidth table (TOML)")
-    if data.get("kind") != "nccl_table":
-        raise InputFileError(f"{path}: field 'kind': expected 'nccl_table', got {data.get('kind')!r}")
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise InputFileError(f"{path}: field '{unknown[0]}': unknown field (known: {', '.join(sorted(_TOP_KEYS))})")
+    data = _document(path, "an NCCL bus-bandwidth table (TOML)", "nccl_table", _TOP_KEYS)
     group_size = data.get("group_size")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise InputFileError(f"{path}: field 'group_size': expected an integer of at least 2, got {group_size!r}")
@@ -264,12 +270,8 @@ def load_nccl_measurement(path: str | Path) -> NcclMeasurement:
     """Read a multi-node nccl-tests measurement file (rows as :func:`load_nccl_table` reads
     them, over ``nodes * ranks_per_node`` ranks); InputFileError names the bad field."""
     path = Path(path)
-    data = load_toml(path, "a multi-node nccl-tests measurement (TOML)")
-    if data.get("kind") != "nccl_measurement":
-        raise InputFileError(f"{path}: field 'kind': expected 'nccl_measurement', got {data.get('kind')!r}")
-    unknown = sorted(set(data) - _MEASUREMENT_KEYS)
-    if unknown:
-        raise InputFileError(f"{path}: field '{unknown[0]}': unknown field (known: {', '.join(sorted(_MEASUREMENT_KEYS))})")
+    data = _document(path, "a multi-node nccl-tests measurement (TOML)", "nccl_measurement",
+                     _MEASUREMENT_KEYS)
     counts = []
     for key in ("nodes", "ranks_per_node"):
         value = data.get(key)
