@@ -55,10 +55,16 @@ from models.opensora.vae_config import decode_plan  # noqa: E402
 PUBLISHED_CSV = REPO_ROOT / "results" / "gpu_validation" / "published_opensora_v12_h100.csv"
 #: Measured by this project on one H100 SXM5 80GB (results/gpu_validation/NVIDIA_H100_80GB_HBM3.md,
 #: "loop (s)": 30 whole STDiT3 forwards of the official path, FlashAttention-2, bf16, B = 2).
-MEASURED_H100_SXM_LOOP_S = {"204_640_360": 57.73, "408_640_360": 116.41, "51_1280_720": 61.31, "102_1280_720": 121.10}
+#: The two 2 s videos: 30 x the forward of results/gpu_validation/NVIDIA_H100_80GB_HBM3_2s.md (the
+#: same script on the same card, 2026-11-26).
+MEASURED_H100_SXM_LOOP_S = {"204_640_360": 57.73, "408_640_360": 116.41, "51_1280_720": 61.31, "102_1280_720": 121.10,
+                            "51_640_360": 14.89, "51_854_480": 25.70}
 #: The same card's VAE decode of one generation, temporal + spatial decoder
-#: (results/gpu_validation/vae_decode_NVIDIA_H100_80GB_HBM3.md: benchmarks/gpu_vae_decode.py).
-MEASURED_H100_SXM_DECODE_S = {"204_640_360": 3.419, "408_640_360": 6.874, "51_1280_720": 4.032, "102_1280_720": 8.068}
+#: (results/gpu_validation/vae_decode_NVIDIA_H100_80GB_HBM3.md: benchmarks/gpu_vae_decode.py); the two
+#: 2 s videos: the whole decode of one generation timed by benchmarks/gpu_generation.py
+#: (results/gpu_validation/generation_30_steps_NVIDIA_H100_80GB_HBM3.json).
+MEASURED_H100_SXM_DECODE_S = {"204_640_360": 3.419, "408_640_360": 6.874, "51_1280_720": 4.032, "102_1280_720": 8.068,
+                              "51_640_360": 1.147, "51_854_480": 1.673}
 #: One H200, one whole STDiT3 forward at 204_640_360: 1774 ms (docs/gpu.md, "Measured on an H100
 #: (and an H200)"), a loop of 30 such forwards.
 MEASURED_H200_FORWARD_S = {"204_640_360": 1.774}
@@ -190,14 +196,20 @@ def _ratio(value: float, reference: float | None) -> str | None:
 @click.option("--write-kernels", type=click.Path(file_okay=False, path_type=Path), default=None,
               help=f"Also write the kernel lists that tests/test_gpu_validation.py costs here (the "
                    f"committed ones: {DEFAULT_KERNELS.relative_to(REPO_ROOT)}).")
-def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | None) -> None:
+@click.option("--from-kernels", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Cost the kernel lists in this directory (e.g. the committed ones) instead of tracing.")
+def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | None,
+         from_kernels: Path | None) -> None:
     """Print the predicted-vs-published tables and the kernel classes of one step."""
-    out.mkdir(parents=True, exist_ok=True)
     gpus = [h for h in hardware.split(",") if h]
     published = {p.shape: p for p in published_points()}
     shape_list = [s for s in shapes.split(",") if s] if shapes else list(published)
     loops, vaes = {}, {}
     for shape in shape_list:
+        if from_kernels is not None:
+            loops[shape], vaes[shape] = load_kernels(from_kernels, shape)
+            continue
+        out.mkdir(parents=True, exist_ok=True)
         loops[shape] = _kernels(_stage_dump(out, shape), gpus[0], PAIRS)
         vaes[shape] = {part: _kernels(_vae_dump(out, shape, part), gpus[0]) for part in VAE_PARTS}
         if write_kernels is not None:

@@ -16,7 +16,10 @@ GPU description is fitted to them (docs/gpu.md).
 * the generation on ``h100-sxm`` against every video point of OpenSora v1.2's published H100
   table (``results/gpu_validation/published_opensora_v12_h100.csv``): within 10%;
 * the generation's peak memory (``models.opensora.memory.generation_peak``) against the same
-  table's peak memory, the README's "G" read as GiB: within 15%.
+  table's peak memory, the README's "G" read as GiB: within 15%;
+* the same count against the peak of the tensors one whole generation allocated on one H100
+  (``benchmarks/gpu_generation.py``: the weights the demo holds, two steps, the decode, the save;
+  ``results/gpu_validation/generation_NVIDIA_H100_80GB_HBM3.json``): within 15%.
 
 A point the model misses with today's constants is marked ``xfail(strict=True)`` with its ratio:
 it is reported, not tuned away, and the mark fails as soon as the point passes.
@@ -24,6 +27,7 @@ it is reported, not tuned away, and the mark fails as soon as the point passes.
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import pytest
@@ -48,19 +52,33 @@ TIME_TOLERANCE = 0.10
 MEMORY_TOLERANCE = 0.15
 
 #: Points outside their tolerance with the constants of commit 138f5e7 (predicted / published).
+#: Measured on one H100 SXM (results/gpu_validation/NVIDIA_H100_80GB_HBM3_2s.md and
+#: generation_30_steps_*.json), the 2 s generations are 16.0 s and 27.4 s of GPU work (loop + decode):
+#: the model predicts them at 0.92 and 0.95 (test below), and they are 0.89 and 0.94 of the published
+#: figures, which also hold what no GPU kernel does (saving the mp4, the demo's ffmpeg watermark, the host).
 TIME_MISSES = {
-    "51_640_360": "0.82 of the published 18 s (14.8 s predicted): the shortest video, measured by no one "
-                  "here, so the loop cannot be told from the rest of the generation",
-    "51_854_480": "0.89 of the published 29 s (25.9 s predicted): a 2 s video, measured by no one here",
+    "51_640_360": "0.82 of the published 18 s (14.8 s predicted): 0.92 of the 16.0 s measured on an H100, "
+                  "which is 0.89 of the published figure (the rest is host work no kernel model holds)",
+    "51_854_480": "0.89 of the published 29 s (25.9 s predicted): 0.95 of the 27.4 s measured on an H100, "
+                  "which is 0.94 of the published figure",
 }
+#: Measured on one H100 (benchmarks/gpu_generation.py), the published figures follow the device memory the
+#: process holds (the CUDA context and the caching allocator's reserve: 0.98-1.03 of them at nine points with
+#: G read as 10^9 bytes), not the tensors the count models (docs/gpu.md).
 MEMORY_MISSES = {
-    shape: f"{ratio} of the published peak memory: not explained; the model counts the tensors of the "
-           "largest phase, the README does not say what its figure counts (models/opensora/memory.py)"
+    shape: f"{ratio} of the published peak memory, which counts the caching allocator's reserve and the CUDA "
+           "context besides the tensors the model counts (docs/gpu.md)"
     for shape, ratio in {
         "408_640_360": "0.84", "51_854_480": "0.80", "102_854_480": "0.83", "204_854_480": "0.83",
         "51_1280_720": "0.74", "102_1280_720": "0.79", "204_1280_720": "0.75", "408_1280_720": "0.72",
     }.items()
 }
+#: Points where the count misses the tensors measured on the H100 (count / measured).
+MEASURED_MEMORY_MISSES = {
+    "408_1280_720": "0.83 of the 57.9 GiB measured: the measured model writes GELU, the q/k RMSNorm and RoPE "
+                    "as plain tensor ops, temporaries the official fused calls do not hold (docs/gpu.md)",
+}
+MEASURED_GENERATION = (DEFAULT_KERNELS.parent / "generation_NVIDIA_H100_80GB_HBM3.json")
 
 
 @cache
@@ -110,3 +128,21 @@ def test_loop_and_generation_against_the_measured_h100(shape: str):
 def test_loop_against_the_measured_h200(shape: str):
     ratio = _generation(shape, "h200-sxm").loop_s / (STEPS * MEASURED_H200_FORWARD_S[shape])
     assert abs(ratio - 1) <= TIME_TOLERANCE, f"{ratio:.3f} of {STEPS} measured forwards"
+
+
+def _measured_peaks() -> dict[str, int]:
+    document = json.loads(MEASURED_GENERATION.read_text())
+    return {g["shape"]: max(p["peak_allocated"] for p in g["phases"]) for g in document["generations"]}
+
+
+def test_the_measured_generations_cover_the_published_shapes():
+    assert set(_measured_peaks()) == {p.shape for p in published_points()}
+
+
+@pytest.mark.parametrize("shape", [
+    pytest.param(p.shape, id=p.shape, marks=[pytest.mark.xfail(strict=True, reason=MEASURED_MEMORY_MISSES[p.shape])]
+                 if p.shape in MEASURED_MEMORY_MISSES else []) for p in published_points()])
+def test_peak_memory_against_the_tensors_measured_on_an_h100(shape: str):
+    _, vae = load_kernels(DEFAULT_KERNELS, shape)
+    ratio = generation_peak(shape, spatial_call_peak(vae)).total_bytes / _measured_peaks()[shape]
+    assert abs(ratio - 1) <= MEMORY_TOLERANCE, f"{shape}: {ratio:.3f} of the measured peak"

@@ -1,0 +1,259 @@
+"""One whole OpenSora v1.2 generation as its gradio demo runs it, on one CUDA GPU: peak memory
+(allocated, reserved, and what the device shows) and the time of each phase.
+
+    python3 benchmarks/gpu_generation.py [--shapes 51_640_360,...] [--steps 2] [--out DIR]
+    python3 benchmarks/gpu_generation.py --quick     # tiny models, GPU or CPU; writes nothing (CI)
+
+A check of ``models/opensora/memory.py``'s count and of the published table's peak memory
+(docs/gpu.md), never a fit. The demo (``gradio/app.py``, tag v1.2.0) keeps every model on the GPU
+for the whole run, and each generation runs the loop, decodes, saves and ends with
+``torch.cuda.empty_cache()``. Here, with random weights:
+
+* **weights**, held for the whole run: the T5 v1.1 XXL encoder in float32 (its parameter bytes as
+  one tensor: text encoding is a few milliseconds of GEMMs on 300 tokens and is not run), STDiT3
+  (the project's model with the official library kernels of ``gpu_validate``) and the VAE's two
+  decoders in bfloat16, the VAE's encoders (built by the demo, never run) as one bf16 tensor;
+* **loop**: ``--steps`` forwards of the CFG batch of 2 and the guidance update;
+* **decode**: the temporal decoder on each 5-frame latent chunk, joined, then the spatial decoder
+  4 frames a call, joined (``VideoAutoencoderPipeline.decode``);
+* **save**: ``save_sample``'s normalisation on the GPU and the copy to host ``uint8`` frames.
+
+For each phase it records the peak allocated and reserved bytes since the generation began and
+the device's used bytes (``cudaMemGetInfo``, the CUDA context included) at the phase's end; the
+context is the used bytes beyond the reserved ones before any weight is loaded. It writes
+``generation_<device>.md`` and ``.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from hlo_trace.atomic import atomic_write  # noqa: E402
+
+GIB = 2**30
+#: The demo's guidance scale (gradio/app.py's "CFG Scale" slider default).
+CFG_SCALE = 7.0
+PHASES = ("weights", "loop", "decode", "save")
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """Memory at the end of one phase of a generation, in bytes."""
+
+    phase: str
+    seconds: float
+    peak_allocated: int     # since the generation began (torch.cuda.max_memory_allocated)
+    peak_reserved: int      # the caching allocator's peak reserved bytes since then
+    device_used: int        # total - free on the device at the phase's end (context included)
+
+
+@dataclass(frozen=True)
+class Generation:
+    shape: str
+    steps: int
+    context_bytes: int      # used on the device beyond the allocator's reserve before any weight
+    weight_bytes: int       # allocated once the weights are loaded
+    phases: tuple[PhaseMemory, ...]
+
+    @property
+    def peak_allocated(self) -> int:
+        return max(p.peak_allocated for p in self.phases)
+
+    @property
+    def peak_reserved(self) -> int:
+        return max(p.peak_reserved for p in self.phases)
+
+    @property
+    def peak_device(self) -> int:
+        """What ``nvidia-smi`` shows at the peak: the context and the allocator's peak reserve."""
+        return self.context_bytes + self.peak_reserved
+
+
+def _device_used(torch) -> int:  # noqa: ANN001
+    if not torch.cuda.is_available():
+        return 0
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+class Models:
+    """The weights the demo keeps on the device for the whole run."""
+
+    def __init__(self, torch, config_name: str, device: str) -> None:  # noqa: ANN001
+        import gpu_validate
+
+        from models.opensora.config import get_config
+        from models.opensora.memory import (
+            SPATIAL_VAE_PARTS,
+            TEMPORAL_VAE_PARTS,
+            t5_encoder_parameters,
+        )
+        from models.opensora.stdit3 import STDiT3
+        from models.opensora.vae import SpatialDecoder, TemporalDecoder
+        from models.opensora.vae_config import FULL_VAE, TINY_VAE
+
+        tiny = config_name == "tiny"
+        self.config = get_config(config_name)
+        self.vae = TINY_VAE if tiny else FULL_VAE
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        self.dtype = dtype
+        t5 = 1024 if tiny else t5_encoder_parameters()
+        encoders = 1024 if tiny else sum(part["encoder"] + part["quant_conv"]
+                                         for part in (TEMPORAL_VAE_PARTS, SPATIAL_VAE_PARTS))
+        self.t5 = torch.empty(t5, dtype=torch.float32, device=device)
+        self.vae_encoders = torch.empty(encoders, dtype=dtype, device=device)
+        self.stdit = STDiT3(self.config).to(device, dtype).eval()
+        gpu_validate.official_kernels(self.stdit, torch, self.config)
+        self.temporal = TemporalDecoder(self.vae).to(device, dtype).eval()
+        self.spatial = SpatialDecoder(self.vae).to(device, dtype).eval()
+
+
+def generate(torch, models: Models, shape: str, steps: int, device: str, context: int) -> Generation:  # noqa: ANN001
+    """One generation of ``shape``; the models are already loaded."""
+    import gpu_validate
+
+    from models.opensora.inputs import make_inputs
+    from models.opensora.vae_config import decode_plan
+
+    on_gpu = device == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    phases: list[PhaseMemory] = []
+
+    def mark(phase: str, start: float) -> None:
+        sync()
+        seconds = time.perf_counter() - start
+        phases.append(PhaseMemory(phase, seconds,
+                                  torch.cuda.max_memory_allocated() if on_gpu else 0,
+                                  torch.cuda.max_memory_reserved() if on_gpu else 0, _device_used(torch)))
+
+    weights = torch.cuda.memory_allocated() if on_gpu else 0
+    mark("weights", time.perf_counter())
+    vae, plan = models.vae, decode_plan(shape, models.vae)
+    with torch.inference_mode(), gpu_validate.flash_attention_2(torch, on_gpu):
+        start = time.perf_counter()
+        inputs = make_inputs(models.config, shape, dtype=models.dtype, device=device)
+        z = inputs.pop("z")
+        for _ in range(steps):
+            out = models.stdit(z, **inputs, official=True)
+            cond, uncond = out[:, : z.shape[1]].chunk(2)
+            velocity = uncond + CFG_SCALE * (cond - uncond)
+            z = z + velocity.repeat(2, 1, 1, 1, 1) / steps
+            del out, cond, uncond, velocity
+        latent = z[:1]
+        del z, inputs
+        mark("loop", start)
+
+        start = time.perf_counter()
+        width = vae.micro_z_frames
+        chunks = [models.temporal(latent[:, :, i * width:(i + 1) * width]) for i in range(plan.chunks)]
+        frames = torch.cat(chunks, dim=2)[0].transpose(0, 1)   # (frames, 4, h, w)
+        del chunks, latent
+        pieces = [models.spatial(frames[i:i + vae.micro_batch]) for i in range(0, plan.frames, vae.micro_batch)]
+        video = torch.cat(pieces).transpose(0, 1)               # (3, frames, H, W)
+        del pieces, frames
+        mark("decode", start)
+
+        start = time.perf_counter()
+        video.clamp_(min=-1, max=1)
+        video.sub_(-1).div_(2)
+        host = video.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 3, 0).to("cpu", torch.uint8)
+        del video, host
+        mark("save", start)
+    return Generation(shape, steps, context, weights, tuple(phases))
+
+
+def render(generations: list[Generation], header: list[str]) -> str:
+    from models.opensora.memory import generation_peak
+
+    lines = [*header, "",
+             "| shape | steps | loop (s) | decode (s) | weights (GiB) | peak allocated (GiB) | phase | "
+             "peak reserved (GiB) | context (GiB) | device peak (GiB) | counted (GiB) |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for g in generations:
+        by_phase = {p.phase: p for p in g.phases}
+        top = max(g.phases, key=lambda p: p.peak_allocated)
+        # the spatial call's traced peak is not known here: the count's STDiT3 phase alone
+        counted = generation_peak(g.shape, 0)
+        lines.append(f"| {g.shape} | {g.steps} | {by_phase['loop'].seconds:.2f} | {by_phase['decode'].seconds:.2f} | "
+                     f"{g.weight_bytes / GIB:.2f} | {g.peak_allocated / GIB:.2f} | {top.phase} | "
+                     f"{g.peak_reserved / GIB:.2f} | {g.context_bytes / GIB:.2f} | {g.peak_device / GIB:.2f} | "
+                     f"{counted.weight_bytes / GIB + counted.stdit_activation_bytes / GIB:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="51_640_360,51_854_480,51_1280_720",
+                        help="FRAMES_WIDTH_HEIGHT,... (a generation each, in this order)")
+    parser.add_argument("--steps", type=int, default=2, help="denoising steps per generation (memory: 2 suffice)")
+    parser.add_argument("--out", default=str(ROOT / "results" / "gpu_validation"))
+    parser.add_argument("--force", action="store_true", help="overwrite existing tables")
+    parser.add_argument("--quick", action="store_true", help="tiny models at 51_64_64, GPU or CPU; writes nothing")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        print("Error: --steps: expected at least 1", file=sys.stderr)
+        return 2
+    try:
+        import torch
+    except ImportError:
+        print("gpu_generation: torch is not installed; nothing to measure.")
+        return 0
+    on_gpu = torch.cuda.is_available()
+    if not args.quick and not on_gpu:
+        print("gpu_generation: no CUDA device on this machine; nothing to measure.")
+        return 0
+    device = "cuda" if on_gpu else "cpu"
+    context = 0
+    if on_gpu:
+        torch.empty(1, device=device)
+        context = _device_used(torch) - torch.cuda.memory_reserved()
+    models = Models(torch, "tiny" if args.quick else "full", device)
+    shapes = ["51_64_64"] if args.quick else args.shapes.split(",")
+    name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
+    out, label = Path(args.out), name.replace(" ", "_")
+    generations, refused = [], []
+    for shape in shapes:
+        try:
+            generation = generate(torch, models, shape, args.steps, device, context)
+        except torch.cuda.OutOfMemoryError:
+            refused.append(shape)
+            print(f"gpu_generation: {shape}: out of device memory", file=sys.stderr, flush=True)
+            continue
+        generations.append(generation)
+        print(f"gpu_generation: {shape}: peak allocated {generation.peak_allocated / GIB:.2f} GiB, reserved "
+              f"{generation.peak_reserved / GIB:.2f} GiB, device {generation.peak_device / GIB:.2f} GiB",
+              file=sys.stderr, flush=True)
+        if not args.quick:  # after each generation: a run cut short keeps what it measured
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write(out / f"generation_{label}.json", json.dumps(
+                {"generations": [asdict(g) for g in generations], "out_of_memory": refused}, indent=1) + "\n",
+                force=True)
+    header = [f"# One OpenSora v1.2 generation as the gradio demo runs it, on one {name} (random weights)", "",
+              f"- torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
+              "- weights: T5 XXL encoder float32 (held), STDiT3 and the VAE bf16; loop of --steps CFG forwards; "
+              "decode; save's normalisation and copy to the host",
+              "- device peak = CUDA context + the allocator's peak reserve (what nvidia-smi shows); counted = "
+              "models/opensora/memory.py's weights + STDiT3 step"]
+    if refused:
+        header.append(f"- out of device memory: {', '.join(refused)}")
+    text = render(generations, header)
+    print(text)
+    if not args.quick:
+        atomic_write(out / f"generation_{label}.md", text, force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
