@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -54,6 +55,9 @@ class PhaseMemory:
     peak_allocated: int     # since the generation began (torch.cuda.max_memory_allocated)
     peak_reserved: int      # the caching allocator's peak reserved bytes since then
     device_used: int        # total - free on the device at the phase's end (context included)
+    segments: int = 0       # the allocator's segments (cudaMalloc'd blocks) held at the phase's end
+    #: the peak of bytes inside held segments that are free but split off a used block (fragmentation)
+    inactive_split_peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,9 +138,11 @@ def generate(torch, models: Models, shape: str, steps: int, device: str, context
     def mark(phase: str, start: float) -> None:
         sync()
         seconds = time.perf_counter() - start
+        stats = torch.cuda.memory_stats() if on_gpu else {}
         phases.append(PhaseMemory(phase, seconds,
                                   torch.cuda.max_memory_allocated() if on_gpu else 0,
-                                  torch.cuda.max_memory_reserved() if on_gpu else 0, _device_used(torch)))
+                                  torch.cuda.max_memory_reserved() if on_gpu else 0, _device_used(torch),
+                                  stats.get("segment.all.current", 0), stats.get("inactive_split_bytes.all.peak", 0)))
 
     weights = torch.cuda.memory_allocated() if on_gpu else 0
     mark("weights", time.perf_counter())
@@ -242,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 force=True)
     header = [f"# One OpenSora v1.2 generation as the gradio demo runs it, on one {name} (random weights)", "",
               f"- torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
+              f"- PYTORCH_CUDA_ALLOC_CONF: {os.environ.get('PYTORCH_CUDA_ALLOC_CONF') or '(unset: the default)'}",
               "- weights: T5 XXL encoder float32 (held), STDiT3 and the VAE bf16; loop of --steps CFG forwards; "
               "decode; save's normalisation and copy to the host",
               "- device peak = CUDA context + the allocator's peak reserve (what nvidia-smi shows); counted = "
