@@ -65,9 +65,12 @@ class DataflowVisitor(IRVisitor):
     @property
     def graph(self) -> nx.DiGraph:
         """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
-        the producers of its operands, for fast backward walks."""
+        the producers of its operands, for fast backward walks; ``graph.graph["walk_order"]``
+        says that each producer's node precedes its readers' (a value is found as a producer only
+        once its op was walked), which bounds backward searches (``hlo_analyzer.pairs``)."""
         if self._graph is None:
-            graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations)
+            graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations,
+                                             walk_order=True)
             graph.add_nodes_from([node for node, _ in self._nodes])
             nodes = graph.nodes
             for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs

@@ -46,7 +46,7 @@ import networkx as nx
 from hlo_analyzer.blocks import Segmentation
 from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS, Marker, operand_markers
 
-__all__ = ["RETURN_OP", "pair_owners", "residual_inputs", "unit_owners"]
+__all__ = ["RETURN_OP", "pair_owners", "residual_input", "residual_inputs", "unit_owners"]
 
 RETURN_OP = "return"
 #: Element types of masks, which are never the residual stream.
@@ -82,7 +82,7 @@ def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
     after the units has ``len(anchors)`` as its owner."""
     units = len(anchors)
     if inputs is None:
-        inputs = [_residual_input(graph, proj, qkv) for proj, qkv in anchors]
+        inputs = [residual_input(graph, proj, qkv) for proj, qkv in anchors]
     levels_of: dict[Marker, int] = {marker: unit for unit, marker in enumerate(inputs) if marker is not None}
     output = _residual_output(graph, *last)
     if output is not None:
@@ -112,7 +112,7 @@ def residual_inputs(graph: nx.DiGraph, segmentation: Segmentation) -> list[Marke
     that made it, or ``("argument", i)`` in a stage that reads it from the previous one; None
     where it is not found."""
     blocks = segmentation.blocks
-    return [_residual_input(graph, blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
+    return [residual_input(graph, blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
             for pair in range(len(blocks) // 2)]
 
 
@@ -169,20 +169,39 @@ def _after(graph: nx.DiGraph, start: int) -> Iterable[int]:
                 heapq.heappush(heap, reader)
 
 
-def _ancestors(graph: nx.DiGraph, node: int) -> set[Marker]:
-    """Nodes and arguments that ``node`` reads through non-GEMM ops (its own operands included)."""
-    found: set[Marker] = set()
-    frontier = [node]
-    nodes = graph.nodes
-    while frontier:
-        current = frontier.pop()
-        for producer, marker in _operand_markers(nodes[current]):
-            if marker in found:
-                continue
-            found.add(marker)
-            if producer is not None and nodes[producer]["name"] not in GEMM_OPS:
-                frontier.append(producer)
-    return found
+class _Behind:
+    """The nodes and arguments that ``node`` reads through non-GEMM ops (its own operands
+    included), found as far as a question needs. In a graph of walk positions
+    (``graph.graph["walk_order"]``: each producer's node before its readers', as
+    ``DataflowVisitor`` builds it) the walk goes back from ``node`` latest producer first, so
+    once every producer left to visit precedes a node ``m``, none still to come can read ``m``
+    and whether ``m`` is read is known: a question about a node near ``node`` does not walk the
+    whole residual stream behind it (an STDiT3 stage's qkv projection reads, through residual
+    adds, every earlier pair). An argument, or a node of another graph, is answered by the
+    whole walk."""
+
+    def __init__(self, graph: nx.DiGraph, node: int) -> None:
+        self._nodes = graph.nodes
+        self._bounded = bool(graph.graph.get("walk_order"))
+        self._found: set[Marker] = set()
+        self._heap: list[int] = [-node]  # latest first
+
+    def __contains__(self, marker: Marker) -> bool:
+        if marker not in self._found:
+            self._walk(marker if self._bounded and isinstance(marker, int) else None)
+        return marker in self._found
+
+    def _walk(self, bound: int | None) -> None:
+        """Visit the producers left, latest first, down to ``bound`` (exclusive; None: all)."""
+        heap, found, nodes = self._heap, self._found, self._nodes
+        while heap and (bound is None or -heap[0] > bound):
+            current = -heapq.heappop(heap)
+            for producer, marker in _operand_markers(nodes[current]):
+                if marker in found:
+                    continue
+                found.add(marker)
+                if producer is not None and nodes[producer]["name"] not in GEMM_OPS:
+                    heapq.heappush(heap, -producer)
 
 
 def _root(graph: nx.DiGraph, producer: int | None, marker: Marker) -> Marker:
@@ -196,11 +215,11 @@ def _root(graph: nx.DiGraph, producer: int | None, marker: Marker) -> Marker:
     return marker
 
 
-def _residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | None:
+def residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | None:
     """Step 1: the block's input on the residual stream, or None if not found."""
     if proj is None:
         return None
-    behind_qkv = _ancestors(graph, qkv)
+    behind_qkv = _Behind(graph, qkv)
     from_proj = {proj}
     nodes = graph.nodes
     for node in _after(graph, proj):
