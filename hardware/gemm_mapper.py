@@ -68,7 +68,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from hardware.kernel_model import gpu_gemm_mapping
-from hardware.mapping import GemmTiling, Mapping, pipeline_chains
+from hardware.mapping import ChainTimes, GemmTiling, Mapping, chain_seconds
 from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec
 from hardware.tiling import block_candidates, padded_extent, tile_factors
@@ -185,6 +185,31 @@ def _hops(chip: ChipSpec, pm: int, pn: int, pk: int) -> int:
     return 1 if pm * pn * pk > 1 else 0
 
 
+class _Placed(NamedTuple):
+    """A placement's figures, shared by every block candidate under it (:func:`_placed`)."""
+
+    pm: int
+    pn: int
+    pk: int
+    pb: int
+    mt: int
+    kt: int
+    nt: int
+    bt: int
+    epilogue_s: float
+    reduce_tile: float
+    transfer_latency_s: float
+
+
+def _placed(problem: _Problem, chip: ChipSpec, placement: Placement) -> _Placed:
+    pm, pn, pk, pb = placement
+    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    return _Placed(pm, pn, pk, pb, mt, kt, nt, math.ceil(problem.batch / pb),
+                   problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
+                   mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0,
+                   chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s)
+
+
 class _Costed(NamedTuple):
     """A tiling's figures (:func:`_costed`), before a :class:`Mapping` is made of them."""
 
@@ -192,40 +217,30 @@ class _Costed(NamedTuple):
     compute_s: float
     dram_bytes: float
     noc_s: float
-    bound: str
+    chains: tuple[float, float, float, float]  # hardware.mapping.chain_seconds
 
 
-def _costed(problem: _Problem, chip: ChipSpec, pm: int, pn: int, pk: int, pb: int, tm: int, tk: int, tn: int,
+def _costed(problem: _Problem, chip: ChipSpec, placed: _Placed, tm: int, tk: int, tn: int,
             order: str) -> _Costed:
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
-    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    pm, pn, pk, pb, mt, kt, nt, bt, epilogue_s, reduce_tile, transfer_latency_s = placed
     mb, kb, nb = math.ceil(mt / tm), math.ceil(kt / tk), math.ceil(nt / tn)
-    bt = math.ceil(problem.batch / pb)
     steps = bt * mb * nb * kb
 
     padded_flops = 2 * padded_extent(mt, tm, granule) * padded_extent(kt, tk, granule) * padded_extent(nt, tn, granule)
     gemm_s = padded_flops / chip.gemm_flops_per_s_per_tile
-    epilogue_s = problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile
     compute_s = bt * max(gemm_s, epilogue_s)
 
     a_reads, b_reads = _reuse(order, mb, nb, kb)
     a_tile, b_tile, c_tile = mt * kt * q * a_reads, kt * nt * q * b_reads, mt * nt * q
     dram_bytes = problem.batch * (pm * pk * a_tile + pk * pn * b_tile + pm * pn * c_tile)
-    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
     noc_s = bt * _noc_bytes(chip, pm, pn, pk, a_tile, b_tile, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
 
-    chains = pipeline_chains(
-        steps=steps,
-        compute_s=compute_s,
-        dram_s=dram_bytes / chip.dram_bandwidth_bytes_per_s,
-        noc_s=noc_s,
-        first_load_bytes=pb * (pm * pk * tm * tk + pk * pn * tk * tn) * q,
-        last_store_bytes=pb * pm * pn * tm * tn * q,
-        transfer_latency_s=chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s,
-        chip=chip,
-    )
-    return _Costed(chains.latency_s, compute_s, dram_bytes, noc_s, chains.bound)
+    chains = chain_seconds(steps, compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_s,
+                           pb * (pm * pk * tm * tk + pk * pn * tk * tn) * q, pb * pm * pn * tm * tn * q,
+                           transfer_latency_s, chip)
+    return _Costed(max(chains), compute_s, dram_bytes, noc_s, chains)
 
 
 def _mapping_of(problem: _Problem, chip: ChipSpec, tiling: GemmTiling, costed: _Costed) -> Mapping:
@@ -241,13 +256,13 @@ def _mapping_of(problem: _Problem, chip: ChipSpec, tiling: GemmTiling, costed: _
         flops=problem.flops,
         dram_bytes=costed.dram_bytes,
         tiling=tiling,
-        bound=costed.bound,
+        bound=ChainTimes(*costed.chains).bound,
     )
 
 
 def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
-    costed = _costed(problem, chip, tiling.pm, tiling.pn, tiling.pk, tiling.pb, tiling.tm, tiling.tk, tiling.tn,
-                     tiling.loop_order)
+    placed = _placed(problem, chip, (tiling.pm, tiling.pn, tiling.pk, tiling.pb))
+    costed = _costed(problem, chip, placed, tiling.tm, tiling.tk, tiling.tn, tiling.loop_order)
     return _mapping_of(problem, chip, tiling, costed)
 
 
@@ -445,6 +460,7 @@ def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed:
             if _fits(chip, problem, tm, min(tks), tn)
         )
         steps += len(tms) * len(tns)
+        placed = _placed(problem, chip, placement)
         for pair_bound, tm, tn in pairs:
             if beaten(pair_bound) or (best is not None and steps >= MAX_SEARCH_STEPS):
                 break
@@ -454,7 +470,7 @@ def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed:
                 for order in orders:
                     visited += 1
                     # the Mapping is made only for a candidate that may win (ties: by tiling)
-                    costed = _costed(problem, chip, *placement, tm, tk, tn, order)
+                    costed = _costed(problem, chip, placed, tm, tk, tn, order)
                     if best is None or costed.latency_s <= best.latency_s:
                         mapping = _mapping_of(problem, chip, _tiling(placement, tm, tk, tn, order), costed)
                         if _better(mapping, best):
