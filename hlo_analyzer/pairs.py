@@ -87,22 +87,26 @@ def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
     output = _residual_output(graph, *last)
     if output is not None:
         levels_of[output] = units  # after the units
-    level = _levels(graph, levels_of)
+    attributes_of = dict(graph.nodes(data=True))
+    level = _levels(attributes_of, levels_of)
     owner = dict(level)
     owner.update(labelled)
-    names = graph.nodes
     side: dict[int, int] = {}
-    for node in sorted(graph.nodes, reverse=True):
-        if node in owner or node in level or node in levels_of:
+    owner_of, side_of, successors = owner.get, side.get, graph.successors
+    returns = {node for node, attributes in attributes_of.items() if attributes["name"] == RETURN_OP}
+    for node in sorted(attributes_of, reverse=True):
+        if node in owner or node in levels_of:  # (every node with a level has an owner)
             continue
-        readers = list(graph.successors(node))
-        if not readers or any(names[r]["name"] == RETURN_OP for r in readers):
+        readers = list(successors(node))
+        if not readers:
             continue
-        first = owner.get(readers[0], side.get(readers[0]))
-        if first is not None and all(owner.get(r, side.get(r)) == first for r in readers):
+        units_read = [owner_of(r, side_of(r)) for r in readers]
+        first = units_read[0]
+        if first is not None and units_read.count(first) == len(units_read) and \
+                returns.isdisjoint(readers):
             side[node] = first
     for node in sorted(side):
-        if _reads_own_data(names[node], owner, side[node]):
+        if _reads_own_data(attributes_of[node], owner, side[node]):
             owner[node] = side[node]
     return owner
 
@@ -130,18 +134,19 @@ def _reads_own_data(attributes: dict, owner: dict[int, int], pair: int) -> bool:
     return False
 
 
-def _levels(graph: nx.DiGraph, levels_of: dict[Marker, int]) -> dict[int, int]:
-    """Step 3: each node -> the largest level of a marker it strictly depends on."""
+def _levels(attributes_of: dict[int, dict], levels_of: dict[Marker, int]) -> dict[int, int]:
+    """Step 3: each node (``attributes_of``: the graph's nodes) -> the largest level of a marker
+    it strictly depends on."""
     level: dict[int, int] = {}
-    nodes = graph.nodes
-    for node in sorted(nodes):
-        attributes = nodes[node]
+    marker_level, node_level = levels_of.get, level.get
+    for node in sorted(attributes_of):
+        attributes = attributes_of[node]
         best = -1
         for producer, argument in zip(attributes["operands"], attributes["arguments"]):
             if producer is None:
-                best = max(best, levels_of.get(("argument", argument), -1))
+                best = max(best, marker_level(("argument", argument), -1))
             else:
-                best = max(best, levels_of.get(producer, -1), level.get(producer, -1))
+                best = max(best, marker_level(producer, -1), node_level(producer, -1))
         if best >= 0:
             level[node] = best
     return level
