@@ -366,28 +366,24 @@ def _placement_bound(problem: _Problem, chip: ChipSpec, placement: Placement) ->
     return 2 * chip.dram_latency_s + max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_s)
 
 
-def _pair_bound(problem: _Problem, chip: ChipSpec, placement: Placement, tm: int, tn: int) -> float:
+def _pair_bound(problem: _Problem, chip: ChipSpec, placed: _Placed, tm: int, tn: int) -> float:
     """Lower bound over every ``tk`` and loop order under the block pair ``(tm, tn)``."""
-    pm, pn, pk, pb = placement
+    pm, pn, pk, pb, mt, kt, nt, bt, epilogue_s, reduce_tile, transfer_latency_s = placed
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
-    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     mb, nb = math.ceil(mt / tm), math.ceil(nt / tn)
-    bt = math.ceil(problem.batch / pb)
     compute_s = bt * max(
         2 * padded_extent(mt, tm, granule) * kt * padded_extent(nt, tn, granule) / chip.gemm_flops_per_s_per_tile,
-        problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
+        epilogue_s,
     )
     a_once, b_once = mt * kt * q, kt * nt * q
     # Cheapest traffic any tk / order can reach: A resident (mnk, kb = 1) or B resident (nmk, kb = 1).
     dram_bytes = min(pm * pk * a_once + pk * pn * b_once * mb, pm * pk * a_once * nb + pk * pn * b_once)
     dram_bytes = problem.batch * (dram_bytes + pm * pn * mt * nt * q)
-    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
     noc_bytes = bt * min(
         _noc_bytes(chip, pm, pn, pk, a_once, b_once * mb, reduce_tile),
         _noc_bytes(chip, pm, pn, pk, a_once * nb, b_once, reduce_tile),
     )
-    transfer_latency_s = chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s
     latency_chain_s = bt * mb * nb * transfer_latency_s / (chip.sram_buffering_stages - 1) + chip.dram_latency_s
     resource_s = max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_bytes / chip.noc_bandwidth_bytes_per_s_per_link)
     return max(2 * chip.dram_latency_s + resource_s, latency_chain_s)
@@ -453,21 +449,26 @@ def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed:
             break
         tms, tks, tns, orders = (_shuffled(c, rng) for c in _candidates_of_placement(problem, chip, placement, preset))
         tks_descending = sorted(tks, reverse=True)
+        placed = _placed(problem, chip, placement)
         pairs = sorted(
-            (_pair_bound(problem, chip, placement, tm, tn), tm, tn)
+            (_pair_bound(problem, chip, placed, tm, tn), tm, tn)
             for tm in tms
             for tn in tns
             if _fits(chip, problem, tm, min(tks), tn)
         )
         steps += len(tms) * len(tns)
-        placed = _placed(problem, chip, placement)
         for pair_bound, tm, tn in pairs:
             if beaten(pair_bound) or (best is not None and steps >= MAX_SEARCH_STEPS):
                 break
             for tk in tks_descending:
                 if not _fits(chip, problem, tm, tk, tn):
                     continue
+                # K in several blocks: each tile reads A and B once per block in either loop
+                # order, so nmk costs what mnk costs and, a larger tiling, never wins the tie
+                same_cost = "mnk" in orders and math.ceil(placed.kt / tk) > 1
                 for order in orders:
+                    if same_cost and order != "mnk":
+                        continue
                     visited += 1
                     # the Mapping is made only for a candidate that may win (ties: by tiling)
                     costed = _costed(problem, chip, placed, tm, tk, tn, order)
