@@ -44,7 +44,9 @@ Search (branch and bound, exact)
     the two A-or-B-resident traffic patterns, at least ``mb*nb`` steps of transfer latency) and
     only expands ``tk`` and the loop order under pairs that can still win. Every bound is
     <= the exact cost of every candidate below it, so the optimum is the exhaustive one; ties are
-    broken by the tiling's natural order, so neither search depends on candidate order.
+    broken by the tiling's natural order, so neither search depends on candidate order. When K
+    takes several blocks the two loop orders read A and B alike (``_reuse``), so they cost the
+    same and ``mnk`` wins the tie: only ``mnk`` is costed there.
 
 Limits
     Tile factors are bounded (:func:`hardware.tiling.tile_factors`: every divisor of a count up
