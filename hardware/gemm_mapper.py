@@ -44,7 +44,9 @@ Search (branch and bound, exact)
     the two A-or-B-resident traffic patterns, at least ``mb*nb`` steps of transfer latency) and
     only expands ``tk`` and the loop order under pairs that can still win. Every bound is
     <= the exact cost of every candidate below it, so the optimum is the exhaustive one; ties are
-    broken by the tiling's natural order, so neither search depends on candidate order.
+    broken by the tiling's natural order, so neither search depends on candidate order. When K
+    takes several blocks the two loop orders read A and B alike (``_reuse``), so they cost the
+    same and ``mnk`` wins the tie: only ``mnk`` is costed there.
 
 Limits
     Tile factors are bounded (:func:`hardware.tiling.tile_factors`: every divisor of a count up
@@ -68,7 +70,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from hardware.kernel_model import gpu_gemm_mapping
-from hardware.mapping import GemmTiling, Mapping, pipeline_chains
+from hardware.mapping import ChainTimes, GemmTiling, Mapping, chain_seconds
 from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec
 from hardware.tiling import block_candidates, padded_extent, tile_factors
@@ -185,6 +187,31 @@ def _hops(chip: ChipSpec, pm: int, pn: int, pk: int) -> int:
     return 1 if pm * pn * pk > 1 else 0
 
 
+class _Placed(NamedTuple):
+    """A placement's figures, shared by every block candidate under it (:func:`_placed`)."""
+
+    pm: int
+    pn: int
+    pk: int
+    pb: int
+    mt: int
+    kt: int
+    nt: int
+    bt: int
+    epilogue_s: float
+    reduce_tile: float
+    transfer_latency_s: float
+
+
+def _placed(problem: _Problem, chip: ChipSpec, placement: Placement) -> _Placed:
+    pm, pn, pk, pb = placement
+    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    return _Placed(pm, pn, pk, pb, mt, kt, nt, math.ceil(problem.batch / pb),
+                   problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
+                   mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0,
+                   chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s)
+
+
 class _Costed(NamedTuple):
     """A tiling's figures (:func:`_costed`), before a :class:`Mapping` is made of them."""
 
@@ -192,40 +219,30 @@ class _Costed(NamedTuple):
     compute_s: float
     dram_bytes: float
     noc_s: float
-    bound: str
+    chains: tuple[float, float, float, float]  # hardware.mapping.chain_seconds
 
 
-def _costed(problem: _Problem, chip: ChipSpec, pm: int, pn: int, pk: int, pb: int, tm: int, tk: int, tn: int,
+def _costed(problem: _Problem, chip: ChipSpec, placed: _Placed, tm: int, tk: int, tn: int,
             order: str) -> _Costed:
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
-    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
+    pm, pn, pk, pb, mt, kt, nt, bt, epilogue_s, reduce_tile, transfer_latency_s = placed
     mb, kb, nb = math.ceil(mt / tm), math.ceil(kt / tk), math.ceil(nt / tn)
-    bt = math.ceil(problem.batch / pb)
     steps = bt * mb * nb * kb
 
     padded_flops = 2 * padded_extent(mt, tm, granule) * padded_extent(kt, tk, granule) * padded_extent(nt, tn, granule)
     gemm_s = padded_flops / chip.gemm_flops_per_s_per_tile
-    epilogue_s = problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile
     compute_s = bt * max(gemm_s, epilogue_s)
 
     a_reads, b_reads = _reuse(order, mb, nb, kb)
     a_tile, b_tile, c_tile = mt * kt * q * a_reads, kt * nt * q * b_reads, mt * nt * q
     dram_bytes = problem.batch * (pm * pk * a_tile + pk * pn * b_tile + pm * pn * c_tile)
-    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
     noc_s = bt * _noc_bytes(chip, pm, pn, pk, a_tile, b_tile, reduce_tile) / chip.noc_bandwidth_bytes_per_s_per_link
 
-    chains = pipeline_chains(
-        steps=steps,
-        compute_s=compute_s,
-        dram_s=dram_bytes / chip.dram_bandwidth_bytes_per_s,
-        noc_s=noc_s,
-        first_load_bytes=pb * (pm * pk * tm * tk + pk * pn * tk * tn) * q,
-        last_store_bytes=pb * pm * pn * tm * tn * q,
-        transfer_latency_s=chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s,
-        chip=chip,
-    )
-    return _Costed(chains.latency_s, compute_s, dram_bytes, noc_s, chains.bound)
+    chains = chain_seconds(steps, compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_s,
+                           pb * (pm * pk * tm * tk + pk * pn * tk * tn) * q, pb * pm * pn * tm * tn * q,
+                           transfer_latency_s, chip)
+    return _Costed(max(chains), compute_s, dram_bytes, noc_s, chains)
 
 
 def _mapping_of(problem: _Problem, chip: ChipSpec, tiling: GemmTiling, costed: _Costed) -> Mapping:
@@ -241,13 +258,13 @@ def _mapping_of(problem: _Problem, chip: ChipSpec, tiling: GemmTiling, costed: _
         flops=problem.flops,
         dram_bytes=costed.dram_bytes,
         tiling=tiling,
-        bound=costed.bound,
+        bound=ChainTimes(*costed.chains).bound,
     )
 
 
 def _cost(problem: _Problem, chip: ChipSpec, tiling: GemmTiling) -> Mapping:
-    costed = _costed(problem, chip, tiling.pm, tiling.pn, tiling.pk, tiling.pb, tiling.tm, tiling.tk, tiling.tn,
-                     tiling.loop_order)
+    placed = _placed(problem, chip, (tiling.pm, tiling.pn, tiling.pk, tiling.pb))
+    costed = _costed(problem, chip, placed, tiling.tm, tiling.tk, tiling.tn, tiling.loop_order)
     return _mapping_of(problem, chip, tiling, costed)
 
 
@@ -351,28 +368,24 @@ def _placement_bound(problem: _Problem, chip: ChipSpec, placement: Placement) ->
     return 2 * chip.dram_latency_s + max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_s)
 
 
-def _pair_bound(problem: _Problem, chip: ChipSpec, placement: Placement, tm: int, tn: int) -> float:
+def _pair_bound(problem: _Problem, chip: ChipSpec, placed: _Placed, tm: int, tn: int) -> float:
     """Lower bound over every ``tk`` and loop order under the block pair ``(tm, tn)``."""
-    pm, pn, pk, pb = placement
+    pm, pn, pk, pb, mt, kt, nt, bt, epilogue_s, reduce_tile, transfer_latency_s = placed
     q = problem.bytes_per_element
     granule = chip.gemm_granule_elements
-    mt, kt, nt = math.ceil(problem.m / pm), math.ceil(problem.k / pk), math.ceil(problem.n / pn)
     mb, nb = math.ceil(mt / tm), math.ceil(nt / tn)
-    bt = math.ceil(problem.batch / pb)
     compute_s = bt * max(
         2 * padded_extent(mt, tm, granule) * kt * padded_extent(nt, tn, granule) / chip.gemm_flops_per_s_per_tile,
-        problem.epilogue_ops_per_element * mt * nt / chip.vector_flops_per_s_per_tile,
+        epilogue_s,
     )
     a_once, b_once = mt * kt * q, kt * nt * q
     # Cheapest traffic any tk / order can reach: A resident (mnk, kb = 1) or B resident (nmk, kb = 1).
     dram_bytes = min(pm * pk * a_once + pk * pn * b_once * mb, pm * pk * a_once * nb + pk * pn * b_once)
     dram_bytes = problem.batch * (dram_bytes + pm * pn * mt * nt * q)
-    reduce_tile = mt * nt * ACCUMULATOR_BYTES if pk > 1 else 0.0
     noc_bytes = bt * min(
         _noc_bytes(chip, pm, pn, pk, a_once, b_once * mb, reduce_tile),
         _noc_bytes(chip, pm, pn, pk, a_once * nb, b_once, reduce_tile),
     )
-    transfer_latency_s = chip.dram_latency_s + _hops(chip, pm, pn, pk) * chip.hop_latency_s
     latency_chain_s = bt * mb * nb * transfer_latency_s / (chip.sram_buffering_stages - 1) + chip.dram_latency_s
     resource_s = max(compute_s, dram_bytes / chip.dram_bandwidth_bytes_per_s, noc_bytes / chip.noc_bandwidth_bytes_per_s_per_link)
     return max(2 * chip.dram_latency_s + resource_s, latency_chain_s)
@@ -438,8 +451,9 @@ def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed:
             break
         tms, tks, tns, orders = (_shuffled(c, rng) for c in _candidates_of_placement(problem, chip, placement, preset))
         tks_descending = sorted(tks, reverse=True)
+        placed = _placed(problem, chip, placement)
         pairs = sorted(
-            (_pair_bound(problem, chip, placement, tm, tn), tm, tn)
+            (_pair_bound(problem, chip, placed, tm, tn), tm, tn)
             for tm in tms
             for tn in tns
             if _fits(chip, problem, tm, min(tks), tn)
@@ -451,10 +465,15 @@ def _search(problem: _Problem, chip: ChipSpec, preset: GemmPreset, shuffle_seed:
             for tk in tks_descending:
                 if not _fits(chip, problem, tm, tk, tn):
                     continue
+                # K in several blocks: each tile reads A and B once per block in either loop
+                # order, so nmk costs what mnk costs and, a larger tiling, never wins the tie
+                same_cost = "mnk" in orders and math.ceil(placed.kt / tk) > 1
                 for order in orders:
+                    if same_cost and order != "mnk":
+                        continue
                     visited += 1
                     # the Mapping is made only for a candidate that may win (ties: by tiling)
-                    costed = _costed(problem, chip, *placement, tm, tk, tn, order)
+                    costed = _costed(problem, chip, placed, tm, tk, tn, order)
                     if best is None or costed.latency_s <= best.latency_s:
                         mapping = _mapping_of(problem, chip, _tiling(placement, tm, tk, tn, order), costed)
                         if _better(mapping, best):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from hardware.spec import ChipSpec
 
 __all__ = ["ChainTimes", "FlashAttentionTiling", "GemmTiling", "KernelTiling", "Mapping", "Tiling", "VectorTiling",
-           "pipeline_chains"]
+           "chain_seconds", "pipeline_chains"]
 
 
 @dataclass(frozen=True, order=True)
@@ -163,6 +163,15 @@ def pipeline_chains(
 ) -> ChainTimes:
     """The four chains of the module docstring for ``steps`` equal pipelined steps on ``chip``
     (its DRAM latency and bandwidth, and how many SRAM buffers overlap transfers)."""
+    return ChainTimes(*chain_seconds(steps, compute_s, dram_s, noc_s, first_load_bytes,
+                                     last_store_bytes, transfer_latency_s, chip))
+
+
+def chain_seconds(steps: int, compute_s: float, dram_s: float, noc_s: float, first_load_bytes: float,
+                  last_store_bytes: float, transfer_latency_s: float,
+                  chip: ChipSpec) -> tuple[float, float, float, float]:
+    """:func:`pipeline_chains` as a plain tuple (compute, DRAM, NoC, latency chain), for a search
+    that costs thousands of candidates and makes a :class:`ChainTimes` of the winner only."""
     dram_latency_s = chip.dram_latency_s
     dram_bandwidth_bytes_per_s = chip.dram_bandwidth_bytes_per_s
     buffering_stages = chip.sram_buffering_stages
@@ -171,9 +180,7 @@ def pipeline_chains(
     compute_step_s = compute_s / steps
     fill_s = transfer_latency_s + first_load_bytes / dram_bandwidth_bytes_per_s
     drain_s = dram_latency_s + last_store_bytes / dram_bandwidth_bytes_per_s
-    return ChainTimes(
-        compute_chain_s=fill_s + compute_s + drain_s,
-        dram_chain_s=transfer_latency_s + dram_s + compute_step_s + dram_latency_s,
-        noc_chain_s=transfer_latency_s + noc_s + compute_step_s + drain_s,
-        latency_chain_s=steps * transfer_latency_s / (buffering_stages - 1) + compute_step_s + drain_s,
-    )
+    return (fill_s + compute_s + drain_s,
+            transfer_latency_s + dram_s + compute_step_s + dram_latency_s,
+            transfer_latency_s + noc_s + compute_step_s + drain_s,
+            steps * transfer_latency_s / (buffering_stages - 1) + compute_step_s + drain_s)

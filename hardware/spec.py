@@ -45,6 +45,7 @@ __all__ = [
     "load_chip",
     "load_hardware",
     "load_system",
+    "one_node_system_chip",
 ]
 
 logger = logging.getLogger(__name__)
@@ -665,13 +666,7 @@ def _system_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]
     if "node" in table or "inter_node" in table:
         return _multi_node_from_table(path, table, seen)
     values = _read_fields(path, table, _SYSTEM_FIELDS)
-    chip_ref = values.pop("chip")
-    chip_path = _resolve(chip_ref, relative_to=path.parent)
-    if chip_path is None:
-        raise InputFileError(f"{path}: field 'chip': no bundled chip or file named {chip_ref!r}")
-    chip = _load(chip_path, seen + (path,))
-    if not isinstance(chip, ChipSpec):
-        raise InputFileError(f"{path}: field 'chip': {chip_ref!r} describes a system, not a chip")
+    chip = _system_chip(path, values.pop("chip"), seen)
     grid = values.pop("topology_grid")
     topology = values["topology"]
     if topology in ("mesh2d", "torus2d"):
@@ -697,6 +692,28 @@ def _system_from_table(path: Path, table: dict[str, Any], seen: tuple[Path, ...]
     values["source"] = values["source"] or ""
     values["nccl_table"], values["nccl_busbw_scale"] = _nccl_table(path, values, topology)
     return SystemSpec(chip=chip, topology_rows=rows, topology_cols=cols, **values)
+
+
+def _system_chip(path: Path, chip_ref: str, seen: tuple[Path, ...]) -> ChipSpec:
+    """The chip that the one-node system file ``path`` names in its field ``chip``."""
+    chip_path = _resolve(chip_ref, relative_to=path.parent)
+    if chip_path is None:
+        raise InputFileError(f"{path}: field 'chip': no bundled chip or file named {chip_ref!r}")
+    chip = _load(chip_path, seen + (path,))
+    if not isinstance(chip, ChipSpec):
+        raise InputFileError(f"{path}: field 'chip': {chip_ref!r} describes a system, not a chip")
+    return chip
+
+
+def one_node_system_chip(name_or_path: str | Path) -> ChipSpec | None:
+    """The chip of a one-node system file, loaded without the rest of the system (its network,
+    its NCCL table); None for a chip file or a multi-node system (which ``load_hardware`` reads
+    whole)."""
+    path = _resolved_or_error(name_or_path)
+    table = load_toml(path, "a hardware description (TOML)")
+    if table.get("kind") != "system" or "node" in table or "inter_node" in table:
+        return None
+    return _system_chip(path, _read_fields(path, table, _SYSTEM_FIELDS)["chip"], ())
 
 
 def _nccl_table(path: Path, values: dict[str, Any], topology: str) -> tuple[NcclTable | None, float]:
@@ -754,12 +771,16 @@ def bundled_hardware_names() -> list[str]:
 
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     """Load a bundled description by name (``tx8``, ``tx8-16``, ``h100-sxm`` ...) or a TOML path."""
+    return _load(_resolved_or_error(name_or_path))
+
+
+def _resolved_or_error(name_or_path: str | Path) -> Path:
     path = _resolve(name_or_path)
     if path is None:
         raise InputFileError(
             f"{shown(name_or_path)}: no such hardware file or bundled name (bundled: {', '.join(bundled_hardware_names())})"
         )
-    return _load(path)
+    return path
 
 
 def load_chip(name_or_path: str | Path) -> ChipSpec:

@@ -26,6 +26,7 @@ from hardware.spec import (
     as_system,
     bundled_hardware_names,
     load_hardware,
+    one_node_system_chip,
 )
 from hlo_trace.errors import UsageError
 
@@ -49,10 +50,13 @@ def near_square_grid(count: int) -> tuple[int, int]:
 
 def default_network(chip: ChipSpec) -> SystemSpec | None:
     """The first bundled one-node system file (by name) whose chip is ``chip``, or None
-    (a multi-node system is no chip's default network)."""
+    (a multi-node system is no chip's default network). Each file's chip is read alone, and
+    only the one found is loaded whole (not every GPU system's NCCL table)."""
     for name in bundled_hardware_names():
-        spec = load_hardware(name)
-        if isinstance(spec, SystemSpec) and spec.inter_node is None and spec.chip.name == chip.name:
+        found = one_node_system_chip(name)
+        if found is not None and found.name == chip.name:
+            spec = load_hardware(name)
+            assert isinstance(spec, SystemSpec) and spec.inter_node is None
             return spec
     return None
 

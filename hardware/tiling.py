@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 
@@ -9,8 +10,10 @@ def round_up(value: int, granule: int) -> int:
     return -(-value // granule) * granule
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def padded_extent(extent: int, block: int, granule: int) -> int:
-    """Sum of the block edges of ``extent`` cut in ``block``s, each rounded up to the granule."""
+    """Sum of the block edges of ``extent`` cut in ``block``s, each rounded up to the granule
+    (remembered: a tiling search asks for the same few dozen a hundred thousand times)."""
     full, rest = divmod(extent, block)
     return full * round_up(block, granule) + (round_up(rest, granule) if rest else 0)
 

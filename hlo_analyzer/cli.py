@@ -35,6 +35,7 @@ from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_i
 if TYPE_CHECKING:
     import networkx as nx
 
+    from hlo_analyzer.mapping.results import MappingOptions
     from hlo_analyzer.mapping.sections import MappingSection
     from hlo_analyzer.report import Report
 
@@ -238,26 +239,13 @@ def _render(request: _Request) -> str | None:
     dump = request.dump
     log.info("loading %s", dump)
     module = load_module(dump)
+    options = _mapping_options(request) if request.hardware is not None else None
     log.info("counting FLOPs, collectives and memory")
-    report, graph = _measure(module, request)
+    report, graph = _measure(module, request, options)
     if request.hardware is not None:
-        from hardware import load_chip
-        from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
-        from hlo_analyzer.mapping.library_calls import sidecar_call_regions
-        from hlo_analyzer.mapping.results import MappingOptions, default_execution
-        from hlo_analyzer.memory import read_sidecar, sidecar_for
+        from hlo_analyzer.mapping.apply import add_hardware_sections
 
         log.info("mapping every op on %s", request.hardware)
-        sidecar = read_sidecar(request.sidecar or sidecar_for(dump))
-        caption_tokens = request.caption_tokens
-        if caption_tokens is None and request.cross_attention == "per-sample" and sidecar is not None:
-            caption_tokens = sidecar_caption_tokens(sidecar)
-        library_calls = sidecar_call_regions(sidecar)
-        execution = request.execution or default_execution(load_chip(request.hardware), library_calls)
-        options = MappingOptions(execution=execution,
-                                 dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
-                                 cross_attention=request.cross_attention,
-                                 caption_tokens=caption_tokens, library_calls=library_calls)
         with _as_usage_error(dump, f"cannot be mapped on {request.hardware}"):
             add_hardware_sections(
                 report, module, request.hardware, steps=request.steps, pairs=request.pairs,
@@ -295,10 +283,33 @@ def _render(request: _Request) -> str | None:
     return None
 
 
-def _measure(module: Any, request: _Request) -> tuple[Report, nx.DiGraph | None]:
+def _mapping_options(request: _Request) -> MappingOptions:
+    """The ``--hw`` mapping's options: the request's, with the caption length and library calls
+    of the dump's sidecar and the hardware's default execution."""
+    from hardware import load_chip
+    from hlo_analyzer.mapping.apply import sidecar_caption_tokens
+    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.results import MappingOptions, default_execution
+    from hlo_analyzer.memory import read_sidecar, sidecar_for
+
+    assert request.hardware is not None
+    sidecar = read_sidecar(request.sidecar or sidecar_for(request.dump))
+    caption_tokens = request.caption_tokens
+    if caption_tokens is None and request.cross_attention == "per-sample" and sidecar is not None:
+        caption_tokens = sidecar_caption_tokens(sidecar)
+    library_calls = sidecar_call_regions(sidecar)
+    execution = request.execution or default_execution(load_chip(request.hardware), library_calls)
+    return MappingOptions(execution=execution,
+                          dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
+                          cross_attention=request.cross_attention,
+                          caption_tokens=caption_tokens, library_calls=library_calls)
+
+
+def _measure(module: Any, request: _Request,
+             options: MappingOptions | None = None) -> tuple[Report, nx.DiGraph | None]:
     """FLOPs, collectives and memory of ``module``: the memory in the same walk, or at the same
-    time in a forked child (``request.parallel``); with ``--hw``, the dataflow graph that the
-    mapping needs, built in the same walk."""
+    time in a forked child (``request.parallel``); with ``--hw`` (``options``), the dataflow
+    graph that the mapping needs, built in the same walk."""
     from hlo_analyzer.comm import RingLink
     from hlo_analyzer.memory import (
         MemoryVisitor,
@@ -321,11 +332,11 @@ def _measure(module: Any, request: _Request) -> tuple[Report, nx.DiGraph | None]
     task = _start_memory(module, inputs, capacity, dump) if request.parallel else None
     memory = MemoryVisitor(inputs, types) if task is None else None
     dataflow = None
-    if request.hardware is not None:
+    if options is not None:
         from hlo_analyzer.dataflow import DataflowVisitor
 
-        # the ops' locations only where --exec torch may read them (a GPU's default)
-        dataflow = DataflowVisitor(types, locations=request.execution in (None, "torch"))
+        # the ops' locations only where --exec torch reads them
+        dataflow = DataflowVisitor(types, locations=options.execution == "torch")
     try:
         with _as_usage_error(dump, "cannot be measured"):
             report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,

@@ -57,17 +57,20 @@ class DataflowVisitor(IRVisitor):
         self._producers: dict[int, list[int]] = {}  # node -> producers of its operands
         self._producer: dict[int, int] = {}
         self._arguments: dict[int, int] = {}
-        #: (op name, operand types, result types) -> what ``_signature`` reads off them
-        self._signatures: dict[tuple[Any, ...], tuple[str, tuple, tuple, str]] = {}
+        #: (op name, operand types, result types) -> the attributes read off them (``_template``)
+        self._signatures: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._dims: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
         self._graph: nx.DiGraph | None = None
 
     @property
     def graph(self) -> nx.DiGraph:
         """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
-        the producers of its operands, for fast backward walks."""
+        the producers of its operands, for fast backward walks; ``graph.graph["walk_order"]``
+        says that each producer's node precedes its readers' (a value is found as a producer only
+        once its op was walked), which bounds backward searches (``hlo_analyzer.pairs``)."""
         if self._graph is None:
-            graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations)
+            graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations,
+                                             walk_order=True)
             graph.add_nodes_from([node for node, _ in self._nodes])
             nodes = graph.nodes
             for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs
@@ -88,30 +91,27 @@ class DataflowVisitor(IRVisitor):
 
     def generic_visit(self, node: Any) -> None:
         full_name = self.op_name  # set by the walk (IRVisitor)
-        position = self.position
         types = self.types
         facts = types.facts(node)
+        operands = facts.operands
         if full_name in SAME_SHAPE_OPS:  # the operands have the result's shape: not read
-            key: tuple[Any, ...] = (full_name, len(facts.operands), facts.result_types)
+            key: tuple[Any, ...] = (full_name, len(operands), facts.result_types)
         else:
             key = (full_name, *types.value_types(node))
-        signature = self._signatures.get(key)
-        if signature is None:
-            signature = self._signatures[key] = self._signature(node, *key)
-        name, operand_shapes, result_shapes, dtype, operand_dtypes = signature
+        template = self._signatures.get(key)
+        if template is None:
+            template = self._signatures[key] = self._template(node, *key)
         producer_of = self._producer.get
-        producers = [producer_of(hash(value)) for value in facts.operands]
+        producers = [producer_of(hash(value)) for value in operands]
         if None in producers:
             arguments = [None if producer is not None else self._argument(value)
-                         for producer, value in zip(producers, facts.operands)]
+                         for producer, value in zip(producers, operands)]
             known = [p for p in producers if p is not None]
         else:
             arguments, known = [None] * len(producers), list(producers)
-        attributes: dict[str, Any] = {
-            "name": name, "op": full_name, "operands": producers, "arguments": arguments,
-            "operand_shapes": operand_shapes, "result_shapes": result_shapes, "dtype": dtype,
-            "operand_dtypes": operand_dtypes,
-        }
+        attributes = template.copy()  # the signature's values, in the attributes' order
+        attributes["operands"], attributes["arguments"] = producers, arguments
+        name = template["name"]
         if self.locations:
             attributes["location"] = types.location(node)
             if name == "transpose":  # which axes a view permutes decides PyTorch's strides
@@ -119,7 +119,9 @@ class DataflowVisitor(IRVisitor):
             elif name == "convolution":  # cuDNN's layout transposes around it (hlo_analyzer.mapping.torch_kernels)
                 attributes["conv_layout"] = conv_layout(node)
         if name in GEMM_OPS or name == "convolution":
-            attributes["dot_dims"] = self._gemm_dims(node, name, operand_shapes, result_shapes[0])
+            attributes["dot_dims"] = self._gemm_dims(node, name, template["operand_shapes"],
+                                                     template["result_shapes"][0])
+        position = self.position
         self._nodes.append((position, attributes))
         self._producers[position] = known
         producer = self._producer
@@ -127,6 +129,16 @@ class DataflowVisitor(IRVisitor):
             producer[hash(value)] = position
         if not self.following:  # (following, the leader walks the regions)
             IRVisitor.generic_visit(self, node)
+
+    def _template(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
+                  result_types: tuple[ir.Type, ...]) -> dict[str, Any]:
+        """The attributes that every op of this signature has alike (``_signature``), with
+        ``operands`` and ``arguments`` to be filled in (keys in the nodes' order)."""
+        name, operand_shapes, result_shapes, dtype, operand_dtypes = self._signature(
+            op, full_name, operands, result_types)
+        return {"name": name, "op": full_name, "operands": None, "arguments": None,
+                "operand_shapes": operand_shapes, "result_shapes": result_shapes, "dtype": dtype,
+                "operand_dtypes": operand_dtypes}
 
     def _signature(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
                    result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str, tuple]:

@@ -89,15 +89,17 @@ def use_fresh_context(*, threads: bool = True) -> None:
 _forked_away: list[ir.Context] = []
 
 
-def _stripped_lines(text: str) -> Iterator[str]:
+def _stripped_lines(text: str | bytes) -> Iterator[str]:
     """The lines of ``text`` (ended by ``\n`` or ``\r``, as MLIR's lexer ends a comment),
-    stripped, one at a time: a 100 MB dump is not split whole to find its first line."""
+    stripped, one at a time: a 100 MB dump is not split whole to find its first line. ``text``
+    may be ASCII bytes, whose lines are decoded as they come."""
+    newline, carriage_return = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
     start = 0
     while start < len(text):
-        end = text.find("\n", start)
+        end = text.find(newline, start)  # type: ignore[arg-type]
         end = len(text) if end < 0 else end
-        for line in text[start:end].split("\r"):
-            yield line.strip()
+        for line in text[start:end].split(carriage_return):  # type: ignore[arg-type]
+            yield (line if isinstance(line, str) else line.decode("ascii")).strip()
         start = end + 1
 
 
@@ -145,7 +147,7 @@ def _decode(data: bytes, origin: str) -> str:
         raise InputFileError(f"{origin}: not UTF-8 text and not MLIR bytecode") from None
 
 
-def _text_kind(text: str, origin: str) -> DumpKind:
+def _text_kind(text: str | bytes, origin: str) -> DumpKind:
     """MLIR text or HLO text, by the first meaningful line (see ``detect_kind``)."""
     for line in _stripped_lines(text):
         if not line or line.startswith(("//", "#")):
@@ -201,14 +203,17 @@ def parse_module(data: bytes | str, origin: str = "<input>",
     if not raw or raw.isspace():  # (not raw.strip(): no copy of a 100 MB dump)
         raise InputFileError(f"{origin}: file is empty")
     # Text is decoded once, here: the kind is read from it, and it is what the parser takes.
+    # ASCII bytes (nearly every dump) are UTF-8 as they are: kept, not copied into a str.
+    text: str | bytes
     if raw.startswith(_MLIR_BYTECODE_MAGIC):
         kind, text = DumpKind.MLIR_BYTECODE, ""
     else:
-        text = data if isinstance(data, str) else _decode(raw, origin)
+        text = data if isinstance(data, str) else raw if raw.isascii() else _decode(raw, origin)
         kind = _text_kind(text, origin)
     context = context or default_context()
     num_partitions = None
     if kind is DumpKind.HLO_TEXT:
+        text = text if isinstance(text, str) else text.decode("ascii")
         num_partitions = hlo_header_num_partitions(text, origin)
         raw = hlo_text_to_stablehlo_bytecode(text, origin)
     elif kind is DumpKind.MLIR_TEXT:

@@ -46,7 +46,7 @@ import networkx as nx
 from hlo_analyzer.blocks import Segmentation
 from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, GEMM_OPS, Marker, operand_markers
 
-__all__ = ["RETURN_OP", "pair_owners", "residual_inputs", "unit_owners"]
+__all__ = ["RETURN_OP", "pair_owners", "residual_input", "residual_inputs", "unit_owners"]
 
 RETURN_OP = "return"
 #: Element types of masks, which are never the residual stream.
@@ -82,27 +82,31 @@ def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
     after the units has ``len(anchors)`` as its owner."""
     units = len(anchors)
     if inputs is None:
-        inputs = [_residual_input(graph, proj, qkv) for proj, qkv in anchors]
+        inputs = [residual_input(graph, proj, qkv) for proj, qkv in anchors]
     levels_of: dict[Marker, int] = {marker: unit for unit, marker in enumerate(inputs) if marker is not None}
     output = _residual_output(graph, *last)
     if output is not None:
         levels_of[output] = units  # after the units
-    level = _levels(graph, levels_of)
+    attributes_of = dict(graph.nodes(data=True))
+    level = _levels(attributes_of, levels_of)
     owner = dict(level)
     owner.update(labelled)
-    names = graph.nodes
     side: dict[int, int] = {}
-    for node in sorted(graph.nodes, reverse=True):
-        if node in owner or node in level or node in levels_of:
+    owner_of, side_of, successors = owner.get, side.get, graph.successors
+    returns = {node for node, attributes in attributes_of.items() if attributes["name"] == RETURN_OP}
+    for node in sorted(attributes_of, reverse=True):
+        if node in owner or node in levels_of:  # (every node with a level has an owner)
             continue
-        readers = list(graph.successors(node))
-        if not readers or any(names[r]["name"] == RETURN_OP for r in readers):
+        readers = list(successors(node))
+        if not readers:
             continue
-        first = owner.get(readers[0], side.get(readers[0]))
-        if first is not None and all(owner.get(r, side.get(r)) == first for r in readers):
+        units_read = [owner_of(r, side_of(r)) for r in readers]
+        first = units_read[0]
+        if first is not None and units_read.count(first) == len(units_read) and \
+                returns.isdisjoint(readers):
             side[node] = first
     for node in sorted(side):
-        if _reads_own_data(names[node], owner, side[node]):
+        if _reads_own_data(attributes_of[node], owner, side[node]):
             owner[node] = side[node]
     return owner
 
@@ -112,7 +116,7 @@ def residual_inputs(graph: nx.DiGraph, segmentation: Segmentation) -> list[Marke
     that made it, or ``("argument", i)`` in a stage that reads it from the previous one; None
     where it is not found."""
     blocks = segmentation.blocks
-    return [_residual_input(graph, blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
+    return [residual_input(graph, blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
             for pair in range(len(blocks) // 2)]
 
 
@@ -130,18 +134,19 @@ def _reads_own_data(attributes: dict, owner: dict[int, int], pair: int) -> bool:
     return False
 
 
-def _levels(graph: nx.DiGraph, levels_of: dict[Marker, int]) -> dict[int, int]:
-    """Step 3: each node -> the largest level of a marker it strictly depends on."""
+def _levels(attributes_of: dict[int, dict], levels_of: dict[Marker, int]) -> dict[int, int]:
+    """Step 3: each node (``attributes_of``: the graph's nodes) -> the largest level of a marker
+    it strictly depends on."""
     level: dict[int, int] = {}
-    nodes = graph.nodes
-    for node in sorted(nodes):
-        attributes = nodes[node]
+    marker_level, node_level = levels_of.get, level.get
+    for node in sorted(attributes_of):
+        attributes = attributes_of[node]
         best = -1
         for producer, argument in zip(attributes["operands"], attributes["arguments"]):
             if producer is None:
-                best = max(best, levels_of.get(("argument", argument), -1))
+                best = max(best, marker_level(("argument", argument), -1))
             else:
-                best = max(best, levels_of.get(producer, -1), level.get(producer, -1))
+                best = max(best, marker_level(producer, -1), node_level(producer, -1))
         if best >= 0:
             level[node] = best
     return level
@@ -169,20 +174,39 @@ def _after(graph: nx.DiGraph, start: int) -> Iterable[int]:
                 heapq.heappush(heap, reader)
 
 
-def _ancestors(graph: nx.DiGraph, node: int) -> set[Marker]:
-    """Nodes and arguments that ``node`` reads through non-GEMM ops (its own operands included)."""
-    found: set[Marker] = set()
-    frontier = [node]
-    nodes = graph.nodes
-    while frontier:
-        current = frontier.pop()
-        for producer, marker in _operand_markers(nodes[current]):
-            if marker in found:
-                continue
-            found.add(marker)
-            if producer is not None and nodes[producer]["name"] not in GEMM_OPS:
-                frontier.append(producer)
-    return found
+class _Behind:
+    """The nodes and arguments that ``node`` reads through non-GEMM ops (its own operands
+    included), found as far as a question needs. In a graph of walk positions
+    (``graph.graph["walk_order"]``: each producer's node before its readers', as
+    ``DataflowVisitor`` builds it) the walk goes back from ``node`` latest producer first, so
+    once every producer left to visit precedes a node ``m``, none still to come can read ``m``
+    and whether ``m`` is read is known: a question about a node near ``node`` does not walk the
+    whole residual stream behind it (an STDiT3 stage's qkv projection reads, through residual
+    adds, every earlier pair). An argument, or a node of another graph, is answered by the
+    whole walk."""
+
+    def __init__(self, graph: nx.DiGraph, node: int) -> None:
+        self._nodes = graph.nodes
+        self._bounded = bool(graph.graph.get("walk_order"))
+        self._found: set[Marker] = set()
+        self._heap: list[int] = [-node]  # latest first
+
+    def __contains__(self, marker: Marker) -> bool:
+        if marker not in self._found:
+            self._walk(marker if self._bounded and isinstance(marker, int) else None)
+        return marker in self._found
+
+    def _walk(self, bound: int | None) -> None:
+        """Visit the producers left, latest first, down to ``bound`` (exclusive; None: all)."""
+        heap, found, nodes = self._heap, self._found, self._nodes
+        while heap and (bound is None or -heap[0] > bound):
+            current = -heapq.heappop(heap)
+            for producer, marker in _operand_markers(nodes[current]):
+                if marker in found:
+                    continue
+                found.add(marker)
+                if producer is not None and nodes[producer]["name"] not in GEMM_OPS:
+                    heapq.heappush(heap, -producer)
 
 
 def _root(graph: nx.DiGraph, producer: int | None, marker: Marker) -> Marker:
@@ -196,11 +220,11 @@ def _root(graph: nx.DiGraph, producer: int | None, marker: Marker) -> Marker:
     return marker
 
 
-def _residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | None:
+def residual_input(graph: nx.DiGraph, proj: int | None, qkv: int) -> Marker | None:
     """Step 1: the block's input on the residual stream, or None if not found."""
     if proj is None:
         return None
-    behind_qkv = _ancestors(graph, qkv)
+    behind_qkv = _Behind(graph, qkv)
     from_proj = {proj}
     nodes = graph.nodes
     for node in _after(graph, proj):

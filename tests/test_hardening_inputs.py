@@ -276,6 +276,25 @@ def test_the_unpatched_bytecode_still_parses(tmp_path, capsys):
     assert json.loads(out)["totals"]
 
 
+@pytest.mark.parametrize("lines", ["\n", "\r\n", "\r"])
+def test_ascii_text_is_read_as_its_bytes_and_utf8_text_decoded_alike(tmp_path, capsys, lines):
+    """An ASCII dump is parsed from its bytes (no decoded copy), any other from its decoded text:
+    the same module either way, whatever ends its lines, and a byte that is not UTF-8 is one line."""
+    from hlo_analyzer.mlir import load_module, load_module_text
+
+    ascii_text = ("// a comment first\n" + SMALL_MODULE).replace("\n", lines)
+    utf8_text = ascii_text.replace("model.py", "mod\u00e8le.py")
+    for name, text in (("ascii.mlir", ascii_text), ("utf8.mlir", utf8_text)):
+        dump = tmp_path / name
+        dump.write_bytes(text.encode("utf-8"))
+        assert str(load_module(dump)) == str(load_module_text(text))
+    asm = load_module(tmp_path / "utf8.mlir").operation.get_asm(enable_debug_info=True)
+    assert '"mod\\C3\\A8le.py":7:1' in asm  # the location's two UTF-8 bytes, as MLIR prints them
+    (tmp_path / "latin1.mlir").write_bytes(utf8_text.encode("latin-1"))
+    code, _, err = analyze_cli(capsys, tmp_path / "latin1.mlir")
+    assert_one_line(code, err, "latin1.mlir", "not UTF-8")
+
+
 # -- 2. malformed bytecode whose parse does not end is bounded -------------------------------------
 
 

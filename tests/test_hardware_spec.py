@@ -15,6 +15,7 @@ from hardware.spec import (
     load_chip,
     load_hardware,
     load_system,
+    one_node_system_chip,
 )
 from hardware.units import Dimension, parse_quantity
 from hlo_trace.errors import InputFileError
@@ -157,3 +158,16 @@ def test_unknown_name_and_broken_toml(tmp_path):
     path.write_text('name = "x"\n')
     with pytest.raises(InputFileError, match="field 'kind': missing"):
         load_hardware(path)
+
+
+def test_a_one_node_systems_chip_read_alone_is_the_chip_of_the_whole_system():
+    """``one_node_system_chip`` (what ``default_network`` reads of every bundled file) against
+    the full loader: the same chip for each one-node system, None for chips and multi-node
+    systems."""
+    kinds = set()
+    for name in bundled_hardware_names():
+        whole = load_hardware(name)
+        one_node = isinstance(whole, SystemSpec) and whole.inter_node is None
+        kinds.add((isinstance(whole, SystemSpec), one_node))
+        assert one_node_system_chip(name) == (whole.chip if one_node else None), name
+    assert kinds == {(False, False), (True, True), (True, False)}  # chips, one-node, multi-node

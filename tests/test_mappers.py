@@ -13,7 +13,12 @@ import dataclasses
 import pytest
 
 from hardware.flash_attention_mapper import flashatten_mapper
-from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper, gemm_exhaustive_search
+from hardware.gemm_mapper import (
+    GemmPreset,
+    gemm_auto_opt_mapper,
+    gemm_candidate_cost,
+    gemm_exhaustive_search,
+)
 from hardware.mapping import GemmTiling
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
@@ -137,6 +142,24 @@ def test_branch_and_bound_matches_exhaustive_in_any_order(shape):
     for seed in (1, 2):
         assert gemm_auto_opt_mapper(op, TX8, shuffle_seed=seed).tiling == searched.tiling
         assert gemm_exhaustive_search(op, TX8, shuffle_seed=seed).tiling == exhaustive.tiling
+
+
+def test_the_loop_orders_cost_alike_when_k_takes_several_blocks():
+    """The search costs only mnk when K is cut in several blocks (each tile then reads its A and
+    B slices once per block in either order): 600x1152x288 on one tile, blocks 128x128x64.
+    K in 18 blocks: A (600x1152) and B (1152x288) are read ceil(288/64) = 5 and ceil(600/128) = 5
+    times in both orders; K in one block (tk = 1152): mnk keeps A resident (read once), nmk B."""
+    op = gemm(600, 1152, 288)
+
+    def cost(tk: int, order: str):
+        return gemm_candidate_cost(op, TX8, GemmTiling(1, 1, 1, 128, tk, 64, order))
+
+    several = [cost(64, order) for order in ("mnk", "nmk")]
+    assert several[0].latency_s == several[1].latency_s
+    assert several[0].dram_bytes == several[1].dram_bytes == 2 * (600 * 1152 * 5 + 1152 * 288 * 5 + 600 * 288)
+    one = [cost(1152, order) for order in ("mnk", "nmk")]
+    assert [m.dram_bytes for m in one] == [2 * (600 * 1152 * 1 + 1152 * 288 * 5 + 600 * 288),
+                                           2 * (600 * 1152 * 5 + 1152 * 288 * 1 + 600 * 288)]
 
 
 def test_fused_gelu_epilogue_costs_vector_time_but_saves_a_pass():

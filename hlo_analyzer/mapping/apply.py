@@ -33,7 +33,7 @@ from hlo_analyzer.blocks import (
     find_attentions,
     segment_blocks,
 )
-from hlo_analyzer.dataflow import build_dataflow
+from hlo_analyzer.dataflow import Marker, build_dataflow
 from hlo_analyzer.mapping.program import map_program
 from hlo_analyzer.mapping.render import HardwareSections
 from hlo_analyzer.mapping.results import (
@@ -52,7 +52,7 @@ from hlo_analyzer.mapping.sections import (
     PairGroup,
     TransformerSection,
 )
-from hlo_analyzer.pairs import pair_owners, residual_inputs, unit_owners
+from hlo_analyzer.pairs import pair_owners, residual_input, residual_inputs, unit_owners
 from hlo_analyzer.report import Report
 from hlo_analyzer.rows import COMM
 from hlo_analyzer.transformer_blocks import (
@@ -84,18 +84,23 @@ def transformer_section(segmentation: TransformerSegmentation) -> TransformerSec
 
 
 def stdit_block_owners(graph: nx.DiGraph, segmentation: Segmentation,
-                       pair_owner: dict[int, int]) -> dict[int, int]:
+                       pair_owner: dict[int, int],
+                       pair_inputs: list[Marker | None] | None = None) -> dict[int, int]:
     """Graph node -> STDiT3 block (spatial ``2k``, temporal ``2k+1``) within its pair's work
     (``pair_owner``): an op of pair ``k`` is the temporal block's when it depends on that block's
     input on the residual stream or is side work only the temporal block reads
     (``pairs.unit_owners`` over the blocks), else the spatial block's. So a pair's two blocks
-    add up to the pair."""
+    add up to the pair. ``pair_inputs``: ``pairs.residual_inputs`` when already found (a pair's
+    input is its spatial block's)."""
     blocks = segmentation.blocks
     anchors = [(block.self_attention.out_proj, block.self_attention.q_proj) for block in blocks]
     labelled = {position: index for index, block in enumerate(blocks)
                 for positions in block.labels().values() for position in positions if position is not None}
     last = blocks[-1]
-    by_block = unit_owners(graph, anchors, (last.fc2, last.self_attention.q_proj), labelled)
+    inputs = None if pair_inputs is None else [
+        pair_inputs[index // 2] if index % 2 == 0 and index // 2 < len(pair_inputs)
+        else residual_input(graph, proj, qkv) for index, (proj, qkv) in enumerate(anchors)]
+    by_block = unit_owners(graph, anchors, (last.fc2, last.self_attention.q_proj), labelled, inputs)
     pairs = len(blocks) // 2
     return {node: 2 * pair + 1 if by_block.get(node) == 2 * pair + 1 else 2 * pair
             for node, pair in pair_owner.items() if pair < pairs}
@@ -209,7 +214,7 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     owners = pair_owners(graph, segmentation, inputs) if segmentation is not None else {}
     transformer = segment_transformer(graph, attentions) if segmentation is None else None
     if segmentation is not None:
-        block_owner = stdit_block_owners(graph, segmentation, owners)
+        block_owner = stdit_block_owners(graph, segmentation, owners, inputs)
         blocks_found = len(segmentation.blocks)
     elif transformer is not None:
         log.info("found %d transformer blocks (%s)", len(transformer.blocks), transformer.blocks[0].kind)
