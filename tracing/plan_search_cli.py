@@ -322,7 +322,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                                target_step_time=target_step_time, max_devices=max_devices,
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
-                               force=force, budget=budget)
+                               force=force, budget=budget, estimate_kind=estimate_kind, validate=validate)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -371,7 +371,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     target_latency: float | None, target_step_time: float | None,
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
-                    force: bool, budget: int = 12) -> int:
+                    force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0) -> int:
     """``--mode train`` and the sizing options (``tracing.train_search``, ``tracing.sizing``,
     rendered by ``tracing.sizing_cli``)."""
     from dataclasses import asdict
@@ -420,8 +420,15 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     space = train_search.enumerate_train_plans(model_config, shape, devices, batch=batch,
                                                stage_counts=stages, micro_batch_counts=micro_batches)
     click.echo(f"estimating {len(space.plans)} training plans ({len(space.infeasible)} refused) ...", err=True)
+    kernels = None
+    if estimate_kind == "kernels":
+        from tracing.train_estimate import TrainKernels
+
+        kernels = TrainKernels(work, model_config, shape)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
-                                       memory_limit_bytes=limit)
+                                       memory_limit_bytes=limit, kernels=kernels,
+                                       budget=budget if confirm else 0, validate=validate if confirm else 0,
+                                       progress=lambda line: click.echo(f"  {line}", err=True))
     confirmation = None
     if confirm and result.best is not None:
         click.echo(f"tracing one block pair of {result.best.plan.label} to confirm ...", err=True)
@@ -431,12 +438,24 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
         refused[0] = "refused (no training formula, or no even split of the batch or the pairs), by reason (plans):"
     click.echo(sizing_cli.render_train_report(result, confirmation, refused), nl=False)
     if json_out:
-        document = {"best": None if result.best is None else {
+        from tracing.plan_search import ESTIMATE_TOLERANCE
+
+        within, count = result.within
+        document = {"config": result.config, "shape": result.shape, "hardware": result.hardware,
+                    "devices": result.devices, "memory_limit_bytes": result.memory_limit_bytes,
+                    "budget": result.budget,
+                    "best": None if result.best is None else {
                         "plan": asdict(result.best.plan), "label": result.best.plan.label,
-                        "estimate": asdict(result.best.estimate)},
+                        "estimate": asdict(result.best.estimate), "traced_step_s": result.best.traced_step_s},
                     "confirmation": None if confirmation is None else asdict(confirmation),
+                    "spearman": result.spearman, "worst_ratio": result.worst_ratio,
+                    "within_tolerance": {"tolerance": ESTIMATE_TOLERANCE, "plans": within, "of": count},
                     "plans": [{"label": o.plan.label, "step_s": o.estimate.step_s,
-                               "memory_bytes": o.estimate.memory_bytes} for o in result.outcomes]}
+                               "memory_bytes": o.estimate.memory_bytes, "basis": o.estimate.basis,
+                               "traced_step_s": o.traced_step_s,
+                               "residual": None if o.ratio is None else o.ratio - 1,
+                               "validation": o.plan in result.validation, "error": o.error}
+                              for o in result.outcomes]}
         atomic_write(json_out, json.dumps(document, indent=1) + "\n", force=force)
     return 0 if result.best is not None else 1
 
@@ -457,16 +476,13 @@ def _confirm_training_sizing(result, model_config: str, shape: str, hardware: st
 
 def _locked_tracer(work: Path, hardware: str, steps: int):
     """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
-    import fcntl
-
     from tracing.plan_search import runner_tracer
-    from tracing.sizing_cli import FULL_TRACE_LOCK
+    from tracing.train_estimate import trace_lock
 
     tracer = runner_tracer(work, hardware, steps=steps)
 
     def trace(plan):
-        with open(FULL_TRACE_LOCK, "a") as lock:  # one full-size trace at a time on this machine
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with trace_lock():  # one full-size trace at a time on this machine
             return tracer([plan])[0]
 
     return trace
