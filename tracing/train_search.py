@@ -76,6 +76,9 @@ BYTES_PER_ELEMENT = 2
 #: traced step's GEMM work is 3.000x the forward's, docs/training.md); 4 with full recompute.
 STEP_OVER_FORWARD = 3
 RECOMPUTE_STEP_OVER_FORWARD = 4
+#: Calibration keys traced per hold of the trace lock (one process loads torch once for them;
+#: the lock is let go between, for the other traces of the machine).
+CALIBRATIONS_PER_LOCK = 4
 #: The per-device view each layout's forward runs (``hardware.block_shapes_for``): (ideal
 #: strategy, which mesh): "mesh" the plan's, "y" the Y axis with the batch split over X.
 _IDEAL = {"dp": ("dp", "mesh"), "megatron": ("megatron", "mesh"),
@@ -459,10 +462,10 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
     if kernels is not None:  # the plans that fit get the traced-kernel step
         fit = [o for o in outcomes if o.estimate.memory_bytes <= limit]
         keys = list(dict.fromkeys(pair_key(o.plan, config) for o in fit))
-        for index, key in enumerate(keys):
-            kernels.prepare([key], system)
+        for start in range(0, len(keys), CALIBRATIONS_PER_LOCK):
+            kernels.prepare(keys[start:start + CALIBRATIONS_PER_LOCK], system)
             if progress is not None:
-                progress(f"calibrated {index + 1} of {len(keys)} traced pairs")
+                progress(f"calibrated {min(start + CALIBRATIONS_PER_LOCK, len(keys))} of {len(keys)} traced pairs")
         better = {o.plan: kernel_train_estimate(o.plan, system, config, shape, kernels) for o in fit}
         outcomes = [TrainOutcome(o.plan, better.get(o.plan, o.estimate)) for o in outcomes]
     outcomes.sort(key=lambda o: (o.estimate.step_s, o.plan.label))
