@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tracing.plan_estimate import GroupCost
-from tracing.train_estimate import PairKey, compose_step, pair_stage_ids
+from tracing.train_estimate import PairKey, compose_step, pair_stage
 
 SHAPE = "68_256_64"  # T = 20, W = 16: calibrations 41_768_64 and 123_3840_64
 
@@ -33,7 +33,8 @@ def test_the_step_is_the_1f1b_slots_of_the_stage_plus_the_update_once():
 
 
 def test_the_traced_pair_is_the_middle_stage_of_one_pair():
-    assert pair_stage_ids(28) == "0-0,1-1,2-27"
+    assert pair_stage(28) == ("0-0,1-1,2-27", 1)
+    assert pair_stage(2) == ("0-0,1-1", 1) and pair_stage(1) == ("0-0", 0)
     key = PairKey("full", "usp", (8, 2), 1, 2, True, 8)
     request = key.request("41_384_360", Path("/x"))
     assert (request["stage_ids"], request["stages"], request["batch"]) == ("0-0,1-1,2-27", [1], 8)

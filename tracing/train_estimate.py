@@ -2,7 +2,8 @@
 training step of one block pair, traced at two small shapes, re-costed at the plan's shape.
 
 The traced figure of a training plan (``plan-search --mode train``) is the training step of one
-block pair of its stage (``trace-stage --mode train --stage-ids 0-0,1-1,2-{depth-1} --stage 1``:
+block pair of its stage (``trace-stage --mode train --stage-ids 0-0,1-1,2-{depth-1} --stage 1``,
+:func:`pair_stage`:
 the pair's forward, backward and AdamW update as one program, on the stage mesh, at the plan's
 micro-batch, ZeRO stage and recompute; docs/training.md) analysed on the system as
 ``analyze-hlo --hw`` analyses it (``hlo_analyzer.mapping``, the chip's default execution). Its
@@ -58,16 +59,13 @@ from tracing.plan_estimate import (
     run_calibration_traces,
 )
 
-__all__ = ["GROUPS", "PAIR_STAGE", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
-           "analyze_pair", "compose_step", "cost_groups", "pair_stage_ids"]
+__all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
+           "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
 
 #: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
 GROUPS = ("micro", "update")
 #: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
 GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
-#: The traced pair: stage 1 of a model cut into (0-0, 1-1, 2-{depth-1}), one pair with neither
-#: the embeddings nor the final layer, its output gradients arriving as inputs.
-PAIR_STAGE = 1
 #: Held (``flock``) while a trace runs: one full-size or training trace at a time here
 #: (scripts/training_study.py and plan-search's confirmations hold the same file).
 TRACE_LOCK = "/tmp/fulltrace.lock"
@@ -75,9 +73,14 @@ TRACE_LOCK = "/tmp/fulltrace.lock"
 CACHE_VERSION = 1
 
 
-def pair_stage_ids(depth: int) -> str:
-    """The stage split whose stage :data:`PAIR_STAGE` is one block pair."""
-    return f"0-0,1-1,2-{depth - 1}"
+def pair_stage(depth: int) -> tuple[str, int]:
+    """The traced pair: stage 1 of a model cut into (0-0, 1-1, 2-{depth-1}), one pair with
+    neither the embeddings nor the final layer, its output gradients arriving as inputs; a
+    model of two pairs has no such stage: its last (the pair and the final layer), of one pair
+    the whole model."""
+    if depth >= 3:
+        return f"0-0,1-1,2-{depth - 1}", 1
+    return ("0-0,1-1", 1) if depth == 2 else ("0-0", 0)
 
 
 @dataclass(frozen=True)
@@ -108,11 +111,24 @@ class PairKey:
 
     def request(self, shape: str, out: Path) -> dict[str, Any]:
         """``tracing.calibrate``'s request for the pair's training step at ``shape``."""
+        stage_ids, stage = pair_stage(get_config(self.config).depth)
         return {"config": self.config, "shape": shape, "strategy": self.strategy, "mesh": list(self.mesh),
-                "ring": self.ring, "patches": 1, "stage_ids": pair_stage_ids(get_config(self.config).depth),
-                "stages": [PAIR_STAGE], "batch": self.micro_batch, "out": str(out),
+                "ring": self.ring, "patches": 1, "stage_ids": stage_ids,
+                "stages": [stage], "batch": self.micro_batch, "out": str(out),
                 "train": {"zero": self.zero, "recompute": "full" if self.recompute else "none",
                           "label": self.train_label}}
+
+
+def check_traceable(key: PairKey, shape: str) -> None:
+    """The tracer's own checks of the pair's stage at ``shape`` (configuration, strategy on the
+    stage layout; no torch); UsageError with the tracer's message."""
+    from tracing.plan_estimate import request_config
+    from tracing.strategies import get_strategy
+    from tracing.strategies.base import stage_layout
+
+    request = key.request(shape, Path("."))
+    config = request_config(request)
+    get_strategy(config.strategy, stage_layout(config, request["stages"][0]))
 
 
 @dataclass(frozen=True)
@@ -234,10 +250,45 @@ class TrainKernels:
     def __init__(self, work: Path, config: str, shape: str, *, lock: str | None = TRACE_LOCK) -> None:
         self.work = Path(work) / "train_calibrations"
         self.lock = lock
+        self._holding = False
+        self._lock_context: Any = None
         self.config, self.shape = config, shape
         self.base_shape, self.scaled_shape, self.t_ratio, self.w_ratio = calibration_shapes(get_config(config), shape)
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self.traced = 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the trace lock, once a trace inside takes it, until the end of the block (one
+        hold for a run of traces; none when nothing is traced)."""
+        if self._holding:
+            yield
+            return
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            if self._lock_context is not None:
+                context, self._lock_context = self._lock_context, None
+                context.__exit__(None, None, None)
+
+    @contextmanager
+    def _tracing(self) -> Iterator[None]:
+        """The trace lock around one run of traces (kept on inside :meth:`held`)."""
+        if self._lock_context is not None:
+            yield
+            return
+        context = trace_lock(self.lock)
+        context.__enter__()
+        if self._holding:
+            self._lock_context = context
+            yield
+            return
+        try:
+            yield
+        finally:
+            context.__exit__(None, None, None)
 
     def _dump_dir(self, key: PairKey, shape: str) -> Path:
         return self.work / "dumps" / key.name(shape)
@@ -254,7 +305,7 @@ class TrainKernels:
                     if not self._analysis_path(key, shape, kind).exists()]
         if not requests:
             return 0
-        with trace_lock(self.lock):
+        with self._tracing():
             traced = run_calibration_traces(requests, self.work, jobs=1)
         self.traced += traced
         return traced
@@ -273,7 +324,7 @@ class TrainKernels:
             out = self._dump_dir(key, shape)
             request = key.request(shape, out)
             if not (out / dump_names(request)[0]).exists() and not (out / FAILURE_FILE).exists():
-                with trace_lock(self.lock):
+                with self._tracing():
                     self.traced += run_calibration_traces([request], self.work, jobs=1)
             failure = out / FAILURE_FILE
             if failure.exists():

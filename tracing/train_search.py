@@ -16,7 +16,9 @@ A *training plan* (:class:`TrainPlan`) on ``devices`` chips:
 The global batch (``--batch``, default: the devices) is cut into m micro-batches; a plan whose
 micro-batch the layout cannot split evenly, or for which ``models.opensora.training_theory``
 has no formula (ZeRO for megatron / megatron_sp / ds_ulysses / ring_attention, recompute for
-megatron_sp and with ZeRO-3) is listed as refused with the reason.
+megatron_sp and with ZeRO-3), or whose stage's pair the tracer's own checks refuse at the shape
+(``tracing.train_estimate.check_traceable``: no split of the sequence over y, ...) is listed
+as refused with the reason.
 
 The estimate (:func:`estimate_train_plan`), per device, one step:
 
@@ -62,7 +64,7 @@ from models.opensora.training_theory import (
     training_buffer_bytes,
 )
 from tracing.plan_estimate import GroupCost
-from tracing.train_estimate import PairKey, TrainKernels, TrainStep, compose_step
+from tracing.train_estimate import PairKey, TrainKernels, TrainStep, check_traceable, compose_step
 
 __all__ = ["TRAIN_STRATEGIES", "TrainEstimate", "TrainOutcome", "TrainPlan", "TrainSearchResult",
            "TrainSpace", "boundary_s", "enumerate_train_plans", "estimate_train_plan", "kernel_train_estimate",
@@ -76,9 +78,8 @@ BYTES_PER_ELEMENT = 2
 #: traced step's GEMM work is 3.000x the forward's, docs/training.md); 4 with full recompute.
 STEP_OVER_FORWARD = 3
 RECOMPUTE_STEP_OVER_FORWARD = 4
-#: Calibration keys traced per hold of the trace lock (one process loads torch once for them;
-#: the lock is let go between, for the other traces of the machine).
-CALIBRATIONS_PER_LOCK = 4
+#: Calibration keys traced per tracing process (each loads torch once for them).
+CALIBRATIONS_PER_PROCESS = 4
 #: The per-device view each layout's forward runs (``hardware.block_shapes_for``): (ideal
 #: strategy, which mesh): "mesh" the plan's, "y" the Y axis with the batch split over X.
 _IDEAL = {"dp": ("dp", "mesh"), "megatron": ("megatron", "mesh"),
@@ -237,8 +238,9 @@ def _divisors(count: int) -> list[int]:
     return [d for d in range(1, count + 1) if count % d == 0]
 
 
-def _check(plan: TrainPlan, model: STDiT3Config, dims: BlockDims) -> None:
-    """Raise TrainingTheoryError / ValueError when the plan has no formula or no even split."""
+def _check(plan: TrainPlan, model: STDiT3Config, dims: BlockDims, config: str, shape: str) -> None:
+    """Raise TrainingTheoryError / ValueError when the plan has no formula or no even split,
+    UsageError when the tracer refuses its stage's pair at the shape."""
     if plan.micro_batch * plan.micro_batches != plan.batch:
         raise ValueError(f"the batch {plan.batch} does not split into {plan.micro_batches} micro-batches")
     if plan.micro_batch % plan.data_parallel:
@@ -249,6 +251,7 @@ def _check(plan: TrainPlan, model: STDiT3Config, dims: BlockDims) -> None:
     layout_training_collectives(plan.strategy, model, dims, plan.mesh, plan.zero, plan.recompute)
     layout_training_activations(plan.strategy, model, dims, plan.mesh, plan.recompute, plan.ring)
     training_buffer_bytes(plan.strategy, model, plan.mesh, plan.zero, BYTES_PER_ELEMENT)
+    check_traceable(pair_key(plan, config), shape)
 
 
 def enumerate_train_plans(config: str, shape: str, devices: int, *, batch: int | None = None,
@@ -282,8 +285,8 @@ def enumerate_train_plans(config: str, shape: str, devices: int, *, batch: int |
                                     continue
                                 dims = BlockDims.of(model, geo.T, geo.S, plan.micro_batch, BYTES_PER_ELEMENT)
                                 try:
-                                    _check(plan, model, dims)
-                                except (TrainingTheoryError, ValueError) as error:
+                                    _check(plan, model, dims, config, shape)
+                                except (TrainingTheoryError, ValueError, UsageError) as error:
                                     infeasible.append((plan.label, str(error)))
                                     continue
                                 plans.append(plan)
@@ -462,10 +465,12 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
     if kernels is not None:  # the plans that fit get the traced-kernel step
         fit = [o for o in outcomes if o.estimate.memory_bytes <= limit]
         keys = list(dict.fromkeys(pair_key(o.plan, config) for o in fit))
-        for start in range(0, len(keys), CALIBRATIONS_PER_LOCK):
-            kernels.prepare(keys[start:start + CALIBRATIONS_PER_LOCK], system)
-            if progress is not None:
-                progress(f"calibrated {min(start + CALIBRATIONS_PER_LOCK, len(keys))} of {len(keys)} traced pairs")
+        with kernels.held():  # one hold for the calibrations of the search
+            for start in range(0, len(keys), CALIBRATIONS_PER_PROCESS):
+                kernels.prepare(keys[start:start + CALIBRATIONS_PER_PROCESS], system)
+                if progress is not None:
+                    progress(f"calibrated {min(start + CALIBRATIONS_PER_PROCESS, len(keys))} of {len(keys)} "
+                             "traced pairs")
         better = {o.plan: kernel_train_estimate(o.plan, system, config, shape, kernels) for o in fit}
         outcomes = [TrainOutcome(o.plan, better.get(o.plan, o.estimate)) for o in outcomes]
     outcomes.sort(key=lambda o: (o.estimate.step_s, o.plan.label))
@@ -476,10 +481,17 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
         rest = [o.plan for o in fitting[budget:]]
         drawn = random.Random(VALIDATION_SEED).sample(rest, min(validate, len(rest)))
     traced = {}
+    if chosen or drawn:
+        assert kernels is not None
+        missing = [pair_key(p, config) for p in chosen + drawn]
+        with kernels.held():  # one hold for the search's full-size pairs
+            for start in range(0, len(missing), CALIBRATIONS_PER_PROCESS):
+                kernels.prepare(missing[start:start + CALIBRATIONS_PER_PROCESS], system, full=True)
+                if progress is not None:
+                    progress(f"traced {min(start + CALIBRATIONS_PER_PROCESS, len(missing))} of {len(missing)} "
+                             "plans' pairs at the plan's shape")
     for plan in chosen + drawn:
         traced[plan] = traced_train_step(plan, system, config, shape, kernels)
-        if progress is not None:
-            progress(f"traced {len(traced)} of {len(chosen) + len(drawn)} plans: {plan.label}")
     done = []
     for o in outcomes:
         value = traced.get(o.plan)
