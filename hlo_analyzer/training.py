@@ -105,6 +105,8 @@ class TrainingSplit:
 
     memory: dict[str, int]  # param, grad, optimizer_state, activation, input
     comm: dict[tuple[str, str, str], tuple[int, float]] = field(default_factory=dict)
+    #: Each collective's (phase, traffic) by its walk position (the report's rows' positions).
+    collective_classes: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def comm_bytes(self, phase: str | None = None, traffic: str | None = None,
                    kind: str | None = None) -> float:
@@ -288,6 +290,7 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
     comm_visitor = _CommOps(num_devices=num_devices, types=types)
     comm_visitor.visit(module)
     comm: dict[tuple[str, str, str], list] = defaultdict(lambda: [0, 0.0])
+    classes: dict[int, tuple[str, str]] = {}
     for row, op in zip(comm_visitor.rows, comm_visitor.ops):
         phase = op_phase.get(hash(op.operation))
         if phase is None:  # a collective inside a called function or loop body
@@ -296,11 +299,13 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
         moves_weights = bool(operands) and all(key in from_weights for key in operands)
         reaches_state = any(hash(v) in reaches for v in op.operation.results)
         traffic = PARAM_GRAD if moves_weights or reaches_state else ACTIVATION
+        classes[row.position] = (phase, traffic)
         entry_row = comm[(phase, traffic, row.comm_kind)]
         entry_row[0] += row.count
         entry_row[1] += row.comm_bytes_per_device * row.count
     return TrainingSplit(memory=memory,
-                         comm={key: (count, volume) for key, (count, volume) in comm.items()})
+                         comm={key: (count, volume) for key, (count, volume) in comm.items()},
+                         collective_classes=classes)
 
 
 def add_training_section(report: Any, module: ir.Module, sidecar_path: Path, origin: str) -> None:

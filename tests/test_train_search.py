@@ -205,3 +205,25 @@ def test_sizing_traces_until_a_traced_plan_meets_the_target():
     assert traced == ["p4", "p8"] and confirmed.confirmed and confirmed.answer.devices == 8
     assert [t.traced_s for t in confirmed.traces] == [6.0, 3.0]
     assert confirm_inference(result, tracer, budget=1).answer is None
+
+
+def test_sizing_scales_by_the_smallest_traced_ratio_so_far():
+    """Estimates 24, 12, 8, 6, 3 s on 1, 2, 3, 4, 8 devices, target 10 s; the 3-device plan
+    traces 11 s (1.375x its estimate), then 4 devices (6 x 1.375 = 8.25 s) 24 s (4x). The
+    smallest ratio, 1.375, rules next: 8 devices (3 x 1.375 = 4.1 s <= 10) is traced and meets
+    it; the last ratio alone (3 x 4 = 12 s > 10) would have ruled every count out."""
+    from tracing.sizing import SizingPoint, SizingResult, confirm_inference
+
+    seconds = {1: 24.0, 2: 12.0, 3: 8.0, 4: 6.0, 8: 3.0}
+    curve = tuple(SizingPoint(n, 1, f"plan{n}", s, 1e9) for n, s in seconds.items())
+    result = SizingResult("infer", "tiny", SHAPE, "x", 10.0, 2e9, curve, curve[2], "p3",
+                          plans=tuple((n, f"p{n}") for n in seconds))
+    traced_s = {"p3": 11.0, "p4": 24.0, "p8": 5.0}
+    order = []
+
+    def tracer(plan):
+        order.append(plan)
+        return (traced_s[plan], 1e9)
+
+    confirmed = confirm_inference(result, tracer, budget=5)
+    assert order == ["p3", "p4", "p8"] and confirmed.answer.devices == 8

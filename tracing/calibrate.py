@@ -2,7 +2,8 @@
 estimate calibrations (``tracing.plan_estimate``) in one process.
 
 ``REQUESTS.json`` lists ``{"config": MODEL_TOML, "shape", "strategy", "mesh": [nx, ny],
-"ring": int|null, "patches", "stage_ids": "0-2", "stages": [0], "out": DIR}``; every stage of
+"ring": int|null, "patches", "stage_ids": "0-2", "stages": [0], "out": DIR}`` (a training step,
+``tracing.train_estimate``, adds ``"batch"`` and ``"train": {"zero", "recompute", "label"}``); every stage of
 ``stages`` whose dump is not in ``out`` yet is traced there. torch and torch-xla are imported once (op metadata on, as
 ``tracing.capture.prepare_process`` sets it);
 each stage is traced in a forked child (the device count is fixed per process, and a child
@@ -24,7 +25,7 @@ from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child, die_with_parent
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import _trace_in_child, require_trace_extra
-from tracing.plan_estimate import FAILURE_FILE, request_config
+from tracing.plan_estimate import FAILURE_FILE, dump_names, request_config
 
 __all__ = ["main", "trace_requests"]
 
@@ -54,13 +55,18 @@ def trace_requests(requests: Sequence[dict]) -> int:
 def _trace_request(request: dict) -> int:
     """Trace the missing stages of one request; how many."""
     config = request_config(request)
+    train = None
+    if "train" in request:
+        from tracing.training import TrainOptions
+
+        train = TrainOptions(zero=request["train"]["zero"], recompute=request["train"]["recompute"])
     out = Path(request["out"])
     out.mkdir(parents=True, exist_ok=True)
     traced = 0
-    for stage in request["stages"]:
-        if (out / f"{config.dump_name(stage)}.mlir").exists():
+    for stage, name in zip(request["stages"], dump_names(request), strict=True):
+        if (out / name).exists():
             continue
-        call_in_child(_trace_in_child, config, stage, out, "stablehlo", True, out / "stage_shapes.json", None,
+        call_in_child(_trace_in_child, config, stage, out, "stablehlo", True, out / "stage_shapes.json", train,
                       origin=config.dump_name(stage), what="tracing a calibration stage")
         traced += 1
     return traced

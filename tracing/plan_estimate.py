@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CALIBRATION_FACTORS", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
            "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "request_config", "rescale_value",
-           "run_calibration_traces", "stage_roles"]
+           "dump_names", "run_calibration_traces", "stage_roles"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -388,7 +388,7 @@ class KernelCosts:
             request = {"config": model_file, "shape": shape, "strategy": key.strategy,
                        "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches,
                        "stage_ids": stage_ids, "stages": list(stages), "out": str(out)}
-            dumps[label] = str(out / _dump_names(request)[0])
+            dumps[label] = str(out / dump_names(request)[0])
             requests.append(request)
         return dumps, requests
 
@@ -443,7 +443,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
 
     missing = [r for r in requests
                if not (Path(r["out"]) / FAILURE_FILE).exists()
-               and not all((Path(r["out"]) / name).exists() for name in _dump_names(r))]
+               and not all((Path(r["out"]) / name).exists() for name in dump_names(r))]
     if not missing:
         return 0
     work.mkdir(parents=True, exist_ok=True)
@@ -491,14 +491,16 @@ def request_config(request: dict[str, Any]):
     from tracing.config import build_config
 
     ring, mesh = request["ring"], tuple(request["mesh"])
+    extra = {"batch": request["batch"]} if "batch" in request else {}
     return build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
                         mesh=mesh, stage_ids=request["stage_ids"], patches=request["patches"], ring_degree=ring,
-                        ulysses_degree=None if ring is None else mesh[1] // ring)
+                        ulysses_degree=None if ring is None else mesh[1] // ring, **extra)
 
 
-def _dump_names(request: dict[str, Any]) -> list[str]:
+def dump_names(request: dict[str, Any]) -> list[str]:
     config = request_config(request)
-    return [f"{config.dump_name(stage)}.mlir" for stage in request["stages"]]
+    suffix = f"_{request['train']['label']}" if "train" in request else ""
+    return [f"{config.dump_name(stage)}{suffix}.mlir" for stage in request["stages"]]
 
 
 def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: SystemSpec,

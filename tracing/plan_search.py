@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BOUND_MARGIN", "ESTIMATE_TOLERANCE", "MEMORY_SLACK", "Estimate", "Plan", "PlanOutcome", "SearchResult", "Space",
            "calibration_keys", "enumerate_plans", "estimate_plan", "ideal_estimate", "kernel_estimate", "live_bytes", "pareto_front", "search",
-           "spearman"]
+           "spearman", "within_tolerance", "worst_ratio"]
 
 #: A plan is traced when its estimated memory is at most this many times the limit: the
 #: estimate of the live activations is coarse (docs/plan_search.md), so a plan estimated a
@@ -222,14 +222,22 @@ class SearchResult:
     def within(self) -> tuple[int, int]:
         """(traced plans whose estimate is within ``ESTIMATE_TOLERANCE`` of the traced
         latency, traced plans)."""
-        ratios = [o.ratio for o in self.traced if o.ratio]
-        return sum(1 for r in ratios if abs(r - 1) <= ESTIMATE_TOLERANCE), len(ratios)
+        return within_tolerance([o.ratio for o in self.traced if o.ratio])
 
     @property
     def worst_ratio(self) -> float | None:
         """The largest of estimate/traced and traced/estimate over the traced plans."""
-        ratios = [o.ratio for o in self.traced if o.ratio]
-        return max(max(r, 1 / r) for r in ratios) if ratios else None
+        return worst_ratio([o.ratio for o in self.traced if o.ratio])
+
+
+def within_tolerance(ratios: Sequence[float]) -> tuple[int, int]:
+    """(ratios estimate / traced within ``ESTIMATE_TOLERANCE`` of 1, ratios)."""
+    return sum(1 for r in ratios if abs(r - 1) <= ESTIMATE_TOLERANCE), len(ratios)
+
+
+def worst_ratio(ratios: Sequence[float]) -> float | None:
+    """The largest of estimate/traced and traced/estimate (None without ratios)."""
+    return max(max(r, 1 / r) for r in ratios) if ratios else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,14 @@ def _int_list(text: str, option: str, *, minimum: int = 1) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def _zero_list(text: str) -> list[int]:
+    """``--zero``: ZeRO stages 0-3, comma-separated."""
+    values = _int_list(text, "--zero", minimum=0)
+    if any(value > 3 for value in values):
+        raise UsageError(f"--zero {brief(text)}: expected comma-separated ZeRO stages from 0 to 3, e.g. 0,2")
+    return values
+
+
 def render_report(result) -> str:
     """The search's report as text: the answer, the Pareto front, every traced plan's estimate
     beside its traced figures with the estimate's error, and how the space was cut."""
@@ -260,6 +268,8 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="--mode train: the global batch of one step.  [default: the devices]")
 @click.option("--micro-batches", "micro_batch_counts", default="1,2,4,8", show_default=True,
               help="--mode train: micro-batch counts of the pipelines, comma-separated.")
+@click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True,
+              help="--mode train: ZeRO stages of the plans, comma-separated.")
 @click.option("--target-latency", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
               help="Sizing: the smallest device count (up to --max-devices) whose best inference "
                    "plan meets this latency in seconds, and the curve.")
@@ -277,7 +287,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
                         json_out: str | None, plot_out: str | None,
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
-                        train_batch: int | None, micro_batch_counts: str,
+                        train_batch: int | None, micro_batch_counts: str, zero_stages: str,
                         target_latency: float | None, target_step_time: float | None,
                         max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
@@ -318,11 +328,12 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     if mode == "train" or target_latency is not None or target_step_time is not None:
         return train_or_sizing(model_config, shape, hardware, devices, mode=mode, batch=train_batch,
                                micro_batches=_int_list(micro_batch_counts, "--micro-batches"),
+                               zero=_zero_list(zero_stages),
                                stages=stages, target_latency=target_latency,
                                target_step_time=target_step_time, max_devices=max_devices,
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
-                               force=force, budget=budget)
+                               force=force, budget=budget, estimate_kind=estimate_kind, validate=validate)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -371,7 +382,8 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     target_latency: float | None, target_step_time: float | None,
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
-                    force: bool, budget: int = 12) -> int:
+                    force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0,
+                    zero: Sequence[int] = (0, 1, 2, 3)) -> int:
     """``--mode train`` and the sizing options (``tracing.train_search``, ``tracing.sizing``,
     rendered by ``tracing.sizing_cli``)."""
     from dataclasses import asdict
@@ -418,10 +430,18 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
             click.echo(f"wrote {plot_out}", err=True)
         return 0 if result.answer is not None else 1
     space = train_search.enumerate_train_plans(model_config, shape, devices, batch=batch,
-                                               stage_counts=stages, micro_batch_counts=micro_batches)
+                                               stage_counts=stages, micro_batch_counts=micro_batches,
+                                               zero_stages=zero)
     click.echo(f"estimating {len(space.plans)} training plans ({len(space.infeasible)} refused) ...", err=True)
+    kernels = None
+    if estimate_kind == "kernels":
+        from tracing.train_estimate import TrainKernels
+
+        kernels = TrainKernels(work, model_config, shape)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
-                                       memory_limit_bytes=limit)
+                                       memory_limit_bytes=limit, kernels=kernels,
+                                       budget=budget if confirm else 0, validate=validate if confirm else 0,
+                                       progress=lambda line: click.echo(f"  {line}", err=True))
     confirmation = None
     if confirm and result.best is not None:
         click.echo(f"tracing one block pair of {result.best.plan.label} to confirm ...", err=True)
@@ -431,12 +451,24 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
         refused[0] = "refused (no training formula, or no even split of the batch or the pairs), by reason (plans):"
     click.echo(sizing_cli.render_train_report(result, confirmation, refused), nl=False)
     if json_out:
-        document = {"best": None if result.best is None else {
+        from tracing.plan_search import ESTIMATE_TOLERANCE
+
+        within, count = result.within
+        document = {"config": result.config, "shape": result.shape, "hardware": result.hardware,
+                    "devices": result.devices, "memory_limit_bytes": result.memory_limit_bytes,
+                    "budget": result.budget,
+                    "best": None if result.best is None else {
                         "plan": asdict(result.best.plan), "label": result.best.plan.label,
-                        "estimate": asdict(result.best.estimate)},
+                        "estimate": asdict(result.best.estimate), "traced_step_s": result.best.traced_step_s},
                     "confirmation": None if confirmation is None else asdict(confirmation),
+                    "spearman": result.spearman, "worst_ratio": result.worst_ratio,
+                    "within_tolerance": {"tolerance": ESTIMATE_TOLERANCE, "plans": within, "of": count},
                     "plans": [{"label": o.plan.label, "step_s": o.estimate.step_s,
-                               "memory_bytes": o.estimate.memory_bytes} for o in result.outcomes]}
+                               "memory_bytes": o.estimate.memory_bytes, "basis": o.estimate.basis,
+                               "traced_step_s": o.traced_step_s,
+                               "residual": None if o.ratio is None else o.ratio - 1,
+                               "validation": o.plan in result.validation, "error": o.error}
+                              for o in result.outcomes]}
         atomic_write(json_out, json.dumps(document, indent=1) + "\n", force=force)
     return 0 if result.best is not None else 1
 
@@ -457,16 +489,13 @@ def _confirm_training_sizing(result, model_config: str, shape: str, hardware: st
 
 def _locked_tracer(work: Path, hardware: str, steps: int):
     """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
-    import fcntl
-
     from tracing.plan_search import runner_tracer
-    from tracing.sizing_cli import FULL_TRACE_LOCK
+    from tracing.train_estimate import trace_lock
 
     tracer = runner_tracer(work, hardware, steps=steps)
 
     def trace(plan):
-        with open(FULL_TRACE_LOCK, "a") as lock:  # one full-size trace at a time on this machine
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with trace_lock():  # one full-size trace at a time on this machine
             return tracer([plan])[0]
 
     return trace

@@ -5,9 +5,6 @@ report text, the sizing curve's plot, and the traced confirmation (``tracing.tra
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +16,6 @@ GIGA = 1e9
 TRAIN_PLANS_SHOWN = 10
 #: Memory classes of a training step, in the order the reports print them.
 MEMORY_CLASSES = ("param", "grad", "optimizer_state", "activation")
-#: Full-size traces take gigabytes: the confirmations hold this lock (``flock``) while they
-#: trace, as scripts/training_study.py does, so that no two run at once.
-FULL_TRACE_LOCK = "/tmp/fulltrace.lock"
-#: The repository root (the tracer and the analyzer run as modules from it).
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -37,49 +29,22 @@ class PairConfirmation:
     estimated_memory: tuple[tuple[str, float], ...]
 
 
-def pair_trace_command(plan, config: str, shape: str, depth: int, out_dir: Path) -> list[str]:
-    """``trace-stage --mode train`` of one block pair (stage 1 of ``0-0,1-1,2-{depth-1}``) of the
-    plan's stage layout and micro-batch."""
-    nx, ny = plan.mesh
-    command = [sys.executable, "-m", "tracing.cli", "--config", config, "--shape", shape,
-               "--stage-ids", f"0-0,1-1,2-{depth - 1}", "--stage", "1", "--mode", "train",
-               "--strategy", plan.strategy, "--mesh", f"{nx}x{ny}", "--batch", str(plan.micro_batch),
-               "--zero", str(plan.zero), "--recompute", "full" if plan.recompute else "none",
-               "-o", str(out_dir), "--force"]
-    if plan.ring is not None:
-        command += ["--ring-degree", str(plan.ring)]
-    return command
-
-
 def confirm_training_pair(outcome, config: str, shape: str, hardware: str, work: Path) -> PairConfirmation:
-    """Trace one block pair of the plan's stage (one full-size trace at a time: ``flock
-    /tmp/fulltrace.lock``) and analyse it on ``hardware``."""
-    from models.opensora.config import get_config
+    """Trace one block pair of the plan's stage at the plan's shape and micro-batch (under
+    ``tracing.train_estimate.TRACE_LOCK``; cached in ``work``) and cost it on ``hardware``."""
+    from hardware import load_system
+    from tracing.train_estimate import TrainKernels
+    from tracing.train_search import pair_key
 
-    plan = outcome.plan
-    depth = get_config(config).depth
-    out_dir = work / "train_pairs"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    before = set(out_dir.glob("*.mlir"))
-    traced = subprocess.run(["flock", FULL_TRACE_LOCK,
-                             *pair_trace_command(plan, config, shape, depth, out_dir)],
-                            cwd=REPO_ROOT, capture_output=True, text=True)
-    if traced.returncode:
-        raise UsageError(f"tracing {plan.label} failed: {traced.stderr.strip().splitlines()[-1:]}")
-    dumps = sorted(set(out_dir.glob("*.mlir")) - before) or sorted(
-        out_dir.glob(f"*_{plan.strategy}_{plan.mesh[0]}x{plan.mesh[1]}_stage1_pairs1-1_train*.mlir"),
-        key=lambda p: p.stat().st_mtime)
-    dump = dumps[-1]
-    analysed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hardware,
-                               "--format", "json"], cwd=REPO_ROOT, capture_output=True, text=True)
-    if analysed.returncode:
-        raise UsageError(f"analysing {dump.name} failed: {analysed.stderr.strip()}")
-    document = json.loads(analysed.stdout)
-    memory = document["training"]["memory_bytes"]
+    key = pair_key(outcome.plan, config)
+    value = TrainKernels(work, config, shape).full(key, load_system(hardware))
+    if isinstance(value, str):
+        raise UsageError(f"tracing {outcome.plan.label} failed: {value}")
+    groups, memory = value
     return PairConfirmation(
-        dump=dump.name, traced_step_s=float(document["mapping"]["totals"]["step_latency_s"]),
+        dump=key.name(shape), traced_step_s=sum(g.compute_s + g.comm_s for g in groups.values()),
         estimated_step_s=outcome.estimate.pair_step_s,
-        traced_memory=tuple((key, float(memory.get(key, 0.0))) for key in MEMORY_CLASSES),
+        traced_memory=tuple((k, float(memory.get(k, 0))) for k in MEMORY_CLASSES),
         estimated_memory=outcome.estimate.pair_memory)
 
 
@@ -104,15 +69,18 @@ def render_train_report(result, confirmation: PairConfirmation | None, refused: 
         lines.append("best plan: none is estimated to fit the memory limit")
     else:
         plan, estimate = best.plan, best.estimate
-        lines += [f"best plan (estimate): {plan.label}",
+        how = f"traced {best.traced_step_s:.4g} s" if best.traced else "estimate"
+        lines += [f"best plan ({how}): {plan.label}",
                   f"  ZeRO stage {plan.zero}, {'full' if plan.recompute else 'no'} recompute, "
                   f"{plan.stages} pipeline stage(s) x {plan.micro_batches} micro-batch(es), stage mesh "
                   f"{plan.mesh[0]}x{plan.mesh[1]} ({plan.strategy}), data-parallel degree {plan.data_parallel}"
                   + (f", ring degree {plan.ring}" if plan.ring is not None else ""),
-                  f"  step {estimate.step_s:.4g} s ({plan.batch / estimate.step_s:.3g} samples/s): compute "
-                  f"{estimate.compute_s:.4g} s, activation communication and bubble "
-                  f"{estimate.activation_comm_s:.4g} s, gradient/parameter communication "
-                  f"{estimate.gradient_comm_s:.4g} s",
+                  f"  step {estimate.step_s:.4g} s ({plan.batch / estimate.step_s:.3g} samples/s, "
+                  f"estimate; {estimate.basis}): compute {estimate.compute_s:.4g} s, activation "
+                  f"communication, sends and bubble {estimate.activation_comm_s:.4g} s, "
+                  + (f"once per step (optimizer, gradient sums) {estimate.update_s:.4g} s"
+                     if estimate.basis.startswith("traced kernels")
+                     else f"gradient/parameter communication {estimate.gradient_comm_s:.4g} s"),
                   f"  memory per device: {_memory_text(estimate)}"]
     lines += ["", f"fastest plans that fit (estimate), {min(TRAIN_PLANS_SHOWN, len(result.fitting))} of "
               f"{len(result.fitting)}:",
@@ -121,6 +89,7 @@ def render_train_report(result, confirmation: PairConfirmation | None, refused: 
         e = outcome.estimate
         lines.append(f"  {outcome.plan.label:52s} {e.step_s:9.4g} {e.param_bytes / GIGA:7.3g} "
                      f"{e.grad_bytes / GIGA:7.3g} {e.optimizer_bytes / GIGA:7.3g} {e.activation_bytes / GIGA:8.3g}")
+    lines += _traced_lines(result)
     if confirmation is not None:
         traced, estimated = dict(confirmation.traced_memory), dict(confirmation.estimated_memory)
         lines += ["", f"traced confirmation: one block pair of the best plan's stage ({confirmation.dump}), "
@@ -133,6 +102,38 @@ def render_train_report(result, confirmation: PairConfirmation | None, refused: 
             lines.append(f"  {key:16s} traced {traced[key] / GIGA:9.4g} GB, estimate "
                          f"{estimated[key] / GIGA:9.4g} GB (estimate / traced {ratio:.4f})")
     return "\n".join(lines) + "\n"
+
+
+def _traced_lines(result) -> list[str]:
+    """Every traced plan's estimated step beside the traced one, and the estimate's agreement."""
+    from tracing.plan_search import ESTIMATE_TOLERANCE, MIN_RANKED_PLANS
+
+    traced = [o for o in result.outcomes if o.traced or o.error is not None]
+    if not traced:
+        return []
+    lines = ["", "traced plans, estimated step beside traced (s; the traced pair of the stage at the plan's "
+             "shape, composed as the estimate):",
+             f"  {'plan':52s} {'estimate s':>10s} {'traced s':>10s} {'est/traced':>10s} {'pair mem':>8s}"]
+    for o in traced:
+        drawn = "*" if o.plan in result.validation else " "
+        if o.error is not None:
+            lines.append(f" {drawn}{o.plan.label:52s} {o.estimate.step_s:10.4g} failed: {o.error}")
+            continue
+        estimated, measured = dict(o.estimate.pair_memory), dict(o.traced_pair_memory)
+        memory = sum(measured.values()) / sum(estimated.values()) if sum(estimated.values()) else float("nan")
+        lines.append(f" {drawn}{o.plan.label:52s} {o.estimate.step_s:10.4g} {o.traced_step_s:10.4g} "
+                     f"{o.ratio:10.4f} {memory:8.4f}")
+    rho, worst = result.spearman, result.worst_ratio
+    within, count = result.within
+    lines.append("estimate on the traced plans: Spearman rank correlation "
+                 + (f"n/a (fewer than {MIN_RANKED_PLANS} traced plans)" if rho is None else f"{rho:.3f}")
+                 + ", worst ratio " + ("n/a" if worst is None else f"{worst:.4f}")
+                 + " (max of estimate/traced and traced/estimate)")
+    lines.append(f"estimate within {ESTIMATE_TOLERANCE:.0%} of the traced step: {within} of {count} traced plans "
+                 f"({len(result.validation)} of them drawn at random from the fitting rest, marked *); "
+                 "pair mem: the traced pair's P+G+OS+Act over the formulas'; estimate basis: "
+                 + (traced[0].estimate.basis if traced else "n/a"))
+    return lines
 
 
 def render_sizing(result, confirmed: str | None = None) -> str:

@@ -16,7 +16,9 @@ A *training plan* (:class:`TrainPlan`) on ``devices`` chips:
 The global batch (``--batch``, default: the devices) is cut into m micro-batches; a plan whose
 micro-batch the layout cannot split evenly, or for which ``models.opensora.training_theory``
 has no formula (ZeRO for megatron / megatron_sp / ds_ulysses / ring_attention, recompute for
-megatron_sp and with ZeRO-3) is listed as refused with the reason.
+megatron_sp and with ZeRO-3), or whose stage's pair the tracer's own checks refuse at the shape
+(``tracing.train_estimate.check_traceable``: no split of the sequence over y, ...) is listed
+as refused with the reason.
 
 The estimate (:func:`estimate_train_plan`), per device, one step:
 
@@ -42,8 +44,9 @@ G, OS, Act and step seconds of the pair beside the estimate's per-pair figures.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hardware import block_shapes_for, build_stdit_block_ops, map_block
@@ -60,9 +63,12 @@ from models.opensora.training_theory import (
     layout_training_collectives,
     training_buffer_bytes,
 )
+from tracing.plan_estimate import GroupCost
+from tracing.train_estimate import PairKey, TrainKernels, TrainStep, check_traceable, compose_step
 
 __all__ = ["TRAIN_STRATEGIES", "TrainEstimate", "TrainOutcome", "TrainPlan", "TrainSearchResult",
-           "TrainSpace", "enumerate_train_plans", "estimate_train_plan", "search_train"]
+           "TrainSpace", "boundary_s", "enumerate_train_plans", "estimate_train_plan", "kernel_train_estimate",
+           "pair_key", "search_train", "traced_train_step"]
 
 #: The layouts with training formulas (``models.opensora.training_theory``).
 TRAIN_STRATEGIES = ("dp", "megatron", "megatron_sp", "ds_ulysses", "ring_attention", "usp")
@@ -72,6 +78,8 @@ BYTES_PER_ELEMENT = 2
 #: traced step's GEMM work is 3.000x the forward's, docs/training.md); 4 with full recompute.
 STEP_OVER_FORWARD = 3
 RECOMPUTE_STEP_OVER_FORWARD = 4
+#: Calibration keys traced per tracing process (each loads torch once for them).
+CALIBRATIONS_PER_PROCESS = 4
 #: The per-device view each layout's forward runs (``hardware.block_shapes_for``): (ideal
 #: strategy, which mesh): "mesh" the plan's, "y" the Y axis with the batch split over X.
 _IDEAL = {"dp": ("dp", "mesh"), "megatron": ("megatron", "mesh"),
@@ -134,6 +142,11 @@ class TrainEstimate:
     #: One block pair, one micro-batch, as a one-pair trace of the plan's stage measures it.
     pair_step_s: float
     pair_memory: tuple[tuple[str, float], ...]
+    #: How the step was estimated: the ideal per-device forward, or the traced kernels of the
+    #: pair's training step re-costed at the plan's shape (``tracing.train_estimate``).
+    basis: str = "ideal"
+    #: The step's once-per-step part (optimizer, gradient sums; the kernel estimate's).
+    update_s: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -148,8 +161,24 @@ class TrainSpace:
 
 @dataclass(frozen=True)
 class TrainOutcome:
+    """A plan with its estimate and, when traced, the traced step (its stage's one-pair trace
+    at the plan's shape composed as the estimate is, ``tracing.train_estimate``), the traced
+    pair's memory classes, or the tracer's error."""
+
     plan: TrainPlan
     estimate: TrainEstimate
+    traced_step_s: float | None = None
+    traced_pair_memory: tuple[tuple[str, float], ...] = ()
+    error: str | None = None
+
+    @property
+    def traced(self) -> bool:
+        return self.traced_step_s is not None
+
+    @property
+    def ratio(self) -> float | None:
+        """Estimated / traced step."""
+        return self.estimate.step_s / self.traced_step_s if self.traced_step_s else None
 
 
 @dataclass(frozen=True)
@@ -164,10 +193,40 @@ class TrainSearchResult:
     space: TrainSpace
     outcomes: tuple[TrainOutcome, ...]
     best: TrainOutcome | None
+    #: Plans drawn at random from the fitting rest and traced to check the estimate.
+    validation: tuple[TrainPlan, ...] = ()
+    budget: int = 0
 
     @property
     def fitting(self) -> tuple[TrainOutcome, ...]:
         return tuple(o for o in self.outcomes if o.estimate.memory_bytes <= self.memory_limit_bytes)
+
+    @property
+    def traced(self) -> tuple[TrainOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.traced)
+
+    @property
+    def spearman(self) -> float | None:
+        """The estimated steps' rank correlation with the traced ones (None under
+        ``MIN_RANKED_PLANS`` traced plans)."""
+        from tracing.plan_search import MIN_RANKED_PLANS, spearman
+
+        traced = self.traced
+        if len(traced) < MIN_RANKED_PLANS:
+            return None
+        return spearman([o.estimate.step_s for o in traced], [o.traced_step_s for o in traced])
+
+    @property
+    def within(self) -> tuple[int, int]:
+        from tracing.plan_search import within_tolerance
+
+        return within_tolerance([o.ratio for o in self.traced if o.ratio])
+
+    @property
+    def worst_ratio(self) -> float | None:
+        from tracing.plan_search import worst_ratio
+
+        return worst_ratio([o.ratio for o in self.traced if o.ratio])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +238,9 @@ def _divisors(count: int) -> list[int]:
     return [d for d in range(1, count + 1) if count % d == 0]
 
 
-def _check(plan: TrainPlan, model: STDiT3Config, dims: BlockDims) -> None:
-    """Raise TrainingTheoryError / ValueError when the plan has no formula or no even split."""
+def _check(plan: TrainPlan, model: STDiT3Config, dims: BlockDims, config: str, shape: str) -> None:
+    """Raise TrainingTheoryError / ValueError when the plan has no formula or no even split,
+    UsageError when the tracer refuses its stage's pair at the shape."""
     if plan.micro_batch * plan.micro_batches != plan.batch:
         raise ValueError(f"the batch {plan.batch} does not split into {plan.micro_batches} micro-batches")
     if plan.micro_batch % plan.data_parallel:
@@ -191,6 +251,7 @@ def _check(plan: TrainPlan, model: STDiT3Config, dims: BlockDims) -> None:
     layout_training_collectives(plan.strategy, model, dims, plan.mesh, plan.zero, plan.recompute)
     layout_training_activations(plan.strategy, model, dims, plan.mesh, plan.recompute, plan.ring)
     training_buffer_bytes(plan.strategy, model, plan.mesh, plan.zero, BYTES_PER_ELEMENT)
+    check_traceable(pair_key(plan, config), shape)
 
 
 def enumerate_train_plans(config: str, shape: str, devices: int, *, batch: int | None = None,
@@ -224,8 +285,8 @@ def enumerate_train_plans(config: str, shape: str, devices: int, *, batch: int |
                                     continue
                                 dims = BlockDims.of(model, geo.T, geo.S, plan.micro_batch, BYTES_PER_ELEMENT)
                                 try:
-                                    _check(plan, model, dims)
-                                except (TrainingTheoryError, ValueError) as error:
+                                    _check(plan, model, dims, config, shape)
+                                except (TrainingTheoryError, ValueError, UsageError) as error:
                                     infeasible.append((plan.label, str(error)))
                                     continue
                                 plans.append(plan)
@@ -279,6 +340,59 @@ def _terms_s(terms, mesh: tuple[int, int], first: int, system: SystemSpec) -> fl
     return seconds
 
 
+def boundary_s(plan: TrainPlan, system: SystemSpec, model: STDiT3Config, geo) -> float:
+    """Seconds a micro-batch spends crossing one stage boundary: the hidden states forward and
+    their gradient back (0 for one stage)."""
+    if plan.stages == 1:
+        return 0.0
+    chips = plan.stage_chips
+    x_bytes = BYTES_PER_ELEMENT * plan.micro_batch * geo.N * model.hidden_size
+    return 2 * transfer_time_s(x_bytes, list(range(chips)), list(range(chips, 2 * chips)), system)
+
+
+def pair_key(plan: TrainPlan, config: str) -> PairKey:
+    """The traced pair of the plan's stage (``tracing.train_estimate``)."""
+    return PairKey(config, plan.strategy, plan.mesh, plan.ring, plan.zero, plan.recompute, plan.micro_batch)
+
+
+def _compose(plan: TrainPlan, groups: dict[str, GroupCost], system: SystemSpec, config: str, shape: str) -> TrainStep:
+    model = get_config(config)
+    return compose_step(groups, pairs=model.depth // plan.stages, stages=plan.stages,
+                        micro_batches=plan.micro_batches,
+                        boundary_s=boundary_s(plan, system, model, geometry(model, shape)))
+
+
+def kernel_train_estimate(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
+                          kernels: TrainKernels) -> TrainEstimate:
+    """The plan's step from its stage's traced pair at the two calibration shapes, re-costed at
+    the plan's shape and composed (``tracing.train_estimate``); the memory is the formulas'
+    (``estimate_train_plan``). Falls back to the ideal step, its basis saying why, when the
+    calibration failed or its two programs differ."""
+    ideal = estimate_train_plan(plan, system, config, shape)
+    try:
+        groups, basis = kernels.estimate(pair_key(plan, config), system)
+    except ValueError as error:
+        return dataclasses.replace(ideal, basis=f"ideal (no traced kernels: {error})")
+    step = _compose(plan, groups, system, config, shape)
+    pair = sum(g.compute_s + g.comm_s for g in groups.values())
+    return dataclasses.replace(
+        ideal, step_s=step.step_s, compute_s=step.compute_s,
+        activation_comm_s=step.step_s - step.update_s - step.compute_s,
+        gradient_comm_s=step.update_s, bubble_s=step.bubble_s, pair_step_s=pair, basis=basis,
+        update_s=step.update_s)
+
+
+def traced_train_step(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
+                      kernels: TrainKernels) -> tuple[float, tuple[tuple[str, float], ...]] | str:
+    """The plan's traced step: its stage's pair traced at the plan's shape, composed as the
+    estimate is; with the traced pair's memory classes. The tracer's line when it failed."""
+    value = kernels.full(pair_key(plan, config), system)
+    if isinstance(value, str):
+        return value
+    groups, memory = value
+    return _compose(plan, groups, system, config, shape).step_s, tuple((k, float(v)) for k, v in memory.items())
+
+
 def estimate_train_plan(plan: TrainPlan, system: SystemSpec, config: str, shape: str) -> TrainEstimate:
     """The plan's step time and memory per device (module doc)."""
     model = get_config(config)
@@ -296,12 +410,7 @@ def estimate_train_plan(plan: TrainPlan, system: SystemSpec, config: str, shape:
         first = stage * chips
         slot.append(pairs * (factor * forward + _terms_s(activation_terms, plan.mesh, first, system)))
         grads.append(pairs * _terms_s(gradient_terms, plan.mesh, first, system))
-    boundary = 0.0
-    if plan.stages > 1:  # the hidden states of a micro-batch forward, their gradient back
-        x_bytes = BYTES_PER_ELEMENT * plan.micro_batch * geo.N * model.hidden_size
-        stage0 = list(range(chips))
-        stage1 = list(range(chips, 2 * chips))
-        boundary = 2 * transfer_time_s(x_bytes, stage0, stage1, system)
+    boundary = boundary_s(plan, system, model, geo)
     slots = plan.micro_batches + plan.stages - 1
     compute = plan.micro_batches * pairs * factor * forward
     step = slots * (max(slot) + boundary) + max(grads)
@@ -329,9 +438,18 @@ def estimate_train_plan(plan: TrainPlan, system: SystemSpec, config: str, shape:
 
 
 def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, devices: int,
-                 memory_limit_bytes: float | None = None) -> TrainSearchResult:
-    """Estimate every plan of ``space``; the best is the fastest whose memory fits."""
+                 memory_limit_bytes: float | None = None, kernels: TrainKernels | None = None,
+                 budget: int = 0, validate: int = 0,
+                 progress: Callable[[str], None] | None = None) -> TrainSearchResult:
+    """Estimate every plan of ``space`` (memory from the formulas; the step of the plans that
+    fit from ``kernels``' traced pairs when given, else the ideal estimate), then trace the
+    ``budget`` fastest that fit and ``validate`` more drawn at random from the fitting rest
+    (seed ``VALIDATION_SEED``; needs ``kernels``). The best: the fastest traced plan that fits,
+    or without traces the fastest estimated."""
+    import random
+
     from hardware import load_system
+    from tracing.plan_search import VALIDATION_SEED
 
     system = load_system(hardware)
     limit = system.chip.dram_capacity_bytes if memory_limit_bytes is None else memory_limit_bytes
@@ -344,11 +462,52 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
             outcomes.append(TrainOutcome(plan, estimate_train_plan(plan, system, config, shape)))
         except ValueError as error:
             infeasible.append((plan.label, str(error)))
+    if kernels is not None:  # the plans that fit get the traced-kernel step
+        fit = [o for o in outcomes if o.estimate.memory_bytes <= limit]
+        keys = list(dict.fromkeys(pair_key(o.plan, config) for o in fit))
+        with kernels.held():  # one hold for the calibrations of the search
+            for start in range(0, len(keys), CALIBRATIONS_PER_PROCESS):
+                kernels.prepare(keys[start:start + CALIBRATIONS_PER_PROCESS], system)
+                if progress is not None:
+                    progress(f"calibrated {min(start + CALIBRATIONS_PER_PROCESS, len(keys))} of {len(keys)} "
+                             "traced pairs")
+        better = {o.plan: kernel_train_estimate(o.plan, system, config, shape, kernels) for o in fit}
+        outcomes = [TrainOutcome(o.plan, better.get(o.plan, o.estimate)) for o in outcomes]
     outcomes.sort(key=lambda o: (o.estimate.step_s, o.plan.label))
     fitting = [o for o in outcomes if o.estimate.memory_bytes <= limit]
-    best = fitting[0] if fitting else None
-    space = TrainSpace(tuple(o.plan for o in outcomes), tuple(infeasible))
-    return TrainSearchResult(config, shape, hardware, devices, limit, space, tuple(outcomes), best)
+    chosen: list[TrainPlan] = [o.plan for o in fitting[:budget]] if kernels is not None else []
+    drawn: list[TrainPlan] = []
+    if kernels is not None and validate:
+        rest = [o.plan for o in fitting[budget:]]
+        drawn = random.Random(VALIDATION_SEED).sample(rest, min(validate, len(rest)))
+    traced = {}
+    if chosen or drawn:
+        assert kernels is not None
+        missing = [pair_key(p, config) for p in chosen + drawn]
+        with kernels.held():  # one hold for the search's full-size pairs
+            for start in range(0, len(missing), CALIBRATIONS_PER_PROCESS):
+                kernels.prepare(missing[start:start + CALIBRATIONS_PER_PROCESS], system, full=True)
+                if progress is not None:
+                    progress(f"traced {min(start + CALIBRATIONS_PER_PROCESS, len(missing))} of {len(missing)} "
+                             "plans' pairs at the plan's shape")
+    for plan in chosen + drawn:
+        traced[plan] = traced_train_step(plan, system, config, shape, kernels)
+    done = []
+    for o in outcomes:
+        value = traced.get(o.plan)
+        if value is None:
+            done.append(o)
+        elif isinstance(value, str):
+            done.append(dataclasses.replace(o, error=value))
+        else:
+            done.append(dataclasses.replace(o, traced_step_s=value[0], traced_pair_memory=value[1]))
+    fits = [o for o in done if o.estimate.memory_bytes <= limit]
+    traced_fits = [o for o in fits if o.traced]
+    best = (min(traced_fits, key=lambda o: (o.traced_step_s, o.plan.label)) if traced_fits
+            else (fits[0] if fits else None))
+    space = TrainSpace(tuple(o.plan for o in done), tuple(infeasible))
+    return TrainSearchResult(config, shape, hardware, devices, limit, space, tuple(done), best,
+                             tuple(drawn), budget)
 
 
 def throughput_label(outcome: TrainOutcome) -> str:

@@ -1,0 +1,367 @@
+"""A training plan's step time from the traced program's own kernels (issue 32, item 1): the
+training step of one block pair, traced at two small shapes, re-costed at the plan's shape.
+
+The traced figure of a training plan (``plan-search --mode train``) is the training step of one
+block pair of its stage (``trace-stage --mode train --stage-ids 0-0,1-1,2-{depth-1} --stage 1``,
+:func:`pair_stage`:
+the pair's forward, backward and AdamW update as one program, on the stage mesh, at the plan's
+micro-batch, ZeRO stage and recompute; docs/training.md) analysed on the system as
+``analyze-hlo --hw`` analyses it (``hlo_analyzer.mapping``, the chip's default execution). Its
+kernels fall in two groups by when they run in a step of ``m`` micro-batches (gradient
+accumulation, :func:`analyze_pair`):
+
+* ``micro``, once per micro-batch: every kernel of the forward and the backward (recompute
+  included) and every collective there but the gradient sums;
+* ``update``, once per step: the optimizer's kernels and collectives (the ZeRO-1/2 gather of the
+  updated parameters) and the collectives of the backward that sum a weight gradient (an
+  all-reduce or reduce-scatter moving parameters or gradients by ``hlo_analyzer.training``'s
+  traffic classes; a ZeRO-3 gather of a weight stays per micro-batch).
+
+:func:`compose_step` composes a pipeline of P stages of n pairs each with 1F1B over m
+micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
+boundary (the hidden states forward, their gradient back) is the caller's.
+
+The estimate takes the same program at the two calibration shapes of ``tracing.plan_estimate``
+(``(T0, W0)`` and ``(3 T0, 5 W0)``, the plan's height and micro-batch kept): the kernels line up
+one to one and every integer is rescaled to the plan's shape as there
+(``plan_estimate._Rescaler``), then costed with ``hlo_analyzer.mapping.program.map_kernels``; the
+traced figure costs the plan's own full-size program the same way. Estimate and trace so
+differ only where the full-size program has other kernels than the rescaled small ones (an
+integer that is no product of the shape's powers: counted in the basis). Both leave out the
+embeddings and the final layer (0.3% of the parameters; the first and last stages' extra
+work) and assume the stages alike (an even split of the pairs; every stage's collectives as
+the first stage's chips run them).
+
+Traces and analyses are cached under the work directory (``train_calibrations/``: the dumps,
+and per chip kind each program's kernel groups as JSON); every trace holds
+:data:`TRACE_LOCK` while it runs (one full-size or training trace at a time on the machine).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hardware.spec import SystemSpec
+from hlo_trace.errors import UsageError
+from models.opensora.config import get_config
+from tracing.plan_estimate import (
+    FAILURE_FILE,
+    GroupCost,
+    _Rescaler,
+    calibration_shapes,
+    dump_names,
+    run_calibration_traces,
+)
+
+__all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
+           "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
+
+#: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
+GROUPS = ("micro", "update")
+#: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
+GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
+#: Held (``flock``) while a trace runs: one full-size or training trace at a time here
+#: (scripts/training_study.py and plan-search's confirmations hold the same file).
+TRACE_LOCK = "/tmp/fulltrace.lock"
+#: Format of the cached analyses (bumped when what they hold changes).
+CACHE_VERSION = 1
+
+
+def pair_stage(depth: int) -> tuple[str, int]:
+    """The traced pair: stage 1 of a model cut into (0-0, 1-1, 2-{depth-1}), one pair with
+    neither the embeddings nor the final layer, its output gradients arriving as inputs; a
+    model of two pairs has no such stage: its last (the pair and the final layer), of one pair
+    the whole model."""
+    if depth >= 3:
+        return f"0-0,1-1,2-{depth - 1}", 1
+    return ("0-0,1-1", 1) if depth == 2 else ("0-0", 0)
+
+
+@dataclass(frozen=True)
+class PairKey:
+    """What decides a traced pair's program (a plan's stage count and micro-batch count only
+    compose it)."""
+
+    config: str
+    strategy: str
+    mesh: tuple[int, int]
+    ring: int | None
+    zero: int
+    recompute: bool
+    micro_batch: int
+
+    @property
+    def train_label(self) -> str:
+        """``tracing.training.TrainOptions.label`` of the key (the dump name's suffix)."""
+        from tracing.training import TrainOptions
+
+        return TrainOptions(zero=self.zero, recompute="full" if self.recompute else "none").label()
+
+    def name(self, shape: str) -> str:
+        nx, ny = self.mesh
+        ring = f"_ring{self.ring}" if self.ring is not None else ""
+        return (f"{Path(self.config).stem}_{shape}_{self.strategy}_{nx}x{ny}{ring}_b{self.micro_batch}_"
+                f"{self.train_label}")
+
+    def request(self, shape: str, out: Path) -> dict[str, Any]:
+        """``tracing.calibrate``'s request for the pair's training step at ``shape``."""
+        stage_ids, stage = pair_stage(get_config(self.config).depth)
+        return {"config": self.config, "shape": shape, "strategy": self.strategy, "mesh": list(self.mesh),
+                "ring": self.ring, "patches": 1, "stage_ids": stage_ids,
+                "stages": [stage], "batch": self.micro_batch, "out": str(out),
+                "train": {"zero": self.zero, "recompute": "full" if self.recompute else "none",
+                          "label": self.train_label}}
+
+
+def check_traceable(key: PairKey, shape: str) -> None:
+    """The tracer's own checks of the pair's stage at ``shape`` (configuration, strategy on the
+    stage layout; no torch); UsageError with the tracer's message."""
+    from tracing.plan_estimate import request_config
+    from tracing.strategies import get_strategy
+    from tracing.strategies.base import stage_layout
+
+    request = key.request(shape, Path("."))
+    config = request_config(request)
+    get_strategy(config.strategy, stage_layout(config, request["stages"][0]))
+
+
+@dataclass(frozen=True)
+class PairProgram:
+    """A traced pair's step analysed on a chip kind: its kernels by group (kernel documents,
+    ``hlo_analyzer.mapping.kernel_list.sources_document``, collectives kept) and its memory per
+    device by class (``hlo_analyzer.training``: param, grad, optimizer_state, activation)."""
+
+    groups: dict[str, dict[str, Any]]
+    memory: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """One training step of a plan per device (:func:`compose_step`): ``compute_s`` and
+    ``comm_s`` the micro-batches' kernels and collectives on the slowest stage, ``update_s`` the
+    once-per-step part, ``bubble_s`` the 1F1B fill and drain, ``boundary_s`` the sends."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    update_s: float
+    bubble_s: float
+    boundary_s: float
+
+
+def compose_step(groups: dict[str, GroupCost], *, pairs: int, stages: int, micro_batches: int,
+                 boundary_s: float) -> TrainStep:
+    """The step of P = ``stages`` stages of ``pairs`` pairs each over m = ``micro_batches``
+    micro-batches (1F1B) from one pair's groups: ``(m + P - 1)`` slots of ``pairs * micro +
+    boundary`` plus ``pairs * update`` (module doc)."""
+    micro, update = groups["micro"], groups["update"]
+    slot = pairs * (micro.compute_s + micro.comm_s) + boundary_s
+    slots = micro_batches + stages - 1
+    update_s = pairs * (update.compute_s + update.comm_s)
+    return TrainStep(step_s=slots * slot + update_s, compute_s=micro_batches * pairs * micro.compute_s,
+                     comm_s=micro_batches * pairs * micro.comm_s, update_s=update_s,
+                     bubble_s=(stages - 1) * slot, boundary_s=slots * boundary_s)
+
+
+def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
+    """The kernels of a traced pair's training step on ``system``'s chip, by group (module doc),
+    and its memory classes."""
+    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hlo_analyzer.mapping.kernel_list import sources_document
+    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.pipeline import _read_sidecar
+    from hlo_analyzer.mapping.render import hardware_sections
+    from hlo_analyzer.mapping.results import MappingOptions, default_execution
+    from hlo_analyzer.mlir import load_module
+    from hlo_analyzer.report import analyze
+    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, measure_training, read_training_layout
+
+    sidecar = _read_sidecar(dump)
+    layout = read_training_layout(Path(dump).with_suffix(".json"))
+    if layout is None:
+        raise UsageError(f"{dump}: not a training step (its sidecar has no training section)")
+    module = load_module(dump)
+    report = analyze(module, name=dump)
+    library_calls = sidecar_call_regions(sidecar)
+    options = MappingOptions(execution=default_execution(system.chip, library_calls),
+                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
+    add_hardware_sections(report, module, system.name, steps=1, options=options)
+    mapping = hardware_sections(report).mapping
+    assert mapping is not None
+    split = measure_training(module, layout, dump, report.num_devices)
+    location = {row.position: row.location for row in report.rows}
+    groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
+    for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):
+        if source.collective is not None:
+            if op.position not in split.collective_classes:
+                raise UsageError(f"{dump}: collective {op.name} at {op.position} has no training class")
+            phase, traffic = split.collective_classes[op.position]
+            once = phase == OPTIMIZER or (traffic == PARAM_GRAD and source.collective[0] in GRADIENT_SUM_KINDS)
+        else:
+            once = layout.phase(location.get(op.position, "")) == OPTIMIZER
+        groups["update" if once else "micro"].append(source)
+    memory = {key: int(split.memory.get(key, 0)) for key in ("param", "grad", "optimizer_state", "activation")}
+    return PairProgram({name: sources_document(kernels, options.execution) for name, kernels in groups.items()},
+                       memory)
+
+
+def cost_groups(groups: dict[str, dict[str, Any]], system: SystemSpec) -> dict[str, GroupCost]:
+    """Each group's kernels and collectives costed on ``system`` (``map_kernels``, as
+    ``analyze-hlo --hw`` costs them)."""
+    from hlo_analyzer.mapping.kernel_list import sources_from_document
+    from hlo_analyzer.mapping.program import map_kernels
+    from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
+
+    costs = {}
+    for name in GROUPS:
+        sources, execution = sources_from_document(groups[name])
+        program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
+        comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
+        costs[name] = GroupCost(program.latency_s - comm, comm)
+    return costs
+
+
+@contextmanager
+def trace_lock(path: str | None = TRACE_LOCK) -> Iterator[None]:
+    """Hold :data:`TRACE_LOCK` (``flock``) while tracing (``None``: no lock)."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class TrainKernels:
+    """The traced pairs of training plans at one shape: the two calibration programs of each
+    key (the estimate) and the full-size program (the traced figure), traced on demand under
+    :data:`TRACE_LOCK` (``lock``; None: none, for tiny traces), analysed per chip kind and
+    cached under ``work/train_calibrations``."""
+
+    def __init__(self, work: Path, config: str, shape: str, *, lock: str | None = TRACE_LOCK) -> None:
+        self.work = Path(work) / "train_calibrations"
+        self.lock = lock
+        self._holding = False
+        self._lock_context: Any = None
+        self.config, self.shape = config, shape
+        self.base_shape, self.scaled_shape, self.t_ratio, self.w_ratio = calibration_shapes(get_config(config), shape)
+        self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
+        self.traced = 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the trace lock, once a trace inside takes it, until the end of the block (one
+        hold for a run of traces; none when nothing is traced)."""
+        if self._holding:
+            yield
+            return
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            if self._lock_context is not None:
+                context, self._lock_context = self._lock_context, None
+                context.__exit__(None, None, None)
+
+    @contextmanager
+    def _tracing(self) -> Iterator[None]:
+        """The trace lock around one run of traces (kept on inside :meth:`held`)."""
+        if self._lock_context is not None:
+            yield
+            return
+        context = trace_lock(self.lock)
+        context.__enter__()
+        if self._holding:
+            self._lock_context = context
+            yield
+            return
+        try:
+            yield
+        finally:
+            context.__exit__(None, None, None)
+
+    def _dump_dir(self, key: PairKey, shape: str) -> Path:
+        return self.work / "dumps" / key.name(shape)
+
+    def _analysis_path(self, key: PairKey, shape: str, kind: str) -> Path:
+        return self.work / kind / f"{key.name(shape)}.json"
+
+    def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> int:
+        """Trace every program of ``keys`` not traced yet: the two calibration shapes, or
+        (``full``) the plan's shape; the number traced."""
+        shapes = (self.shape,) if full else (self.base_shape, self.scaled_shape)
+        kind = system.chip.name
+        requests = [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys) for shape in shapes
+                    if not self._analysis_path(key, shape, kind).exists()]
+        if not requests:
+            return 0
+        with self._tracing():
+            traced = run_calibration_traces(requests, self.work, jobs=1)
+        self.traced += traced
+        return traced
+
+    def program(self, key: PairKey, shape: str, system: SystemSpec) -> PairProgram | str:
+        """The pair's program at ``shape`` analysed on ``system``'s chip, or the tracer's error
+        line (traced when missing)."""
+        from hlo_trace.atomic import atomic_write
+
+        kind = system.chip.name
+        cached = self._programs.get((key, shape, kind))
+        if cached is not None:
+            return cached
+        path = self._analysis_path(key, shape, kind)
+        if not path.exists():
+            out = self._dump_dir(key, shape)
+            request = key.request(shape, out)
+            if not (out / dump_names(request)[0]).exists() and not (out / FAILURE_FILE).exists():
+                with self._tracing():
+                    self.traced += run_calibration_traces([request], self.work, jobs=1)
+            failure = out / FAILURE_FILE
+            if failure.exists():
+                document: dict[str, Any] = {"version": CACHE_VERSION, "error": failure.read_text().strip()}
+            else:
+                analysed = analyze_pair(str(out / dump_names(request)[0]), system)
+                document = {"version": CACHE_VERSION, "groups": analysed.groups, "memory": analysed.memory}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(document) + "\n", force=True)
+        document = json.loads(path.read_text())
+        if document.get("version") != CACHE_VERSION:
+            raise UsageError(f"{path}: cache version {document.get('version')!r}; expected {CACHE_VERSION} "
+                             "(delete the file to analyse it again)")
+        value = document["error"] if "error" in document else PairProgram(document["groups"], document["memory"])
+        self._programs[(key, shape, kind)] = value
+        return value
+
+    def estimate(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], str]:
+        """The pair's groups at the plan's shape from the two calibration programs, costed on
+        ``system``, and the basis (ValueError when a calibration failed or the two differ)."""
+        base = self.program(key, self.base_shape, system)
+        scaled = self.program(key, self.scaled_shape, system)
+        for value in (base, scaled):
+            if isinstance(value, str):
+                raise ValueError(f"calibration not traced: {value}")
+        assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
+        rescaler = _Rescaler(self.t_ratio, self.w_ratio)
+        groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in GROUPS}
+        basis = (f"traced kernels ({self.base_shape}, {self.scaled_shape}; {rescaler.inexact} of "
+                 f"{rescaler.values} integers inexact)")
+        return cost_groups(groups, system), basis
+
+    def full(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], dict[str, int]] | str:
+        """The pair's own program at the plan's shape, costed on ``system``, and its memory
+        classes; or the tracer's error line."""
+        value = self.program(key, self.shape, system)
+        if isinstance(value, str):
+            return value
+        return cost_groups(value.groups, system), dict(value.memory)
+
