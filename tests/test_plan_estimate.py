@@ -14,10 +14,14 @@ from hlo_analyzer.mapping.kernel_list import sources_document, sources_from_docu
 from hlo_analyzer.mapping.results import KernelSource
 from models.opensora.config import get_config
 from tracing.plan_estimate import (
+    KernelCosts,
     _Rescaler,
     calibration_shapes,
     decode_exponents,
+    forced_flash,
+    request_config,
     rescale_value,
+    self_attention_flash,
     stage_roles,
 )
 
@@ -72,6 +76,35 @@ def test_the_kernel_document_round_trips_with_its_collectives():
     assert back[0].op == op and back[1].collective == ("all_to_all", 4, 4096, (0, 1, 2, 3))
 
 
+def test_calibrations_force_the_self_attention_kernel_the_plans_shape_runs(tmp_path):
+    """OpenSora fuses a self-attention only over a sequence longer than its batch. full at
+    408_640_360: T = 408*5//17 = 120 frames, 23 patch rows of 40 columns. With M = 4 patches a
+    patch is ceil(23/4) = 6 rows, 240 tokens: the spatial attention over 240 tokens in a batch of
+    2 x 120 = 240 is not longer, so no fused kernel (the temporal one, 120 frames in a batch of
+    2 x 240, neither); both calibration shapes (T0 = 24, W0 = 24 columns: 6 x 24 = 144 tokens
+    against 2 x 24 = 48; 72 frames, 720 tokens against 144) would fuse it, so the calibration
+    forces the plan's choice. With M = 2 (12 rows, 480 tokens > 240) and at 204_640_360 with
+    M = 4 (240 tokens > 2 x 60) every shape fuses it: nothing is forced."""
+    full = get_config("full")
+    assert self_attention_flash(full, "408_640_360", 4) == (False, False)
+    assert self_attention_flash(full, "408_640_360", 2) == (True, False)
+    assert self_attention_flash(full, "82_384_360", 4) == (True, False)
+    assert forced_flash(full, "408_640_360", 4) == (False, False)
+    assert forced_flash(full, "408_640_360", 2) is None
+    assert forced_flash(full, "204_640_360", 4) is None
+    costs = KernelCosts(tmp_path)
+    key = costs.key("full", "408_640_360", "ds_ulysses", (2, 1), None, 4)
+    assert key.flash == (False, False) and key.name.endswith("_attention-spatialplain-temporalplain")
+    unforced = costs.key("full", "408_640_360", "ds_ulysses", (2, 1), None, 2)
+    assert unforced.flash is None and "attention" not in unforced.name
+    # the tracer gets the choice, and names its dump after it (another program)
+    _, requests = costs._requests(key, stages=(0,))
+    config = request_config(requests[0])
+    assert config.self_attention_flash == (False, False)
+    assert config.dump_name(0).endswith("_attention-spatialplain-temporalplain")
+    assert request_config(costs._requests(unforced, stages=(0,))[1][0]).self_attention_flash is None
+
+
 def test_stage_roles():
     assert stage_roles(1) == ("flat",)
     assert stage_roles(2) == ("first", "last")
@@ -79,27 +112,27 @@ def test_stage_roles():
 
 
 @pytest.mark.slow
-def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path):
+@pytest.mark.parametrize(("shape", "flash"), [("68_256_360", None), ("164_64_360", (False, False))])
+def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path, shape, flash):
     """The claim of the estimate: the kernels of the two small traces, rescaled to the plan's
     shape, are the kernels a trace at that shape finds, group by group (the full model's three
-    pairs at a small shape, 68_256_360: T = 20, 16 token columns; ds_ulysses on 1 x 2)."""
+    pairs at a small shape, ds_ulysses on 1 x 2). 68_256_360: T = 20, 16 token columns. At
+    164_64_360 (T = 48, 23 x 4 = 92 tokens a frame) the spatial attention, 92 tokens in a batch
+    of 2 x 48 = 96, runs unfused, while both calibration shapes (48 frames of 23 x 12 = 276
+    tokens, 144 frames of 23 x 60) would fuse it: the calibration must force the plan's choice."""
     pytest.importorskip("torch_xla")
     from hlo_analyzer.mapping.program import map_kernels
     from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
-    from tracing.plan_estimate import (
-        GROUPS,
-        KernelCosts,
-        analyze_calibration_stage,
-        run_calibration_traces,
-    )
+    from tracing.plan_estimate import GROUPS, analyze_calibration_stage, run_calibration_traces
 
     system = load_system("8xh100")
     costs = KernelCosts(tmp_path)
-    shape = "68_256_360"
     key = costs.key("full", shape, "ds_ulysses", (1, 2), None, 1)
+    assert key.flash == flash
     rescaled = costs.stage(key, shape, system)
     _, requests = costs._requests(key, stages=(0,))
-    direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"))
+    # the plan's own trace: the model's rule decides (nothing forced)
+    direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"), flash=None)
     run_calibration_traces([direct], tmp_path)  # in a process of its own, as the estimate traces
     part = analyze_calibration_stage(str(next((tmp_path / "direct").glob("*.mlir"))), system)
     for name in GROUPS:

@@ -51,12 +51,13 @@ from hardware.spec import SystemSpec
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
+from models.opensora.library_calls import self_attention_is_flash
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_FACTORS", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
-           "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "request_config", "rescale_value",
-           "run_calibration_traces", "stage_roles"]
+__all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
+           "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "forced_flash", "request_config", "rescale_value",
+           "run_calibration_traces", "self_attention_flash", "stage_roles"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -74,6 +75,9 @@ CALIBRATION_PAIRS = 3
 CACHE_VERSION = 2
 #: The kernel groups of a calibration stage (``_groups``).
 GROUPS = ("embed", "final", "pair0", "pair1", "pair2")
+#: Classifier-free guidance: every inference runs the batch of 2 (docs/model.md; the tracer's
+#: default batch).
+GUIDANCE_BATCH = 2
 
 
 @dataclass(frozen=True)
@@ -87,12 +91,19 @@ class CalibrationKey:
     patches: int
     base_shape: str
     scaled_shape: str
+    #: (spatial, temporal) self-attention fused or not, forced in both traces: the plan's shape
+    #: makes another choice than a calibration shape would (:func:`forced_flash`); None: none.
+    flash: tuple[bool, bool] | None = None
 
     @property
     def name(self) -> str:
         text = (f"{Path(self.config).stem}_{self.strategy}_{self.mesh[0]}x{self.mesh[1]}_M{self.patches}"
                 f"_{self.base_shape}_{self.scaled_shape}")
-        return text + (f"_ring{self.ring}" if self.ring is not None else "")
+        text += f"_ring{self.ring}" if self.ring is not None else ""
+        if self.flash is not None:
+            text += "_attention-" + "-".join(f"{axis}{'flash' if fused else 'plain'}" for axis, fused
+                                             in zip(("spatial", "temporal"), self.flash, strict=True))
+        return text
 
 
 def _odd_part_free(value: int) -> int:
@@ -135,6 +146,34 @@ def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fract
         check = geometry(model, text)
         assert (check.T, check.W_patches, check.H_patches) == (t, w, geo.H_patches), text
     return base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0)
+
+
+def self_attention_flash(model: STDiT3Config, shape: str, patches: int) -> tuple[bool, bool]:
+    """Whether the spatial and the temporal self-attention of a trace at ``shape`` (on one of
+    ``patches`` PipeFusion patches) run the fused kernel: OpenSora's rule
+    (``self_attention_is_flash``) on the sequences the model attends over, the spatial tokens
+    of the patch in a batch of ``GUIDANCE_BATCH`` x frames, the frames in a batch of
+    ``GUIDANCE_BATCH`` x spatial tokens."""
+    geo = geometry(model, shape)
+    tokens = geo.S
+    if patches > 1:
+        from tracing.pipefusion import patch_plan
+
+        tokens = patch_plan(model, shape, patches).S_patch
+    return (self_attention_is_flash(tokens, GUIDANCE_BATCH * geo.T),
+            self_attention_is_flash(geo.T, GUIDANCE_BATCH * tokens))
+
+
+def forced_flash(model: STDiT3Config, shape: str, patches: int) -> tuple[bool, bool] | None:
+    """The self-attention kernels a calibration of ``shape`` must force (:class:`CalibrationKey`):
+    the choice at ``shape`` where either calibration shape would make another (a patch of 240
+    tokens over 2 x 120 frames at 408_640_360, M = 4, runs no fused kernel; at both calibration
+    shapes it would), else None: the traces make the plan's choice by themselves."""
+    base, scaled, _, _ = calibration_shapes(model, shape)
+    wanted = self_attention_flash(model, shape, patches)
+    if all(self_attention_flash(model, small, patches) == wanted for small in (base, scaled)):
+        return None
+    return wanted
 
 
 def decode_exponents(v0: int, v1: int) -> tuple[int, int] | None:
@@ -318,8 +357,10 @@ class KernelCosts:
 
     def key(self, config: str, shape: str, strategy: str, mesh: tuple[int, int], ring: int | None,
             patches: int) -> CalibrationKey:
-        base, scaled, _, _ = calibration_shapes(get_config(config), shape)
-        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled)
+        model = get_config(config)
+        base, scaled, _, _ = calibration_shapes(model, shape)
+        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled,
+                              forced_flash(model, shape, patches))
 
     def _path(self, key: CalibrationKey, kind: str) -> Path:
         return self.work / kind / f"{key.name}.json"
@@ -372,7 +413,7 @@ class KernelCosts:
 
     def _boundary_key(self, key: CalibrationKey) -> CalibrationKey:
         strategy, mesh = BOUNDARY_LAYOUT
-        return dataclasses.replace(key, strategy=strategy, mesh=mesh, ring=None)
+        return dataclasses.replace(key, strategy=strategy, mesh=mesh, ring=None, flash=None)
 
     def _requests(self, key: CalibrationKey, *, stages: Sequence[int], boundary: bool = False,
                   ) -> tuple[dict[str, str], list[dict[str, Any]]]:
@@ -387,7 +428,8 @@ class KernelCosts:
             out = self.work / "dumps" / (("boundary_" if boundary else "") + key.name) / label
             request = {"config": model_file, "shape": shape, "strategy": key.strategy,
                        "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches,
-                       "stage_ids": stage_ids, "stages": list(stages), "out": str(out)}
+                       "stage_ids": stage_ids, "stages": list(stages), "out": str(out),
+                       "flash": None if key.flash is None else list(key.flash)}
             dumps[label] = str(out / _dump_names(request)[0])
             requests.append(request)
         return dumps, requests
@@ -493,7 +535,8 @@ def request_config(request: dict[str, Any]):
     ring, mesh = request["ring"], tuple(request["mesh"])
     return build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
                         mesh=mesh, stage_ids=request["stage_ids"], patches=request["patches"], ring_degree=ring,
-                        ulysses_degree=None if ring is None else mesh[1] // ring)
+                        ulysses_degree=None if ring is None else mesh[1] // ring,
+                        self_attention_flash=None if request.get("flash") is None else tuple(request["flash"]))
 
 
 def _dump_names(request: dict[str, Any]) -> list[str]:
