@@ -6,6 +6,7 @@ shape finds."""
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from tracing.plan_estimate import (
     forced_flash,
     request_config,
     rescale_value,
+    scale_factors,
     self_attention_flash,
     stage_roles,
 )
@@ -36,6 +38,26 @@ def test_calibration_shapes_keep_the_powers_of_two_and_the_height():
     # 51_1280_720: T = 15 (odd): T0 = 3; columns 80 = 16 * 5: W0 = 48
     base, scaled, t_ratio, w_ratio = calibration_shapes(get_config("full"), "51_1280_720")
     assert base == "11_768_720" and (t_ratio, w_ratio) == (5, Fraction(80, 48))
+
+
+def test_the_frames_power_of_two_is_capped_by_the_stage_chips():
+    # 102_1280_720: T = 102*5//17 = 30 = 2 * 15. On a stage of 2 or more chips T0 keeps the 2
+    # (T0 = 6: 21 frames, 21*5//17 = 6); on one chip no split asks about it: T0 = 3, the
+    # calibration of 51_1280_720 (T = 15), with T / T0 = 10.
+    full = get_config("full")
+    assert calibration_shapes(full, "102_1280_720", 2)[:2] == ("21_768_720", "62_3840_720")
+    base, scaled, t_ratio, w_ratio = calibration_shapes(full, "102_1280_720", 1)
+    assert (base, scaled) == calibration_shapes(full, "51_1280_720", 1)[:2] == ("11_768_720", "31_3840_720")
+    assert (t_ratio, w_ratio) == (Fraction(30, 3), Fraction(80, 48))
+    # 408_640_360: T = 120 = 8 * 15: T0 = 24 on 8 chips, 12 (204_640_360's, T = 60 = 4 * 15) on 4
+    # or 6 chips (a largest power of two of 4)
+    assert calibration_shapes(full, "408_640_360", 8)[0] == "82_384_360"
+    assert calibration_shapes(full, "408_640_360", 4)[0] == calibration_shapes(full, "204_640_360")[0] == "41_384_360"
+    assert calibration_shapes(full, "408_640_360", 6)[0] == "41_384_360"
+    costs = KernelCosts(Path("unused"))
+    assert costs.key("full", "408_640_360", "ds_ulysses", (2, 2), None, 1) == \
+        costs.key("full", "204_640_360", "ds_ulysses", (2, 2), None, 1)
+    assert scale_factors(full, "41_384_360", "408_640_360") == (Fraction(120, 12), Fraction(40, 24))
 
 
 def test_exponents_are_read_from_the_ratio_of_the_two_shapes():

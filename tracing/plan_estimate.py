@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
            "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "forced_flash", "request_config", "rescale_value",
-           "run_calibration_traces", "self_attention_flash", "stage_roles"]
+           "run_calibration_traces", "scale_factors", "self_attention_flash", "stage_roles"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -111,11 +111,16 @@ def _odd_part_free(value: int) -> int:
     return value & -value
 
 
-def _small(value: int) -> int:
-    """``3 * 2^k`` with the power of two of ``value``: as divisible by every power of two, and
-    odd part 3 so that no split of it by a mesh axis is 1 (a dimension of 1 may make another
-    kernel: a broadcast where there was a strided read)."""
-    return SMALL_ODD_PART * _odd_part_free(value)
+def _small(value: int, cap: int | None = None) -> int:
+    """``3 * 2^k`` with the power of two of ``value`` (at most ``cap``): as divisible by every
+    power of two up to ``cap``, and odd part 3 so that no split of it by a mesh axis is 1 (a
+    dimension of 1 may make another kernel: a broadcast where there was a strided read)."""
+    power = _odd_part_free(value)
+    return SMALL_ODD_PART * (power if cap is None else min(power, cap))
+
+
+def _largest_power_of_two(devices: int) -> int:
+    return 1 << (devices.bit_length() - 1)
 
 
 def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: int) -> str:
@@ -126,16 +131,27 @@ def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: i
     return f"{frames}_{columns * pw * model.vae_downsample}_{height}"
 
 
-def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fraction, Fraction]:
-    """The two small shapes of ``shape``'s calibration and the factors ``T / T0``, ``W / W0``
-    that take the first to ``shape``. The latent frames and token columns keep ``shape``'s
-    power of two (at least 2 each); the height is ``shape``'s."""
+def calibration_shapes(model: STDiT3Config, shape: str, devices: int | None = None,
+                       ) -> tuple[str, str, Fraction, Fraction]:
+    """The two small shapes of ``shape``'s calibration on a stage of ``devices`` chips and the
+    factors ``T / T0``, ``W / W0`` that take the first to ``shape``. The token columns keep
+    ``shape``'s power of two, the latent frames its power of two up to the largest power of two
+    of ``devices`` (no cap without ``devices``); the height is ``shape``'s.
+
+    The cap loses nothing: whether a power of two ``2^k`` divides a product ``c T^a W^b`` is
+    the same for ``T`` and ``T0`` when every ``2^k`` a split asks about is at most ``2^L``
+    (a split of a stage's tensors is by mesh axes, ring or Ulysses degrees of at most its chips)
+    and the powers of two of ``T`` and ``T0`` agree up to ``2^L``. And it shares: the shapes of
+    one size that differ by a power of two of frames (204 and 408 frames at 640 x 360, 51 and 102
+    at 1280 x 720) have the same calibration shapes on stages of few chips (4 or fewer at
+    640 x 360, 1 at 1280 x 720), traced once in a shared ``--work-dir``."""
     geo = geometry(model, shape)
     video = parse_shape(shape)
     pt, _, _ = model.patch_size
     if pt != 1 or geo.T_lat != geo.T:
         raise UsageError(f"--shape {shape}: the estimate's calibration expects a temporal patch of 1")
-    t0, w0 = _small(geo.T), _small(geo.W_patches)
+    t0 = _small(geo.T, None if devices is None else _largest_power_of_two(devices))
+    w0 = _small(geo.W_patches)
     if geo.W_lat != geo.W_patches * model.patch_size[2]:
         raise UsageError(f"--shape {shape}: the estimate's calibration expects a latent width the "
                          "patch divides")
@@ -146,6 +162,12 @@ def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fract
         check = geometry(model, text)
         assert (check.T, check.W_patches, check.H_patches) == (t, w, geo.H_patches), text
     return base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0)
+
+
+def scale_factors(model: STDiT3Config, base: str, shape: str) -> tuple[Fraction, Fraction]:
+    """``T / T0`` and ``W / W0``: what takes the calibration shape ``base`` to ``shape``."""
+    small, large = geometry(model, base), geometry(model, shape)
+    return Fraction(large.T, small.T), Fraction(large.W_patches, small.W_patches)
 
 
 def self_attention_flash(model: STDiT3Config, shape: str, patches: int) -> tuple[bool, bool]:
@@ -164,12 +186,13 @@ def self_attention_flash(model: STDiT3Config, shape: str, patches: int) -> tuple
             self_attention_is_flash(geo.T, GUIDANCE_BATCH * tokens))
 
 
-def forced_flash(model: STDiT3Config, shape: str, patches: int) -> tuple[bool, bool] | None:
+def forced_flash(model: STDiT3Config, shape: str, patches: int, devices: int | None = None,
+                 ) -> tuple[bool, bool] | None:
     """The self-attention kernels a calibration of ``shape`` must force (:class:`CalibrationKey`):
     the choice at ``shape`` where either calibration shape would make another (a patch of 240
     tokens over 2 x 120 frames at 408_640_360, M = 4, runs no fused kernel; at both calibration
     shapes it would), else None: the traces make the plan's choice by themselves."""
-    base, scaled, _, _ = calibration_shapes(model, shape)
+    base, scaled, _, _ = calibration_shapes(model, shape, devices)
     wanted = self_attention_flash(model, shape, patches)
     if all(self_attention_flash(model, small, patches) == wanted for small in (base, scaled)):
         return None
@@ -358,9 +381,10 @@ class KernelCosts:
     def key(self, config: str, shape: str, strategy: str, mesh: tuple[int, int], ring: int | None,
             patches: int) -> CalibrationKey:
         model = get_config(config)
-        base, scaled, _, _ = calibration_shapes(model, shape)
+        devices = mesh[0] * mesh[1]
+        base, scaled, _, _ = calibration_shapes(model, shape, devices)
         return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled,
-                              forced_flash(model, shape, patches))
+                              forced_flash(model, shape, patches, devices))
 
     def _path(self, key: CalibrationKey, kind: str) -> Path:
         return self.work / kind / f"{key.name}.json"
@@ -463,8 +487,7 @@ class KernelCosts:
             if not all(Path(d).exists() for d in dumps.values()):
                 run_calibration_traces(requests, self.work, jobs=1)
             parts = {label: _boundary_of(dump) for label, dump in dumps.items()}
-            _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
-            rescaler = _Rescaler(t_ratio, w_ratio)
+            rescaler = _Rescaler(*scale_factors(get_config(key.config), key.base_shape, shape))
             cached = self._boundaries[(bkey, shape)] = Boundary(
                 rescaler(parts["base"].outputs, parts["scaled"].outputs),
                 rescaler(parts["base"].latent_bytes, parts["scaled"].latent_bytes))
@@ -624,8 +647,7 @@ def _stage_costs(calibration: Calibration, shape: str, system: SystemSpec) -> St
     key = calibration.key
     if calibration.error is not None or calibration.base is None or calibration.scaled is None:
         raise ValueError(f"calibration not traced: {calibration.error}")
-    _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
-    rescaler = _Rescaler(t_ratio, w_ratio)
+    rescaler = _Rescaler(*scale_factors(get_config(key.config), key.base_shape, shape))
     groups = {}
     for name in GROUPS:
         document = rescaler(calibration.base.groups[name], calibration.scaled.groups[name])
