@@ -89,6 +89,35 @@ def test_rescaling_walks_records_and_refuses_programs_that_differ():
         rescaler([1, 2], [1, 2, 3])
 
 
+def _attention_record(heads: int, s_q: int, s_kv: int, vector_flops: int) -> dict:
+    q, kv = [1, heads, s_q, 72], [1, heads, s_kv, 72]
+    return {"name": "flash_attention", "op_type": "FlashAttention", "input_shapes": [q, kv, kv],
+            "output_shape": q, "flops": 4 * heads * s_q * s_kv * 72, "vector_flops": vector_flops}
+
+
+def test_a_fused_attentions_softmax_work_is_rescaled_as_scores_and_rows():
+    # A softmax is 5 ops per score and one less per row for each of its two reductions: 5 P - 2 R
+    # (P = heads x S_Q x S_KV scores, R = heads x S_Q rows). The spatial attention of 2 x T
+    # frames x 16 heads over S = 23 x W tokens: heads 2*16*T. At (T0, W0) = (12, 24), at
+    # (36, 120), and the plan (60, 40): 1920 x 920 x 920.
+    def softmax(heads, s):
+        return 5 * heads * s * s - 2 * heads * s
+
+    base = _attention_record(384, 552, 552, softmax(384, 552))
+    scaled = _attention_record(1152, 2760, 2760, softmax(1152, 2760))
+    rescaler = _Rescaler(Fraction(5), Fraction(5, 3))
+    record = rescaler(base, scaled)
+    assert record["input_shapes"][0] == [1, 1920, 920, 72]
+    assert record["vector_flops"] == 5 * 1920 * 920 * 920 - 2 * 1920 * 920
+    assert rescaler.inexact == 0
+    # as one product of powers (the nearest), it would be off: 5 P - 2 R is none
+    assert rescale_value(softmax(384, 552), softmax(1152, 2760), Fraction(5), Fraction(5, 3))[1] is False
+    # the captions' cross-attention: 300 keys a row at both shapes, so scores and rows are one
+    # product (3 P + 4 R = 3*300 R + 4 R): rescaled as any integer
+    cross = rescaler(_attention_record(32, 552, 300, 904 * 32 * 552), _attention_record(32, 2760, 300, 904 * 32 * 2760))
+    assert cross["vector_flops"] == 904 * 32 * 920
+
+
 def test_the_kernel_document_round_trips_with_its_collectives():
     op = Op("stablehlo.dot", OpType.GEMM, ((64, 32),), (32, 16), (64, 16), 2 * 64 * 32 * 16)
     kernels = (KernelSource("stablehlo.dot", "gemm", "64x32->64x16", op),

@@ -47,6 +47,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from hardware.ops import OpType
 from hardware.spec import SystemSpec
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config, get_config
@@ -263,8 +264,41 @@ class _Rescaler:
         if isinstance(a, dict):
             if not isinstance(b, dict) or a.keys() != b.keys():
                 raise ValueError("calibration programs differ in a record's fields")
+            if a.get("op_type") == OpType.FLASH_ATTENTION.value and "vector_flops" in a:
+                return self._attention(a, b)
             return {key: self(a[key], b[key]) for key in a}
         raise TypeError(f"cannot rescale {type(a).__name__}")
+
+    def _attention(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        """A fused attention's record. Its softmax work (``vector_flops``, the sum of the
+        element-wise ops of its region) is no product of powers: ops over the scores (B x heads x
+        S_Q x S_KV elements) and reductions that count one less per row (B x heads x S_Q rows;
+        a plain softmax is 5 per score - 2 per row). So it is taken as ``alpha scores + beta
+        rows``, the two constants solved from the two calibration shapes, at the plan's scores and
+        rows; where both shapes have the same keys per row (the captions' cross-attention) the two
+        terms are one product and it is rescaled as any integer."""
+        others = {key: self(a[key], b[key]) for key in a if key != "vector_flops"}
+        (p0, r0), (p1, r1) = _attention_counts(a), _attention_counts(b)
+        determinant = p0 * r1 - p1 * r0
+        if determinant == 0:
+            return {**others, "vector_flops": self(a["vector_flops"], b["vector_flops"])}
+        v0, v1 = a["vector_flops"], b["vector_flops"]
+        alpha = Fraction(v0 * r1 - v1 * r0, determinant)
+        beta = Fraction(p0 * v1 - p1 * v0, determinant)
+        scores, rows = _attention_counts(others)
+        value = alpha * scores + beta * rows
+        self.values += 1
+        self.inexact += value.denominator != 1
+        return {**others, "vector_flops": round(value)}
+
+
+def _attention_counts(record: dict[str, Any]) -> tuple[int, int]:
+    """(score elements, score rows) of a fused attention's record: B x heads x S_Q x S_KV and
+    B x heads x S_Q, its q (B, heads, S_Q, head_dim) and k (B, heads, S_KV, head_dim) as
+    ``hardware.ops.attention_dims`` reads them."""
+    q, k = record["input_shapes"][0], record["input_shapes"][1]
+    rows = q[0] * q[1] * q[2]
+    return rows * k[2], rows
 
 
 @dataclass(frozen=True)
