@@ -6,6 +6,7 @@ shape finds."""
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,15 @@ from hlo_analyzer.mapping.kernel_list import sources_document, sources_from_docu
 from hlo_analyzer.mapping.results import KernelSource
 from models.opensora.config import get_config
 from tracing.plan_estimate import (
+    KernelCosts,
     _Rescaler,
     calibration_shapes,
     decode_exponents,
+    forced_flash,
+    request_config,
     rescale_value,
+    scale_factors,
+    self_attention_flash,
     stage_roles,
 )
 
@@ -32,6 +38,26 @@ def test_calibration_shapes_keep_the_powers_of_two_and_the_height():
     # 51_1280_720: T = 15 (odd): T0 = 3; columns 80 = 16 * 5: W0 = 48
     base, scaled, t_ratio, w_ratio = calibration_shapes(get_config("full"), "51_1280_720")
     assert base == "11_768_720" and (t_ratio, w_ratio) == (5, Fraction(80, 48))
+
+
+def test_the_frames_power_of_two_is_capped_by_the_stage_chips():
+    # 102_1280_720: T = 102*5//17 = 30 = 2 * 15. On a stage of 2 or more chips T0 keeps the 2
+    # (T0 = 6: 21 frames, 21*5//17 = 6); on one chip no split asks about it: T0 = 3, the
+    # calibration of 51_1280_720 (T = 15), with T / T0 = 10.
+    full = get_config("full")
+    assert calibration_shapes(full, "102_1280_720", 2)[:2] == ("21_768_720", "62_3840_720")
+    base, scaled, t_ratio, w_ratio = calibration_shapes(full, "102_1280_720", 1)
+    assert (base, scaled) == calibration_shapes(full, "51_1280_720", 1)[:2] == ("11_768_720", "31_3840_720")
+    assert (t_ratio, w_ratio) == (Fraction(30, 3), Fraction(80, 48))
+    # 408_640_360: T = 120 = 8 * 15: T0 = 24 on 8 chips, 12 (204_640_360's, T = 60 = 4 * 15) on 4
+    # or 6 chips (a largest power of two of 4)
+    assert calibration_shapes(full, "408_640_360", 8)[0] == "82_384_360"
+    assert calibration_shapes(full, "408_640_360", 4)[0] == calibration_shapes(full, "204_640_360")[0] == "41_384_360"
+    assert calibration_shapes(full, "408_640_360", 6)[0] == "41_384_360"
+    costs = KernelCosts(Path("unused"))
+    assert costs.key("full", "408_640_360", "ds_ulysses", (2, 2), None, 1) == \
+        costs.key("full", "204_640_360", "ds_ulysses", (2, 2), None, 1)
+    assert scale_factors(full, "41_384_360", "408_640_360") == (Fraction(120, 12), Fraction(40, 24))
 
 
 def test_exponents_are_read_from_the_ratio_of_the_two_shapes():
@@ -63,6 +89,35 @@ def test_rescaling_walks_records_and_refuses_programs_that_differ():
         rescaler([1, 2], [1, 2, 3])
 
 
+def _attention_record(heads: int, s_q: int, s_kv: int, vector_flops: int) -> dict:
+    q, kv = [1, heads, s_q, 72], [1, heads, s_kv, 72]
+    return {"name": "flash_attention", "op_type": "FlashAttention", "input_shapes": [q, kv, kv],
+            "output_shape": q, "flops": 4 * heads * s_q * s_kv * 72, "vector_flops": vector_flops}
+
+
+def test_a_fused_attentions_softmax_work_is_rescaled_as_scores_and_rows():
+    # A softmax is 5 ops per score and one less per row for each of its two reductions: 5 P - 2 R
+    # (P = heads x S_Q x S_KV scores, R = heads x S_Q rows). The spatial attention of 2 x T
+    # frames x 16 heads over S = 23 x W tokens: heads 2*16*T. At (T0, W0) = (12, 24), at
+    # (36, 120), and the plan (60, 40): 1920 x 920 x 920.
+    def softmax(heads, s):
+        return 5 * heads * s * s - 2 * heads * s
+
+    base = _attention_record(384, 552, 552, softmax(384, 552))
+    scaled = _attention_record(1152, 2760, 2760, softmax(1152, 2760))
+    rescaler = _Rescaler(Fraction(5), Fraction(5, 3))
+    record = rescaler(base, scaled)
+    assert record["input_shapes"][0] == [1, 1920, 920, 72]
+    assert record["vector_flops"] == 5 * 1920 * 920 * 920 - 2 * 1920 * 920
+    assert rescaler.inexact == 0
+    # as one product of powers (the nearest), it would be off: 5 P - 2 R is none
+    assert rescale_value(softmax(384, 552), softmax(1152, 2760), Fraction(5), Fraction(5, 3))[1] is False
+    # the captions' cross-attention: 300 keys a row at both shapes, so scores and rows are one
+    # product (3 P + 4 R = 3*300 R + 4 R): rescaled as any integer
+    cross = rescaler(_attention_record(32, 552, 300, 904 * 32 * 552), _attention_record(32, 2760, 300, 904 * 32 * 2760))
+    assert cross["vector_flops"] == 904 * 32 * 920
+
+
 def test_the_kernel_document_round_trips_with_its_collectives():
     op = Op("stablehlo.dot", OpType.GEMM, ((64, 32),), (32, 16), (64, 16), 2 * 64 * 32 * 16)
     kernels = (KernelSource("stablehlo.dot", "gemm", "64x32->64x16", op),
@@ -72,6 +127,35 @@ def test_the_kernel_document_round_trips_with_its_collectives():
     assert back[0].op == op and back[1].collective == ("all_to_all", 4, 4096, (0, 1, 2, 3))
 
 
+def test_calibrations_force_the_self_attention_kernel_the_plans_shape_runs(tmp_path):
+    """OpenSora fuses a self-attention only over a sequence longer than its batch. full at
+    408_640_360: T = 408*5//17 = 120 frames, 23 patch rows of 40 columns. With M = 4 patches a
+    patch is ceil(23/4) = 6 rows, 240 tokens: the spatial attention over 240 tokens in a batch of
+    2 x 120 = 240 is not longer, so no fused kernel (the temporal one, 120 frames in a batch of
+    2 x 240, neither); both calibration shapes (T0 = 24, W0 = 24 columns: 6 x 24 = 144 tokens
+    against 2 x 24 = 48; 72 frames, 720 tokens against 144) would fuse it, so the calibration
+    forces the plan's choice. With M = 2 (12 rows, 480 tokens > 240) and at 204_640_360 with
+    M = 4 (240 tokens > 2 x 60) every shape fuses it: nothing is forced."""
+    full = get_config("full")
+    assert self_attention_flash(full, "408_640_360", 4) == (False, False)
+    assert self_attention_flash(full, "408_640_360", 2) == (True, False)
+    assert self_attention_flash(full, "82_384_360", 4) == (True, False)
+    assert forced_flash(full, "408_640_360", 4) == (False, False)
+    assert forced_flash(full, "408_640_360", 2) is None
+    assert forced_flash(full, "204_640_360", 4) is None
+    costs = KernelCosts(tmp_path)
+    key = costs.key("full", "408_640_360", "ds_ulysses", (2, 1), None, 4)
+    assert key.flash == (False, False) and key.name.endswith("_attention-spatialplain-temporalplain")
+    unforced = costs.key("full", "408_640_360", "ds_ulysses", (2, 1), None, 2)
+    assert unforced.flash is None and "attention" not in unforced.name
+    # the tracer gets the choice, and names its dump after it (another program)
+    _, requests = costs._requests(key, stages=(0,))
+    config = request_config(requests[0])
+    assert config.self_attention_flash == (False, False)
+    assert config.dump_name(0).endswith("_attention-spatialplain-temporalplain")
+    assert request_config(costs._requests(unforced, stages=(0,))[1][0]).self_attention_flash is None
+
+
 def test_stage_roles():
     assert stage_roles(1) == ("flat",)
     assert stage_roles(2) == ("first", "last")
@@ -79,27 +163,27 @@ def test_stage_roles():
 
 
 @pytest.mark.slow
-def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path):
+@pytest.mark.parametrize(("shape", "flash"), [("68_256_360", None), ("164_64_360", (False, False))])
+def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path, shape, flash):
     """The claim of the estimate: the kernels of the two small traces, rescaled to the plan's
     shape, are the kernels a trace at that shape finds, group by group (the full model's three
-    pairs at a small shape, 68_256_360: T = 20, 16 token columns; ds_ulysses on 1 x 2)."""
+    pairs at a small shape, ds_ulysses on 1 x 2). 68_256_360: T = 20, 16 token columns. At
+    164_64_360 (T = 48, 23 x 4 = 92 tokens a frame) the spatial attention, 92 tokens in a batch
+    of 2 x 48 = 96, runs unfused, while both calibration shapes (48 frames of 23 x 12 = 276
+    tokens, 144 frames of 23 x 60) would fuse it: the calibration must force the plan's choice."""
     pytest.importorskip("torch_xla")
     from hlo_analyzer.mapping.program import map_kernels
     from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
-    from tracing.plan_estimate import (
-        GROUPS,
-        KernelCosts,
-        analyze_calibration_stage,
-        run_calibration_traces,
-    )
+    from tracing.plan_estimate import GROUPS, analyze_calibration_stage, run_calibration_traces
 
     system = load_system("8xh100")
     costs = KernelCosts(tmp_path)
-    shape = "68_256_360"
     key = costs.key("full", shape, "ds_ulysses", (1, 2), None, 1)
+    assert key.flash == flash
     rescaled = costs.stage(key, shape, system)
     _, requests = costs._requests(key, stages=(0,))
-    direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"))
+    # the plan's own trace: the model's rule decides (nothing forced)
+    direct = dict(requests[0], shape=shape, out=str(tmp_path / "direct"), flash=None)
     run_calibration_traces([direct], tmp_path)  # in a process of its own, as the estimate traces
     part = analyze_calibration_stage(str(next((tmp_path / "direct").glob("*.mlir"))), system)
     for name in GROUPS:

@@ -94,6 +94,11 @@ class PipelineConfig:
     #: ``official``: OpenSora v1.2's text-to-video path (temporal mask, timestep-0 modulation,
     #: STDiT3.embed); ``clean``: without it (the same result, fewer element-wise ops)
     inference_path: str = "official"
+    #: (spatial, temporal): run the self-attentions with (True) or without (False) the fused
+    #: kernel whatever their sizes (``STDiT3.force_self_attention_flash``); None: OpenSora's
+    #: rule at this shape. The plan search's calibrations trace a small shape with the choice
+    #: the rule makes at the plan's shape (``tracing.plan_estimate``).
+    self_attention_flash: tuple[bool, bool] | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -132,8 +137,11 @@ class PipelineConfig:
         path = "" if self.inference_path == INFERENCE_PATHS[0] else f"_{self.inference_path}"
         degrees = "".join(f"_{name}{value}" for name, value in (
             ("ring", self.ring_degree), ("ulysses", self.ulysses_degree)) if value is not None)
+        flash = "" if self.self_attention_flash is None else "_attention-" + "-".join(
+            f"{axis}{'flash' if fused else 'plain'}"
+            for axis, fused in zip(("spatial", "temporal"), self.self_attention_flash, strict=True))
         return (f"{model}_{self.shape}_{self.strategy}_{mesh.nx}x{mesh.ny}{degrees}"
-                f"_stage{stage}_pairs{first}-{last}{patch}{path}")
+                f"_stage{stage}_pairs{first}-{last}{patch}{path}{flash}")
 
     def to_dict(self) -> dict:
         """JSON-able form for sidecars (enough to rebuild the configuration)."""
@@ -151,7 +159,8 @@ class PipelineConfig:
             "ring_degree": self.ring_degree,
             "ulysses_degree": self.ulysses_degree,
             "inference_path": self.inference_path,
-        }
+        } | ({} if self.self_attention_flash is None
+             else {"self_attention_flash": list(self.self_attention_flash)})
 
 
 #: Video shape used when none is given: the brief's reference shape for the full model, and a
@@ -210,7 +219,8 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
                  mesh: str | tuple[int, int] = "2x2", stage_ids: str | None = None,
                  submeshes: list | None = None, dtype: str = "bfloat16",
                  batch: int = 2, patches: int = 1, ring_degree: int | None = None,
-                 ulysses_degree: int | None = None, inference_path: str = INFERENCE_PATHS[0]) -> PipelineConfig:
+                 ulysses_degree: int | None = None, inference_path: str = INFERENCE_PATHS[0],
+                 self_attention_flash: tuple[bool, bool] | None = None) -> PipelineConfig:
     """Build and validate a configuration from plain values (CLI strings or TOML values).
 
     ``stage_ids`` None means one stage holding all blocks.  Strategy-specific checks (heads,
@@ -239,6 +249,10 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
         raise PipelineConfigError(f"patches={patches!r}: expected a positive patch count")
     if inference_path not in INFERENCE_PATHS:
         raise PipelineConfigError(f"inference_path={inference_path!r}: expected one of {', '.join(INFERENCE_PATHS)}")
+    if self_attention_flash is not None and (
+            len(self_attention_flash) != 2 or not all(isinstance(v, bool) for v in self_attention_flash)):
+        raise PipelineConfigError(f"self_attention_flash={brief(self_attention_flash)}: expected two "
+                                  "booleans (spatial, temporal)")
     for key, degree in (("ring_degree", ring_degree), ("ulysses_degree", ulysses_degree)):
         if degree is None:
             continue
@@ -252,7 +266,8 @@ def build_config(*, config: str = "tiny", shape: str | None = None, strategy: st
                           strategy=strategy, mesh_shape=mesh_shape, stage_ids=ids,
                           submeshes=subs, dtype=normalize_dtype(dtype), batch=int(batch),
                           patches=patches, ring_degree=ring_degree, ulysses_degree=ulysses_degree,
-                          inference_path=inference_path)
+                          inference_path=inference_path,
+                          self_attention_flash=None if self_attention_flash is None else tuple(self_attention_flash))
 
 
 def load_config_file(path: str | Path, **overrides) -> PipelineConfig:

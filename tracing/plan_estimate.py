@@ -47,16 +47,19 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from hardware.ops import OpType
 from hardware.spec import SystemSpec
 from hlo_trace.errors import UsageError
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
+from models.opensora.library_calls import self_attention_is_flash
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_FACTORS", "Boundary", "Calibration", "CalibrationKey", "GroupCost", "KernelCosts",
-           "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "request_config", "rescale_value",
-           "dump_names", "run_calibration_traces", "stage_roles"]
+__all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey", "GroupCost",
+           "KernelCosts", "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "dump_names",
+           "forced_flash", "request_config", "rescale_value", "run_calibration_traces", "scale_factors",
+           "self_attention_flash", "stage_roles"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -74,6 +77,9 @@ CALIBRATION_PAIRS = 3
 CACHE_VERSION = 2
 #: The kernel groups of a calibration stage (``_groups``).
 GROUPS = ("embed", "final", "pair0", "pair1", "pair2")
+#: Classifier-free guidance: every inference runs the batch of 2 (docs/model.md; the tracer's
+#: default batch).
+GUIDANCE_BATCH = 2
 
 
 @dataclass(frozen=True)
@@ -87,12 +93,19 @@ class CalibrationKey:
     patches: int
     base_shape: str
     scaled_shape: str
+    #: (spatial, temporal) self-attention fused or not, forced in both traces: the plan's shape
+    #: makes another choice than a calibration shape would (:func:`forced_flash`); None: none.
+    flash: tuple[bool, bool] | None = None
 
     @property
     def name(self) -> str:
         text = (f"{Path(self.config).stem}_{self.strategy}_{self.mesh[0]}x{self.mesh[1]}_M{self.patches}"
                 f"_{self.base_shape}_{self.scaled_shape}")
-        return text + (f"_ring{self.ring}" if self.ring is not None else "")
+        text += f"_ring{self.ring}" if self.ring is not None else ""
+        if self.flash is not None:
+            text += "_attention-" + "-".join(f"{axis}{'flash' if fused else 'plain'}" for axis, fused
+                                             in zip(("spatial", "temporal"), self.flash, strict=True))
+        return text
 
 
 def _odd_part_free(value: int) -> int:
@@ -100,11 +113,16 @@ def _odd_part_free(value: int) -> int:
     return value & -value
 
 
-def _small(value: int) -> int:
-    """``3 * 2^k`` with the power of two of ``value``: as divisible by every power of two, and
-    odd part 3 so that no split of it by a mesh axis is 1 (a dimension of 1 may make another
-    kernel: a broadcast where there was a strided read)."""
-    return SMALL_ODD_PART * _odd_part_free(value)
+def _small(value: int, cap: int | None = None) -> int:
+    """``3 * 2^k`` with the power of two of ``value`` (at most ``cap``): as divisible by every
+    power of two up to ``cap``, and odd part 3 so that no split of it by a mesh axis is 1 (a
+    dimension of 1 may make another kernel: a broadcast where there was a strided read)."""
+    power = _odd_part_free(value)
+    return SMALL_ODD_PART * (power if cap is None else min(power, cap))
+
+
+def _largest_power_of_two(devices: int) -> int:
+    return 1 << (devices.bit_length() - 1)
 
 
 def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: int) -> str:
@@ -115,16 +133,27 @@ def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: i
     return f"{frames}_{columns * pw * model.vae_downsample}_{height}"
 
 
-def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fraction, Fraction]:
-    """The two small shapes of ``shape``'s calibration and the factors ``T / T0``, ``W / W0``
-    that take the first to ``shape``. The latent frames and token columns keep ``shape``'s
-    power of two (at least 2 each); the height is ``shape``'s."""
+def calibration_shapes(model: STDiT3Config, shape: str, devices: int | None = None,
+                       ) -> tuple[str, str, Fraction, Fraction]:
+    """The two small shapes of ``shape``'s calibration on a stage of ``devices`` chips and the
+    factors ``T / T0``, ``W / W0`` that take the first to ``shape``. The token columns keep
+    ``shape``'s power of two, the latent frames its power of two up to the largest power of two
+    of ``devices`` (no cap without ``devices``); the height is ``shape``'s.
+
+    The cap loses nothing: whether a power of two ``2^k`` divides a product ``c T^a W^b`` is
+    the same for ``T`` and ``T0`` when every ``2^k`` a split asks about is at most ``2^L``
+    (a split of a stage's tensors is by mesh axes, ring or Ulysses degrees of at most its chips)
+    and the powers of two of ``T`` and ``T0`` agree up to ``2^L``. And it shares: the shapes of
+    one size that differ by a power of two of frames (204 and 408 frames at 640 x 360, 51 and 102
+    at 1280 x 720) have the same calibration shapes on stages of few chips (4 or fewer at
+    640 x 360, 1 at 1280 x 720), traced once in a shared ``--work-dir``."""
     geo = geometry(model, shape)
     video = parse_shape(shape)
     pt, _, _ = model.patch_size
     if pt != 1 or geo.T_lat != geo.T:
         raise UsageError(f"--shape {shape}: the estimate's calibration expects a temporal patch of 1")
-    t0, w0 = _small(geo.T), _small(geo.W_patches)
+    t0 = _small(geo.T, None if devices is None else _largest_power_of_two(devices))
+    w0 = _small(geo.W_patches)
     if geo.W_lat != geo.W_patches * model.patch_size[2]:
         raise UsageError(f"--shape {shape}: the estimate's calibration expects a latent width the "
                          "patch divides")
@@ -135,6 +164,41 @@ def calibration_shapes(model: STDiT3Config, shape: str) -> tuple[str, str, Fract
         check = geometry(model, text)
         assert (check.T, check.W_patches, check.H_patches) == (t, w, geo.H_patches), text
     return base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0)
+
+
+def scale_factors(model: STDiT3Config, base: str, shape: str) -> tuple[Fraction, Fraction]:
+    """``T / T0`` and ``W / W0``: what takes the calibration shape ``base`` to ``shape``."""
+    small, large = geometry(model, base), geometry(model, shape)
+    return Fraction(large.T, small.T), Fraction(large.W_patches, small.W_patches)
+
+
+def self_attention_flash(model: STDiT3Config, shape: str, patches: int) -> tuple[bool, bool]:
+    """Whether the spatial and the temporal self-attention of a trace at ``shape`` (on one of
+    ``patches`` PipeFusion patches) run the fused kernel: OpenSora's rule
+    (``self_attention_is_flash``) on the sequences the model attends over, the spatial tokens
+    of the patch in a batch of ``GUIDANCE_BATCH`` x frames, the frames in a batch of
+    ``GUIDANCE_BATCH`` x spatial tokens."""
+    geo = geometry(model, shape)
+    tokens = geo.S
+    if patches > 1:
+        from tracing.pipefusion import patch_plan
+
+        tokens = patch_plan(model, shape, patches).S_patch
+    return (self_attention_is_flash(tokens, GUIDANCE_BATCH * geo.T),
+            self_attention_is_flash(geo.T, GUIDANCE_BATCH * tokens))
+
+
+def forced_flash(model: STDiT3Config, shape: str, patches: int, devices: int | None = None,
+                 ) -> tuple[bool, bool] | None:
+    """The self-attention kernels a calibration of ``shape`` must force (:class:`CalibrationKey`):
+    the choice at ``shape`` where either calibration shape would make another (a patch of 240
+    tokens over 2 x 120 frames at 408_640_360, M = 4, runs no fused kernel; at both calibration
+    shapes it would), else None: the traces make the plan's choice by themselves."""
+    base, scaled, _, _ = calibration_shapes(model, shape, devices)
+    wanted = self_attention_flash(model, shape, patches)
+    if all(self_attention_flash(model, small, patches) == wanted for small in (base, scaled)):
+        return None
+    return wanted
 
 
 def decode_exponents(v0: int, v1: int) -> tuple[int, int] | None:
@@ -201,8 +265,41 @@ class _Rescaler:
         if isinstance(a, dict):
             if not isinstance(b, dict) or a.keys() != b.keys():
                 raise ValueError("calibration programs differ in a record's fields")
+            if a.get("op_type") == OpType.FLASH_ATTENTION.value and "vector_flops" in a:
+                return self._attention(a, b)
             return {key: self(a[key], b[key]) for key in a}
         raise TypeError(f"cannot rescale {type(a).__name__}")
+
+    def _attention(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        """A fused attention's record. Its softmax work (``vector_flops``, the sum of the
+        element-wise ops of its region) is no product of powers: ops over the scores (B x heads x
+        S_Q x S_KV elements) and reductions that count one less per row (B x heads x S_Q rows;
+        a plain softmax is 5 per score - 2 per row). So it is taken as ``alpha scores + beta
+        rows``, the two constants solved from the two calibration shapes, at the plan's scores and
+        rows; where both shapes have the same keys per row (the captions' cross-attention) the two
+        terms are one product and it is rescaled as any integer."""
+        others = {key: self(a[key], b[key]) for key in a if key != "vector_flops"}
+        (p0, r0), (p1, r1) = _attention_counts(a), _attention_counts(b)
+        determinant = p0 * r1 - p1 * r0
+        if determinant == 0:
+            return {**others, "vector_flops": self(a["vector_flops"], b["vector_flops"])}
+        v0, v1 = a["vector_flops"], b["vector_flops"]
+        alpha = Fraction(v0 * r1 - v1 * r0, determinant)
+        beta = Fraction(p0 * v1 - p1 * v0, determinant)
+        scores, rows = _attention_counts(others)
+        value = alpha * scores + beta * rows
+        self.values += 1
+        self.inexact += value.denominator != 1
+        return {**others, "vector_flops": round(value)}
+
+
+def _attention_counts(record: dict[str, Any]) -> tuple[int, int]:
+    """(score elements, score rows) of a fused attention's record: B x heads x S_Q x S_KV and
+    B x heads x S_Q, its q (B, heads, S_Q, head_dim) and k (B, heads, S_KV, head_dim) as
+    ``hardware.ops.attention_dims`` reads them."""
+    q, k = record["input_shapes"][0], record["input_shapes"][1]
+    rows = q[0] * q[1] * q[2]
+    return rows * k[2], rows
 
 
 @dataclass(frozen=True)
@@ -318,8 +415,11 @@ class KernelCosts:
 
     def key(self, config: str, shape: str, strategy: str, mesh: tuple[int, int], ring: int | None,
             patches: int) -> CalibrationKey:
-        base, scaled, _, _ = calibration_shapes(get_config(config), shape)
-        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled)
+        model = get_config(config)
+        devices = mesh[0] * mesh[1]
+        base, scaled, _, _ = calibration_shapes(model, shape, devices)
+        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled,
+                              forced_flash(model, shape, patches, devices))
 
     def _path(self, key: CalibrationKey, kind: str) -> Path:
         return self.work / kind / f"{key.name}.json"
@@ -372,7 +472,7 @@ class KernelCosts:
 
     def _boundary_key(self, key: CalibrationKey) -> CalibrationKey:
         strategy, mesh = BOUNDARY_LAYOUT
-        return dataclasses.replace(key, strategy=strategy, mesh=mesh, ring=None)
+        return dataclasses.replace(key, strategy=strategy, mesh=mesh, ring=None, flash=None)
 
     def _requests(self, key: CalibrationKey, *, stages: Sequence[int], boundary: bool = False,
                   ) -> tuple[dict[str, str], list[dict[str, Any]]]:
@@ -387,7 +487,8 @@ class KernelCosts:
             out = self.work / "dumps" / (("boundary_" if boundary else "") + key.name) / label
             request = {"config": model_file, "shape": shape, "strategy": key.strategy,
                        "mesh": list(key.mesh), "ring": key.ring, "patches": key.patches,
-                       "stage_ids": stage_ids, "stages": list(stages), "out": str(out)}
+                       "stage_ids": stage_ids, "stages": list(stages), "out": str(out),
+                       "flash": None if key.flash is None else list(key.flash)}
             dumps[label] = str(out / dump_names(request)[0])
             requests.append(request)
         return dumps, requests
@@ -421,8 +522,7 @@ class KernelCosts:
             if not all(Path(d).exists() for d in dumps.values()):
                 run_calibration_traces(requests, self.work, jobs=1)
             parts = {label: _boundary_of(dump) for label, dump in dumps.items()}
-            _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
-            rescaler = _Rescaler(t_ratio, w_ratio)
+            rescaler = _Rescaler(*scale_factors(get_config(key.config), key.base_shape, shape))
             cached = self._boundaries[(bkey, shape)] = Boundary(
                 rescaler(parts["base"].outputs, parts["scaled"].outputs),
                 rescaler(parts["base"].latent_bytes, parts["scaled"].latent_bytes))
@@ -494,7 +594,9 @@ def request_config(request: dict[str, Any]):
     extra = {"batch": request["batch"]} if "batch" in request else {}
     return build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
                         mesh=mesh, stage_ids=request["stage_ids"], patches=request["patches"], ring_degree=ring,
-                        ulysses_degree=None if ring is None else mesh[1] // ring, **extra)
+                        ulysses_degree=None if ring is None else mesh[1] // ring,
+                        self_attention_flash=None if request.get("flash") is None else tuple(request["flash"]),
+                        **extra)
 
 
 def dump_names(request: dict[str, Any]) -> list[str]:
@@ -583,8 +685,7 @@ def _stage_costs(calibration: Calibration, shape: str, system: SystemSpec) -> St
     key = calibration.key
     if calibration.error is not None or calibration.base is None or calibration.scaled is None:
         raise ValueError(f"calibration not traced: {calibration.error}")
-    _, _, t_ratio, w_ratio = calibration_shapes(get_config(key.config), shape)
-    rescaler = _Rescaler(t_ratio, w_ratio)
+    rescaler = _Rescaler(*scale_factors(get_config(key.config), key.base_shape, shape))
     groups = {}
     for name in GROUPS:
         document = rescaler(calibration.base.groups[name], calibration.scaled.groups[name])

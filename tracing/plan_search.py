@@ -59,7 +59,7 @@ from models.opensora.inputs import geometry
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
 from models.opensora.theory import BlockDims, final_layer_collectives, layout_collectives
 from tracing.config import PipelineConfigError, build_config
-from tracing.plan_estimate import KernelCosts, stage_roles
+from tracing.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
 from tracing.plans import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,6 @@ MEMORY_SLACK = 1.5
 #: ratios of the tiny exhaustive space spread over 4x, but across the patch counts of one
 #: strategy, mesh and stage count by at most 1.3x but for one group (1.6x) (docs/plan_search.md).
 BOUND_MARGIN = 1.5
-#: Classifier-free guidance: every inference runs the batch of 2 (docs/model.md).
-GUIDANCE_BATCH = 2
 #: Bytes per element of the traced programs (bf16).
 BYTES_PER_ELEMENT = 2
 #: Element-wise results of one block that are live beside the attention scores at the peak:

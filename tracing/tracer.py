@@ -133,6 +133,8 @@ def prepare_stage(config: PipelineConfig, stage_index: int, stage_shapes: list[d
     started = time.perf_counter()
     with torch.device("meta"):
         model = STDiT3(config.model).to(dtype)
+    if config.self_attention_flash is not None:
+        model.force_self_attention_flash(*config.self_attention_flash)
     strategy = get_strategy(config.strategy, make_layout(config, stage_index, requires_grad))
     seconds["build"] = time.perf_counter() - started
 

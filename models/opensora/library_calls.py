@@ -32,13 +32,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["CALL_KINDS", "CallRegion", "call_regions", "library_call"]
+__all__ = ["CALL_KINDS", "CallRegion", "call_regions", "library_call", "self_attention_is_flash"]
 
 #: The library kernels a model may mark, each one kernel in eager PyTorch, and the view that
 #: leaves its residual stream channel-major.
 CALL_KINDS = ("layer_norm", "group_norm", "linear", "flash_attention", "copy", "transposed_tokens")
 
 F = TypeVar("F", bound=Callable)
+
+
+def self_attention_is_flash(length: int, batch: int) -> bool:
+    """Whether OpenSora's self-attention calls its fused kernel on a (batch, length) sequence
+    batch: only when the sequence is longer than the batch (its ``Attention.forward``: "flash attn
+    is not memory efficient for small sequences"); otherwise the plain product, a float32 softmax
+    and a copy. The one home of the rule: the model applies it, and the plan search's estimate
+    (``tracing.plan_estimate``) applies it at a plan's shape to trace its calibrations with the
+    kernel the plan's trace will have."""
+    return length > batch
 
 _recorded: list[tuple[str, Callable]] = []
 

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from models.opensora.config import STDiT3Config
 from models.opensora.errors import StageRangeError
-from models.opensora.library_calls import library_call
+from models.opensora.library_calls import library_call, self_attention_is_flash
 from models.opensora.token_order import (
     FRAME_MAJOR,
     TokenOrder,
@@ -477,6 +477,9 @@ class Attention(nn.Module):
         # step with the patch's fresh k, v written in); None: attend within x only.
         self.kv_hook: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
         self.fused_layout = "opensora"
+        # Whether the fused kernel runs: None applies OpenSora's rule to this call's sizes
+        # (``self_attention_is_flash``); True or False forces it (``STDiT3.force_self_attention_flash``).
+        self.flash: bool | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         """(*B', L, h) -> (*B', L, h); B' is one batch axis, or two (see ``batch_apart``)."""
@@ -495,7 +498,7 @@ class Attention(nn.Module):
         # OpenSora runs flash attention only when the sequence is longer than the batch (its
         # Attention.forward: "flash attn is not memory efficient for small sequences"); otherwise
         # the plain product and float32 softmax, whose output transpose + reshape is a copy.
-        flash = length > batch
+        flash = self_attention_is_flash(length, batch) if self.flash is None else self.flash
         kernel = self.flash_fn if flash and self.attention_fn is plain_attention else self.attention_fn
         out = self.annotate("attn_kernel_out", kernel(q, k, v, None, self.scale))
         merge = merge_heads_flash if flash else merge_heads_copy
@@ -745,6 +748,13 @@ class STDiT3(nn.Module):
     def embedding_modules(self) -> list[nn.Module]:
         """The 5 embedding modules that stage 0 holds, in forward order."""
         return [self.x_embedder, self.t_embedder, self.fps_embedder, self.y_embedder, self.t_block]
+
+    def force_self_attention_flash(self, spatial: bool, temporal: bool) -> None:
+        """Run the spatial and the temporal self-attentions with (True) or without (False) the
+        fused kernel whatever their sizes: a small trace standing for a larger shape makes the
+        choice OpenSora's rule makes at that shape (the plan search's calibrations)."""
+        for spatial_block, temporal_block in self.block_pairs():
+            spatial_block.attn.flash, temporal_block.attn.flash = spatial, temporal
 
     def block_pairs(self) -> list[tuple[STDiT3Block, STDiT3Block]]:
         """(spatial, temporal) block of each of the `depth` pairs."""
