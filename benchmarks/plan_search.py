@@ -20,10 +20,10 @@ flat ds_ulysses plan on 8xh100: one stage of 28 pairs traced, then ``analyze-pip
     flock /tmp/fulltrace.lock python3 benchmarks/plan_search.py --part confirm
     python3 benchmarks/plan_search.py --quick    # 200 plans of two calibrations; two flat tiny plans traced
 
-Last measured (the shared 2-core machine under a load of 5-9, issue 32): 10,000 plans estimated
-in 32.3 s (the ideal estimate of the same plans, which the traced-kernel estimate computes too
-for the memory: 4.95 s); the space's 131 calibrations traced and analyzed once in about 25 minutes
-(3 processes, cached afterwards).
+Last measured (the shared 2-core machine under a load of about 3, after issue 32's regenerated
+searches): 10,000 plans estimated in 11.9 s (the ideal estimate of the same plans: 1.8 s; the
+first measurement, under a load of 5-9, was 32.3 s and 4.95 s); the space's 131 calibrations
+traced and analyzed once in about 25 minutes (3 processes, cached afterwards).
 """
 
 from __future__ import annotations
