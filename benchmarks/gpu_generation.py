@@ -43,7 +43,6 @@ from hlo_trace.atomic import atomic_write  # noqa: E402
 GIB = 2**30
 #: The demo's guidance scale (gradio/app.py's "CFG Scale" slider default).
 CFG_SCALE = 7.0
-PHASES = ("weights", "loop", "decode", "save")
 
 
 @dataclass(frozen=True)
