@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from collections.abc import Iterable
@@ -148,3 +149,11 @@ def atomic_write(path: str | os.PathLike, data: str | bytes | Iterable[str], *,
             raise UsageError(f"{shown(target)}: cannot write: {exc.strerror or exc}") from None
         raise
     return target
+
+
+def write_png(figure, path: str | os.PathLike, *, force: bool = False, dpi: int = 110) -> Path:  # noqa: ANN001
+    """A matplotlib ``figure`` as a PNG at ``path``, written as :func:`atomic_write` writes (the
+    caller lays the figure out and closes it)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return atomic_write(path, buffer.getvalue(), force=force)

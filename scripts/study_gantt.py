@@ -15,7 +15,6 @@ Run as a script, it draws the Gantt chart of any ``--timeline`` JSON (``analyze-
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
-from hlo_trace.atomic import atomic_write, check_target  # noqa: E402
+from hlo_trace.atomic import check_target, write_png  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 from hlo_trace.errors import UsageError, shown  # noqa: E402
 
@@ -136,11 +135,10 @@ def draw_gantt(chart: GanttChart, title: str, path: Path, *, force: bool = True)
     axis.set_title(title, fontsize=10)
     axis.grid(axis="x", linewidth=0.3)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, buffer.getvalue(), force=force)
+    written = write_png(fig, path, force=force)
+    plt.close(fig)
+    return written
 
 
 def gantt_title(case: GanttCase, chart: GanttChart) -> str:

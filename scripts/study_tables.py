@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware.collectives import COLLECTIVE_KINDS as ALL_COLLECTIVE_KINDS
-from hlo_trace.atomic import atomic_write
+from hlo_trace.atomic import atomic_write, write_png
 from models.opensora.parallel import STRATEGIES
 
 #: The table columns: every collective kind but broadcast, which no strategy emits.
@@ -575,9 +575,7 @@ def _finish(fig, axis, path: Path, plt) -> Path:
 
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    return atomic_write(path, buffer.getvalue(), force=True)
+    return write_png(fig, path, force=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -168,7 +168,6 @@ def require_plot_extra() -> None:
 def plot_front(result, path: str, *, force: bool) -> None:
     """A PNG of every traced plan's latency against its memory per device (log latency), the
     Pareto front joined, the best plan marked and the memory limit drawn (the plot extra)."""
-    import io
 
     require_plot_extra()
     import matplotlib
@@ -176,7 +175,7 @@ def plot_front(result, path: str, *, force: bool) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hlo_trace.atomic import atomic_write
+    from hlo_trace.atomic import write_png
 
     traced = [o for o in result.traced]
     fig, axis = plt.subplots(figsize=(7.5, 4.8))
@@ -200,10 +199,8 @@ def plot_front(result, path: str, *, force: bool) -> None:
                    f"({result.devices} devices)", fontsize=9)
     axis.legend(fontsize=7)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    write_png(fig, path, force=force)
     plt.close(fig)
-    atomic_write(path, buffer.getvalue(), force=force)
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})

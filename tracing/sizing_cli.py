@@ -4,7 +4,6 @@ report text, the sizing curve's plot, and the traced confirmation (``tracing.tra
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +179,7 @@ def plot_sizing(result, path: str, *, force: bool) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hlo_trace.atomic import atomic_write
+    from hlo_trace.atomic import write_png
 
     points = [p for p in result.curve if p.seconds is not None]
     fig, axis = plt.subplots(figsize=(7, 4.5))
@@ -202,7 +201,5 @@ def plot_sizing(result, path: str, *, force: bool) -> None:
     axis.set_title(f"sizing: {result.config} {result.shape} on {result.hardware}", fontsize=9)
     axis.legend(fontsize=7)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    write_png(fig, path, force=force)
     plt.close(fig)
-    atomic_write(path, buffer.getvalue(), force=force)
