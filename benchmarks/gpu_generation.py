@@ -7,16 +7,8 @@
 A check of ``models/opensora/memory.py``'s count and of the published table's peak memory
 (docs/gpu.md), never a fit. The demo (``gradio/app.py``, tag v1.2.0) keeps every model on the GPU
 for the whole run, and each generation runs the loop, decodes, saves and ends with
-``torch.cuda.empty_cache()``. Here, with random weights:
-
-* **weights**, held for the whole run: the T5 v1.1 XXL encoder in float32 (its parameter bytes as
-  one tensor: text encoding is a few milliseconds of GEMMs on 300 tokens and is not run), STDiT3
-  (the project's model with the official library kernels of ``gpu_validate``) and the VAE's two
-  decoders in bfloat16, the VAE's encoders (built by the demo, never run) as one bf16 tensor;
-* **loop**: ``--steps`` forwards of the CFG batch of 2 and the guidance update;
-* **decode**: the temporal decoder on each 5-frame latent chunk, joined, then the spatial decoder
-  4 frames a call, joined (``VideoAutoencoderPipeline.decode``);
-* **save**: ``save_sample``'s normalisation on the GPU and the copy to host ``uint8`` frames.
+``torch.cuda.empty_cache()``. The generation is ``models.opensora.generation``'s (its docstring
+says what is held and run; random weights).
 
 For each phase it records the peak allocated and reserved bytes since the generation began and
 the device's used bytes (``cudaMemGetInfo``, the CUDA context included) at the phase's end; the
@@ -41,8 +33,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from hlo_trace.atomic import atomic_write  # noqa: E402
 
 GIB = 2**30
-#: The demo's guidance scale (gradio/app.py's "CFG Scale" slider default).
-CFG_SCALE = 7.0
 
 
 @dataclass(frozen=True)
@@ -88,44 +78,10 @@ def _device_used(torch) -> int:  # noqa: ANN001
     return total - free
 
 
-class Models:
-    """The weights the demo keeps on the device for the whole run."""
-
-    def __init__(self, torch, config_name: str, device: str) -> None:  # noqa: ANN001
-        import gpu_validate
-
-        from models.opensora.config import get_config
-        from models.opensora.memory import (
-            SPATIAL_VAE_PARTS,
-            TEMPORAL_VAE_PARTS,
-            t5_encoder_parameters,
-        )
-        from models.opensora.stdit3 import STDiT3
-        from models.opensora.vae import SpatialDecoder, TemporalDecoder
-        from models.opensora.vae_config import FULL_VAE, TINY_VAE
-
-        tiny = config_name == "tiny"
-        self.config = get_config(config_name)
-        self.vae = TINY_VAE if tiny else FULL_VAE
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        self.dtype = dtype
-        t5 = 1024 if tiny else t5_encoder_parameters()
-        encoders = 1024 if tiny else sum(part["encoder"] + part["quant_conv"]
-                                         for part in (TEMPORAL_VAE_PARTS, SPATIAL_VAE_PARTS))
-        self.t5 = torch.empty(t5, dtype=torch.float32, device=device)
-        self.vae_encoders = torch.empty(encoders, dtype=dtype, device=device)
-        self.stdit = STDiT3(self.config).to(device, dtype).eval()
-        gpu_validate.official_kernels(self.stdit, torch, self.config)
-        self.temporal = TemporalDecoder(self.vae).to(device, dtype).eval()
-        self.spatial = SpatialDecoder(self.vae).to(device, dtype).eval()
-
-
-def generate(torch, models: Models, shape: str, steps: int, device: str, context: int) -> Generation:  # noqa: ANN001
-    """One generation of ``shape``; the models are already loaded."""
-    import gpu_validate
-
-    from models.opensora.inputs import make_inputs
-    from models.opensora.vae_config import decode_plan
+def generate(torch, models, shape: str, steps: int, device: str, context: int) -> Generation:  # noqa: ANN001
+    """One generation of ``shape`` (``models.opensora.generation.generate``); the models are loaded."""
+    from models.opensora.generation import generate as run
+    from models.opensora.official import flash_attention_2
 
     on_gpu = device == "cuda"
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
@@ -133,8 +89,10 @@ def generate(torch, models: Models, shape: str, steps: int, device: str, context
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     phases: list[PhaseMemory] = []
+    start = time.perf_counter()
 
-    def mark(phase: str, start: float) -> None:
+    def mark(phase: str) -> None:
+        nonlocal start
         sync()
         seconds = time.perf_counter() - start
         stats = torch.cuda.memory_stats() if on_gpu else {}
@@ -142,40 +100,11 @@ def generate(torch, models: Models, shape: str, steps: int, device: str, context
                                   torch.cuda.max_memory_allocated() if on_gpu else 0,
                                   torch.cuda.max_memory_reserved() if on_gpu else 0, _device_used(torch),
                                   stats.get("segment.all.current", 0), stats.get("inactive_split_bytes.all.peak", 0)))
+        start = time.perf_counter()
 
     weights = torch.cuda.memory_allocated() if on_gpu else 0
-    mark("weights", time.perf_counter())
-    vae, plan = models.vae, decode_plan(shape, models.vae)
-    with torch.inference_mode(), gpu_validate.flash_attention_2(torch, on_gpu):
-        start = time.perf_counter()
-        inputs = make_inputs(models.config, shape, dtype=models.dtype, device=device)
-        z = inputs.pop("z")
-        for _ in range(steps):
-            out = models.stdit(z, **inputs, official=True)
-            cond, uncond = out[:, : z.shape[1]].chunk(2)
-            velocity = uncond + CFG_SCALE * (cond - uncond)
-            z = z + velocity.repeat(2, 1, 1, 1, 1) / steps
-            del out, cond, uncond, velocity
-        latent = z[:1]
-        del z, inputs
-        mark("loop", start)
-
-        start = time.perf_counter()
-        width = vae.micro_z_frames
-        chunks = [models.temporal(latent[:, :, i * width:(i + 1) * width]) for i in range(plan.chunks)]
-        frames = torch.cat(chunks, dim=2)[0].transpose(0, 1)   # (frames, 4, h, w)
-        del chunks, latent
-        pieces = [models.spatial(frames[i:i + vae.micro_batch]) for i in range(0, plan.frames, vae.micro_batch)]
-        video = torch.cat(pieces).transpose(0, 1)               # (3, frames, H, W)
-        del pieces, frames
-        mark("decode", start)
-
-        start = time.perf_counter()
-        video.clamp_(min=-1, max=1)
-        video.sub_(-1).div_(2)
-        host = video.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 3, 0).to("cpu", torch.uint8)
-        del video, host
-        mark("save", start)
+    with torch.inference_mode(), flash_attention_2(on_gpu):
+        run(models, shape, steps, mark)
     return Generation(shape, steps, context, weights, tuple(phases))
 
 
@@ -224,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if on_gpu:
         torch.empty(1, device=device)
         context = _device_used(torch) - torch.cuda.memory_reserved()
-    models = Models(torch, "tiny" if args.quick else "full", device)
+    from models.opensora.generation import DemoModels
+
+    models = DemoModels("tiny" if args.quick else "full", device, torch.bfloat16 if on_gpu else torch.float32)
     shapes = ["51_64_64"] if args.quick else args.shapes.split(",")
     name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     out, label = Path(args.out), name.replace(" ", "_")

@@ -29,7 +29,6 @@ the tiny config, on the GPU if there is one, else on the CPU (CPU times: no vali
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import statistics
@@ -225,51 +224,18 @@ class PairRun:
 WALL_RUNS = 5
 
 
-def official_kernels(model, torch, config) -> None:  # noqa: ANN001
-    """Give ``model`` (a block, or the whole STDiT3) the library kernels the official code calls
-    where the model writes plain ops: ``BlockLinear`` as ``nn.Linear`` (one GEMM with its bias; the
-    profiler also records ``aten::linear``'s shapes, not those of ``aten::einsum``'s tensor list),
-    ``LayerNorm`` as ``F.layer_norm``, SDPA where the official code calls flash attention, and the
-    cross-attention per sample as xformers' block-diagonal mask runs it."""
-    import types
+def official_kernels(model, torch, config) -> None:  # noqa: ANN001, ARG001 - torch: the callers' signature
+    """``models.opensora.official.official_kernels``, imported once torch is."""
+    from models.opensora.official import official_kernels as give
 
-    import torch.nn.functional as F
-
-    from models.opensora.stdit3 import Attention, BlockLinear, LayerNorm, MultiHeadCrossAttention
-
-    def sdpa(q, k, v, mask, scale):  # noqa: ANN001, ANN202, ARG001 - self-attention: no mask
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
-
-    def cross_per_sample(q, k, v, mask, scale):  # noqa: ANN001, ANN202, ARG001
-        # each sample's queries against its own caption keys, no mask tensor:
-        # q (1, heads, B*N, hd), k and v (1, heads, B*L, hd) -> (1, heads, B*N, hd)
-        batch = k.shape[-2] // config.model_max_length
-        per_sample = [part[0].unflatten(1, (batch, -1)).transpose(0, 1) for part in (q, k, v)]
-        out = F.scaled_dot_product_attention(*per_sample, scale=scale)
-        return out.transpose(0, 1).flatten(1, 2).unsqueeze(0)
-
-    def layer_norm(module, x):  # noqa: ANN001, ANN202
-        return F.layer_norm(x, (config.hidden_size,), eps=module.eps)
-
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.flash_fn = sdpa
-        elif isinstance(module, MultiHeadCrossAttention):
-            module.flash_fn = cross_per_sample
-        elif isinstance(module, BlockLinear):
-            module.forward = types.MethodType(torch.nn.Linear.forward, module)
-        elif isinstance(module, LayerNorm):
-            module.forward = types.MethodType(layer_norm, module)
+    give(model, config)
 
 
-def flash_attention_2(torch, on_gpu: bool):  # noqa: ANN001, ANN201
-    """SDPA restricted to FlashAttention-2, the kernels of the flash-attn package the official
-    code calls (by itself SDPA picks cuDNN's attention on Hopper); any backend on the CPU."""
-    if not on_gpu:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def flash_attention_2(torch, on_gpu: bool):  # noqa: ANN001, ANN201, ARG001
+    """``models.opensora.official.flash_attention_2``, imported once torch is."""
+    from models.opensora.official import flash_attention_2 as restrict
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+    return restrict(on_gpu)
 
 
 def measure_forward(shape: str, torch, runs: int = 3, *, config_name: str = "full", device: str = "cuda") -> float:  # noqa: ANN001

@@ -15,19 +15,25 @@ decoder's call times the calls one sample takes. It prints:
   generation on one "80G H100" (text encoder + 30 steps + VAE decode;
   ``results/gpu_validation/published_opensora_v12_h100.csv``, docs/sources.md);
 * the published table's twelve video points, time and peak memory, against ``h100-sxm``'s
-  predicted time and the peak memory of ``models.opensora.memory.generation_peak``;
+  predicted time and two peak memories: the tensors a generation holds at its peak
+  (``models.opensora.memory.generation_peak``), and the device memory the process holds then, the
+  CUDA context plus what PyTorch's caching allocator reserves (``hardware.cuda_allocator``
+  replaying the generation's eager allocation sequence, recorded on the ``meta`` device by
+  ``tracing.allocations``: :data:`ALLOCATIONS`);
 * the kernels of one step by class at 204_640_360 (else the first shape), with each class's
   first-principles bound.
 
     python3 scripts/gpu_predictions.py [--out DIR] [--hw h100-sxm,h100-pcie,...] [--shapes ...]
-                                       [--write-kernels DIR]
+                                       [--write-kernels DIR] [--from-kernels DIR]
+                                       [--write-allocations FILE]
 
 ``--write-kernels DIR`` also writes the kernel lists that ``tests/test_gpu_validation.py`` costs
 without tracing: ``loop_<shape>.json`` (one step, pairs and steps to total) and
 ``vae_<W>_<H>_<part>.json`` (one decoder call; the same call at every duration of a
 resolution). Full-size traces take 5-20 s and up to 5 GiB each; the dumps are kept in DIR
 (default results/.cache/gpu) and reused. Progress on stderr, markdown on stdout (docs/gpu.md
-quotes it).
+quotes it). ``--write-allocations FILE`` records the allocation sequence again (torch; about 40 s
+on the ``meta`` device, no memory) before replaying it.
 """
 
 from __future__ import annotations
@@ -44,9 +50,10 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
+from hardware.cuda_allocator import AllocationTrace, read_trace, replay  # noqa: E402
 from hlo_analyzer.mapping import kernel_list as kernel_list  # noqa: E402
 from models.opensora.inputs import opensora_shape, parse_shape  # noqa: E402
-from models.opensora.memory import GIB, generation_peak  # noqa: E402
+from models.opensora.memory import GENERATION_PHASES, GIB, generation_peak  # noqa: E402
 from models.opensora.vae_config import decode_plan  # noqa: E402
 
 #: OpenSora v1.2's README (hpcaitech/Open-Sora at v1.2.0, "Gradio Demo"), transcribed with its
@@ -65,6 +72,20 @@ MEASURED_H100_SXM_LOOP_S = {"204_640_360": 57.73, "408_640_360": 116.41, "51_128
 #: (results/gpu_validation/generation_30_steps_NVIDIA_H100_80GB_HBM3.json).
 MEASURED_H100_SXM_DECODE_S = {"204_640_360": 3.419, "408_640_360": 6.874, "51_1280_720": 4.032, "102_1280_720": 8.068,
                               "51_640_360": 1.147, "51_854_480": 1.673}
+#: The allocation sequence of ``benchmarks/gpu_generation.py``'s run of the twelve shapes in this
+#: order, two steps each (two steps reserve what thirty do: generation_30_steps_*.json), recorded on
+#: the ``meta`` device (``tracing.allocations.record_generations``; ``--write-allocations``). Every
+#: generation begins with ``torch.cuda.empty_cache()``, which leaves the allocator as a fresh demo
+#: process leaves it once the weights are loaded, so each generation's replay is also the demo's.
+ALLOCATIONS = REPO_ROOT / "results" / "gpu_validation" / "allocations_generation_2_steps.json.gz"
+ALLOCATION_SHAPES = ("51_640_360", "102_640_360", "204_640_360", "51_854_480", "102_854_480", "51_1280_720",
+                     "408_640_360", "204_854_480", "102_1280_720", "408_854_480", "204_1280_720", "408_1280_720")
+ALLOCATION_STEPS = 2
+#: The CUDA context on one H100 SXM: the device's used bytes beyond the allocator's reserve before any
+#: tensor (benchmarks/gpu_generation.py, ``context_bytes`` of results/gpu_validation/generation_*.json:
+#: driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130; the same in all three runs). A property of the
+#: driver and the libraries loaded, measured before the workload runs.
+CUDA_CONTEXT_BYTES = 552_402_944
 #: One H200, one whole STDiT3 forward at 204_640_360: 1774 ms (docs/gpu.md, "Measured on an H100
 #: (and an H200)"), a loop of 30 such forwards.
 MEASURED_H200_FORWARD_S = {"204_640_360": 1.774}
@@ -135,6 +156,36 @@ def predict(loop: kernel_list.KernelList, vae: dict[str, kernel_list.KernelList]
     return Generation(loop_s, decode_s)
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One generation's peak on the device, from the allocator's replay, in bytes."""
+
+    shape: str
+    tensors: int        # the allocated blocks at the peak (``torch.cuda.max_memory_allocated``)
+    reserved: int       # the caching allocator's peak reserve (``torch.cuda.max_memory_reserved``)
+
+    @property
+    def device(self) -> int:
+        """What ``nvidia-smi`` shows at the peak: the CUDA context and the allocator's reserve."""
+        return CUDA_CONTEXT_BYTES + self.reserved
+
+
+def device_memory(trace: AllocationTrace) -> dict[str, DeviceMemory]:
+    """Each generation's peak, by shape: the peaks at its last phase's mark (they run from the
+    ``<shape> begin`` mark, where the cache is emptied and the peaks reset)."""
+    last = GENERATION_PHASES[-1]
+    peaks = {}
+    for phase in replay(trace):
+        shape, _, name = phase.name.partition(" ")
+        if name == last:
+            peaks[shape] = DeviceMemory(shape, phase.peak_allocated, phase.peak_reserved)
+    return peaks
+
+
+def load_device_memory(path: Path = ALLOCATIONS) -> dict[str, DeviceMemory]:
+    return device_memory(read_trace(path))
+
+
 def spatial_call_peak(vae: dict[str, kernel_list.KernelList]) -> int:
     """One spatial decoder call's peak live bytes (its memory analysis, kept in its kernel list)."""
     peak = vae["spatial"].peak_live_bytes
@@ -198,8 +249,12 @@ def _ratio(value: float, reference: float | None) -> str | None:
                    f"committed ones: {DEFAULT_KERNELS.relative_to(REPO_ROOT)}).")
 @click.option("--from-kernels", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Cost the kernel lists in this directory (e.g. the committed ones) instead of tracing.")
+@click.option("--write-allocations", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Record the twelve generations' allocation sequence again on the meta device (torch) and "
+                   f"write it here before replaying it (the committed one: {ALLOCATIONS.relative_to(REPO_ROOT)}).")
+@click.option("--force", is_flag=True, help="Let --write-allocations overwrite an existing file.")
 def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | None,
-         from_kernels: Path | None) -> None:
+         from_kernels: Path | None, write_allocations: Path | None, force: bool) -> None:
     """Print the predicted-vs-published tables and the kernel classes of one step."""
     gpus = [h for h in hardware.split(",") if h]
     published = {p.shape: p for p in published_points()}
@@ -239,21 +294,33 @@ def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | Non
         click.echo(f"| {shape} | {f'{point.seconds} s' if point else '-'} | {here} | " + " | ".join(cells) + " |")
 
     if PUBLISHED_CARD in gpus and any(s in published for s in shape_list):
-        click.echo(f"\nOpenSora v1.2's published H100 table, predicted on {PUBLISHED_CARD} "
-                   "(time) and by models.opensora.memory.generation_peak (memory; the README's G read as GiB):\n")
+        if write_allocations is not None:
+            from hardware.cuda_allocator import write_trace
+            from tracing.allocations import record_generations
+
+            trace = record_generations(ALLOCATION_SHAPES, ALLOCATION_STEPS,
+                                       progress=lambda line: click.echo(line, err=True))
+            write_trace(write_allocations, trace, force=force)
+        memory = load_device_memory(write_allocations or ALLOCATIONS)
+        click.echo(f"\nOpenSora v1.2's published H100 table, predicted on {PUBLISHED_CARD} (time) and in memory "
+                   "by models.opensora.memory.generation_peak (the tensors) and by the caching allocator's replay "
+                   "(the device: CUDA context + reserve); the README's G read as GiB:\n")
         click.echo("| resolution | duration | shape | published time | predicted time | / published | "
-                   "published peak memory | predicted peak memory (phase) | / published |")
-        click.echo("|---|---|---|---|---|---|---|---|---|")
+                   "published peak memory | predicted tensors (phase) | / published | "
+                   "predicted device memory | / published |")
+        click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
         for shape in shape_list:
             point = published.get(shape)
             if point is None:
                 continue
             generation = predicted[shape, PUBLISHED_CARD]
             peak = generation_peak(shape, spatial_call_peak(vaes[shape]))
+            device = memory[shape].device / GIB
             click.echo(f"| {point.resolution} | {point.duration} | {shape} | {point.seconds:.0f} s | "
                        f"{generation.seconds:.1f} s | {generation.seconds / point.seconds:.2f} | "
                        f"{point.memory_g:.0f} G | {peak.total_bytes / GIB:.1f} GiB ({peak.phase}) | "
-                       f"{peak.total_bytes / GIB / point.memory_g:.2f} |")
+                       f"{peak.total_bytes / GIB / point.memory_g:.2f} | {device:.1f} GiB | "
+                       f"{device / point.memory_g:.2f} |")
     if "h200-sxm" in gpus:
         for shape, forward in MEASURED_H200_FORWARD_S.items():
             if shape in loops:

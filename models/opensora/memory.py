@@ -66,6 +66,7 @@ from models.opensora.vae_config import FULL_VAE, VAEConfig, decode_plan
 
 __all__ = [
     "CFG_BATCH",
+    "GENERATION_PHASES",
     "GIB",
     "SPATIAL_VAE_PARAMETERS",
     "SPATIAL_VAE_PARTS",
@@ -80,6 +81,9 @@ __all__ = [
 ]
 
 GIB = 2**30
+#: The phases of one generation as the demo runs it, in order (``models.opensora.generation``):
+#: loading aside, the weights held, the sampling loop, the VAE decode, the save's normalisation.
+GENERATION_PHASES = ("weights", "loop", "decode", "save")
 
 #: T5 v1.1 XXL (google-research/t5x ``t5x/examples/t5/t5_1_1/xxl.gin`` over ``base.gin``:
 #: vocab_size 32128, emb_dim 4096, num_heads 64, head_dim 64, num_encoder_layers 24, mlp_dim
