@@ -64,6 +64,7 @@ __all__ = [
     "CachingAllocator",
     "FreeBlocks",
     "LinearFreeBlocks",
+    "MAX_REQUEST",
     "Mark",
     "PhaseMemory",
     "SegmentState",
@@ -91,9 +92,13 @@ MIN_LARGE_ALLOC = 10 * _MiB
 #: c10/cuda/CUDACachingAllocator.cpp, kRoundLarge: the granule a segment of its own size is rounded to.
 ROUND_LARGE = 2 * _MiB
 
-#: Bits of an address in a free block's sort key (size above them): a 64-bit device address.
-_ADDRESS_BITS = 64
-_ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
+#: c10/cuda/CUDACachingAllocator.cpp, ``one_exa_bytes`` in ``allocate``: a request of 1 EiB or more is refused.
+MAX_REQUEST = 2**60 - 1
+
+#: Bits of an address in a free block's sort key (the size above them): room for 2**36 requests
+#: of up to MAX_REQUEST bytes, each in a segment of its own.
+_ADDRESS_BITS = 96
+_ADDRESS_LIMIT = 1 << _ADDRESS_BITS
 
 
 def round_size(nbytes: int) -> int:
@@ -259,8 +264,9 @@ class CachingAllocator:
     def malloc(self, nbytes: int) -> int:
         """Serve a request of ``nbytes`` (> 0; PyTorch never passes a zero-byte request to the
         allocator) and return its handle for :meth:`free`."""
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise ValueError(f"malloc: expected a positive number of bytes, got {nbytes!r}")
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 < nbytes <= MAX_REQUEST:
+            raise ValueError(f"malloc: expected a positive number of bytes under 1 EiB, got "
+                             f"{nbytes!r:.60}")
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
         pool = self._small_pool if small else self._large_pool
@@ -335,8 +341,8 @@ class CachingAllocator:
 
     def _new_segment(self, size: int, small: bool) -> _Block:
         address = self._next_address
-        if address + size > _ADDRESS_MASK:
-            raise ValueError("the model's 64-bit address space is used up")
+        if address + size > _ADDRESS_LIMIT:
+            raise UsageError(f"the allocator model's {_ADDRESS_BITS}-bit address space is used up")
         self._next_address = address + size
         self._segments[address] = size
         self._reserved += size
@@ -447,7 +453,10 @@ def _events_problem(events: tuple[int, ...]) -> str | None:
     freed: set[int] = set()
     for index, event in enumerate(events):
         if not isinstance(event, int) or isinstance(event, bool):
-            return f"event {index} is {event!r}; expected an integer"
+            return f"event {index} is {event!r:.60}; expected an integer"
+        if event > MAX_REQUEST:
+            return (f"event {index} allocates {event} bytes; expected less than 1 EiB (PyTorch "
+                    "refuses more)")
         if event > 0:
             allocations += 1
         elif event < 0:
@@ -471,15 +480,15 @@ def _marks_problem(marks: tuple[Mark, ...], events: int) -> str | None:
         if not isinstance(mark, Mark):
             return f"mark {number} is {type(mark).__name__}; expected a Mark"
         if not isinstance(mark.name, str):
-            return f"mark {number}'s name is {mark.name!r}; expected text"
+            return f"mark {number}'s name is {mark.name!r:.60}; expected text"
+        label = f"mark {number} ({mark.name!r:.60})"
         if not isinstance(mark.empty_cache, bool):
-            return f"mark {number} ({mark.name}): empty_cache is {mark.empty_cache!r}; expected true or false"
+            return f"{label}: empty_cache is {mark.empty_cache!r:.60}; expected true or false"
         if not isinstance(mark.at, int) or isinstance(mark.at, bool) or not 0 <= mark.at <= events:
-            return (f"mark {number} ({mark.name}) is at {mark.at!r}; expected an event index "
-                    f"from 0 to {events}")
+            return f"{label} is at {mark.at!r:.60}; expected an event index from 0 to {events}"
         if mark.at < previous:
-            return (f"mark {number} ({mark.name}) is at {mark.at}, before the mark ahead of it "
-                    f"(at {previous}); expected the marks in order")
+            return (f"{label} is at {mark.at}, before the mark ahead of it (at {previous}); "
+                    "expected the marks in order")
         previous = mark.at
     return None
 

@@ -191,8 +191,8 @@ def test_reset_peaks_makes_each_peak_the_current_value():
 
 def test_bad_calls_are_refused():
     allocator = CachingAllocator()
-    for nbytes in (0, -5, 1.5, True):
-        with pytest.raises(ValueError, match="positive number of bytes"):
+    for nbytes in (0, -5, 1.5, True, 2**60):
+        with pytest.raises(ValueError, match="positive number of bytes under 1 EiB"):
             allocator.malloc(nbytes)
     handle = allocator.malloc(100)
     allocator.free(handle)
@@ -240,9 +240,11 @@ def test_replay_continues_a_given_allocator():
     ((5, -2, 7), (), "event 1 frees allocation 1"),
     ((5, -1, -1), (), "event 2 frees allocation 0, which is already freed"),
     ((5, 2.5), (), "event 1 is 2.5; expected an integer"),
-    ((5,), (Mark("late", 2),), r"mark 0 \(late\) is at 2; expected an event index from 0 to 1"),
+    ((5,), (Mark("late", 2),), r"mark 0 \('late'\) is at 2; expected an event index from 0 to 1"),
     ((5,), (Mark("early", -1),), "is at -1"),
-    ((5, 6), (Mark("b", 2), Mark("a", 1)), r"mark 1 \(a\) is at 1, before the mark ahead"),
+    ((5, 6), (Mark("b", 2), Mark("a", 1)), r"mark 1 \('a'\) is at 1, before the mark ahead"),
+    ((5,), (Mark("two\nlines", 2),), r"mark 0 \('two\\nlines'\) is at 2"),
+    ((2**60,), (), "event 0 allocates 1152921504606846976 bytes; expected less than 1 EiB"),
     ((5,), (Mark("x", 1, empty_cache="yes"),), "empty_cache is 'yes'"),
 ])
 def test_bad_traces_are_a_usage_error(events, marks, message):
