@@ -52,6 +52,9 @@ import click  # noqa: E402
 
 from hardware.cuda_allocator import AllocationTrace, read_trace, replay  # noqa: E402
 from hlo_analyzer.mapping import kernel_list as kernel_list  # noqa: E402
+from hlo_trace.atomic import check_target  # noqa: E402
+from hlo_trace.cli import run_click  # noqa: E402
+from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import opensora_shape, parse_shape  # noqa: E402
 from models.opensora.memory import GENERATION_PHASES, GIB, generation_peak  # noqa: E402
 from models.opensora.vae_config import decode_plan  # noqa: E402
@@ -257,6 +260,13 @@ def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | Non
          from_kernels: Path | None, write_allocations: Path | None, force: bool) -> None:
     """Print the predicted-vs-published tables and the kernel classes of one step."""
     gpus = [h for h in hardware.split(",") if h]
+    if write_allocations is not None:
+        check_target(write_allocations, force=force)   # before a 41 s recording, not after
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UsageError("--write-allocations: records on PyTorch's meta device, and torch is not "
+                             "installed (the trace extra: pip install -e '.[trace]')") from None
     published = {p.shape: p for p in published_points()}
     shape_list = [s for s in shapes.split(",") if s] if shapes else list(published)
     loops, vaes = {}, {}
@@ -346,4 +356,4 @@ def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | Non
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_click(main))

@@ -180,3 +180,14 @@ def test_peak_memory_against_the_tensors_measured_on_an_h100(shape: str):
     _, vae = load_kernels(DEFAULT_KERNELS, shape)
     ratio = generation_peak(shape, spatial_call_peak(vae)).total_bytes / _measured_peaks()[shape]
     assert abs(ratio - 1) <= MEMORY_TOLERANCE, f"{shape}: {ratio:.3f} of the measured peak"
+
+
+def test_write_allocations_refuses_an_existing_file_before_recording(tmp_path, capsys):
+    from hlo_trace.cli import run_click
+    from scripts.gpu_predictions import main
+
+    target = tmp_path / "allocations.json.gz"
+    target.write_text("kept")
+    assert run_click(main, ["--from-kernels", str(DEFAULT_KERNELS), "--write-allocations", str(target)]) == 2
+    assert capsys.readouterr().err.startswith(f"Error: {target}: already exists")
+    assert target.read_text() == "kept"
