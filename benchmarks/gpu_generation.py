@@ -12,8 +12,10 @@ says what is held and run; random weights).
 
 For each phase it records the peak allocated and reserved bytes since the generation began and
 the device's used bytes (``cudaMemGetInfo``, the CUDA context included) at the phase's end; the
-context is the used bytes beyond the reserved ones before any weight is loaded. It writes
-``generation_<device>.md`` and ``.json`` to ``--out``.
+context is the used bytes beyond the reserved ones before any weight is loaded. With the
+default allocator configuration it then records the same run on the ``meta`` device and replays
+it through ``hardware.cuda_allocator``, and prints the replayed peak reserve over the measured one
+(docs/gpu.md). It writes ``generation_<device>.md`` and ``.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -108,22 +110,35 @@ def generate(torch, models, shape: str, steps: int, device: str, context: int) -
     return Generation(shape, steps, context, weights, tuple(phases))
 
 
-def render(generations: list[Generation], header: list[str]) -> str:
+def replayed_reserves(shapes: list[str], steps: int, config_name: str) -> dict[str, int]:
+    """Each generation's peak reserve as ``hardware.cuda_allocator`` predicts it: the same run's
+    allocation sequence recorded on the ``meta`` device (``tracing.allocations``) and replayed."""
+    from hardware.cuda_allocator import replay
+    from models.opensora.memory import GENERATION_PHASES
+    from tracing.allocations import record_generations
+
+    trace = record_generations(shapes, steps, config_name)
+    return {p.name.partition(" ")[0]: p.peak_reserved for p in replay(trace)
+            if p.name.partition(" ")[2] == GENERATION_PHASES[-1]}
+
+
+def render(generations: list[Generation], header: list[str], replayed: dict[str, int]) -> str:
     from models.opensora.memory import generation_peak
 
     lines = [*header, "",
              "| shape | steps | loop (s) | decode (s) | weights (GiB) | peak allocated (GiB) | phase | "
-             "peak reserved (GiB) | context (GiB) | device peak (GiB) | counted (GiB) |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "peak reserved (GiB) | context (GiB) | device peak (GiB) | counted (GiB) | replayed reserve / peak reserved |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for g in generations:
         by_phase = {p.phase: p for p in g.phases}
         top = max(g.phases, key=lambda p: p.peak_allocated)
         # the spatial call's traced peak is not known here: the count's STDiT3 phase alone
         counted = generation_peak(g.shape, 0)
+        ratio = f"{replayed[g.shape] / g.peak_reserved:.3f}" if g.shape in replayed and g.peak_reserved else "-"
         lines.append(f"| {g.shape} | {g.steps} | {by_phase['loop'].seconds:.2f} | {by_phase['decode'].seconds:.2f} | "
                      f"{g.weight_bytes / GIB:.2f} | {g.peak_allocated / GIB:.2f} | {top.phase} | "
                      f"{g.peak_reserved / GIB:.2f} | {g.context_bytes / GIB:.2f} | {g.peak_device / GIB:.2f} | "
-                     f"{counted.weight_bytes / GIB + counted.stdit_activation_bytes / GIB:.2f} |")
+                     f"{counted.weight_bytes / GIB + counted.stdit_activation_bytes / GIB:.2f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -185,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
               "models/opensora/memory.py's weights + STDiT3 step"]
     if refused:
         header.append(f"- out of device memory: {', '.join(refused)}")
-    text = render(generations, header)
+    replayed = {}
+    if (on_gpu or args.quick) and not os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):  # the model: the default configuration
+        print("gpu_generation: recording the same run on the meta device to replay its allocations",
+              file=sys.stderr, flush=True)
+        replayed = replayed_reserves([g.shape for g in generations], args.steps, "tiny" if args.quick else "full")
+    text = render(generations, header, replayed)
     print(text)
     if not args.quick:
         atomic_write(out / f"generation_{label}.md", text, force=args.force)
