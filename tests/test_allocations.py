@@ -59,8 +59,14 @@ def test_a_tiny_generation_frees_everything_it_allocates_after_the_weights():
 
 @pytest.mark.slow
 def test_the_committed_sequence_is_what_the_code_records():
-    """``scripts/gpu_predictions.py --write-allocations`` regenerates the committed file (40 s)."""
+    """The committed file's first three generations, recorded again (5 s; the whole file is
+    ``scripts/gpu_predictions.py --write-allocations``'s 41 s): the same events and marks."""
     from hardware.cuda_allocator import read_trace
     from scripts.gpu_predictions import ALLOCATION_SHAPES, ALLOCATION_STEPS, ALLOCATIONS
 
-    assert record_generations(ALLOCATION_SHAPES, ALLOCATION_STEPS) == read_trace(ALLOCATIONS)
+    shapes = ALLOCATION_SHAPES[:3]
+    recorded = record_generations(shapes, ALLOCATION_STEPS)
+    committed = read_trace(ALLOCATIONS)
+    assert committed.events[:len(recorded.events)] == recorded.events
+    kept = [m for m in committed.marks if m.name == "weights loaded" or m.name.split()[0] in shapes]
+    assert tuple(kept) == recorded.marks
