@@ -7,7 +7,7 @@ OpenSora's patch embedding returns ``x.flatten(2).transpose(1, 2)``, a channel-m
 ``x = x + ...`` keeps that layout through every block, so each LayerNorm of x and the
 cross-attention's q linear copy it first and each residual add reads it across its rows
 (docs/gpu.md, "PyTorch's strides"). For each shape this builds the full STDiT3 (bf16, the official
-path, the library kernels of ``gpu_validate.official_kernels``, FlashAttention-2), embeds one
+path, the library kernels of ``models.opensora.official``, FlashAttention-2), embeds one
 step's inputs, and times all pairs on that x and on ``x.contiguous()`` (median of 3 after a
 warm-up); then it profiles pair 0 on the channel-major x and lists the ATen ops with the most GPU
 time, whose copies and strided adds give ``transpose_copy`` and ``strided`` in
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import statistics
 import sys
 import time
@@ -38,14 +37,6 @@ from hlo_trace.atomic import atomic_write  # noqa: E402
 RUNS = 3
 #: ATen ops listed from the profile of pair 0.
 TOP_OPS = 12
-
-
-def _gpu_validate():  # noqa: ANN202 - the sibling script, for its official_kernels and flash_attention_2
-    spec = importlib.util.spec_from_file_location("gpu_validate", ROOT / "benchmarks" / "gpu_validate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_validate"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _median_seconds(run: Callable[[], object], synchronize: Callable[[], None], runs: int) -> float:
@@ -64,17 +55,17 @@ def measure(torch, shape: str, config_name: str, device: str, runs: int = RUNS, 
     """Markdown lines for one shape: both timings, and the profile of pair 0 when asked."""
     from models.opensora.config import get_config
     from models.opensora.inputs import make_inputs
+    from models.opensora.official import flash_attention_2, official_kernels
     from models.opensora.stdit3 import STDiT3
 
-    validate = _gpu_validate()
     config = get_config(config_name)
     on_gpu = device == "cuda"
     model = STDiT3(config).to(device, torch.bfloat16).eval()
-    validate.official_kernels(model, torch, config)
+    official_kernels(model, config)
     inputs = make_inputs(config, shape, dtype=torch.bfloat16, device=device)
     synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
     lines = []
-    with torch.no_grad(), validate.flash_attention_2(torch, on_gpu):
+    with torch.no_grad(), flash_attention_2(on_gpu):
         state = model.embed(inputs["z"], inputs["y"], inputs["t"], inputs["fps"], official=True)
         contiguous = dataclasses.replace(state, x=state.x.contiguous())
         last = config.depth - 1

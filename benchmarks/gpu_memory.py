@@ -6,7 +6,7 @@
 A check of the memory model (docs/gpu.md, "OpenSora's published table"), never a fit. On one CUDA
 GPU, bf16, random weights, for each shape:
 
-* **STDiT3 step**: the whole model built as the official code runs it (``gpu_validate``'s
+* **STDiT3 step**: the whole model built as the official code runs it (``models.opensora.official``'s
   library kernels: FlashAttention-2, LayerNorm, linear layers), one forward of the CFG batch of 2
   under ``torch.inference_mode``; the peak allocated above what the weights and inputs hold
   (``torch.cuda.max_memory_allocated``) and the peak the caching allocator reserved;
@@ -48,19 +48,18 @@ def _peak_above(torch, call) -> tuple[int, int]:  # noqa: ANN001
 
 
 def measure_stdit(torch, shape: str) -> dict[str, float]:  # noqa: ANN001
-    import gpu_validate
-
     from models.opensora.config import get_config
     from models.opensora.inputs import make_inputs
     from models.opensora.memory import stdit_step_activation_bytes
+    from models.opensora.official import flash_attention_2, official_kernels
     from models.opensora.stdit3 import STDiT3
 
     config = get_config("full")
     model = STDiT3(config).to("cuda", torch.bfloat16).eval()
-    gpu_validate.official_kernels(model, torch, config)
+    official_kernels(model, config)
     inputs = make_inputs(config, shape, dtype=torch.bfloat16, device="cuda")
     weights = torch.cuda.memory_allocated()
-    with gpu_validate.flash_attention_2(torch, True):
+    with flash_attention_2(True):
         peak, reserved = _peak_above(torch, lambda: model(**inputs, official=True))
     return {"weights_and_inputs": weights, "peak": peak, "reserved": reserved,
             "counted": stdit_step_activation_bytes(shape)}

@@ -224,35 +224,22 @@ class PairRun:
 WALL_RUNS = 5
 
 
-def official_kernels(model, torch, config) -> None:  # noqa: ANN001, ARG001 - torch: the callers' signature
-    """``models.opensora.official.official_kernels``, imported once torch is."""
-    from models.opensora.official import official_kernels as give
-
-    give(model, config)
-
-
-def flash_attention_2(torch, on_gpu: bool):  # noqa: ANN001, ANN201, ARG001
-    """``models.opensora.official.flash_attention_2``, imported once torch is."""
-    from models.opensora.official import flash_attention_2 as restrict
-
-    return restrict(on_gpu)
-
-
 def measure_forward(shape: str, torch, runs: int = 3, *, config_name: str = "full", device: str = "cuda") -> float:  # noqa: ANN001
     """Median wall seconds of one whole STDiT3 forward (every pair, the embedders and the final
     layer) of ``config_name`` at ``shape``, official path, bf16, the CFG batch of 2."""
     from models.opensora.config import get_config
     from models.opensora.inputs import make_inputs
+    from models.opensora.official import flash_attention_2, official_kernels
     from models.opensora.stdit3 import STDiT3
 
     config = get_config(config_name)
     on_gpu = device == "cuda"
     model = STDiT3(config).to(device, torch.bfloat16).eval()
-    official_kernels(model, torch, config)
+    official_kernels(model, config)
     inputs = make_inputs(config, shape, dtype=torch.bfloat16, device=device)
     synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
     seconds = []
-    with torch.no_grad(), flash_attention_2(torch, on_gpu):
+    with torch.no_grad(), flash_attention_2(on_gpu):
         for index in range(runs + 1):
             synchronize()
             start = time.perf_counter()
@@ -268,12 +255,13 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
     """One spatial + temporal block pair of ``config_name`` at ``shape``, profiled on ``device``
     (``cuda``: the GPU time of each op's kernels; ``cpu``: its CPU time, for ``--quick``), run as
     OpenSora's official code runs it (docs/gpu.md): the text-to-video path (an all-ones temporal
-    mask, the timestep-0 modulation) with the library kernels of :func:`official_kernels`; the
+    mask, the timestep-0 modulation) with the library kernels of ``models.opensora.official.official_kernels``; the
     self-attentions the official code runs without flash run the plain product as it does."""
     from torch.profiler import ProfilerActivity, profile
 
     from models.opensora.config import get_config
     from models.opensora.inputs import geometry
+    from models.opensora.official import flash_attention_2, official_kernels
     from models.opensora.stdit3 import STDiT3Block
 
     config = get_config(config_name)
@@ -282,7 +270,7 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
     h, batch = config.hidden_size, 2
     blocks = [STDiT3Block(config, temporal=t).to(device, torch.bfloat16).eval() for t in (False, True)]
     for block in blocks:
-        official_kernels(block, torch, config)
+        official_kernels(block, config)
     x = torch.randn(batch, geo.T * geo.S, h, device=device, dtype=torch.bfloat16)
     y = torch.randn(1, batch * config.model_max_length, h, device=device, dtype=torch.bfloat16)
     t_mlp = torch.randn(batch, 6 * h, device=device, dtype=torch.bfloat16)
@@ -296,7 +284,7 @@ def measure_pair(shape: str, chip: ChipSpec, torch, warmup: int = 2, *, config_n
         for block in blocks:
             out = block(out, y, t_mlp, geo.T, geo.S, x_mask=x_mask, t0_mlp=t0_mlp)
 
-    with torch.no_grad(), flash_attention_2(torch, on_gpu):
+    with torch.no_grad(), flash_attention_2(on_gpu):
         for _ in range(warmup):
             run()
         synchronize()
