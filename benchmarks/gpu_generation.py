@@ -113,13 +113,10 @@ def generate(torch, models, shape: str, steps: int, device: str, context: int) -
 def replayed_reserves(shapes: list[str], steps: int, config_name: str) -> dict[str, int]:
     """Each generation's peak reserve as ``hardware.cuda_allocator`` predicts it: the same run's
     allocation sequence recorded on the ``meta`` device (``tracing.allocations``) and replayed."""
-    from hardware.cuda_allocator import replay
-    from models.opensora.memory import GENERATION_PHASES
+    from scripts.gpu_predictions import device_memory
     from tracing.allocations import record_generations
 
-    trace = record_generations(shapes, steps, config_name)
-    return {p.name.partition(" ")[0]: p.peak_reserved for p in replay(trace)
-            if p.name.partition(" ")[2] == GENERATION_PHASES[-1]}
+    return {shape: peak.reserved for shape, peak in device_memory(record_generations(shapes, steps, config_name)).items()}
 
 
 def render(generations: list[Generation], header: list[str], replayed: dict[str, int]) -> str:
