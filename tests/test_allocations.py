@@ -70,3 +70,25 @@ def test_the_committed_sequence_is_what_the_code_records():
     assert committed.events[:len(recorded.events)] == recorded.events
     kept = [m for m in committed.marks if m.name == "weights loaded" or m.name.split()[0] in shapes]
     assert tuple(kept) == recorded.marks
+
+
+@pytest.mark.slow
+def test_the_replay_counts_the_segments_of_the_measured_run():
+    """The H100 run that counted its segments (results/gpu_validation/generation_allocator_default_*.json:
+    three generations, two steps each), recorded here and replayed: the segments the allocator holds at
+    each phase's end within 2 of the run's, and the peak reserve within 10% (docs/gpu.md)."""
+    import json
+    from pathlib import Path
+
+    from hardware.cuda_allocator import replay
+
+    path = Path(__file__).resolve().parent.parent / "results" / "gpu_validation" / \
+        "generation_allocator_default_NVIDIA_H100_80GB_HBM3.json"
+    measured = json.loads(path.read_text())["generations"]
+    trace = record_generations([g["shape"] for g in measured], steps=measured[0]["steps"])
+    phases = {p.name: p for p in replay(trace)}
+    for generation in measured:
+        for phase in generation["phases"]:
+            mine = phases[f"{generation['shape']} {phase['phase']}"]
+            assert abs(mine.segments - phase["segments"]) <= 2, (generation["shape"], phase["phase"])
+            assert abs(mine.peak_reserved / phase["peak_reserved"] - 1) <= 0.10, (generation["shape"], phase["phase"])
