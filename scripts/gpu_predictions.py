@@ -189,6 +189,45 @@ def load_device_memory(path: Path = ALLOCATIONS) -> dict[str, DeviceMemory]:
     return device_memory(read_trace(path))
 
 
+def plot_memory(path: Path, points: list[PublishedPoint], tensors: dict[str, float],
+                memory: dict[str, DeviceMemory], measured: dict[str, float], *, force: bool) -> Path:
+    """The published peak memory of each video point beside the predicted tensors, the predicted
+    device memory and (where measured) the H100 run's device memory, all in GiB (G read as GiB)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hlo_trace.atomic import write_png
+
+    shapes = [p.shape for p in points]
+    x = range(len(shapes))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    ax.bar([i - 0.2 for i in x], [p.memory_g for p in points], 0.4, color="#bbbbbb", label="published (G)")
+    ax.plot([i + 0.1 for i in x], [memory[s].device / GIB for s in shapes], "o", color="#1f77b4",
+            label="predicted device memory: context + replayed reserve")
+    ax.plot([i + 0.1 for i in x], [tensors[s] for s in shapes], "s", color="#ff7f0e", label="predicted tensors")
+    seen = [i for i, s in enumerate(shapes) if s in measured]
+    ax.plot([i + 0.3 for i in seen], [measured[shapes[i]] for i in seen], "^", color="#2ca02c",
+            label="measured on one H100: context + reserve")
+    ax.set_xticks(list(x), [f"{p.resolution} {p.duration}" for p in points], rotation=30)
+    ax.set_ylabel("peak memory (GiB)")
+    ax.set_title("OpenSora v1.2 on one H100: published peak memory against the predictions")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written = write_png(fig, path, force=force)
+    plt.close(fig)
+    return written
+
+
+def measured_device_memory(path: Path = DEFAULT_KERNELS.parent / "generation_NVIDIA_H100_80GB_HBM3.json") -> dict[str, float]:
+    """The H100 run's device memory at each generation's peak (context + peak reserve), GiB."""
+    import json
+
+    runs = json.loads(path.read_text())["generations"]
+    return {g["shape"]: (g["context_bytes"] + max(p["peak_reserved"] for p in g["phases"])) / GIB for g in runs}
+
+
 def spatial_call_peak(vae: dict[str, kernel_list.KernelList]) -> int:
     """One spatial decoder call's peak live bytes (its memory analysis, kept in its kernel list)."""
     peak = vae["spatial"].peak_live_bytes
@@ -255,11 +294,20 @@ def _ratio(value: float, reference: float | None) -> str | None:
 @click.option("--write-allocations", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=f"Record the twelve generations' allocation sequence again on the meta device (torch) and "
                    f"write it here before replaying it (the committed one: {ALLOCATIONS.relative_to(REPO_ROOT)}).")
-@click.option("--force", is_flag=True, help="Let --write-allocations overwrite an existing file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the published peak memory against the predictions as a PNG here (the plot "
+                   "extra; docs/img/published_memory.png).")
+@click.option("--force", is_flag=True, help="Let --write-allocations and --plot overwrite existing files.")
 def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | None,
-         from_kernels: Path | None, write_allocations: Path | None, force: bool) -> None:
+         from_kernels: Path | None, write_allocations: Path | None, plot_path: Path | None, force: bool) -> None:
     """Print the predicted-vs-published tables and the kernel classes of one step."""
     gpus = [h for h in hardware.split(",") if h]
+    if plot_path is not None:
+        check_target(plot_path, force=force)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot: needs matplotlib (the plot extra: pip install -e '.[plot]')") from None
     if write_allocations is not None:
         check_target(write_allocations, force=force)   # before a 41 s recording, not after
         try:
@@ -319,18 +367,24 @@ def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | Non
                    "published peak memory | predicted tensors (phase) | / published | "
                    "predicted device memory | / published |")
         click.echo("|---|---|---|---|---|---|---|---|---|---|---|")
+        tensors = {}
         for shape in shape_list:
             point = published.get(shape)
             if point is None:
                 continue
             generation = predicted[shape, PUBLISHED_CARD]
             peak = generation_peak(shape, spatial_call_peak(vaes[shape]))
+            tensors[shape] = peak.total_bytes / GIB
             device = memory[shape].device / GIB
             click.echo(f"| {point.resolution} | {point.duration} | {shape} | {point.seconds:.0f} s | "
                        f"{generation.seconds:.1f} s | {generation.seconds / point.seconds:.2f} | "
                        f"{point.memory_g:.0f} G | {peak.total_bytes / GIB:.1f} GiB ({peak.phase}) | "
                        f"{peak.total_bytes / GIB / point.memory_g:.2f} | {device:.1f} GiB | "
                        f"{device / point.memory_g:.2f} |")
+        if plot_path is not None:
+            shown = [published[s] for s in shape_list if s in published]
+            click.echo(f"\nwrote {plot_memory(plot_path, shown, tensors, memory, measured_device_memory(), force=force)}",
+                       err=True)
     if "h200-sxm" in gpus:
         for shape, forward in MEASURED_H200_FORWARD_S.items():
             if shape in loops:

@@ -191,3 +191,14 @@ def test_write_allocations_refuses_an_existing_file_before_recording(tmp_path, c
     assert run_click(main, ["--from-kernels", str(DEFAULT_KERNELS), "--write-allocations", str(target)]) == 2
     assert capsys.readouterr().err.startswith(f"Error: {target}: already exists")
     assert target.read_text() == "kept"
+
+
+def test_the_memory_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from hlo_trace.cli import run_click
+    from scripts.gpu_predictions import main
+
+    target = tmp_path / "memory.png"
+    assert run_click(main, ["--from-kernels", str(DEFAULT_KERNELS), "--shapes", "51_640_360,408_854_480",
+                            "--plot", str(target)]) == 0
+    assert target.read_bytes().startswith(b"\x89PNG")
