@@ -39,6 +39,7 @@ on the ``meta`` device, no memory) before replaying it.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ ALLOCATIONS = REPO_ROOT / "results" / "gpu_validation" / "allocations_generation
 ALLOCATION_SHAPES = ("51_640_360", "102_640_360", "204_640_360", "51_854_480", "102_854_480", "51_1280_720",
                      "408_640_360", "204_854_480", "102_1280_720", "408_854_480", "204_1280_720", "408_1280_720")
 ALLOCATION_STEPS = 2
+#: That run measured on one H100 SXM (validation only): every generation's phases, peaks and context.
+MEASURED_GENERATION = REPO_ROOT / "results" / "gpu_validation" / "generation_NVIDIA_H100_80GB_HBM3.json"
 #: The CUDA context on one H100 SXM: the device's used bytes beyond the allocator's reserve before any
 #: tensor (benchmarks/gpu_generation.py, ``context_bytes`` of results/gpu_validation/generation_*.json:
 #: driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130; the same in all three runs). A property of the
@@ -220,12 +223,15 @@ def plot_memory(path: Path, points: list[PublishedPoint], tensors: dict[str, flo
     return written
 
 
-def measured_device_memory(path: Path = DEFAULT_KERNELS.parent / "generation_NVIDIA_H100_80GB_HBM3.json") -> dict[str, float]:
-    """The H100 run's device memory at each generation's peak (context + peak reserve), GiB."""
-    import json
+def measured_generations(path: Path = MEASURED_GENERATION) -> list[dict]:
+    """The H100 run's generations, in its order (``benchmarks/gpu_generation.py``'s JSON)."""
+    return json.loads(path.read_text())["generations"]
 
-    runs = json.loads(path.read_text())["generations"]
-    return {g["shape"]: (g["context_bytes"] + max(p["peak_reserved"] for p in g["phases"])) / GIB for g in runs}
+
+def measured_device_memory(path: Path = MEASURED_GENERATION) -> dict[str, float]:
+    """The H100 run's device memory at each generation's peak (context + peak reserve), GiB."""
+    return {g["shape"]: (g["context_bytes"] + max(p["peak_reserved"] for p in g["phases"])) / GIB
+            for g in measured_generations(path)}
 
 
 def spatial_call_peak(vae: dict[str, kernel_list.KernelList]) -> int:

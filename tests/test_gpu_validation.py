@@ -32,7 +32,6 @@ it is reported, not tuned away, and the mark fails as soon as the point passes.
 
 from __future__ import annotations
 
-import json
 from functools import cache
 
 import pytest
@@ -53,6 +52,7 @@ from scripts.gpu_predictions import (
     PublishedPoint,
     load_device_memory,
     load_kernels,
+    measured_generations,
     predict,
     published_points,
     spatial_call_peak,
@@ -86,7 +86,6 @@ MEASURED_MEMORY_MISSES = {
     "408_1280_720": "0.83 of the 57.9 GiB measured: the run's peak is in the temporal RoPE's float32 "
                     "temporaries (models/opensora/stdit3.py), which the count does not hold (docs/gpu.md)",
 }
-MEASURED_GENERATION = (DEFAULT_KERNELS.parent / "generation_NVIDIA_H100_80GB_HBM3.json")
 
 
 @cache
@@ -128,14 +127,14 @@ def test_peak_device_memory_against_the_published_table(point: PublishedPoint):
 
 
 def _measured_generations() -> dict[str, dict]:
-    return {g["shape"]: g for g in json.loads(MEASURED_GENERATION.read_text())["generations"]}
+    return {g["shape"]: g for g in measured_generations()}
 
 
 def test_the_replayed_session_is_the_measured_one():
     """The committed sequence is the measured run's: its shapes in its order, at its step count."""
-    document = json.loads(MEASURED_GENERATION.read_text())
-    assert tuple(g["shape"] for g in document["generations"]) == ALLOCATION_SHAPES
-    assert {g["steps"] for g in document["generations"]} == {ALLOCATION_STEPS}
+    generations = measured_generations()
+    assert tuple(g["shape"] for g in generations) == ALLOCATION_SHAPES
+    assert {g["steps"] for g in generations} == {ALLOCATION_STEPS}
 
 
 @pytest.mark.parametrize("shape", ALLOCATION_SHAPES)
@@ -165,8 +164,7 @@ def test_loop_against_the_measured_h200(shape: str):
 
 
 def _measured_peaks() -> dict[str, int]:
-    document = json.loads(MEASURED_GENERATION.read_text())
-    return {g["shape"]: max(p["peak_allocated"] for p in g["phases"]) for g in document["generations"]}
+    return {shape: max(p["peak_allocated"] for p in g["phases"]) for shape, g in _measured_generations().items()}
 
 
 def test_the_measured_generations_cover_the_published_shapes():

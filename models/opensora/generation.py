@@ -97,6 +97,8 @@ def generate(models: DemoModels, shape: str, steps: int, mark: Callable[[str], N
     video.clamp_(min=-1, max=1)
     video.sub_(-1).div_(2)
     host = video.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 3, 0)
+    # to the host as uint8: the device converts first (a uint8 copy on it), then copies; on meta
+    # there is no host copy to make, the conversion is what the device allocates
     host = host.to("cpu", torch.uint8) if host.device.type != "meta" else host.to(torch.uint8)
     del video, host
     mark(save)
