@@ -18,21 +18,19 @@ depends only on ``t_mlp``), so order means nothing here: only the dataflow graph
    pair's output, or the embeddings') is in pair ``k`` for the largest such ``k``; an op that
    depends on ``Y`` is after the pairs (the final layer).
 4. **Side work** (no level, not a labelled GEMM): in reverse program order, an op all of whose
-   readers are in one pair ``k`` is a candidate of pair ``k``; then, in program order, a
-   candidate stays in pair ``k`` only if it reads something of the pair's own: a tensor argument
-   (the pair's ``scale_shift_table``) or an op already in pair ``k``. An op read by two pairs, by
-   the stage's ``return`` (``t_mlp`` and the caption embedding passed to the next stage) or by
-   nothing is outside the pairs, as is every ``X_k`` that no level claims (the embeddings'
-   output) and side work on shared data alone (RoPE tables from constants and scalars, ``t_mlp``
-   rescaled): torch-xla computes that once for all the pairs of a stage, so charging it to a
-   pair would charge it once per pair with ``--pairs``.
+   readers are in one pair ``k`` belongs to pair ``k``, whatever it reads: the pair's
+   modulation, and also its own copy of work on shared data alone (LayerNorm's 1/N and epsilon
+   scalars, the temporal RoPE tables, a rescale of ``t_mlp``), which every block of a traced
+   stage computes for itself because the tracer keeps XLA's CSE pass off. An op read by two
+   pairs, by the stage's ``return`` (``t_mlp`` and the caption embedding passed to the next
+   stage) or by nothing is outside the pairs, as is every ``X_k`` that no level claims (the
+   embeddings' output).
 
 So the modulation of pair ``k`` belongs to pair ``k``, LayerNorm + modulate before a pair's qkv
-belongs to that pair, every pair of a stage costs the same, and a one-pair trace times N equals
-the N-pair stage (tests/test_invariants.py). One limit: in a stage after the first, ``t_mlp`` is
-an argument like a weight, so side work on it alone that torch-xla shares between pairs (a
-rescale of ``t_mlp``) is charged to a lone pair of such a stage; a few vector ops of 2 x 6h
-elements, well under 0.5% of a pair (the study's one-pair check traces stage 0, where it is exact).
+belongs to that pair, every pair of a stage costs the same, and a stage of N pairs costs one
+pair traced alone x N plus the embeddings and the final layer (tests/test_invariants.py,
+tests/test_pair_invariant_traced.py). Work a program computes once and reads in several pairs
+stays outside them, charged once, as it runs.
 """
 
 from __future__ import annotations
@@ -105,9 +103,7 @@ def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
         if first is not None and units_read.count(first) == len(units_read) and \
                 returns.isdisjoint(readers):
             side[node] = first
-    for node in sorted(side):
-        if _reads_own_data(attributes_of[node], owner, side[node]):
-            owner[node] = side[node]
+    owner.update(side)
     return owner
 
 
@@ -118,20 +114,6 @@ def residual_inputs(graph: nx.DiGraph, segmentation: Segmentation) -> list[Marke
     blocks = segmentation.blocks
     return [residual_input(graph, blocks[2 * pair].self_attention.out_proj, blocks[2 * pair].self_attention.q_proj)
             for pair in range(len(blocks) // 2)]
-
-
-def _reads_own_data(attributes: dict, owner: dict[int, int], pair: int) -> bool:
-    """Whether a side node reads something of its pair's own: a tensor argument (a weight such as
-    the pair's ``scale_shift_table``) or a node of the pair. Side work on shared data alone (a
-    scalar, ``t_mlp``, a table of constants) is the same for every pair, and torch-xla computes
-    it once for all pairs of a stage: it stays outside the pairs."""
-    for producer, shape in zip(attributes["operands"], attributes["operand_shapes"]):
-        if producer is None:
-            if math.prod(shape) > 1:
-                return True
-        elif owner.get(producer) == pair:
-            return True
-    return False
 
 
 def _levels(attributes_of: dict[int, dict], levels_of: dict[Marker, int]) -> dict[int, int]:

@@ -30,18 +30,23 @@ Kernels of one block, by hand from ``models/opensora/stdit3.py`` (``STDiT3Block.
   for ``torch.matmul`` (3 ``copy``), ``scores.float()``, softmax, ``probs.to(v.dtype)`` (2
   element-wise, 1 softmax), the output transpose + reshape (1 ``copy``);
 * temporal block only: RoPE on q and on k (``x * cos`` and ``rotate_half(x) * sin`` broadcast;
-  a cast, ``neg``, ``stack`` and the add element-wise): 4 broadcast, 8 element-wise; and the
-  two rearranges ``B (T S) C -> (B S) T C`` and back (2 ``copy``);
+  a cast, ``neg``, ``stack`` and the add element-wise): 4 broadcast, 8 element-wise; each of
+  the two calls computes its own frequencies (``RotaryEmbedding.forward``: the step of
+  ``arange(0, d, 2)``, ``/ d``, ``theta **``, ``1.0 /``: 4 element-wise; the outer product with
+  the positions, ``cos``, ``sin``: 3 broadcast), which belong to the pair that reads them: 6
+  broadcast, 8 element-wise; and the two rearranges ``B (T S) C -> (B S) T C`` and back (2
+  ``copy``);
 * cross-attention: the q linear copies x first (1 ``transpose_copy``), q, kv and proj linears
   (3 GEMMs), ``q * scale`` (1 element-wise), one xformers attention (1 ``flash_attention``);
 * MLP: fc1 and fc2 (2 GEMMs), GELU (1).
 
 Per pair (spatial + temporal): GEMM 2 * 9 = 18; LayerNorm 8; transpose_copy 2 * 5 = 10;
 strided 6; select 8; GELU 2; flash_attention 2; softmax 2; reduction 4; copy 4 + 6 = 10;
-broadcast (2 + 8 + 4 + 4) + (18 + 4) = 40; element-wise (4 + 10 + 1 + 2 + 1) + (18 + 8) = 44.
+broadcast (2 + 8 + 4 + 4) + (18 + 4 + 6) = 46; element-wise (4 + 10 + 1 + 2 + 1) + (18 + 8 + 8)
+= 52.
 
 With one sample per device (2x4) the two modulation adds of a block read a (1, 6, h) table
-and a (1, 6, h) slice of t_mlp: no broadcast, so 4 of the 40 broadcast kernels are plain
+and a (1, 6, h) slice of t_mlp: no broadcast, so 4 of the 46 broadcast kernels are plain
 element-wise ones there. ds_ulysses adds its 8 all-to-alls (q, k, v and the output of the
 split temporal attention, q and the output of both cross-attentions).
 """
@@ -62,8 +67,8 @@ from hlo_trace.cli import run_click  # noqa: E402
 
 MESHES = {"1x1": "none", "1x2": "ds_ulysses", "2x4": "ds_ulysses"}
 PAIR = {"gemm": 18, "layer_norm": 8, "transpose_copy": 10, "strided": 6, "select": 8, "gelu": 2,
-        "flash_attention": 2, "softmax": 2, "reduction": 4, "copy": 10, "broadcast": 40,
-        "elementwise": 44}
+        "flash_attention": 2, "softmax": 2, "reduction": 4, "copy": 10, "broadcast": 46,
+        "elementwise": 52}
 #: The modulation adds that read a broadcast table when a device holds both samples.
 MODULATION_ADDS = 4
 ALL_TO_ALLS = 8
