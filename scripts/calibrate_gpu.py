@@ -265,13 +265,20 @@ def _group_norm_time(p: Point, chip: ChipSpec) -> float:
 
 
 def transferred(card: str, source: Calibration, rule: str = "same") -> Calibration:
-    """``card`` from ``source`` by the rules of :data:`TRANSFER_RULES` (``same`` for every fraction)."""
+    """``card`` from ``source`` by the rules of :data:`TRANSFER_RULES`: ``rule`` for every
+    fraction, ``clock`` for GroupNorm's per-row rate (one thread block streaming its row)."""
     model = source.model
     row_bw = model.group_norm_row_bandwidth_bytes_per_s * SM_CLOCK_GHZ[card] / SM_CLOCK_GHZ[source.card]
     note = f"transferred from {source.card} (rule {rule})"
+
+    def provenance(name: str, text: str) -> str:
+        if name == "group_norm":
+            return f"{note}, its row rate by rule clock ({SM_CLOCK_GHZ[card]} / {SM_CLOCK_GHZ[source.card]} GHz); there: {text}"
+        return f"{note}; there: {text}"
+
     model = dataclasses.replace(model, group_norm_row_bandwidth_bytes_per_s=round(row_bw / 1e9, 2) * 1e9,
-                                provenance=tuple((name, f"{note}; there: {text}") for name, text in model.provenance))
-    return Calibration(card, (f"{note}: {TRANSFER_RULES[rule]}",), model)
+                                provenance=tuple((name, provenance(name, text)) for name, text in model.provenance))
+    return Calibration(card, (f"{note}: {TRANSFER_RULES[rule]}", f"rule clock: {TRANSFER_RULES['clock']}"), model)
 
 
 def a100_public(h100: Calibration) -> Calibration:

@@ -51,6 +51,18 @@ def test_a_hand_edited_constant_is_caught(tmp_path, monkeypatch, capsys):
     assert "stale: h200-sxm.toml" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("card", "source"), [("h100-pcie", "h100-sxm"), ("a100-sxm-40gb", "a100-sxm")])
+def test_a_transferred_group_norm_names_the_clock_rule_its_row_rate_follows(card, source):
+    """The row rate is scaled by the ratio of SM clocks (rule clock), not carried as a fraction."""
+    chip, from_chip = load_chip(card), load_chip(source)
+    model, from_model = chip.kernel_model, from_chip.kernel_model
+    clocks = calibrate_gpu.SM_CLOCK_GHZ[card] / calibrate_gpu.SM_CLOCK_GHZ[source]
+    assert model.group_norm_row_bandwidth_bytes_per_s == pytest.approx(
+        from_model.group_norm_row_bandwidth_bytes_per_s * clocks, abs=0.005e9)
+    assert "rule clock" in model.provenance_of("group_norm")
+    assert "rule clock" not in model.provenance_of("layer_norm")
+
+
 def test_fixed_cost_is_the_intercept_of_the_streams():
     """Two families made as 2.5 us + bytes / 3 TB/s and 3.5 us + bytes / 2.9 TB/s (above 16 MB):
     intercepts 2.5 and 3.5 us, median 3 us; the points below 16 MB (the L2's) do not count."""
