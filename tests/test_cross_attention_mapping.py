@@ -134,7 +134,7 @@ def test_the_default_is_what_the_docs_say():
     assert documented == MappingOptions().cross_attention == CROSS_ATTENTION_MODES[0] == "per-sample"
     [option] = [p for p in analyze_command.params if p.name == "cross_attention"]
     assert option.default == documented
-    assert "default per-sample" in (ROOT / "README.md").read_text()
+    assert "default per-sample" in (ROOT / "docs" / "analyze_hlo.md").read_text()
 
 
 def test_bad_cross_attention_options(capsys):

@@ -1,0 +1,82 @@
+"""scripts/docs_figures.py: the figures the README and docs quote equal their result files."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from hlo_trace.cli import run_click
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("docs_figures", ROOT / "scripts" / "docs_figures.py")
+docs_figures = importlib.util.module_from_spec(spec)
+sys.modules["docs_figures"] = docs_figures
+spec.loader.exec_module(docs_figures)
+
+
+def test_every_quoted_figure_equals_its_result_file(capsys):
+    assert run_click(docs_figures.main, ["--check"]) == 0
+    assert "ok: every quoted figure" in capsys.readouterr().out
+
+
+def test_the_docs_quote_figures_through_markers():
+    """The check is not vacuous: the corrected calibration summary and the split figure are marked."""
+    names = {m["name"] for path in docs_figures.documents(ROOT)
+             for m in docs_figures.FIGURE.finditer(path.read_text())}
+    assert {"calibration.h100.group_norm", "calibration.h100.gemm", "split.worst"} <= names
+
+
+@pytest.fixture
+def copy(tmp_path, monkeypatch) -> Path:
+    """The documents and results in a scratch root the script reads instead of the repository."""
+    for name in ("README.md", "docs", "results"):
+        source = ROOT / name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / name)
+    monkeypatch.setattr(docs_figures, "REPO_ROOT", tmp_path)
+    return tmp_path
+
+
+def test_a_hand_edited_figure_is_caught_and_rewritten(copy, capsys):
+    gpu = copy / "docs" / "gpu.md"
+    text = gpu.read_text()
+    marker = "<!-- fig calibration.h100.group_norm -->"
+    start = text.index(marker) + len(marker)
+    end = text.index("<!-- /fig -->", start)
+    gpu.write_text(text[:start] + "1.0% mean, worst -2.0%" + text[end:])
+    with pytest.raises(SystemExit) as stop:
+        run_click(docs_figures.main, ["--check"])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "docs/gpu.md:" in err and "calibration.h100.group_norm reads '1.0% mean, worst -2.0%'" in err
+    assert run_click(docs_figures.main, []) == 0
+    assert gpu.read_text() == text
+
+
+def test_a_result_that_moved_is_caught(copy, capsys):
+    split = copy / "results" / "split.csv"
+    lines = split.read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[-1] = "-7.5"  # a pair 7.5% off the stage
+    split.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    with pytest.raises(SystemExit) as stop:
+        run_click(docs_figures.main, ["--check"])
+    assert stop.value.code == 1
+    assert "its source gives '7.50%'" in capsys.readouterr().err
+
+
+def test_split_worst_is_the_largest_absolute_difference(tmp_path):
+    path = tmp_path / "split.csv"
+    path.write_text("shape,strategy,mesh,a,b,difference %\ns,x,1x1,1,1,-0.25\ns,y,1x1,1,1,0.125\n")
+    assert docs_figures._split_worst(path) == "0.25%"
+
+
+def test_an_unknown_figure_is_one_error_line(copy, capsys):
+    readme = copy / "README.md"
+    readme.write_text(readme.read_text() + "\n<!-- fig no.such.figure -->1<!-- /fig -->\n")
+    assert run_click(docs_figures.main, ["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("Error: figure no.such.figure: unknown")
