@@ -264,6 +264,21 @@ def test_analyze_finds_the_blocks_and_times_each(traced, case):
     assert f"Time per block ({LAYERS} blocks" in table.stdout
 
 
+def test_a_traced_pytorch_model_on_a_gpu_runs_as_pytorch_and_has_no_caption_line(traced):
+    """The sidecar names torch-xla: on a GPU the default execution is PyTorch's, one kernel per
+    library call (docs/gpu.md), as for trace-stage's dumps; GPT-2 has no cross-attention, so
+    the report says nothing about caption lengths."""
+    dump, analysis = traced("gpt2_megatron")
+    assert analysis["mapping"]["execution"] == "torch"
+    assert analysis["mapping"]["options"]["cross_attention"] == "none"
+    table = analyze(dump, "--hw", "h100-sxm")
+    assert table.returncode == 0, table.stderr
+    assert "execution: torch" in table.stdout
+    assert "cross-attention" not in table.stdout and "caption" not in table.stdout
+    fused = analyze(dump, "--hw", "tx8")
+    assert "execution: fused" in fused.stdout  # a compiled graph on TX8
+
+
 @pytest.mark.slow
 def test_a_conv_net_has_no_blocks_and_by_block_times_the_whole_program(traced):
     dump, analysis = traced("convnet_dp")

@@ -31,7 +31,7 @@ import networkx as nx
 from hlo_analyzer.dataflow import CONSTANT_OPS
 
 __all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "TRANSPOSED_TOKENS_CALL", "Call", "CallRegion", "call_groups",
-           "folded_constants", "sidecar_call_regions"]
+           "folded_constants", "sidecar_call_regions", "sidecar_traced_pytorch"]
 
 LINEAR_CALL, ATTENTION_CALL, COPY_CALL = "linear", "flash_attention", "copy"
 TRANSPOSED_TOKENS_CALL = "transposed_tokens"
@@ -73,6 +73,13 @@ def sidecar_call_regions(document: Any) -> tuple[CallRegion, ...]:
             return ()
         regions.append(region)
     return tuple(regions)
+
+
+def sidecar_traced_pytorch(document: Any) -> bool:
+    """Whether a sidecar is a torch-xla tracer's (``trace-stage``, ``trace-module``): its
+    ``versions`` name torch_xla, whose op locations give the library calls."""
+    versions = document.get("versions") if isinstance(document, dict) else None
+    return isinstance(versions, dict) and "torch_xla" in versions
 
 
 def _call_key(location: str) -> tuple[str, str]:
