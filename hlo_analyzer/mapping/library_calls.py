@@ -76,10 +76,15 @@ def sidecar_call_regions(document: Any) -> tuple[CallRegion, ...]:
 
 
 def sidecar_traced_pytorch(document: Any) -> bool:
-    """Whether a sidecar is a torch-xla tracer's (``trace-stage``, ``trace-module``): its
-    ``versions`` name torch_xla, whose op locations give the library calls."""
-    versions = document.get("versions") if isinstance(document, dict) else None
-    return isinstance(versions, dict) and "torch_xla" in versions
+    """Whether a sidecar is ``trace-module``'s (a PyTorch model traced by torch-xla, whose op
+    locations give its library calls): it names the model's factory and torch-xla's version.
+    (``trace-stage``'s sidecars say so by their ``library_calls``; the bundled dumps that
+    predate those keep the compiled-graph default.)"""
+    if not isinstance(document, dict):
+        return False
+    model, versions = document.get("model"), document.get("versions")
+    return (isinstance(model, dict) and "factory" in model
+            and isinstance(versions, dict) and "torch_xla" in versions)
 
 
 def _call_key(location: str) -> tuple[str, str]:

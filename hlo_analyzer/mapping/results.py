@@ -75,8 +75,8 @@ DEFAULT_OPTIONS = MappingOptions()
 
 def default_execution(chip: ChipSpec, library_calls: Sequence[CallRegion], *,
                       traced_pytorch: bool = False) -> str:
-    """``torch`` for a traced PyTorch model (its sidecar lists its library calls, or names
-    torch-xla as its tracer: ``trace-stage``, ``trace-module``) on a GPU (a chip with a kernel
+    """``torch`` for a traced PyTorch model (its sidecar lists its library calls, or it is
+    ``trace-module``'s: ``traced_pytorch``) on a GPU (a chip with a kernel
     model: PyTorch runs eagerly there, as published measurements do); ``fused`` for anything
     else (a compiled graph: TX8, a JAX program)."""
     pytorch = bool(library_calls) or traced_pytorch
