@@ -354,7 +354,13 @@ def _measure(module: Any, request: _Request,
             task.cancel()
     add_memory_section(report, usage, sidecar_path)
     if sidecar_path is not None:
+        from hlo_analyzer.memory import read_sidecar_section
         from hlo_analyzer.training import add_training_section
+
+        redundancy = read_sidecar_section(sidecar_path, "redundancy")
+        warning = redundancy.get("warning") if isinstance(redundancy, dict) else None
+        if isinstance(warning, str) and warning:  # trace-module's, about the plan it traced
+            report.notes = (*report.notes, f"trace-module warned: {warning}")
 
         with _as_usage_error(dump, "its training step cannot be split"):
             add_training_section(report, module, sidecar_path, dump)

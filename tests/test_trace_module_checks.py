@@ -113,6 +113,13 @@ def test_rules_that_match_part_of_the_model_warn_with_the_redundancy_factor(tmp_
     assert "linear layers no rule splits: attn.o, gate, out" in completed.stderr
     sidecar = json.loads((tmp_path / "out" / "d.json").read_text())
     assert sidecar["redundancy"]["one_device_gemm_flops"] == one_device
+    # analyze-hlo says it too, from the sidecar
+    completed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(tmp_path / "out" / "d.mlir")],
+                               capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert completed.returncode == 0, completed.stderr
+    assert sidecar["redundancy"]["warning"].startswith("redundancy factor")
+    assert f"Note: trace-module warned: {sidecar['redundancy']['warning']}\n" in completed.stdout
 
 
 @pytest.mark.slow

@@ -193,7 +193,7 @@ def _redundancy(plan: ModulePlan, hlo_text: str, one_device_hlo: str | None,
         click.echo(f"Warning: {stem}: {warning}", err=True)
     return {"per_device_gemm_flops": per_device, "one_device_gemm_flops": one_device,
             "factor": plan.devices * per_device / one_device if one_device else None,
-            "causes": causes}
+            "causes": causes, "warning": warning}
 
 
 def _target_entry(training: dict[str, Any]) -> dict[str, Any]:
