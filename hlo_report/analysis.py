@@ -94,7 +94,7 @@ def _mapping_figures(mapping: Document) -> Iterator[Figure]:
                    {"modelled time": [c.number("seconds") for c in classes],
                     "bound (FLOPs at peak or bytes at datasheet bandwidth)":
                         [c.number("bound_seconds") for c in classes]},
-                   y_title="seconds per run (log)", log=True,
+                   y_title="seconds per run (log)", log=True, foot_below=True,
                    note="The bound is the class's first-principles time; the model's time "
                         "over it is what the class loses to tiling, bandwidth efficiency and "
                         "launch overhead. Collectives are left out: their time is their own "
