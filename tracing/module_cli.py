@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from hlo_trace.cli import OneLineCommand, native_imports
+from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child
 from tracing.module_plan import (
     MODEL_DTYPES,
@@ -186,8 +187,12 @@ def _redundancy(plan: ModulePlan, hlo_text: str, one_device_hlo: str | None,
 
     if one_device_hlo is None:
         return None
-    per_device = gemm_flops(hlo_text, stem)
-    one_device = gemm_flops(one_device_hlo, f"{stem} (one device)")
+    try:
+        per_device = gemm_flops(hlo_text, stem)
+        one_device = gemm_flops(one_device_hlo, f"{stem} (one device)")
+    except UsageError as error:  # a program the analyzer cannot count: the dump still stands
+        click.echo(f"Warning: {stem}: the redundancy factor is not measured ({error})", err=True)
+        return None
     warning = redundancy_warning(plan, per_device, one_device, causes)
     if warning is not None:
         click.echo(f"Warning: {stem}: {warning}", err=True)
