@@ -279,6 +279,24 @@ def test_a_traced_pytorch_model_on_a_gpu_runs_as_pytorch_and_has_no_caption_line
     assert "execution: fused" in fused.stdout  # a compiled graph on TX8
 
 
+def test_the_analysis_page_of_a_traced_decoder_times_its_blocks(traced, tmp_path):
+    """hlo-report analysis on the GPT-2 dump: the blocks of the text report, not one group
+    "outside the pairs"."""
+    from hlo_report.analysis import analysis_page
+    from hlo_report.document import Document
+    from hlo_report.page import Figure
+
+    _, analysis = traced("gpt2_megatron")
+    saved = tmp_path / "analysis.json"
+    saved.write_text(json.dumps(analysis))
+    page = analysis_page(Document.load(saved, "analyze-hlo DUMP --format json output"))
+    figures = {item.key: item for section in page.sections for item in section.items
+               if isinstance(item, Figure)}
+    assert "pairs" not in figures
+    names = figures["blocks"].data[0]["x"]
+    assert names == ["outside the blocks"] + [f"block {i}" for i in range(LAYERS)]
+
+
 @pytest.mark.slow
 def test_a_conv_net_has_no_blocks_and_by_block_times_the_whole_program(traced):
     dump, analysis = traced("convnet_dp")
