@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from hardware.nccl import NCCL_KINDS
 from hardware.spec import SystemSpec
 
-__all__ = ["ModelAssumptions", "model_assumptions"]
+__all__ = ["ModelAssumptions", "model_assumptions", "nccl_assumption"]
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class ModelAssumptions:
     ``efficiencies``: the kernel-model constants (empty for ``tiled``).
     ``collective_algorithm`` / ``topology`` / ``transfers_through_dram``: the system's network.
     ``nccl_table``: the measured NCCL table that times the collectives it holds (name, source,
-    ``busbw_scale``, ``kinds``), or None (:mod:`hardware.nccl`)."""
+    ``busbw_scale``, ``kinds``, and ``assumption``: what a table of another system scaled
+    assumes, None for the system's own), or None (:mod:`hardware.nccl`)."""
 
     hardware: str
     chip: str
@@ -67,5 +68,16 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
             "source": system.nccl_table.source,
             "busbw_scale": system.nccl_busbw_scale,
             "kinds": list(NCCL_KINDS),
+            "assumption": nccl_assumption(system),
         },
     )
+
+
+def nccl_assumption(system: SystemSpec) -> str | None:
+    """What a system's collectives assume when its NCCL table was measured on another system
+    and scaled (``nccl_busbw_scale``), or None when the table is the system's own."""
+    table = system.nccl_table
+    if table is None or system.nccl_busbw_scale == 1:
+        return None
+    return (f"an assumption: the nccl-tests table measured on {table.name} with every bus "
+            f"bandwidth x{system.nccl_busbw_scale:g}; no measurement of this system is bundled")

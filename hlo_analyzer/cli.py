@@ -288,7 +288,7 @@ def _mapping_options(request: _Request) -> MappingOptions:
     of the dump's sidecar and the hardware's default execution."""
     from hardware import load_chip
     from hlo_analyzer.mapping.apply import sidecar_caption_tokens
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
+    from hlo_analyzer.mapping.library_calls import sidecar_call_regions, sidecar_traced_pytorch
     from hlo_analyzer.mapping.results import MappingOptions, default_execution
     from hlo_analyzer.memory import read_sidecar, sidecar_for
 
@@ -298,7 +298,8 @@ def _mapping_options(request: _Request) -> MappingOptions:
     if caption_tokens is None and request.cross_attention == "per-sample" and sidecar is not None:
         caption_tokens = sidecar_caption_tokens(sidecar)
     library_calls = sidecar_call_regions(sidecar)
-    execution = request.execution or default_execution(load_chip(request.hardware), library_calls)
+    execution = request.execution or default_execution(
+        load_chip(request.hardware), library_calls, traced_pytorch=sidecar_traced_pytorch(sidecar))
     return MappingOptions(execution=execution,
                           dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
                           cross_attention=request.cross_attention,
@@ -353,7 +354,13 @@ def _measure(module: Any, request: _Request,
             task.cancel()
     add_memory_section(report, usage, sidecar_path)
     if sidecar_path is not None:
+        from hlo_analyzer.memory import read_sidecar_section
         from hlo_analyzer.training import add_training_section
+
+        redundancy = read_sidecar_section(sidecar_path, "redundancy")
+        warning = redundancy.get("warning") if isinstance(redundancy, dict) else None
+        if isinstance(warning, str) and warning:  # trace-module's, about the plan it traced
+            report.notes = (*report.notes, f"trace-module warned: {warning}")
 
         with _as_usage_error(dump, "its training step cannot be split"):
             add_training_section(report, module, sidecar_path, dump)

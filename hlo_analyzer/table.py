@@ -8,6 +8,7 @@ from typing import Any
 
 from hardware import model_assumptions
 from hlo_analyzer.mapping.render import HardwareSections, block_time_records, hardware_sections
+from hlo_analyzer.mapping.results import NO_CROSS_ATTENTION
 from hlo_analyzer.mapping.sections import BlocksSection, MappingSection, TransformerSection
 from hlo_analyzer.report import Report
 
@@ -179,8 +180,8 @@ def model_lines(model: dict[str, Any]) -> list[str]:
     if nccl:
         kinds = ", ".join(kind.replace("_", "-") for kind in nccl["kinds"])
         network += f"; {kinds} from the NCCL table {nccl['name']}"
-        if nccl["busbw_scale"] != 1:
-            network += f" (bus bandwidth x{nccl['busbw_scale']:g})"
+        if nccl.get("assumption"):
+            network += f" ({nccl['assumption']})"
     return [f"  model: {execution}", f"  collectives: {network}"]
 
 
@@ -312,7 +313,8 @@ def _cross_attention_text(mapping: MappingSection) -> str:
         return (f"per-sample ({options.caption_tokens} caption tokens per sample; "
                 f"{program.per_sample_attentions} attention kernel(s) charged per sample)")
     if options.cross_attention == "per-sample":
-        return "all traced keys (per-sample asked, but the caption length is unknown: no sidecar, no --caption-tokens)"
+        return ("all traced keys (per-sample asked, but the caption length is unknown: no "
+                "caption length in a sidecar, no --caption-tokens)")
     return "all traced keys"
 
 
@@ -322,8 +324,9 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
              f"  execution: {mapping.options.execution}; DRAM efficiency {mapping.options.dram_efficiency:g}, "
              f"{mapping.options.exp_ops} vector op(s) per exp; {len(mapping.program.ops)} kernels, "
              f"{mapping.program.distinct_mappings} distinct",
-             f"  cross-attention: {_cross_attention_text(mapping)}",
              f"  one step (this program, one device)  {seconds(totals.step_latency_s)}"]
+    if mapping.program.cross_attention != NO_CROSS_ATTENTION:
+        lines.insert(3, f"  cross-attention: {_cross_attention_text(mapping)}")
     lines[2:2] = model_lines(model_assumptions(mapping.system.system).as_dict())
     lines += [f"    {kind:<16}{seconds(value):>14}" for kind, value in totals.seconds_by_kind]
     lines.append(f"  GEMM utilisation (matrix FLOPs at peak / compute time)  {totals.gemm_utilization:.1%}")

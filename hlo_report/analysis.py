@@ -46,6 +46,11 @@ def analysis_page(report: Document, trace: Document | None = None,
 
 def _summary(report: Document) -> Iterator[Item]:
     yield Fact("program", "program", report.text("program"))
+    transformer = report.child("transformer", optional=True)
+    if transformer is not None:
+        kinds = sorted({block.text("kind") for block in transformer.children("labels")})
+        yield Fact("transformer_blocks", "transformer blocks found", transformer.number("blocks"))
+        yield Fact("block_kind", "block kind", ", ".join(kinds))
     totals = report.child("totals")
     yield Fact("devices", "devices (mesh)", totals.number("mesh.devices"))
     for key, label in (("gemm_flops", "GEMM FLOPs per device"),
@@ -73,36 +78,59 @@ def _mapping_summary(mapping: Document) -> Iterator[Item]:
     yield Fact("step_latency_s", "one run of the program", totals.number("step_latency_s"), "s")
     yield Fact("inference_latency_s", "total", totals.number("inference_latency_s"), "s")
     yield Fact("total_basis", "total of", totals.text("total"))
-    yield Fact("gemm_utilization", "GEMM utilisation", totals.number("gemm_utilization"))
+    yield Fact("gemm_utilization", "GEMM utilisation", _percent(totals.number("gemm_utilization")), "%")
     for kind, seconds in totals.numbers("seconds_by_kind").items():
         yield Fact(f"seconds_{kind}", f"{kind} time per run", seconds, "s")
+    nccl = mapping.child("model.nccl_table", optional=True)
+    if nccl is not None and nccl.text("assumption", optional=True):
+        yield Text(f"Collectives: {nccl.text('assumption')}.")
 
 
 def _mapping_figures(mapping: Document) -> Iterator[Figure]:
-    classes = list(mapping.children("classes"))
+    classes = [c for c in mapping.children("classes") if c.text("class") not in UNBOUNDED_CLASSES]
     if classes:
         yield bars("classes", "Time by kernel class against its bound",
                    [kernel_class.text("class") for kernel_class in classes],
                    {"modelled time": [c.number("seconds") for c in classes],
                     "bound (FLOPs at peak or bytes at datasheet bandwidth)":
                         [c.number("bound_seconds") for c in classes]},
-                   y_title="seconds per run",
+                   y_title="seconds per run (log)", log=True, foot_below=True,
                    note="The bound is the class's first-principles time; the model's time "
                         "over it is what the class loses to tiling, bandwidth efficiency and "
-                        "launch overhead.")
-    pairs = list(mapping.children("pairs"))
-    if pairs:
-        kinds = sorted({kind for pair in pairs for kind in pair.numbers("seconds_by_kind")})
-        names = [_pair_name(pair) for pair in pairs]
-        yield bars("pairs", "Time by kind per block pair", names,
-                   {kind: [pair.numbers("seconds_by_kind").get(kind, 0.0) for pair in pairs]
+                        "launch overhead. Collectives are left out: their time is their own "
+                        "bound (the network model).")
+    groups, unit = _groups(mapping)
+    if groups:
+        kinds = sorted({kind for group in groups for kind in group.numbers("seconds_by_kind")})
+        yield bars(f"{unit}s", f"Time by kind per {_UNIT_TITLE[unit]}",
+                   [_group_name(group, unit) for group in groups],
+                   {kind: [group.numbers("seconds_by_kind").get(kind, 0.0) for group in groups]
                     for kind in kinds},
                    y_title="seconds per run", stacked=True)
 
 
-def _pair_name(pair: Document) -> str:
-    number = pair.number("pair", optional=True)
-    return "outside the pairs" if number is None else f"pair {number}"
+#: Kernel classes whose bound is their modelled time (no first-principles bound apart).
+UNBOUNDED_CLASSES = ("collective",)
+_UNIT_TITLE = {"pair": "block pair", "block": "block"}
+
+
+def _groups(mapping: Document) -> tuple[list[Document], str]:
+    """The kernels' groups the text report shows: STDiT3's block pairs when the dump is a
+    stage, else the transformer blocks (``block``) when it has some, else the one group of the
+    whole program (``pair`` None)."""
+    blocks = list(mapping.children("blocks"))
+    if blocks and not mapping.number("totals.pairs_found", optional=True):
+        return blocks, "block"
+    return list(mapping.children("pairs")), "pair"
+
+
+def _group_name(group: Document, unit: str) -> str:
+    number = group.number(unit, optional=True)
+    return f"outside the {unit}s" if number is None else f"{unit} {number}"
+
+
+def _percent(fraction: int | float | None) -> float | None:
+    return None if fraction is None else 100 * fraction
 
 
 def _tables(report: Document, mapping: Document | None) -> Iterator[Table]:
@@ -127,20 +155,22 @@ def _tables(report: Document, mapping: Document | None) -> Iterator[Table]:
         return
     kernels = list(mapping.children("kernels"))
     shown_kernels = sorted(kernels, key=lambda kernel: -(kernel.number("latency_s") or 0))[:MAX_ROWS]
-    yield Table("kernels", "Per kernel", columns("position", "kernel", "kind", "pair", "shapes", "FLOPs",
-                                                 "latency s", "bound", "utilisation", "compute s",
+    groups, unit = _groups(mapping)
+    yield Table("kernels", "Per kernel", columns("position", "kernel", "kind", unit, "shapes", "FLOPs",
+                                                 "latency s", "bound", "utilisation %", "compute s",
                                                  "DRAM s", "NoC s",
                                                  text=("kernel", "kind", "shapes", "bound")),
                 tuple((kernel.number("position"), kernel.text("name"), kernel.text("kind"),
-                       kernel.number("pair", optional=True), kernel.text("shapes"),
+                       kernel.number(unit, optional=True), kernel.text("shapes"),
                        kernel.number("flops"), kernel.number("latency_s"), kernel.text("bound"),
-                       kernel.number("utilization"), kernel.number("compute_s"),
+                       _percent(kernel.number("utilization")), kernel.number("compute_s"),
                        kernel.number("dram_s"), kernel.number("noc_s")) for kernel in shown_kernels),
                 note=_cap_note(len(kernels), "kernels", "latency"))
-    yield Table("pairs", "Per block pair", columns("pair", "kernels", "latency s", text=("pair",)),
-                tuple((_pair_name(pair), pair.number("kernels"), pair.number("latency_s"))
-                      for pair in mapping.children("pairs")))
-    blocks = report.child("blocks", optional=True)
+    yield Table("pairs" if unit == "pair" else "block_times", f"Per {_UNIT_TITLE[unit]}",
+                columns(unit, "kernels", "latency s", text=(unit,)),
+                tuple((_group_name(group, unit), group.number("kernels"), group.number("latency_s"))
+                      for group in groups))
+    blocks = report.child("blocks", optional=True) or report.child("transformer", optional=True)
     if blocks is not None:
         yield _block_table(blocks, ops, kernels)
 

@@ -13,6 +13,9 @@ from typing import Any
 from hlo_report.document import Document
 from hlo_report.page import Figure, Value
 
+#: On a log axis of bars, the axis starts at least this factor below the shortest bar, so
+#: that every bar shows (a bar at the axis' foot has no height).
+LOG_BAR_FOOT = 2.5
 #: Marker colours by series, in order (colour-blind safe: Okabe and Ito's palette).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
@@ -47,14 +50,19 @@ def log_ticks(values: Iterable[Value]) -> list[float]:
 
 def bars(key: str, title: str, categories: Sequence[str], series: Mapping[str, Sequence[Value]],
          *, y_title: str, x_title: str = "", stacked: bool = False, log: bool = False,
-         shapes: Sequence[dict[str, Any]] = (), note: str = "") -> Figure:
-    """One bar per category and series (grouped, or stacked)."""
+         foot_below: bool = False, shapes: Sequence[dict[str, Any]] = (), note: str = "") -> Figure:
+    """One bar per category and series (grouped, or stacked); ``foot_below``: a log axis starts
+    :data:`LOG_BAR_FOOT` times below the shortest bar, so that every bar shows."""
     data = tuple({"type": "bar", "name": name, "x": list(categories), "y": list(values),
                   "marker": {"color": PALETTE[index % len(PALETTE)]},
                   "hovertemplate": "%{x}<br>" + name + ": %{y:.4g}<extra></extra>"}
                  for index, (name, values) in enumerate(series.items()))
+    values = [v for series_values in series.values() for v in series_values]
+    if log and foot_below:  # a bar reaches up from the axis' foot: a step below the shortest
+        positive = [float(v) for v in values if isinstance(v, (int, float)) and v > 0]
+        values += [min(positive) / LOG_BAR_FOOT] if positive else []
     layout = {"barmode": "stack" if stacked else "group",
-              "yaxis": _axis(y_title, log, (v for values in series.values() for v in values)),
+              "yaxis": _axis(y_title, log, values),
               "xaxis": _axis(x_title), "legend": {"orientation": "h", "y": -0.25},
               "shapes": list(shapes)}
     return Figure(key, title, data, layout, note)

@@ -17,6 +17,11 @@ WHAT = "plan-search --json output"
 
 #: Bytes per GB, as plan-search's report prints memory.
 GIGA = 1e9
+#: The memory limit is drawn when it is at most this many times the largest memory plotted
+#: (beyond, the plans would sit in a sliver at the left of the axis).
+LIMIT_DRAWN_WITHIN = 4
+#: Up to this many plans, each point is labelled with its plan beside the marker.
+LABELLED_PLANS = 5
 
 
 def plan_page(search: Document) -> Page:
@@ -75,11 +80,21 @@ def _figures(search: Document, plans: list[Document]) -> Iterator[Figure]:
         traces.append(scatter_trace("best", [best.number("traced.memory_bytes") / GIGA],
                                     [best.number("traced.latency_s")], [best.text("plan")],
                                     index=3, size=14, x_unit="GB", y_unit="s"))
+    if len(plans) <= LABELLED_PLANS:  # few points: name each beside it
+        for trace in traces[:2]:
+            trace |= {"mode": "markers+text", "textposition": "top center"}
+    limit_gb = search.number("memory_limit_bytes") / GIGA
+    largest = max((x for trace in traces for x in trace["x"]), default=0.0)
+    drawn = largest > 0 and limit_gb <= LIMIT_DRAWN_WITHIN * largest
+    note = ("Grey: the estimate of a plan that was not traced; blue: traced plans at their traced "
+            "figures; the line joins the traced Pareto front.")
+    if not drawn and largest > 0:
+        note += (f" The memory limit ({limit_gb:.4g} GB) is not drawn: every plan needs under "
+                 f"{largest / limit_gb:.2%} of it, and a line there would squeeze the plans "
+                 "against the left edge.")
     yield scatter("pareto", "Latency against memory per device", traces,
                   x_title="memory per device (GB)", y_title="latency (s)", y_log=True,
-                  shapes=(vertical_line(search.number("memory_limit_bytes") / GIGA, "memory limit"),),
-                  note="Grey: the estimate of a plan that was not traced; blue: traced plans at "
-                       "their traced figures; the line joins the traced Pareto front.")
+                  shapes=(vertical_line(limit_gb, "memory limit"),) if drawn else (), note=note)
     if traced:
         measured = [p.number("traced.latency_s") for p in traced]
         line = [min(measured), max(measured)]

@@ -360,3 +360,25 @@ def test_the_report_says_why_plans_were_refused_and_ranks_no_fewer_than_three():
     assert len(three.traced) == 3 and three.spearman == pytest.approx(
         spearman([o.estimate.latency_s for o in three.traced], [o.traced_latency_s for o in three.traced]))
     assert "Spearman rank correlation n/a" not in render_report(three)
+
+
+def test_the_report_counts_the_untraced_plans_it_lists():
+    """A space traced whole lists no untraced plan (it said "best 10 of 0"); a larger one lists
+    at most 10, and says how many of how many."""
+    from tracing.plan_search_cli import render_report
+
+    space = _space()
+    accepted = len(space.plans)
+
+    def tracer(plans):
+        return [(float(i + 1), 1e6) for i, _ in enumerate(plans)]
+
+    whole = search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=accepted,
+                   jobs=accepted, exhaustive=True)
+    text = render_report(whole)
+    assert "of 0" not in text
+    assert text.rstrip().endswith("untraced plans: none (every plan the tracer accepts was traced)")
+    one = render_report(search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=1))
+    listed = min(10, accepted - 1)
+    assert f"untraced plans, best {listed} of {accepted - 1} by estimate" in one
+    assert len(one.split("by estimate (never an answer):\n", 1)[1].splitlines()) == listed

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hlo_report.analysis import analysis_page
 from hlo_report.document import Document, csv_value
 from hlo_report.figures import log_ticks
 from hlo_report.page import Fact, Figure, Page, Section, Table, columns, render_page, shown
@@ -159,3 +161,91 @@ def test_the_latency_against_devices_curve_is_drawn_where_the_study_has_two_devi
     assert devices("1x16") == 16 and devices("2x4") == 8 and devices("n/a") is None
     assert "devices" in _figure_keys(study_page(load_study(REPO / "results")))  # 1 and 16 devices
     assert "devices" not in _figure_keys(study_page(load_study(REPO / "results/gpu8xh100")))  # 8 only
+
+
+# -- what a new user found on the analysis and plan pages -------------------------------------------
+def _items(page: Page, kind: type) -> dict:
+    return {item.key: item for section in page.sections for item in section.items
+            if isinstance(item, kind)}
+
+
+def _analysis(tmp_path: Path, dump: Path, hardware: str) -> Document:
+    report = tmp_path / "analysis.json"
+    completed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hardware,
+                                "--format", "json", "-o", str(report)], cwd=REPO,
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    return Document.load(report, "analyze-hlo DUMP --format json output")
+
+
+def test_a_generic_transformers_analysis_page_shows_its_blocks(tmp_path):
+    """A Llama-style decoder written in JAX (tests/jax_decoder_program.py, 2 blocks): the page
+    times each block, as the text report does, and lists their labelled GEMMs; its time is not
+    all "outside the pairs" (an STDiT3 stage's grouping)."""
+    pytest.importorskip("jax")
+    dump = tmp_path / "decoder.hlo.txt"
+    subprocess.run([sys.executable, str(REPO / "tests" / "jax_decoder_program.py"), str(dump)],
+                   check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+    report = _analysis(tmp_path, dump, "h100-sxm")
+    page = analysis_page(report)
+    kernels = report.data["mapping"]["kernels"]
+    blocks = report.data["transformer"]["blocks"]
+    figure = _items(page, Figure)["blocks"]
+    assert "pairs" not in _items(page, Figure)
+    groups = ([None] if any(k["block"] is None for k in kernels) else []) + list(range(blocks))
+    names = [("outside the blocks" if b is None else f"block {b}") for b in groups]
+    assert all(trace["x"] == names for trace in figure.data)
+    stacked = [sum(trace["y"][i] for trace in figure.data) for i in range(len(names))]
+    by_block = [sum(k["latency_s"] for k in kernels if k["block"] == b) for b in groups]
+    assert stacked == pytest.approx(by_block) and all(t > 0 for t in stacked[-blocks:])
+    tables = _items(page, Table)
+    assert [row[0] for row in tables["block_times"].rows] == names
+    assert {row[0] for row in tables["blocks"].rows} == set(range(blocks))  # labelled GEMMs
+    facts = _items(page, Fact)
+    assert facts["transformer_blocks"].value == blocks == 2
+    text = "".join(render_page(page, ""))
+    assert "outside the pairs" not in text
+
+
+def test_the_analysis_page_bars_differ_and_every_fraction_is_a_percent(tmp_path):
+    """The bars against a bound leave out the collectives (their bound is their own modelled
+    time: two equal bars), on a log axis; utilisation is shown in percent, in the summary and
+    the kernel table alike."""
+    report = _analysis(tmp_path, REPO / "dumps/stablehlo/tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir",
+                       "tx8")
+    mapping = report.data["mapping"]
+    page = analysis_page(report)
+    figure = _items(page, Figure)["classes"]
+    time, bound = (dict(zip(trace["x"], trace["y"])) for trace in figure.data)
+    assert set(time) == {c["class"] for c in mapping["classes"]} - {"collective"}
+    assert all(time[name] != bound[name] for name in time)
+    assert figure.layout["yaxis"]["type"] == "log"
+    # the axis starts well below the shortest bar: every bar has a height
+    assert 10 ** figure.layout["yaxis"]["range"][0] <= min(bound.values()) / 2
+    facts = _items(page, Fact)
+    assert facts["gemm_utilization"].unit == "%"
+    assert facts["gemm_utilization"].value == pytest.approx(100 * mapping["totals"]["gemm_utilization"])
+    table = _items(page, Table)["kernels"]
+    column = [c.name for c in table.columns].index("utilisation %")
+    by_position = {k["position"]: k["utilization"] for k in mapping["kernels"]}
+    assert all(row[column] == pytest.approx(100 * by_position[row[0]]) for row in table.rows)
+    assert "utilisation" not in [c.name for c in table.columns]
+
+
+def test_the_plan_page_of_a_small_search_is_readable():
+    """3 traced plans of under 1 MB on 17 GB chips (plan-search --config tiny on tx8-16): the
+    limit is not drawn (it put the plans in a sliver at the left edge) and the note says why;
+    each plan is named beside its point."""
+    small = REPO / "tests/data/plan_search_tiny.json"
+    search = json.loads(small.read_text())
+    figure = _items(plan_page(Document.load(small, "plan-search --json output")), Figure)["pareto"]
+    memories = [x for trace in figure.data for x in trace["x"]]
+    assert max(memories) * 1e9 < search["memory_limit_bytes"] / 1000
+    assert figure.layout["shapes"] == []
+    assert "memory limit (17.18 GB) is not drawn" in figure.note
+    assert all(trace["mode"] == "markers+text" for trace in figure.data[:2])
+    # a search whose plans come near the limit keeps the line
+    large = _items(plan_page(Document.load(SEARCH, "plan-search --json output")), Figure)["pareto"]
+    assert [shape["x0"] for shape in large.layout["shapes"]] == [
+        json.loads(SEARCH.read_text())["memory_limit_bytes"] / 1e9]

@@ -271,3 +271,24 @@ def test_no_page_asked_for_anything_after_the_sorting_and_hovering(opened, pages
         page = opened(kind)
         assert page.errors == []
         assert page.requests == [pages[kind][0].as_uri()]
+
+
+def test_the_plan_page_of_a_small_search_spreads_its_plans_across_the_plot(browser, tmp_path):
+    """3 traced plans of about 0.8 MB on chips of 17 GB (plan-search --config tiny on tx8-16):
+    drawn, the points span much of the plot's width and each is named beside it (a memory
+    limit line at 17 GB put them all within a pixel of the left edge)."""
+    small = REPO / "tests/data/plan_search_tiny.json"
+    page_path = tmp_path / "plan.html"
+    _run("hlo_report.cli", "plan", str(small), "-o", str(page_path))
+    page = Opened(browser, page_path)
+    try:
+        assert page.errors == []
+        search = json.loads(small.read_text())
+        memories = [p["traced"]["memory_bytes"] / 1e9 for p in search["plans"] if p["traced"]]
+        low, high = page.page.evaluate(
+            "document.getElementById('figure-pareto')._fullLayout.xaxis.range")
+        assert len(memories) == 3 and (max(memories) - min(memories)) > 0.3 * (high - low)
+        labels = page.page.locator("#figure-pareto .scatterlayer .textpoint").all_text_contents()
+        assert {p["plan"] for p in search["plans"] if p["traced"]} <= set(labels)
+    finally:
+        page.close()

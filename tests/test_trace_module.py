@@ -264,6 +264,39 @@ def test_analyze_finds_the_blocks_and_times_each(traced, case):
     assert f"Time per block ({LAYERS} blocks" in table.stdout
 
 
+def test_a_traced_pytorch_model_on_a_gpu_runs_as_pytorch_and_has_no_caption_line(traced):
+    """The sidecar names torch-xla: on a GPU the default execution is PyTorch's, one kernel per
+    library call (docs/gpu.md), as for trace-stage's dumps; GPT-2 has no cross-attention, so
+    the report says nothing about caption lengths."""
+    dump, analysis = traced("gpt2_megatron")
+    assert analysis["mapping"]["execution"] == "torch"
+    assert analysis["mapping"]["options"]["cross_attention"] == "none"
+    table = analyze(dump, "--hw", "h100-sxm")
+    assert table.returncode == 0, table.stderr
+    assert "execution: torch" in table.stdout
+    assert "cross-attention" not in table.stdout and "caption" not in table.stdout
+    fused = analyze(dump, "--hw", "tx8")
+    assert "execution: fused" in fused.stdout  # a compiled graph on TX8
+
+
+def test_the_analysis_page_of_a_traced_decoder_times_its_blocks(traced, tmp_path):
+    """hlo-report analysis on the GPT-2 dump: the blocks of the text report, not one group
+    "outside the pairs"."""
+    from hlo_report.analysis import analysis_page
+    from hlo_report.document import Document
+    from hlo_report.page import Figure
+
+    _, analysis = traced("gpt2_megatron")
+    saved = tmp_path / "analysis.json"
+    saved.write_text(json.dumps(analysis))
+    page = analysis_page(Document.load(saved, "analyze-hlo DUMP --format json output"))
+    figures = {item.key: item for section in page.sections for item in section.items
+               if isinstance(item, Figure)}
+    assert "pairs" not in figures
+    names = figures["blocks"].data[0]["x"]
+    assert names == ["outside the blocks"] + [f"block {i}" for i in range(LAYERS)]
+
+
 @pytest.mark.slow
 def test_a_conv_net_has_no_blocks_and_by_block_times_the_whole_program(traced):
     dump, analysis = traced("convnet_dp")

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from hlo_trace.cli import OneLineCommand, native_imports
+from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child
 from tracing.module_plan import (
     MODEL_DTYPES,
@@ -121,15 +122,19 @@ def _trace_in_child(model: str, kwargs: dict[str, Any], inputs: list[InputSpec],
             import torch  # noqa: F401 - loaded here, where an interrupt cannot leave it half-made
 
             capture.enable_spmd()
-        from tracing.module_tracer import build_model, check_plan, trace_module
+        from tracing.module_checks import check_shards_something, redundancy_causes
+        from tracing.module_tracer import build_model, check_plan, global_hlo, trace_module
 
         progress("build")
         build_started = time.perf_counter()
         module = build_model(model, kwargs, dtype)
         check_plan(plan, module, inputs, mode=mode)
+        check_shards_something(plan, module, inputs)
+        causes = redundancy_causes(plan, module)
         build_s = time.perf_counter() - build_started
         traced = trace_module(module, plan, inputs, mode=mode, dtype=dtype, progress=progress)
         traced.seconds["build"] = build_s
+        one_device_hlo = global_hlo(traced.outputs) if plan.devices > 1 else None
         progress("compile")
         compile_started = time.perf_counter()
         hlo_text = capture.capture_partitioned_hlo(session, traced.outputs)
@@ -140,6 +145,7 @@ def _trace_in_child(model: str, kwargs: dict[str, Any], inputs: list[InputSpec],
     convert_started = time.perf_counter()
     mlir_text = hlo_text_to_mlir_text(hlo_text, dialect, origin=stem)
     traced.seconds["convert"] = time.perf_counter() - convert_started
+    redundancy = _redundancy(plan, hlo_text, one_device_hlo, causes, stem)
     progress("write")
     shorthand_or_file = Path(plan_file).stem if plan_file is not None else plan.shorthand
     sidecar = {
@@ -162,6 +168,8 @@ def _trace_in_child(model: str, kwargs: dict[str, Any], inputs: list[InputSpec],
         "peak_rss_bytes": capture.peak_rss_bytes(),
         "mlir_bytes": len(mlir_text.encode()),
     }
+    if redundancy is not None:
+        sidecar["redundancy"] = redundancy
     if traced.training is not None:
         sidecar["training"] = traced.training
         sidecar["inputs"]["target"] = _target_entry(traced.training)
@@ -169,6 +177,28 @@ def _trace_in_child(model: str, kwargs: dict[str, Any], inputs: list[InputSpec],
     if session.compiling:  # the compile goes on writing there until the child ends
         shutil.rmtree(session.dump_dir, ignore_errors=True)
     return [str(path) for path in written]
+
+
+def _redundancy(plan: ModulePlan, hlo_text: str, one_device_hlo: str | None,
+                causes: list[str], stem: str) -> dict[str, Any] | None:
+    """The sidecar's ``redundancy`` (devices x per-device GEMM FLOPs against the one-device
+    count, ``tracing.module_checks``); its warning on stderr when the work is repeated."""
+    from tracing.module_checks import gemm_flops, redundancy_warning
+
+    if one_device_hlo is None:
+        return None
+    try:
+        per_device = gemm_flops(hlo_text, stem)
+        one_device = gemm_flops(one_device_hlo, f"{stem} (one device)")
+    except UsageError as error:  # a program the analyzer cannot count: the dump still stands
+        click.echo(f"Warning: {stem}: the redundancy factor is not measured ({error})", err=True)
+        return None
+    warning = redundancy_warning(plan, per_device, one_device, causes)
+    if warning is not None:
+        click.echo(f"Warning: {stem}: {warning}", err=True)
+    return {"per_device_gemm_flops": per_device, "one_device_gemm_flops": one_device,
+            "factor": plan.devices * per_device / one_device if one_device else None,
+            "causes": causes, "warning": warning}
 
 
 def _target_entry(training: dict[str, Any]) -> dict[str, Any]:

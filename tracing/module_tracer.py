@@ -14,6 +14,8 @@ the graph is compiled without executing and XLA's partitioned module captured
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ class TracedModule:
 def load_factory(factory: str) -> Callable[..., Any]:
     """The callable at ``pkg.module:factory``; one line when the module or the name is missing."""
     module_name, attribute = parse_factory(factory)
+    _import_from_current_directory()
     try:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
@@ -67,6 +70,17 @@ def load_factory(factory: str) -> Callable[..., Any]:
     if not callable(target):
         raise PlanError(f"model {factory}: {attribute} is not callable")
     return target
+
+
+def _import_from_current_directory() -> None:
+    """Put the current directory first on the import path, as ``python -m`` does: a console
+    script's path starts at its own directory, so ``trace-module mymodel:make`` would not find
+    ``./mymodel.py`` (docs/trace_module.md: the current directory, ``PYTHONPATH``, the installed
+    packages)."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or ".") == here for entry in sys.path):
+        sys.path.insert(0, here)
+        importlib.invalidate_caches()
 
 
 def build_model(factory: str, kwargs: dict[str, Any], dtype: str):
@@ -179,6 +193,14 @@ def trace_module(model, plan: ModulePlan, inputs: list[InputSpec], *, mode: str,
     lay_out_placeholders(split)
     seconds["trace"] = time.perf_counter() - started
     return traced
+
+
+def global_hlo(outputs: list[Any]) -> str:
+    """HLO text of the lazy graph that computes ``outputs``, before SPMD partitioning (global
+    shapes: the one-device program, its sharding marks aside); nothing is compiled."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_xla_tensors_hlo(list(outputs))
 
 
 def _call(model, tensors: dict[str, Any]):
@@ -357,5 +379,5 @@ def _train_step(model, plan: ModulePlan, mesh, tensors: dict[str, Any], params: 
     }
 
 
-__all__ = ["TracedModule", "build_model", "check_plan", "load_factory", "spec_json",
+__all__ = ["TracedModule", "build_model", "check_plan", "global_hlo", "load_factory", "spec_json",
            "trace_module"]

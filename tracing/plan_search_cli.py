@@ -25,6 +25,8 @@ from hlo_trace.numbers import brief, parse_int
 
 #: Bytes per GB as the report prints memory (decimal, as the study's tables).
 GIGA = 1e9
+#: Untraced plans the text lists, by estimate.
+UNTRACED_SHOWN = 10
 
 
 def _int_list(text: str, option: str, *, minimum: int = 1) -> list[int]:
@@ -96,8 +98,12 @@ def render_report(result) -> str:
                  "marked *); estimate basis: " + (result.outcomes[0].estimate.basis.split(" (")[0]
                                                    if result.outcomes else "n/a"))
     untraced = [o for o in result.outcomes if not o.traced and o.error is None]
-    lines += ["", f"untraced plans, best 10 of {len(untraced)} by estimate (never an answer):"]
-    for outcome in untraced[:10]:
+    if untraced:
+        shown = min(UNTRACED_SHOWN, len(untraced))
+        lines += ["", f"untraced plans, best {shown} of {len(untraced)} by estimate (never an answer):"]
+    else:
+        lines += ["", "untraced plans: none (every plan the tracer accepts was traced)"]
+    for outcome in untraced[:UNTRACED_SHOWN]:
         lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} s "
                      f"{outcome.estimate.memory_bytes / GIGA:9.4g} GB")
     return "\n".join(lines) + "\n"

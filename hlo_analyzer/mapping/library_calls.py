@@ -31,7 +31,7 @@ import networkx as nx
 from hlo_analyzer.dataflow import CONSTANT_OPS
 
 __all__ = ["ATTENTION_CALL", "COPY_CALL", "LINEAR_CALL", "TRANSPOSED_TOKENS_CALL", "Call", "CallRegion", "call_groups",
-           "folded_constants", "sidecar_call_regions"]
+           "folded_constants", "sidecar_call_regions", "sidecar_traced_pytorch"]
 
 LINEAR_CALL, ATTENTION_CALL, COPY_CALL = "linear", "flash_attention", "copy"
 TRANSPOSED_TOKENS_CALL = "transposed_tokens"
@@ -73,6 +73,18 @@ def sidecar_call_regions(document: Any) -> tuple[CallRegion, ...]:
             return ()
         regions.append(region)
     return tuple(regions)
+
+
+def sidecar_traced_pytorch(document: Any) -> bool:
+    """Whether a sidecar is ``trace-module``'s (a PyTorch model traced by torch-xla, whose op
+    locations give its library calls): it names the model's factory and torch-xla's version.
+    (``trace-stage``'s sidecars say so by their ``library_calls``; the bundled dumps that
+    predate those keep the compiled-graph default.)"""
+    if not isinstance(document, dict):
+        return False
+    model, versions = document.get("model"), document.get("versions")
+    return (isinstance(model, dict) and "factory" in model
+            and isinstance(versions, dict) and "torch_xla" in versions)
 
 
 def _call_key(location: str) -> tuple[str, str]:

@@ -35,6 +35,7 @@ from hlo_analyzer.mapping.attention import find_attentions
 from hlo_analyzer.mapping.fusion import fused_vector_works
 from hlo_analyzer.mapping.results import (
     DEFAULT_OPTIONS,
+    NO_CROSS_ATTENTION,
     KernelSource,
     MappedOp,
     MappingOptions,
@@ -178,7 +179,8 @@ def map_program(rows: Sequence[OpRow], graph: nx.DiGraph, chip: ChipSpec, system
     by_position = {row.position: row for row in rows}
     works = _works(graph, by_position, _chip_for(chip, options), options, frozenset(cross_values), owners or {},
                    tuple(residual_inputs))
-    return _map_works(works, chip, system, options)
+    mapping = _map_works(works, chip, system, options)
+    return mapping if cross_values else replace(mapping, cross_attention=NO_CROSS_ATTENTION)
 
 
 def map_kernels(kernels: Sequence[KernelSource], chip: ChipSpec, system: SystemSpec,

@@ -20,6 +20,8 @@ from hardware import MEMORY_KERNEL_CLASSES, ChipSpec, Op
 from hlo_analyzer.mapping.library_calls import CallRegion
 
 EXECUTION_MODES = ("fused", "eager", "torch")
+#: ``ProgramMapping.cross_attention`` of a program without a cross-attention.
+NO_CROSS_ATTENTION = "none"
 #: How a cross-attention over the flattened samples is charged (module docstring); the first is
 #: the default, docs/hardware.md says why.
 CROSS_ATTENTION_MODES = ("per-sample", "all")
@@ -71,11 +73,14 @@ class MappingOptions:
 DEFAULT_OPTIONS = MappingOptions()
 
 
-def default_execution(chip: ChipSpec, library_calls: Sequence[CallRegion]) -> str:
-    """``torch`` for a traced PyTorch model (its sidecar lists its library calls) on a GPU (a
-    chip with a kernel model: PyTorch runs eagerly there, as published measurements do);
-    ``fused`` for anything else (a compiled graph: TX8, a JAX program)."""
-    return "torch" if chip.kernel_model is not None and library_calls else "fused"
+def default_execution(chip: ChipSpec, library_calls: Sequence[CallRegion], *,
+                      traced_pytorch: bool = False) -> str:
+    """``torch`` for a traced PyTorch model (its sidecar lists its library calls, or it is
+    ``trace-module``'s: ``traced_pytorch``) on a GPU (a chip with a kernel
+    model: PyTorch runs eagerly there, as published measurements do); ``fused`` for anything
+    else (a compiled graph: TX8, a JAX program)."""
+    pytorch = bool(library_calls) or traced_pytorch
+    return "torch" if chip.kernel_model is not None and pytorch else "fused"
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ class ProgramMapping:
     ops: tuple[MappedOp, ...]
     distinct_mappings: int        # searches actually run (the rest came from the cache)
     #: The cross-attention mode applied: ``per-sample`` when it was asked for and the caption
-    #: length is known, else ``all``; and how many attention kernels were charged per sample.
+    #: length is known, else ``all`` (``none``: the program has no cross-attention); and how
+    #: many attention kernels were charged per sample.
     cross_attention: str = "all"
     per_sample_attentions: int = 0
     #: What each kernel of ``ops`` was costed from (same order), for a kernel list that is
