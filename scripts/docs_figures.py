@@ -41,7 +41,9 @@ import click
 from hlo_trace.atomic import atomic_write
 from hlo_trace.cli import OneLineCommand
 from hlo_trace.errors import UsageError
-from models.opensora.inputs import REFERENCE_SHAPES
+from models.opensora.config import get_config
+from models.opensora.flops import block_pair_gemm_flops, parameter_count
+from models.opensora.inputs import REFERENCE_SHAPES, geometry
 
 #: The documents whose figures this script owns.
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -119,6 +121,18 @@ def _json_field(*keys: str, form: str = "{}") -> Callable[[Path], str]:
     return render
 
 
+def _parameters(_path: Path) -> str:
+    return f"{parameter_count(get_config('full')):,}"
+
+
+def _pair_tflop(shape: str) -> Callable[[Path], str]:
+    def render(_path: Path) -> str:
+        config = get_config("full")
+        tokens = geometry(config, shape)
+        return f"{sum(block_pair_gemm_flops(config, tokens.T, tokens.S).values()) / 1e12:.2f}"
+    return render
+
+
 #: Every figure a document may quote, by name.
 FIGURES: dict[str, Figure] = {
     "calibration.h100.memory_bound_means": Figure("results/gpu_microbench/calibration.md", _memory_bound_means),
@@ -130,6 +144,9 @@ FIGURES: dict[str, Figure] = {
     "calibration.h100.flash_attention": Figure("results/gpu_microbench/calibration.md",
                                                _class_residual("h100-sxm", "flash_attention")),
     "split.worst": Figure("results/split.csv", _split_worst),
+    # counts of the model's own code (the source is the code, not a result)
+    "model.parameters": Figure("models/opensora/flops.py", _parameters),
+    "model.pair_tflop.204_640_360": Figure("models/opensora/flops.py", _pair_tflop("204_640_360")),
 }
 
 
