@@ -185,6 +185,63 @@ def flash_kernel_head_dim(head_dim: int, kernel_head_dims: tuple[int, ...]) -> i
 
 
 @dataclass(frozen=True)
+class TiledModel:
+    """How a tiled chip with a published per-op record (Tenstorrent's Tensix chips) runs a GEMM:
+    the ``[tiled_model]`` table of its chip file. What each term means: :mod:`hardware.tiled_gemm`;
+    where each value comes from: ``provenance`` and docs/sources.md."""
+
+    #: Edge of the square tile every operand is stored and computed in (elements).
+    tile_edge: int
+    #: One engine step multiplies ``(m, k) x (k, n)`` (elements): the finest shape it computes.
+    engine_shape: tuple[int, int, int]
+    clock_hz: float
+    #: Bytes one core's NoC port moves per cycle (the interface width).
+    noc_bytes_per_cycle: float
+    #: Engine cycles one tile product (tile_edge^3 multiply-adds) takes, by math fidelity.
+    fidelity_cycles: tuple[tuple[str, int], ...]
+    #: The fidelity a dtype runs at unless the user says otherwise (the vendor's default).
+    default_fidelity: tuple[tuple[str, str], ...]
+    #: Bytes per element of each data format (block floats: mantissas plus the shared exponents).
+    bytes_per_element: tuple[tuple[str, float], ...]
+    #: The vendor's default program: K blocks of at most this many tiles ...
+    max_k_block_tiles: int
+    #: ... and output sub-blocks this many tiles wide (one in0 tile meets this many in1 tiles).
+    subblock_width_tiles: int
+    #: Fitted (scripts/calibrate_tiled.py): operand bytes the unpacker streams per cycle, per byte
+    #: of the NoC interface width.
+    operand_bytes_per_noc_byte: float
+    #: Fitted: cycles each tile product costs besides the engine's (sub-block bookkeeping).
+    tile_overhead_cycles: float
+    #: Fitted: the handshake each K block costs (multicast semaphores), seconds.
+    k_block_sync_s: float
+    #: Fitted: the share of its NoC interface a sender core's DRAM reads reach.
+    sender_read_efficiency: float
+    #: Fitted: host-to-device cost of one op, replayed from a trace and dispatched live, seconds.
+    dispatch_trace_s: float
+    dispatch_s: float
+    provenance: tuple[tuple[str, str], ...] = ()
+
+    def fidelity_for(self, dtype: str, override: str | None = None) -> str:
+        """The math fidelity ``dtype`` runs at (``override`` when given; ValueError if unknown)."""
+        fidelity = override or dict(self.default_fidelity).get(dtype)
+        if fidelity is None:
+            raise ValueError(f"dtype {dtype!r} has no default fidelity (known: {', '.join(dict(self.default_fidelity))})")
+        if fidelity not in dict(self.fidelity_cycles):
+            raise ValueError(f"fidelity {fidelity!r} unknown (known: {', '.join(dict(self.fidelity_cycles))})")
+        return fidelity
+
+    def tile_bytes(self, dtype: str) -> float:
+        """Bytes of one tile of ``dtype`` (ValueError for a format the chip lacks)."""
+        table = dict(self.bytes_per_element)
+        if dtype not in table:
+            raise ValueError(f"dtype {dtype!r} unknown to this chip (known: {', '.join(table)})")
+        return table[dtype] * self.tile_edge * self.tile_edge
+
+    def provenance_of(self, name: str) -> str:
+        return dict(self.provenance).get(name, "")
+
+
+@dataclass(frozen=True)
 class ChipSpec:
     """One chip: ``tile_count`` tiles on a ``tile_grid_rows x tile_grid_cols`` NoC, one shared DRAM.
 
@@ -217,6 +274,9 @@ class ChipSpec:
     #: Whether the chip runs attention as one fused (flash-attention) kernel; optional TOML key
     #: ``fused_attention_kernel``, default true (TX8's toolchain and GPUs' FlashAttention both do).
     fused_attention_kernel: bool = True
+    #: The Tensix-style GEMM model (``[tiled_model]`` table): when set, GEMMs are predicted by
+    #: :mod:`hardware.tiled_gemm` beside the tiled mapper's bound.
+    tiled_model: TiledModel | None = None
 
     @property
     def gemm_flops_per_s(self) -> float:
@@ -533,6 +593,81 @@ def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
     return KernelModel(**values)
 
 
+def _str_table(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"expected a table of name = text, got {value!r}")
+    return tuple(value.items())
+
+
+def _int_table(value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of name = count, got {value!r}")
+    return tuple((k, _positive_int(v)) for k, v in value.items())
+
+
+def _number_table(value: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of name = number, got {value!r}")
+    return tuple((k, _positive_number(v)) for k, v in value.items())
+
+
+def _gigahertz(value: Any) -> float:
+    return _positive_number(value) * 1e9
+
+
+def _non_negative_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < QUANTITY_RANGE[1]:
+        raise ValueError(f"expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _shape3(value: Any) -> tuple[int, int, int]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"expected [m, k, n], got {value!r}")
+    m, k, n = (_positive_int(v) for v in value)
+    return m, k, n
+
+
+_TILED_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
+    "tile_edge": ("tile_edge", _positive_int),
+    "engine_shape": ("engine_shape", _shape3),
+    "clock_ghz": ("clock_hz", _gigahertz),
+    "noc_bytes_per_cycle": ("noc_bytes_per_cycle", _positive_number),
+    "fidelity_cycles": ("fidelity_cycles", _int_table),
+    "default_fidelity": ("default_fidelity", _str_table),
+    "bytes_per_element": ("bytes_per_element", _number_table),
+    "max_k_block_tiles": ("max_k_block_tiles", _positive_int),
+    "subblock_width_tiles": ("subblock_width_tiles", _positive_int),
+    "operand_bytes_per_noc_byte": ("operand_bytes_per_noc_byte", _positive_number),
+    "tile_overhead_cycles": ("tile_overhead_cycles", _non_negative_number),
+    "k_block_sync": ("k_block_sync_s", _time),
+    "sender_read_efficiency": ("sender_read_efficiency", _fraction),
+    "dispatch_trace": ("dispatch_trace_s", _time),
+    "dispatch": ("dispatch_s", _time),
+    "provenance": ("provenance", _provenance),
+}
+
+
+def _tiled_model_from_table(path: Path, table: Any) -> TiledModel:
+    """The ``[tiled_model]`` table of chip file ``path``; InputFileError names the bad key."""
+    if not isinstance(table, dict):
+        raise InputFileError(f"{path}: field 'tiled_model': expected a table, got {table!r}")
+    unknown = sorted(set(table) - set(_TILED_MODEL_FIELDS))
+    if unknown:
+        raise InputFileError(f"{path}: field 'tiled_model.{unknown[0]}': unknown field (known: {', '.join(_TILED_MODEL_FIELDS)})")
+    values: dict[str, Any] = {}
+    for key, (attribute, reader) in _TILED_MODEL_FIELDS.items():
+        if key not in table:
+            if key == "provenance":
+                continue
+            raise InputFileError(f"{path}: field 'tiled_model.{key}': missing")
+        try:
+            values[attribute] = reader(table[key])
+        except ValueError as error:
+            raise InputFileError(f"{path}: field 'tiled_model.{key}': {error}") from None
+    return TiledModel(**values)
+
+
 _CHIP_FIELDS: dict[str, tuple[str, Reader, bool]] = {
     "name": ("name", _text, True),
     "description": ("description", _text, False),
@@ -609,7 +744,9 @@ def _read_fields(path: Path, table: dict[str, Any], fields: dict[str, tuple[str,
 def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
     table = dict(table)
     kernel_table = table.pop("kernel_model", None)
+    tiled_table = table.pop("tiled_model", None)
     values = _read_fields(path, table, _CHIP_FIELDS)
+    values["tiled_model"] = _tiled_model_from_table(path, tiled_table) if tiled_table is not None else None
     values["kernel_model"] = _kernel_model_from_table(path, kernel_table) if kernel_table is not None else None
     rows, cols = values.pop("tile_grid")
     if rows * cols != values["tile_count"]:
