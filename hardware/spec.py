@@ -203,17 +203,17 @@ class TiledModel:
     default_fidelity: tuple[tuple[str, str], ...]
     #: Bytes per element of each data format (block floats: mantissas plus the shared exponents).
     bytes_per_element: tuple[tuple[str, float], ...]
-    #: The vendor's default program: K blocks of at most this many tiles ...
-    max_k_block_tiles: int
-    #: ... and output sub-blocks this many tiles wide (one in0 tile meets this many in1 tiles).
-    subblock_width_tiles: int
-    #: Fitted (scripts/calibrate_tiled.py): operand bytes the unpacker streams per cycle, per byte
-    #: of the NoC interface width.
-    operand_bytes_per_noc_byte: float
+    #: SRAM of a core the program cannot use (firmware, kernel binaries, runtime buffers).
+    sram_reserved_bytes: float
+    #: Most output tiles the engine accumulates at once (its destination registers).
+    max_subblock_tiles: int
+    #: The default program takes a 1D layout when one output side exceeds this many times the other.
+    narrow_ratio: int
+    #: Fitted (scripts/calibrate_tiled.py), by dtype: operand bytes the unpacker streams per
+    #: cycle, per byte of the NoC interface width.
+    unpack_bytes_per_noc_byte: tuple[tuple[str, float], ...]
     #: Fitted: cycles each tile product costs besides the engine's (sub-block bookkeeping).
     tile_overhead_cycles: float
-    #: Fitted: the handshake each K block costs (multicast semaphores), seconds.
-    k_block_sync_s: float
     #: Fitted: the share of its NoC interface a sender core's DRAM reads reach.
     sender_read_efficiency: float
     #: Fitted: host-to-device cost of one op, replayed from a trace and dispatched live, seconds.
@@ -636,11 +636,11 @@ _TILED_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "fidelity_cycles": ("fidelity_cycles", _int_table),
     "default_fidelity": ("default_fidelity", _str_table),
     "bytes_per_element": ("bytes_per_element", _number_table),
-    "max_k_block_tiles": ("max_k_block_tiles", _positive_int),
-    "subblock_width_tiles": ("subblock_width_tiles", _positive_int),
-    "operand_bytes_per_noc_byte": ("operand_bytes_per_noc_byte", _positive_number),
+    "sram_reserved": ("sram_reserved_bytes", _quantity(Dimension.BYTES)),
+    "max_subblock_tiles": ("max_subblock_tiles", _positive_int),
+    "narrow_ratio": ("narrow_ratio", _positive_int),
+    "unpack_bytes_per_noc_byte": ("unpack_bytes_per_noc_byte", _number_table),
     "tile_overhead_cycles": ("tile_overhead_cycles", _non_negative_number),
-    "k_block_sync": ("k_block_sync_s", _time),
     "sender_read_efficiency": ("sender_read_efficiency", _fraction),
     "dispatch_trace": ("dispatch_trace_s", _time),
     "dispatch": ("dispatch_s", _time),

@@ -22,18 +22,16 @@ from hardware.tiled_gemm import tiled_gemm
 PUBLISHED_GEMMS = DATA_DIR / "public" / "tt_gemm_oob.csv"
 #: The table's dtype names and ours.
 DTYPES = {"BFLOAT16": "bf16", "BFLOAT8_B": "bfp8", "BFLOAT4_B": "bfp4"}
-#: The [tiled_model] constants the fit sets, in the order of a parameter vector.
-FITTED = ("operand_bytes_per_noc_byte", "tile_overhead_cycles", "k_block_sync_s", "sender_read_efficiency",
-          "dispatch_trace_s", "dispatch_s")
-#: Where the search starts and the bounds it keeps to. The loss has several shallow minima; the
-#: start is a least-squares fit of the same n150 rows (log residuals, the two shapes the vendor's
-#: selector maps differently left out), which the robust search then refines.
-START = (1.95, 4.8, 0.5e-6, 0.23, 9.6e-6, 33e-6)
-LOWER = (0.1, 0.0, 0.0, 0.01, 0.0, 0.0)
-UPPER = (10.0, 100.0, 20e-6, 1.0, 100e-6, 200e-6)
-#: Residuals (log of predicted over published) beyond this count linearly, not squared: the
-#: vendor's selector runs another program on a few shapes, and those rows must not steer the fit.
-HUBER_LOG = 0.05
+#: The [tiled_model] constants the fit sets, in the order of a parameter vector: the unpack rate
+#: of each dtype, then the scalar constants.
+UNPACK_DTYPES = ("bf16", "bfp8", "bfp4")
+SCALARS = ("tile_overhead_cycles", "sender_read_efficiency", "dispatch_trace_s", "dispatch_s")
+FITTED = tuple(f"unpack_bytes_per_noc_byte.{d}" for d in UNPACK_DTYPES) + SCALARS
+#: Where the search starts and the bounds it keeps to (an unpack rate at its upper bound never
+#: binds: the fidelity's cycles do).
+START = (1.0, 1.0, 4.0, 5.0, 0.3, 10e-6, 30e-6)
+LOWER = (0.1, 0.1, 0.1, 0.0, 0.01, 0.0, 0.0)
+UPPER = (20.0, 20.0, 20.0, 100.0, 1.0, 100e-6, 200e-6)
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,9 @@ def chip_for_grid(chip: ChipSpec, grid: str) -> ChipSpec:
 def with_constants(chip: ChipSpec, values: Sequence[float]) -> ChipSpec:
     """``chip`` with the :data:`FITTED` constants of its [tiled_model] set to ``values``."""
     assert chip.tiled_model is not None
-    model: TiledModel = dataclasses.replace(chip.tiled_model, **dict(zip(FITTED, values, strict=True)))
+    rates = tuple(zip(UNPACK_DTYPES, values[:len(UNPACK_DTYPES)], strict=True))
+    scalars = dict(zip(SCALARS, values[len(UNPACK_DTYPES):], strict=True))
+    model: TiledModel = dataclasses.replace(chip.tiled_model, unpack_bytes_per_noc_byte=rates, **scalars)
     return dataclasses.replace(chip, tiled_model=model)
 
 
@@ -76,14 +76,10 @@ def predicted_seconds(chip: ChipSpec, row: PublishedGemm) -> float:
                       fidelity=row.fidelity, trace=row.trace).seconds
 
 
-def _huber(x: float) -> float:
-    return x * x if abs(x) <= HUBER_LOG else HUBER_LOG * (2 * abs(x) - HUBER_LOG)
-
-
 def fit_loss(chip: ChipSpec, rows: Sequence[PublishedGemm]) -> Callable[[Sequence[float]], float]:
     def loss(values: Sequence[float]) -> float:
         fitted = with_constants(chip, values)
-        return sum(_huber(math.log(predicted_seconds(fitted, r) / r.seconds)) for r in rows)
+        return sum(math.log(predicted_seconds(fitted, r) / r.seconds) ** 2 for r in rows)
     return loss
 
 
@@ -113,7 +109,7 @@ def pattern_search(loss: Callable[[Sequence[float]], float], start: Sequence[flo
 
 def fit_tiled(chip: ChipSpec, rows: Sequence[PublishedGemm]) -> list[float]:
     """The :data:`FITTED` constants that best predict ``rows`` (the fitting card's rows only)."""
-    return pattern_search(fit_loss(chip, rows), START, LOWER, UPPER)
+    return pattern_search(fit_loss(chip, rows), START, LOWER, UPPER, rounds=200)
 
 
 @dataclass(frozen=True)

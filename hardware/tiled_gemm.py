@@ -1,31 +1,30 @@
 """A GEMM on a tiled chip of Tensix kind, predicted term by term (the ``[tiled_model]`` table).
 
-The vendor's default ("out of box") program for two DRAM-resident operands, and the terms its
-time is made of:
+The chip runs the vendor's default program for DRAM-resident operands; its time is made of:
 
-* **Tile granule.** Every operand is stored and computed in ``tile_edge``-square tiles: M, K and
-  N are rounded up to whole tiles.
-* **Wave quantisation.** The output's ``Mt x Nt`` tiles are cut into one block per core of the
-  ``rows x cols`` grid (``ceil(Mt / rows) x ceil(Nt / cols)`` tiles); a block larger than SRAM
-  holds is halved along its longer side, and blocks beyond the core count run in further waves.
-  The slowest core sets the time, so a ragged edge costs a whole block.
-* **SRAM blocking with operand reuse.** A core streams K in blocks of ``kb`` tiles (the largest
-  divisor of Kt up to ``max_k_block_tiles`` whose double-buffered operand blocks and output block
-  fit its SRAM). The left column of cores reads each in0 block from DRAM once and multicasts it
-  along its row; the top row does the same for in1 down its column: each byte read feeds a whole
-  row (column) of cores.
-* **DRAM efficiency by transfer size.** A sender core's reads of one K block take that block's
-  bytes over ``sender_read_efficiency`` of its NoC interface; the chip's DRAM bandwidth bounds
-  all senders together; small K blocks pay the per-block handshake below on few bytes, so the
-  chip reaches its DRAM bandwidth only with large blocks.
-* **K-block handshake** (``k_block_sync_s``): the semaphores each multicast step costs.
-* **Math fidelity.** One tile product takes ``fidelity_cycles[fidelity]`` engine cycles (LoFi 16,
-  HiFi2 32, ...), or longer when the unpacker cannot stream the operands that fast: a sub-block
-  of width w reads (1 + w) tiles for w products, at ``operand_bytes_per_noc_byte`` times the
-  NoC interface width per cycle; plus ``tile_overhead_cycles``.
+* **Tile granule.** Operands are stored and computed in ``tile_edge``-square tiles: M, K and N are
+  rounded up to whole tiles (Mt, Kt, Nt).
+* **Program and wave quantisation.** The output's ``Mt x Nt`` tiles are dealt to the core grid:
+  a 2D program gives each core a ``ceil(Mt / rows) x ceil(Nt / cols)`` block; a 1D program (one
+  output dimension fits one core's block, or the output is narrow) gives each core all of one
+  dimension and ``ceil(. / cores)`` of the other. The slowest core sets the time, so a ragged
+  edge costs a whole block (:func:`output_blocks`).
+* **SRAM blocking with operand reuse and multicast.** A core keeps double-buffered K blocks of
+  both operands and its output block in SRAM; when they do not fit, the output block is cut
+  into sub-blocks (closest to square first) and the K block shrinks, each sub-block streaming K
+  again (:func:`sram_blocking`). Operand blocks are read from DRAM by sender cores and
+  multicast: in a 2D program the left column's cores send in0 along their rows and the top row's
+  send in1 down their columns, so each byte read feeds a whole row or column; in a 1D program
+  one core sends the shared operand to all.
+* **DRAM efficiency by transfer size.** A sender's reads of one K block move at
+  ``sender_read_efficiency`` of its NoC interface; the DRAM bandwidth bounds all senders together.
+* **Math fidelity.** A tile product takes ``fidelity_cycles[fidelity]`` engine cycles, or longer
+  when the unpacker cannot stream its operands that fast: an ``h x w`` output sub-block reads
+  ``h + w`` tiles for ``h * w`` products, at ``unpack_bytes_per_noc_byte[dtype]`` times the NoC
+  interface width per cycle; plus ``tile_overhead_cycles``.
 * **Dispatch** per op: ``dispatch_trace_s`` replayed from a trace, ``dispatch_s`` live.
 
-Pure functions of the chip description; the constants' sources are in the chip file.
+Pure functions of the chip description; every constant's source is in the chip file.
 """
 
 from __future__ import annotations
@@ -34,12 +33,23 @@ from dataclasses import dataclass
 
 from hardware.spec import ChipSpec, TiledModel
 
+#: Output sub-block shapes ``(h, w)`` in the order the vendor's program tries them; the first
+#: that divides the block and holds at most ``max_subblock_tiles`` tiles is taken.
+SUBBLOCK_ORDER = ((4, 2), (2, 4), (8, 1), (1, 8), (7, 1), (1, 7), (3, 2), (2, 3), (6, 1), (1, 6), (5, 1), (1, 5),
+                  (2, 2), (4, 1), (1, 4), (3, 1), (1, 3), (2, 1), (1, 2), (1, 1))
+#: The square per-core blocks (tiles) the default program tries first, largest first, to decide
+#: between a 1D and a 2D program; and the K block it tries them with.
+SQUARE_BLOCKS = (16, 8, 4, 2)
+PROBE_K_BLOCK = 2
+
 
 @dataclass(frozen=True)
 class OutputBlocks:
-    """How the output tiles land on the core grid: ``block_m x block_n`` tiles per core,
-    ``count`` blocks, in ``waves`` rounds over ``cores`` cores."""
+    """How ``m_tiles x n_tiles`` output tiles land on ``cores`` cores in ``block_m x block_n``
+    blocks: ``count`` blocks in ``waves`` rounds."""
 
+    m_tiles: int
+    n_tiles: int
     block_m: int
     block_n: int
     count: int
@@ -48,25 +58,41 @@ class OutputBlocks:
 
     @property
     def grid_share(self) -> float:
-        """Share of the cores' block slots that do useful output tiles (1 = no quantisation loss)."""
-        return self.count / (self.waves * self.cores)
+        """Useful output tiles over the tiles the cores' block slots could hold (1 = no loss)."""
+        return self.m_tiles * self.n_tiles / (self.waves * self.cores * self.block_m * self.block_n)
+
+
+@dataclass(frozen=True)
+class TiledProgram:
+    """The program a GEMM runs: ``kind`` ("2d", "1d_in0": in0 multicast to all, "1d_in1"), each
+    core's output block, the sub-block it computes at a time (``out_block``), the K block, the
+    engine sub-block ``subblock`` and the cores used."""
+
+    kind: str
+    blocks: OutputBlocks
+    out_block_m: int
+    out_block_n: int
+    k_block: int
+    subblock: tuple[int, int]
+
+    @property
+    def out_blocks_per_core(self) -> int:
+        return -(-self.blocks.block_m // self.out_block_m) * -(-self.blocks.block_n // self.out_block_n)
 
 
 @dataclass(frozen=True)
 class TiledGemmEstimate:
-    """One GEMM on a tiled chip: each named term (seconds) and the bound beside it."""
+    """One GEMM on a tiled chip: its program, each named term (seconds) and the bound beside it."""
 
     m_tiles: int
     k_tiles: int
     n_tiles: int
-    blocks: OutputBlocks
-    k_block: int
+    program: TiledProgram
     fidelity: str
     cycles_per_tile_product: float
     compute_s: float
     sender_read_s: float
     dram_s: float
-    k_block_sync_s: float
     output_write_s: float
     dispatch_s: float
     seconds: float
@@ -83,16 +109,10 @@ def tiles(extent: int, edge: int) -> int:
     return -(-extent // edge)
 
 
-def output_blocks(m_tiles: int, n_tiles: int, rows: int, cols: int) -> OutputBlocks:
-    """The default block of each core: the output rows over the grid rows, columns over columns."""
-    block_m = -(-m_tiles // rows)
-    block_n = -(-n_tiles // cols)
-    return _blocks(m_tiles, n_tiles, block_m, block_n, rows * cols)
-
-
-def _blocks(m_tiles: int, n_tiles: int, block_m: int, block_n: int, cores: int) -> OutputBlocks:
+def output_blocks(m_tiles: int, n_tiles: int, block_m: int, block_n: int, cores: int) -> OutputBlocks:
+    """``block_m x block_n`` blocks over the output, dealt to ``cores`` cores in waves."""
     count = -(-m_tiles // block_m) * -(-n_tiles // block_n)
-    return OutputBlocks(block_m, block_n, count, -(-count // cores), cores)
+    return OutputBlocks(m_tiles, n_tiles, block_m, block_n, count, -(-count // cores), cores)
 
 
 def sram_footprint(block_m: int, block_n: int, k_block: int, tile_bytes: float, stages: int) -> float:
@@ -100,79 +120,125 @@ def sram_footprint(block_m: int, block_n: int, k_block: int, tile_bytes: float, 
     return stages * (block_m + block_n) * k_block * tile_bytes + block_m * block_n * tile_bytes
 
 
-def sram_blocking(blocks: OutputBlocks, m_tiles: int, n_tiles: int, k_tiles: int, tile_bytes: float,
-                  sram_bytes: float, stages: int, max_k_block: int) -> tuple[OutputBlocks, int]:
-    """The blocks and K block that fit a core's SRAM: the largest divisor of ``k_tiles`` up to
-    ``max_k_block``; when not even one K tile fits, the block is halved along its longer side
-    (more blocks, perhaps more waves). ValueError when a single output tile does not fit."""
-    while True:
-        for k_block in range(min(max_k_block, k_tiles), 0, -1):
-            if k_tiles % k_block == 0 and sram_footprint(
-                    blocks.block_m, blocks.block_n, k_block, tile_bytes, stages) <= sram_bytes:
-                return blocks, k_block
-        if blocks.block_m == blocks.block_n == 1:
-            raise ValueError(f"one output tile and its operands ({sram_footprint(1, 1, 1, tile_bytes, stages):.0f} B) "
-                             f"exceed a core's SRAM ({sram_bytes:.0f} B)")
-        if blocks.block_m >= blocks.block_n:
-            blocks = _blocks(m_tiles, n_tiles, -(-blocks.block_m // 2), blocks.block_n, blocks.cores)
-        else:
-            blocks = _blocks(m_tiles, n_tiles, blocks.block_m, -(-blocks.block_n // 2), blocks.cores)
+def _factors(count: int) -> list[int]:
+    return [count, 1] + [d for d in range(count // 2, 1, -1) if count % d == 0]
 
 
-def cycles_per_tile_product(model: TiledModel, fidelity: str, tile_bytes: float) -> float:
+def sram_blocking(block_m: int, block_n: int, k_block: int, fits, *, shrink_k: bool) -> tuple[int, int, int]:
+    """``(out_block_m, out_block_n, k_block)``: the whole block when ``fits(m, n, k)``, else the
+    largest sub-block (closest to square among equal areas) that divides it and fits, trying K
+    blocks from ``k_block`` down through its divisors when ``shrink_k``; ``(1, 1, 1)`` at worst."""
+    if fits(block_m, block_n, k_block):
+        return block_m, block_n, k_block
+    by_area: dict[int, tuple[int, int]] = {}
+    for m in _factors(block_m):
+        for n in _factors(block_n):
+            kept = by_area.get(m * n)
+            if kept is None or max(m, n) / min(m, n) <= max(kept) / min(kept):
+                by_area[m * n] = (m, n)
+    k_choices = [k for k in range(k_block, 0, -1) if k_block % k == 0] if shrink_k else [k_block]
+    for k in k_choices:
+        for area in sorted(by_area, reverse=True):
+            m, n = by_area[area]
+            if fits(m, n, k):
+                return m, n, k
+    return 1, 1, 1
+
+
+def engine_subblock(block_m: int, block_n: int, max_tiles: int) -> tuple[int, int]:
+    """The output sub-block the engine accumulates in its destination registers."""
+    for h, w in SUBBLOCK_ORDER:
+        if h * w <= max_tiles and block_m % h == 0 and block_n % w == 0:
+            return h, w
+    return 1, 1
+
+
+def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, tile_bytes: float) -> TiledProgram:
+    """The vendor's default program for DRAM-resident operands on ``chip``'s grid."""
+    model = _model(chip)
+    rows, cols = chip.tile_grid_rows, chip.tile_grid_cols
+    cores = rows * cols
+    budget = chip.sram_bytes_per_tile - model.sram_reserved_bytes
+    stages = chip.sram_buffering_stages
+
+    def fits(m: int, n: int, k: int) -> bool:
+        return sram_footprint(m, n, k, tile_bytes, stages) <= budget
+
+    square = next((s for s in SQUARE_BLOCKS if fits(s, s, PROBE_K_BLOCK)), 1)
+    blocks_m, blocks_n = -(-m_tiles // square), -(-n_tiles // square)
+    one_range = not (blocks_m == blocks_n == 1) and blocks_m <= rows and blocks_n <= cols
+    narrow = max(m_tiles, n_tiles) > model.narrow_ratio * min(m_tiles, n_tiles) or min(m_tiles, n_tiles) == 1
+    k_1d = 2 if k_tiles % 2 == 0 else 1
+    if (narrow and n_tiles > m_tiles) or (one_range and blocks_m == 1):
+        kind, blocks = "1d_in0", output_blocks(m_tiles, n_tiles, m_tiles, -(-n_tiles // cores), cores)
+    elif narrow or (one_range and blocks_n == 1):
+        kind, blocks = "1d_in1", output_blocks(m_tiles, n_tiles, -(-m_tiles // cores), n_tiles, cores)
+    else:
+        kind, blocks = "2d", output_blocks(m_tiles, n_tiles, -(-m_tiles // rows), -(-n_tiles // cols), cores)
+    k_block = (k_tiles // cols if k_tiles % cols == 0 else 1) if kind == "2d" else k_1d
+    out_m, out_n, k_block = sram_blocking(blocks.block_m, blocks.block_n, k_block, fits, shrink_k=kind == "2d")
+    return TiledProgram(kind, blocks, out_m, out_n, k_block, engine_subblock(out_m, out_n, model.max_subblock_tiles))
+
+
+def cycles_per_tile_product(model: TiledModel, fidelity: str, dtype: str, subblock: tuple[int, int]) -> float:
     """Engine cycles of one tile product: the fidelity's, or the unpacker's when it is slower."""
-    width = model.subblock_width_tiles
-    operand_bytes = (1 + width) / width * tile_bytes
-    unpack = operand_bytes / (model.operand_bytes_per_noc_byte * model.noc_bytes_per_cycle)
+    h, w = subblock
+    operand_bytes = (h + w) / (h * w) * model.tile_bytes(dtype)
+    unpack = operand_bytes / (dict(model.unpack_bytes_per_noc_byte)[dtype] * model.noc_bytes_per_cycle)
     return max(dict(model.fidelity_cycles)[fidelity], unpack) + model.tile_overhead_cycles
+
+
+def _model(chip: ChipSpec) -> TiledModel:
+    if chip.tiled_model is None:
+        raise ValueError(f"chip {chip.name!r} has no [tiled_model] table")
+    return chip.tiled_model
+
+
+def _sender_and_dram_bytes(chip: ChipSpec, program: TiledProgram, tile_bytes: float) -> tuple[float, float]:
+    """Bytes the busiest sender reads, and the chip reads from DRAM, per K block."""
+    blocks, k = program.blocks, program.k_block
+    a, b = program.out_block_m * k * tile_bytes, program.out_block_n * k * tile_bytes
+    used_m = min(-(-blocks.m_tiles // blocks.block_m), chip.tile_grid_rows if program.kind == "2d" else blocks.cores)
+    used_n = min(-(-blocks.n_tiles // blocks.block_n), chip.tile_grid_cols if program.kind == "2d" else blocks.cores)
+    if program.kind == "2d":
+        return max(a, b), used_m * a + used_n * b
+    if program.kind == "1d_in0":
+        return a + b, a + used_n * b
+    return a + b, used_m * a + b
 
 
 def tiled_gemm(chip: ChipSpec, m: int, k: int, n: int, dtype: str = "bf16", *,
                fidelity: str | None = None, trace: bool = True) -> TiledGemmEstimate:
     """The predicted time of one ``(m, k) x (k, n)`` GEMM of ``dtype`` on ``chip`` (which must have
     a ``[tiled_model]``); ``fidelity`` defaults to the dtype's; ``trace``: dispatched from a trace."""
-    model = chip.tiled_model
-    if model is None:
-        raise ValueError(f"chip {chip.name!r} has no [tiled_model] table")
+    model = _model(chip)
     fidelity = model.fidelity_for(dtype, fidelity)
     tile_bytes = model.tile_bytes(dtype)
     mt, kt, nt = (tiles(x, model.tile_edge) for x in (m, k, n))
-    first = output_blocks(mt, nt, chip.tile_grid_rows, chip.tile_grid_cols)
-    blocks, kb = sram_blocking(first, mt, nt, kt, tile_bytes, chip.sram_bytes_per_tile,
-                               chip.sram_buffering_stages, model.max_k_block_tiles)
-    k_steps = kt // kb
-    cycles = cycles_per_tile_product(model, fidelity, tile_bytes)
+    program = default_program(chip, mt, kt, nt, tile_bytes)
+    cycles = cycles_per_tile_product(model, fidelity, dtype, program.subblock)
     port = model.noc_bytes_per_cycle * model.clock_hz * model.sender_read_efficiency
-    used_rows = min(chip.tile_grid_rows, -(-mt // blocks.block_m))
-    used_cols = min(chip.tile_grid_cols, -(-nt // blocks.block_n))
-    compute = blocks.block_m * blocks.block_n * kb * cycles / model.clock_hz
-    sender = max(blocks.block_m, blocks.block_n) * kb * tile_bytes / port
-    dram = (used_rows * blocks.block_m + used_cols * blocks.block_n) * kb * tile_bytes / chip.dram_bandwidth_bytes_per_s
-    write = blocks.block_m * blocks.block_n * tile_bytes / port
+    sender_bytes, dram_bytes = _sender_and_dram_bytes(chip, program, tile_bytes)
+    compute = program.out_block_m * program.out_block_n * program.k_block * cycles / model.clock_hz
+    sender = sender_bytes / port
+    dram = dram_bytes / chip.dram_bandwidth_bytes_per_s
+    write = program.out_block_m * program.out_block_n * tile_bytes / port
+    steps = program.out_blocks_per_core * (kt // program.k_block) * program.blocks.waves
     dispatch = model.dispatch_trace_s if trace else model.dispatch_s
-    step = max(compute, sender, dram) + model.k_block_sync_s
-    seconds = blocks.waves * (k_steps * step + write) + dispatch
-    peak = engine_peak_flops(chip, fidelity)
+    seconds = steps * max(compute, sender, dram) + program.out_blocks_per_core * program.blocks.waves * write + dispatch
     moved = (m * k + k * n + m * n) * tile_bytes / model.tile_edge ** 2
-    bound = max(2 * m * k * n / peak, moved / chip.dram_bandwidth_bytes_per_s)
-    waves_steps = blocks.waves * k_steps
+    bound = max(2 * m * k * n / engine_peak_flops(chip, fidelity), moved / chip.dram_bandwidth_bytes_per_s)
     return TiledGemmEstimate(
-        m_tiles=mt, k_tiles=kt, n_tiles=nt, blocks=blocks, k_block=kb, fidelity=fidelity,
-        cycles_per_tile_product=cycles, compute_s=waves_steps * compute, sender_read_s=waves_steps * sender,
-        dram_s=waves_steps * dram, k_block_sync_s=waves_steps * model.k_block_sync_s,
-        output_write_s=blocks.waves * write, dispatch_s=dispatch, seconds=seconds, bound_s=bound,
+        m_tiles=mt, k_tiles=kt, n_tiles=nt, program=program, fidelity=fidelity, cycles_per_tile_product=cycles,
+        compute_s=steps * compute, sender_read_s=steps * sender, dram_s=steps * dram,
+        output_write_s=program.out_blocks_per_core * program.blocks.waves * write, dispatch_s=dispatch,
+        seconds=seconds, bound_s=bound,
     )
 
 
 def engine_peak_flops(chip: ChipSpec, fidelity: str) -> float:
     """The chip's GEMM peak at ``fidelity`` (FLOP/s): every core's engine every cycle."""
-    model = chip.tiled_model
-    if model is None:
-        raise ValueError(f"chip {chip.name!r} has no [tiled_model] table")
+    model = _model(chip)
     m, k, n = model.engine_shape
     lofi = min(dict(model.fidelity_cycles).values())
     return chip.tile_count * 2 * m * k * n * model.clock_hz * lofi / dict(model.fidelity_cycles)[fidelity]
-
-
-__all__ = ["OutputBlocks", "TiledGemmEstimate", "cycles_per_tile_product", "engine_peak_flops", "output_blocks",
-           "sram_blocking", "sram_footprint", "tiled_gemm", "tiles"]

@@ -25,7 +25,13 @@ import click  # noqa: E402
 
 from hardware import load_chip  # noqa: E402
 from hardware.spec import DATA_DIR  # noqa: E402
-from hardware.tiled_calibration import FITTED, fit_tiled, load_published_gemms  # noqa: E402
+from hardware.tiled_calibration import (  # noqa: E402
+    FITTED,
+    SCALARS,
+    UNPACK_DTYPES,
+    fit_tiled,
+    load_published_gemms,
+)
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 
@@ -33,23 +39,25 @@ BEGIN = "# -- fitted by scripts/calibrate_tiled.py (do not edit by hand) --\n"
 END = "# -- end fitted --\n"
 FITTING_CARD = "n150"
 CARDS = ("n150", "p150")
-#: How each fitted constant is written: TOML key, unit scale, unit suffix.
+#: How each fitted scalar is written: TOML key, unit scale, unit suffix.
 KEYS = {
-    "operand_bytes_per_noc_byte": ("operand_bytes_per_noc_byte", 1.0, ""),
     "tile_overhead_cycles": ("tile_overhead_cycles", 1.0, ""),
-    "k_block_sync_s": ("k_block_sync", 1e6, " us"),
     "sender_read_efficiency": ("sender_read_efficiency", 1.0, ""),
     "dispatch_trace_s": ("dispatch_trace", 1e6, " us"),
     "dispatch_s": ("dispatch", 1e6, " us"),
 }
 
 
+def _number(value: float) -> str:
+    return repr(float(f"{value:.3g}"))
+
+
 def render_block(values: list[float]) -> str:
-    lines = []
-    for name, value in zip(FITTED, values, strict=True):
+    rates = ", ".join(f"{d} = {_number(v)}" for d, v in zip(UNPACK_DTYPES, values, strict=False))
+    lines = [f"unpack_bytes_per_noc_byte = {{ {rates} }}\n"]
+    for name, value in zip(SCALARS, values[len(UNPACK_DTYPES):], strict=True):
         key, scale, unit = KEYS[name]
-        number = f"{value * scale:.3g}"
-        lines.append(f'{key} = "{number}{unit}"\n' if unit else f"{key} = {float(number)!r}\n")
+        lines.append(f'{key} = "{value * scale:.3g}{unit}"\n' if unit else f"{key} = {_number(value)}\n")
     return BEGIN + "".join(lines) + END
 
 
