@@ -22,6 +22,7 @@ The chip runs the vendor's default program for DRAM-resident operands; its time 
   when the unpacker cannot stream its operands that fast: an ``h x w`` output sub-block reads
   ``h + w`` tiles for ``h * w`` products, at ``unpack_bytes_per_noc_byte[dtype]`` times the NoC
   interface width per cycle; plus ``tile_overhead_cycles``.
+* The chip's DRAM bandwidth bounds the whole op (operands read once, output written once).
 * **Dispatch** per op: ``dispatch_trace_s`` replayed from a trace, ``dispatch_s`` live.
 
 Pure functions of the chip description; every constant's source is in the chip file.
@@ -225,9 +226,11 @@ def tiled_gemm(chip: ChipSpec, m: int, k: int, n: int, dtype: str = "bf16", *,
     write = program.out_block_m * program.out_block_n * tile_bytes / port
     steps = program.out_blocks_per_core * (kt // program.k_block) * program.blocks.waves
     dispatch = model.dispatch_trace_s if trace else model.dispatch_s
-    seconds = steps * max(compute, sender, dram) + program.out_blocks_per_core * program.blocks.waves * write + dispatch
     moved = (m * k + k * n + m * n) * tile_bytes / model.tile_edge ** 2
-    bound = max(2 * m * k * n / engine_peak_flops(chip, fidelity), moved / chip.dram_bandwidth_bytes_per_s)
+    memory_bound = moved / chip.dram_bandwidth_bytes_per_s
+    bound = max(2 * m * k * n / engine_peak_flops(chip, fidelity), memory_bound)
+    device = steps * max(compute, sender, dram) + program.out_blocks_per_core * program.blocks.waves * write
+    seconds = max(device, memory_bound) + dispatch
     return TiledGemmEstimate(
         m_tiles=mt, k_tiles=kt, n_tiles=nt, program=program, fidelity=fidelity, cycles_per_tile_product=cycles,
         compute_s=steps * compute, sender_read_s=steps * sender, dram_s=steps * dram,
