@@ -220,15 +220,26 @@ class TiledModel:
     dispatch_trace_s: float
     dispatch_s: float
     provenance: tuple[tuple[str, str], ...] = ()
+    #: The fidelity every dtype runs at when the user chose one (``analyze-hlo --fidelity``);
+    #: None: each dtype's ``default_fidelity``.
+    fidelity_override: str | None = None
 
     def fidelity_for(self, dtype: str, override: str | None = None) -> str:
-        """The math fidelity ``dtype`` runs at (``override`` when given; ValueError if unknown)."""
-        fidelity = override or dict(self.default_fidelity).get(dtype)
+        """The math fidelity ``dtype`` runs at (``override``, else the user's choice, else the
+        dtype's default; ValueError if unknown)."""
+        fidelity = override or self.fidelity_override or dict(self.default_fidelity).get(dtype)
         if fidelity is None:
             raise ValueError(f"dtype {dtype!r} has no default fidelity (known: {', '.join(dict(self.default_fidelity))})")
         if fidelity not in dict(self.fidelity_cycles):
             raise ValueError(f"fidelity {fidelity!r} unknown (known: {', '.join(dict(self.fidelity_cycles))})")
         return fidelity
+
+    def flops_per_cycle(self, fidelity: str) -> float:
+        """FLOPs one core's engine does per cycle at ``fidelity`` (the finest fidelity does one
+        engine step per cycle; a fidelity of c cycles per tile does that share of it)."""
+        m, k, n = self.engine_shape
+        cycles = dict(self.fidelity_cycles)
+        return 2 * m * k * n * min(cycles.values()) / cycles[fidelity]
 
     def tile_bytes(self, dtype: str) -> float:
         """Bytes of one tile of ``dtype`` (ValueError for a format the chip lacks)."""
@@ -287,6 +298,18 @@ class ChipSpec:
     def vector_flops_per_s(self) -> float:
         """Peak vector (element-wise) throughput of the whole chip."""
         return self.vector_flops_per_s_per_tile * self.tile_count
+
+
+def with_math_fidelity(chip: ChipSpec, fidelity: str) -> ChipSpec:
+    """``chip`` (which must have a ``[tiled_model]``) with every dtype at math ``fidelity`` and its
+    GEMM peak at that fidelity's; ValueError for a chip without the model or an unknown fidelity."""
+    model = chip.tiled_model
+    if model is None:
+        raise ValueError(f"{chip.name} has no [tiled_model] table, so no math fidelity to choose")
+    if fidelity not in dict(model.fidelity_cycles):
+        raise ValueError(f"fidelity {fidelity!r} unknown to {chip.name} (known: {', '.join(dict(model.fidelity_cycles))})")
+    return replace(chip, tiled_model=replace(model, fidelity_override=fidelity),
+                   gemm_flops_per_s_per_tile=model.clock_hz * model.flops_per_cycle(fidelity))
 
 
 @dataclass(frozen=True)
@@ -646,6 +669,28 @@ _TILED_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "dispatch": ("dispatch_s", _time),
     "provenance": ("provenance", _provenance),
 }
+
+
+#: How :func:`tiled_model_constants` shows a quantity: its scale from base units and its unit.
+_TILED_MODEL_UNITS = {"clock_ghz": (1e-9, " GHz"), "sram_reserved": (1e-3, " kB"),
+                      "dispatch_trace": (1e6, " us"), "dispatch": (1e6, " us")}
+
+
+def tiled_model_constants(model: TiledModel) -> list[tuple[str, object, str]]:
+    """``(TOML key, value, source)`` of every constant of ``model``, in the file's order: a table
+    as a dict, a quantity as text in the file's unit, anything else as it is."""
+    rows: list[tuple[str, object, str]] = []
+    for key, (attribute, _) in _TILED_MODEL_FIELDS.items():
+        if key == "provenance":
+            continue
+        value = getattr(model, attribute)
+        if key in _TILED_MODEL_UNITS:
+            scale, unit = _TILED_MODEL_UNITS[key]
+            value = f"{value * scale:.4g}{unit}"
+        elif isinstance(value, tuple) and value and isinstance(value[0], tuple):
+            value = dict(value)
+        rows.append((key, value, model.provenance_of(key)))
+    return rows
 
 
 def _tiled_model_from_table(path: Path, table: Any) -> TiledModel:

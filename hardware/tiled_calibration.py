@@ -27,6 +27,8 @@ DTYPES = {"BFLOAT16": "bf16", "BFLOAT8_B": "bfp8", "BFLOAT4_B": "bfp4"}
 UNPACK_DTYPES = ("bf16", "bfp8", "bfp4")
 SCALARS = ("tile_overhead_cycles", "sender_read_efficiency", "dispatch_trace_s", "dispatch_s")
 FITTED = tuple(f"unpack_bytes_per_noc_byte.{d}" for d in UNPACK_DTYPES) + SCALARS
+#: Dtypes no table measures take a measured one's unpack rate: fp32 (absent from the tables) bf16's.
+UNPACK_CARRIED = {"fp32": "bf16"}
 #: Where the search starts and the bounds it keeps to (an unpack rate at its upper bound never
 #: binds: the fidelity's cycles do).
 START = (1.0, 1.0, 4.0, 5.0, 0.3, 10e-6, 30e-6)
@@ -65,7 +67,8 @@ def chip_for_grid(chip: ChipSpec, grid: str) -> ChipSpec:
 def with_constants(chip: ChipSpec, values: Sequence[float]) -> ChipSpec:
     """``chip`` with the :data:`FITTED` constants of its [tiled_model] set to ``values``."""
     assert chip.tiled_model is not None
-    rates = tuple(zip(UNPACK_DTYPES, values[:len(UNPACK_DTYPES)], strict=True))
+    measured = dict(zip(UNPACK_DTYPES, values[:len(UNPACK_DTYPES)], strict=True))
+    rates = tuple(measured.items()) + tuple((d, measured[source]) for d, source in UNPACK_CARRIED.items())
     scalars = dict(zip(SCALARS, values[len(UNPACK_DTYPES):], strict=True))
     model: TiledModel = dataclasses.replace(chip.tiled_model, unpack_bytes_per_noc_byte=rates, **scalars)
     return dataclasses.replace(chip, tiled_model=model)

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hardware.mapping import KernelTiling, Mapping
+from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec, TiledModel
 
 #: Output sub-block shapes ``(h, w)`` in the order the vendor's program tries them; the first
@@ -242,6 +244,41 @@ def tiled_gemm(chip: ChipSpec, m: int, k: int, n: int, dtype: str = "bf16", *,
 def engine_peak_flops(chip: ChipSpec, fidelity: str) -> float:
     """The chip's GEMM peak at ``fidelity`` (FLOP/s): every core's engine every cycle."""
     model = _model(chip)
-    m, k, n = model.engine_shape
-    lofi = min(dict(model.fidelity_cycles).values())
-    return chip.tile_count * 2 * m * k * n * model.clock_hz * lofi / dict(model.fidelity_cycles)[fidelity]
+    return chip.tile_count * model.clock_hz * model.flops_per_cycle(fidelity)
+
+
+#: The dtype a GEMM of so many bytes per element runs as on a tiled chip.
+DTYPE_OF_BYTES = {4: "fp32", 2: "bf16", 1: "bfp8"}
+
+
+def tiled_gemm_mapping(op: Op, chip: ChipSpec, *, epilogue: Op | None = None, trace: bool = True) -> Mapping:
+    """GEMM ``op`` on ``chip`` as :func:`tiled_gemm` predicts it, as a :class:`Mapping`. A batched
+    GEMM runs its instances one after another in one dispatch; an epilogue (GELU, SiLU) is applied
+    by the packer as the output tiles leave the engine, at no extra time."""
+    if op.op_type is not OpType.GEMM:
+        raise ValueError(f"op {op.name}: tiled_gemm_mapping takes GEMM ops, got {op.op_type.value}")
+    dtype = DTYPE_OF_BYTES.get(op.bytes_per_element)
+    if dtype is None:
+        raise ValueError(f"op {op.name}: no dtype of {op.bytes_per_element} bytes per element on {chip.name}")
+    name = op.name
+    if epilogue is not None:
+        check_epilogue(op, epilogue)
+        name = f"{op.name}+{epilogue.name}"
+    m, k, n = gemm_dims(op)
+    one = tiled_gemm(chip, m, k, n, dtype, trace=trace)
+    device = one.seconds - one.dispatch_s
+    latency = op.batch * device + one.dispatch_s
+    terms = {"compute": one.compute_s, "dram": max(one.dram_s, one.sender_read_s), "dispatch": one.dispatch_s}
+    peak = engine_peak_flops(chip, one.fidelity)
+    program = one.program
+    edge = _model(chip).tile_edge
+    return Mapping(
+        op_name=name, op_type=OpType.GEMM.value, mapper="tiled_gemm", latency_s=latency,
+        compute_s=op.batch * one.compute_s, dram_s=op.batch * one.dram_s, noc_s=op.batch * one.sender_read_s,
+        utilization=op.flops / latency / peak if latency > 0 else 0.0, flops=op.flops,
+        dram_bytes=op.batch * (m * k + k * n + m * n) * op.bytes_per_element,
+        tiling=KernelTiling(kernel=f"tiled_{program.kind}", tile_m=program.out_block_m * edge,
+                            tile_n=program.out_block_n * edge, waves=program.blocks.waves, head_dim=0),
+        bound=max(terms, key=lambda name: terms[name]),
+    )
+

@@ -28,6 +28,7 @@ from hardware.spec import DATA_DIR  # noqa: E402
 from hardware.tiled_calibration import (  # noqa: E402
     FITTED,
     SCALARS,
+    UNPACK_CARRIED,
     UNPACK_DTYPES,
     fit_tiled,
     load_published_gemms,
@@ -53,7 +54,9 @@ def _number(value: float) -> str:
 
 
 def render_block(values: list[float]) -> str:
-    rates = ", ".join(f"{d} = {_number(v)}" for d, v in zip(UNPACK_DTYPES, values, strict=False))
+    measured = dict(zip(UNPACK_DTYPES, values, strict=False))
+    measured.update({d: measured[source] for d, source in UNPACK_CARRIED.items()})
+    rates = ", ".join(f"{d} = {_number(v)}" for d, v in measured.items())
     lines = [f"unpack_bytes_per_noc_byte = {{ {rates} }}\n"]
     for name, value in zip(SCALARS, values[len(UNPACK_DTYPES):], strict=True):
         key, scale, unit = KEYS[name]

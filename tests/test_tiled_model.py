@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -231,3 +232,53 @@ def test_p150_never_fitted_bf16_with_trace():
     result = _bf16_trace("p150", "13x10")
     assert result.median <= 0.15
     assert result.within_25 >= 0.9
+
+
+# -- analyze-hlo --hw n150 / p150 ----------------------------------------------------------------
+
+GEMM_DUMP = """module @m attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%a: tensor<512x1024xbf16>, %b: tensor<1024x2048xbf16>) -> tensor<512x2048xbf16> {
+    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<512x1024xbf16>, tensor<1024x2048xbf16>) -> tensor<512x2048xbf16>
+    return %0 : tensor<512x2048xbf16>
+  }
+}
+"""
+
+
+def _analyze(tmp_path, capsys, *args):
+    from hlo_analyzer.cli import analyze_command
+
+    dump = tmp_path / "gemm.mlir"
+    dump.write_text(GEMM_DUMP, encoding="utf-8")
+    code = run_click(analyze_command, [str(dump), *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("card", ["n150", "p150"])
+def test_analyze_hlo_predicts_a_bf16_gemm_at_the_default_fidelity(tmp_path, capsys, card):
+    code, out, _ = _analyze(tmp_path, capsys, "--hw", card, "--format", "json")
+    assert code == 0
+    mapping = json.loads(out)["mapping"]
+    kernel, = mapping["kernels"]
+    assert kernel["latency_s"] == pytest.approx(tiled_gemm(load_chip(card), 512, 1024, 2048).seconds)
+    assert mapping["model"]["efficiencies"]["math_fidelity"]["bf16"] == "HiFi2"
+    assert mapping["model"]["efficiencies"]["fidelity_chosen_by"] == "the vendor's default per dtype"
+
+
+def test_analyze_hlo_fidelity_option_and_constant_sources(tmp_path, capsys):
+    code, out, _ = _analyze(tmp_path, capsys, "--hw", "n150", "--fidelity", "HiFi4", "--by", "kernel")
+    assert code == 0
+    assert "math fidelity bf16 HiFi4" in out and "math fidelity HiFi4 for every dtype (--fidelity)" in out
+    hifi4 = tiled_gemm(load_chip("n150"), 512, 1024, 2048, fidelity="HiFi4").seconds
+    assert f"{hifi4 * 1e6:.3f} us" in out
+    # every constant of the model is printed with its source
+    for key in ("tile_edge", "fidelity_cycles", "unpack_bytes_per_noc_byte", "dispatch_trace"):
+        assert any(line.split()[:1] == [key] for line in out.splitlines() if line.startswith("    "))
+    assert "fitted on the n150 GEMM table by scripts/calibrate_tiled.py" in out
+
+
+def test_analyze_hlo_fidelity_needs_a_tiled_model(tmp_path, capsys):
+    code, _, err = _analyze(tmp_path, capsys, "--hw", "tx8", "--fidelity", "HiFi4")
+    assert code == 2
+    assert "Error: --fidelity HiFi4 with --hw tx8: tx8 has no [tiled_model] table" in err
