@@ -167,6 +167,11 @@ def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, ti
     def fits(m: int, n: int, k: int) -> bool:
         return sram_footprint(m, n, k, tile_bytes, stages) <= budget
 
+    if not fits(1, 1, 1):
+        raise ValueError(f"no tiling fits {chip.name}: one output tile and a K tile of each operand "
+                         f"({sram_footprint(1, 1, 1, tile_bytes, stages):.0f} B) exceed a core's SRAM "
+                         f"less its reserve ({budget:.0f} B)")
+
     square = next((s for s in SQUARE_BLOCKS if fits(s, s, PROBE_K_BLOCK)), 1)
     blocks_m, blocks_n = -(-m_tiles // square), -(-n_tiles // square)
     one_range = not (blocks_m == blocks_n == 1) and blocks_m <= rows and blocks_n <= cols

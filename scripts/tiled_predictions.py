@@ -1,7 +1,13 @@
-"""Predicted against published: every row of the vendor's n150 and p150 GEMM tables.
+"""Predicted against published: every row of the vendor's n150 and p150 GEMM tables; and how far
+TX8's figures moved when its GEMMs went from the tile mappers' bound to the tiled model.
 
     python3 scripts/tiled_predictions.py              # print the table and the agreement per group
     python3 scripts/tiled_predictions.py --write      # also write results/tiled/ (CSV, Markdown, plot)
+
+The TX8 table (``results/tiled/tx8_before_after.md``): one ideal STDiT3 block pair (the shape
+dictionary's ops, no trace) on one chip of tx8-16's best plan at every reference shape
+(ds_ulysses on a 2x8 mesh), mapped with GEMMs at the tile mappers' bound (tx8.toml without its
+``[tiled_model]``) and as the tiled model predicts them.
 
 n150's rows are the ones scripts/calibrate_tiled.py fitted on; p150's were never fitted (its
 constants are n150's, carried over). The agreement lines give, per card, dtype and trace, the
@@ -61,6 +67,33 @@ def summary_text(pairs: list[tuple[PublishedGemm, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+TX8_PLAN = ("ds_ulysses", (2, 8))
+
+
+def tx8_before_after_text() -> str:
+    import dataclasses
+
+    from hardware import block_shapes_for, build_stdit_block_ops, map_block
+    from models.opensora.config import get_config
+    from models.opensora.inputs import REFERENCE_SHAPES, geometry
+
+    predicted = load_chip("tx8")
+    bound = dataclasses.replace(predicted, tiled_model=None)
+    model = get_config("full")
+    strategy, mesh = TX8_PLAN
+    lines = ["| shape | GEMM ms, bound | GEMM ms, predicted | GEMM after / before | pair ms, bound | "
+             "pair ms, predicted | pair after / before |", "|---|---|---|---|---|---|---|"]
+    for shape in REFERENCE_SHAPES:
+        g = geometry(model, shape)
+        ops = build_stdit_block_ops(block_shapes_for(model, frames=g.T, spatial_tokens=g.S, strategy=strategy,
+                                                     mesh=mesh, batch=2, blocks=1))
+        before, after = map_block(ops, bound), map_block(ops, predicted)
+        gemm_before, gemm_after = before.latency_s_by_type["GEMM"], after.latency_s_by_type["GEMM"]
+        lines.append(f"| {shape} | {gemm_before * 1e3:.3f} | {gemm_after * 1e3:.3f} | {gemm_after / gemm_before:.2f} | "
+                     f"{before.latency_s * 1e3:.3f} | {after.latency_s * 1e3:.3f} | {after.latency_s / before.latency_s:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(pairs: list[tuple[PublishedGemm, float]], path: Path) -> None:
     import matplotlib
 
@@ -102,6 +135,13 @@ def main(write: bool) -> None:
         atomic_write(OUT / "summary.md", summary_text(pairs), force=True)
         plot(pairs, OUT / "residuals.png")
         click.echo(f"wrote {OUT}/predictions.csv, summary.md, residuals.png")
+    click.echo("")
+    click.echo("TX8, one ideal block pair on one chip of tx8-16's ds_ulysses 2x8 plan (bound -> predicted):")
+    tx8 = tx8_before_after_text()
+    click.echo(tx8, nl=False)
+    if write:
+        atomic_write(OUT / "tx8_before_after.md", tx8, force=True)
+        click.echo(f"wrote {OUT}/tx8_before_after.md")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hardware import load_chip
+from hardware.spec import tiled_model_constants
 from hardware.tiled_calibration import (
     FITTED,
     PublishedGemm,
@@ -176,7 +177,7 @@ def test_unknown_dtype_and_fidelity_are_refused():
     with pytest.raises(ValueError, match="fidelity 'HiFi9'"):
         tiled_gemm(n150, 64, 64, 64, fidelity="HiFi9")
     with pytest.raises(ValueError, match="no \\[tiled_model\\]"):
-        tiled_gemm(load_chip("tx8"), 64, 64, 64)
+        tiled_gemm(load_chip("h100-sxm"), 64, 64, 64)
 
 
 def test_tiled_model_table_refuses_an_unknown_key(tmp_path):
@@ -278,7 +279,33 @@ def test_analyze_hlo_fidelity_option_and_constant_sources(tmp_path, capsys):
     assert "fitted on the n150 GEMM table by scripts/calibrate_tiled.py" in out
 
 
-def test_analyze_hlo_fidelity_needs_a_tiled_model(tmp_path, capsys):
-    code, _, err = _analyze(tmp_path, capsys, "--hw", "tx8", "--fidelity", "HiFi4")
+def test_analyze_hlo_fidelity_needs_a_tiled_model_that_has_it(tmp_path, capsys):
+    code, _, err = _analyze(tmp_path, capsys, "--hw", "h100-sxm", "--fidelity", "HiFi4")
     assert code == 2
-    assert "Error: --fidelity HiFi4 with --hw tx8: tx8 has no [tiled_model] table" in err
+    assert "Error: --fidelity HiFi4 with --hw h100-sxm: h100-sxm has no [tiled_model] table" in err
+    code, _, err = _analyze(tmp_path, capsys, "--hw", "tx8", "--fidelity", "HiFi4")
+    assert code == 2 and "fidelity 'HiFi4' unknown to tx8 (known: full)" in err
+
+
+def test_tx8_before_after_recomputed():
+    predictions = _script("tiled_predictions")
+    assert predictions.tx8_before_after_text() == (ROOT / "results" / "tiled" / "tx8_before_after.md").read_text(
+        encoding="utf-8")
+
+
+@pytest.mark.parametrize("card", ["n150", "p150", "tx8"])
+def test_every_tiled_constant_names_its_source(card):
+    model = load_chip(card).tiled_model
+    rows = tiled_model_constants(model)
+    assert len(rows) == 15 and all(source for _, _, source in rows), [key for key, _, source in rows if not source]
+
+
+def test_analyze_hlo_tx8_predicts_gemms_beside_the_bound(tmp_path, capsys):
+    code, out, _ = _analyze(tmp_path, capsys, "--hw", "tx8", "--format", "json")
+    assert code == 0
+    mapping = json.loads(out)["mapping"]
+    kernel, = mapping["kernels"]
+    assert kernel["latency_s"] == pytest.approx(tiled_gemm(load_chip("tx8"), 512, 1024, 2048).seconds)
+    gemm, = [c for c in mapping["classes"] if c["class"] == "gemm"]
+    assert gemm["bound_seconds"] < gemm["seconds"]
+    assert gemm["provenance"].startswith("rule: n150's fitted bf16 unpack rate")
