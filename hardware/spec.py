@@ -594,23 +594,31 @@ _OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"flash_kv_overhead", "group_norm_row_
                                            "row_efficiency", "provenance"})
 
 
-def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
-    """The ``[kernel_model]`` table of chip file ``path``; InputFileError names the bad key."""
+def _subtable_values(path: Path, name: str, table: Any, fields: dict[str, tuple[str, Reader]],
+                     optional: frozenset[str]) -> dict[str, Any]:
+    """The dataclass values of the ``[name]`` table of chip file ``path`` read by ``fields``
+    (``optional`` keys may be left out); InputFileError names the bad key."""
     if not isinstance(table, dict):
-        raise InputFileError(f"{path}: field 'kernel_model': expected a table, got {table!r}")
-    unknown = sorted(set(table) - set(_KERNEL_MODEL_FIELDS))
+        raise InputFileError(f"{path}: field '{name}': expected a table, got {table!r}")
+    unknown = sorted(set(table) - set(fields))
     if unknown:
-        raise InputFileError(f"{path}: field 'kernel_model.{unknown[0]}': unknown field (known: {', '.join(_KERNEL_MODEL_FIELDS)})")
+        raise InputFileError(f"{path}: field '{name}.{unknown[0]}': unknown field (known: {', '.join(fields)})")
     values: dict[str, Any] = {}
-    for key, (attribute, reader) in _KERNEL_MODEL_FIELDS.items():
+    for key, (attribute, reader) in fields.items():
         if key not in table:
-            if key in _OPTIONAL_KERNEL_MODEL_FIELDS:
+            if key in optional:
                 continue
-            raise InputFileError(f"{path}: field 'kernel_model.{key}': missing")
+            raise InputFileError(f"{path}: field '{name}.{key}': missing")
         try:
             values[attribute] = reader(table[key])
         except ValueError as error:
-            raise InputFileError(f"{path}: field 'kernel_model.{key}': {error}") from None
+            raise InputFileError(f"{path}: field '{name}.{key}': {error}") from None
+    return values
+
+
+def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
+    """The ``[kernel_model]`` table of chip file ``path``; InputFileError names the bad key."""
+    values = _subtable_values(path, "kernel_model", table, _KERNEL_MODEL_FIELDS, _OPTIONAL_KERNEL_MODEL_FIELDS)
     if len(values["flash_head_dims"]) != len(values["flash_efficiency"]):
         raise InputFileError(f"{path}: field 'kernel_model.flash_efficiency': needs one value per flash_head_dims entry")
     return KernelModel(**values)
@@ -695,22 +703,7 @@ def tiled_model_constants(model: TiledModel) -> list[tuple[str, object, str]]:
 
 def _tiled_model_from_table(path: Path, table: Any) -> TiledModel:
     """The ``[tiled_model]`` table of chip file ``path``; InputFileError names the bad key."""
-    if not isinstance(table, dict):
-        raise InputFileError(f"{path}: field 'tiled_model': expected a table, got {table!r}")
-    unknown = sorted(set(table) - set(_TILED_MODEL_FIELDS))
-    if unknown:
-        raise InputFileError(f"{path}: field 'tiled_model.{unknown[0]}': unknown field (known: {', '.join(_TILED_MODEL_FIELDS)})")
-    values: dict[str, Any] = {}
-    for key, (attribute, reader) in _TILED_MODEL_FIELDS.items():
-        if key not in table:
-            if key == "provenance":
-                continue
-            raise InputFileError(f"{path}: field 'tiled_model.{key}': missing")
-        try:
-            values[attribute] = reader(table[key])
-        except ValueError as error:
-            raise InputFileError(f"{path}: field 'tiled_model.{key}': {error}") from None
-    return TiledModel(**values)
+    return TiledModel(**_subtable_values(path, "tiled_model", table, _TILED_MODEL_FIELDS, frozenset({"provenance"})))
 
 
 _CHIP_FIELDS: dict[str, tuple[str, Reader, bool]] = {
