@@ -88,10 +88,10 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "--link-bandwidth and defaults to 1; with --hw it replaces the system's.")
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
               help="Map every op onto this hardware (a bundled name: tx8, tx8-16, h100-sxm, "
-                   "8xh100, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
+                   "8xh100, h200-sxm, a100-sxm, n150, p150, t3k; or a TOML file). A chip name on an N-device dump "
                    "means N such chips on the network of the bundled system built from that chip, "
                    "laid out for N: --hw tx8 on a 16-device dump is 16 TX8 chips on tx8-16's "
-                   "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's (the report states "
+                   "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's, --hw n150 Wormholes on t3k's (the report states "
                    "the system). Collectives are timed on the chip-to-chip network; an STDiT3 "
                    "stage is also grouped by block pair, any transformer by block.")
 @click.option("--steps", type=Count(), default=None,
