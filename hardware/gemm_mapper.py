@@ -73,6 +73,7 @@ from hardware.kernel_model import gpu_gemm_mapping
 from hardware.mapping import ChainTimes, GemmTiling, Mapping, chain_seconds
 from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec
+from hardware.tiled_gemm import tiled_gemm_mapping
 from hardware.tiling import block_candidates, padded_extent, tile_factors
 from hardware.vector_mapper import MappingError
 
@@ -408,10 +409,13 @@ def gemm_auto_opt_mapper(
     ``candidates_visited`` on the result counts the fully costed candidates.
 
     A chip with a ``kernel_model`` (the bundled GPUs) is costed as one library kernel by
-    :func:`hardware.kernel_model.gpu_gemm_mapping` unless ``preset`` asks for the tiled search.
+    :func:`hardware.kernel_model.gpu_gemm_mapping`, and one with a ``tiled_model`` (n150, p150)
+    by :func:`hardware.tiled_gemm.tiled_gemm_mapping`, unless ``preset`` asks for the tiled search.
     """
     if chip.kernel_model is not None and preset is None:
         return gpu_gemm_mapping(op, chip, epilogue=epilogue)
+    if chip.tiled_model is not None and preset is None:
+        return tiled_gemm_mapping(op, chip, epilogue=epilogue)
     preset = preset or GemmPreset()
     problem = _problem(op, epilogue)
     if shuffle_seed is None:  # the same search again (a program's GEMM and its ideal block's): its result

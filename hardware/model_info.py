@@ -17,7 +17,8 @@ __all__ = ["ModelAssumptions", "model_assumptions", "nccl_assumption"]
 class ModelAssumptions:
     """``execution``: ``gpu_kernels`` (one library kernel per op at the achieved efficiencies of
     the chip's ``[kernel_model]``) or ``tiled`` (the pipelined tile mappers at peak).
-    ``efficiencies``: the kernel-model constants (empty for ``tiled``).
+    ``efficiencies``: the kernel-model constants; for ``tiled`` those of the chip's tiled GEMM
+    model (``gemm_model``, ``math_fidelity`` by dtype, ...) or empty when it has none.
     ``collective_algorithm`` / ``topology`` / ``transfers_through_dram``: the system's network.
     ``nccl_table``: the measured NCCL table that times the collectives it holds (name, source,
     ``busbw_scale``, ``kinds``, and ``assumption``: what a table of another system scaled
@@ -54,6 +55,18 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
             "launch_floor_s": kernel_model.launch_floor_s,
             "row_efficiency": {name: [list(p) for p in curve] for name, curve in kernel_model.row_efficiency},
             "provenance": dict(kernel_model.provenance),
+        }
+    tiled_model = system.chip.tiled_model
+    if tiled_model is not None:
+        efficiencies = {
+            "gemm_model": "tiled_gemm",
+            "math_fidelity": {dtype: tiled_model.fidelity_for(dtype) for dtype, _ in tiled_model.default_fidelity},
+            "fidelity_chosen_by": "--fidelity" if tiled_model.fidelity_override else "the vendor's default per dtype",
+            "dispatch_trace_s": tiled_model.dispatch_trace_s,
+            "unpack_bytes_per_noc_byte": dict(tiled_model.unpack_bytes_per_noc_byte),
+            "tile_overhead_cycles": tiled_model.tile_overhead_cycles,
+            "sender_read_efficiency": tiled_model.sender_read_efficiency,
+            "provenance": dict(tiled_model.provenance),
         }
     return ModelAssumptions(
         hardware=system.name,

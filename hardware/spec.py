@@ -185,6 +185,74 @@ def flash_kernel_head_dim(head_dim: int, kernel_head_dims: tuple[int, ...]) -> i
 
 
 @dataclass(frozen=True)
+class TiledModel:
+    """How a tiled chip with a published per-op record (Tenstorrent's Tensix chips) runs a GEMM:
+    the ``[tiled_model]`` table of its chip file. What each term means: :mod:`hardware.tiled_gemm`;
+    where each value comes from: ``provenance`` and docs/sources.md."""
+
+    #: Edge of the square tile every operand is stored and computed in (elements).
+    tile_edge: int
+    #: One engine step multiplies ``(m, k) x (k, n)`` (elements): the finest shape it computes.
+    engine_shape: tuple[int, int, int]
+    clock_hz: float
+    #: Bytes one core's NoC port moves per cycle (the interface width).
+    noc_bytes_per_cycle: float
+    #: Engine cycles one tile product (tile_edge^3 multiply-adds) takes, by math fidelity.
+    fidelity_cycles: tuple[tuple[str, int], ...]
+    #: The fidelity a dtype runs at unless the user says otherwise (the vendor's default).
+    default_fidelity: tuple[tuple[str, str], ...]
+    #: Bytes per element of each data format (block floats: mantissas plus the shared exponents).
+    bytes_per_element: tuple[tuple[str, float], ...]
+    #: SRAM of a core the program cannot use (firmware, kernel binaries, runtime buffers).
+    sram_reserved_bytes: float
+    #: Most output tiles the engine accumulates at once (its destination registers).
+    max_subblock_tiles: int
+    #: The default program takes a 1D layout when one output side exceeds this many times the other.
+    narrow_ratio: int
+    #: Fitted (scripts/calibrate_tiled.py), by dtype: operand bytes the unpacker streams per
+    #: cycle, per byte of the NoC interface width.
+    unpack_bytes_per_noc_byte: tuple[tuple[str, float], ...]
+    #: Fitted: cycles each tile product costs besides the engine's (sub-block bookkeeping).
+    tile_overhead_cycles: float
+    #: Fitted: the share of its NoC interface a sender core's DRAM reads reach.
+    sender_read_efficiency: float
+    #: Fitted: host-to-device cost of one op, replayed from a trace and dispatched live, seconds.
+    dispatch_trace_s: float
+    dispatch_s: float
+    provenance: tuple[tuple[str, str], ...] = ()
+    #: The fidelity every dtype runs at when the user chose one (``analyze-hlo --fidelity``);
+    #: None: each dtype's ``default_fidelity``.
+    fidelity_override: str | None = None
+
+    def fidelity_for(self, dtype: str, override: str | None = None) -> str:
+        """The math fidelity ``dtype`` runs at (``override``, else the user's choice, else the
+        dtype's default; ValueError if unknown)."""
+        fidelity = override or self.fidelity_override or dict(self.default_fidelity).get(dtype)
+        if fidelity is None:
+            raise ValueError(f"dtype {dtype!r} has no default fidelity (known: {', '.join(dict(self.default_fidelity))})")
+        if fidelity not in dict(self.fidelity_cycles):
+            raise ValueError(f"fidelity {fidelity!r} unknown (known: {', '.join(dict(self.fidelity_cycles))})")
+        return fidelity
+
+    def flops_per_cycle(self, fidelity: str) -> float:
+        """FLOPs one core's engine does per cycle at ``fidelity`` (the finest fidelity does one
+        engine step per cycle; a fidelity of c cycles per tile does that share of it)."""
+        m, k, n = self.engine_shape
+        cycles = dict(self.fidelity_cycles)
+        return 2 * m * k * n * min(cycles.values()) / cycles[fidelity]
+
+    def tile_bytes(self, dtype: str) -> float:
+        """Bytes of one tile of ``dtype`` (ValueError for a format the chip lacks)."""
+        table = dict(self.bytes_per_element)
+        if dtype not in table:
+            raise ValueError(f"dtype {dtype!r} unknown to this chip (known: {', '.join(table)})")
+        return table[dtype] * self.tile_edge * self.tile_edge
+
+    def provenance_of(self, name: str) -> str:
+        return dict(self.provenance).get(name, "")
+
+
+@dataclass(frozen=True)
 class ChipSpec:
     """One chip: ``tile_count`` tiles on a ``tile_grid_rows x tile_grid_cols`` NoC, one shared DRAM.
 
@@ -217,6 +285,9 @@ class ChipSpec:
     #: Whether the chip runs attention as one fused (flash-attention) kernel; optional TOML key
     #: ``fused_attention_kernel``, default true (TX8's toolchain and GPUs' FlashAttention both do).
     fused_attention_kernel: bool = True
+    #: The Tensix-style GEMM model (``[tiled_model]`` table): when set, GEMMs are predicted by
+    #: :mod:`hardware.tiled_gemm` beside the tiled mapper's bound.
+    tiled_model: TiledModel | None = None
 
     @property
     def gemm_flops_per_s(self) -> float:
@@ -227,6 +298,18 @@ class ChipSpec:
     def vector_flops_per_s(self) -> float:
         """Peak vector (element-wise) throughput of the whole chip."""
         return self.vector_flops_per_s_per_tile * self.tile_count
+
+
+def with_math_fidelity(chip: ChipSpec, fidelity: str) -> ChipSpec:
+    """``chip`` (which must have a ``[tiled_model]``) with every dtype at math ``fidelity`` and its
+    GEMM peak at that fidelity's; ValueError for a chip without the model or an unknown fidelity."""
+    model = chip.tiled_model
+    if model is None:
+        raise ValueError(f"{chip.name} has no [tiled_model] table, so no math fidelity to choose")
+    if fidelity not in dict(model.fidelity_cycles):
+        raise ValueError(f"fidelity {fidelity!r} unknown to {chip.name} (known: {', '.join(dict(model.fidelity_cycles))})")
+    return replace(chip, tiled_model=replace(model, fidelity_override=fidelity),
+                   gemm_flops_per_s_per_tile=model.clock_hz * model.flops_per_cycle(fidelity))
 
 
 @dataclass(frozen=True)
@@ -511,26 +594,116 @@ _OPTIONAL_KERNEL_MODEL_FIELDS = frozenset({"flash_kv_overhead", "group_norm_row_
                                            "row_efficiency", "provenance"})
 
 
-def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
-    """The ``[kernel_model]`` table of chip file ``path``; InputFileError names the bad key."""
+def _subtable_values(path: Path, name: str, table: Any, fields: dict[str, tuple[str, Reader]],
+                     optional: frozenset[str]) -> dict[str, Any]:
+    """The dataclass values of the ``[name]`` table of chip file ``path`` read by ``fields``
+    (``optional`` keys may be left out); InputFileError names the bad key."""
     if not isinstance(table, dict):
-        raise InputFileError(f"{path}: field 'kernel_model': expected a table, got {table!r}")
-    unknown = sorted(set(table) - set(_KERNEL_MODEL_FIELDS))
+        raise InputFileError(f"{path}: field '{name}': expected a table, got {table!r}")
+    unknown = sorted(set(table) - set(fields))
     if unknown:
-        raise InputFileError(f"{path}: field 'kernel_model.{unknown[0]}': unknown field (known: {', '.join(_KERNEL_MODEL_FIELDS)})")
+        raise InputFileError(f"{path}: field '{name}.{unknown[0]}': unknown field (known: {', '.join(fields)})")
     values: dict[str, Any] = {}
-    for key, (attribute, reader) in _KERNEL_MODEL_FIELDS.items():
+    for key, (attribute, reader) in fields.items():
         if key not in table:
-            if key in _OPTIONAL_KERNEL_MODEL_FIELDS:
+            if key in optional:
                 continue
-            raise InputFileError(f"{path}: field 'kernel_model.{key}': missing")
+            raise InputFileError(f"{path}: field '{name}.{key}': missing")
         try:
             values[attribute] = reader(table[key])
         except ValueError as error:
-            raise InputFileError(f"{path}: field 'kernel_model.{key}': {error}") from None
+            raise InputFileError(f"{path}: field '{name}.{key}': {error}") from None
+    return values
+
+
+def _kernel_model_from_table(path: Path, table: Any) -> KernelModel:
+    """The ``[kernel_model]`` table of chip file ``path``; InputFileError names the bad key."""
+    values = _subtable_values(path, "kernel_model", table, _KERNEL_MODEL_FIELDS, _OPTIONAL_KERNEL_MODEL_FIELDS)
     if len(values["flash_head_dims"]) != len(values["flash_efficiency"]):
         raise InputFileError(f"{path}: field 'kernel_model.flash_efficiency': needs one value per flash_head_dims entry")
     return KernelModel(**values)
+
+
+def _str_table(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"expected a table of name = text, got {value!r}")
+    return tuple(value.items())
+
+
+def _int_table(value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of name = count, got {value!r}")
+    return tuple((k, _positive_int(v)) for k, v in value.items())
+
+
+def _number_table(value: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a table of name = number, got {value!r}")
+    return tuple((k, _positive_number(v)) for k, v in value.items())
+
+
+def _gigahertz(value: Any) -> float:
+    return _positive_number(value) * 1e9
+
+
+def _non_negative_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < QUANTITY_RANGE[1]:
+        raise ValueError(f"expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _shape3(value: Any) -> tuple[int, int, int]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"expected [m, k, n], got {value!r}")
+    m, k, n = (_positive_int(v) for v in value)
+    return m, k, n
+
+
+_TILED_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
+    "tile_edge": ("tile_edge", _positive_int),
+    "engine_shape": ("engine_shape", _shape3),
+    "clock_ghz": ("clock_hz", _gigahertz),
+    "noc_bytes_per_cycle": ("noc_bytes_per_cycle", _positive_number),
+    "fidelity_cycles": ("fidelity_cycles", _int_table),
+    "default_fidelity": ("default_fidelity", _str_table),
+    "bytes_per_element": ("bytes_per_element", _number_table),
+    "sram_reserved": ("sram_reserved_bytes", _quantity(Dimension.BYTES)),
+    "max_subblock_tiles": ("max_subblock_tiles", _positive_int),
+    "narrow_ratio": ("narrow_ratio", _positive_int),
+    "unpack_bytes_per_noc_byte": ("unpack_bytes_per_noc_byte", _number_table),
+    "tile_overhead_cycles": ("tile_overhead_cycles", _non_negative_number),
+    "sender_read_efficiency": ("sender_read_efficiency", _fraction),
+    "dispatch_trace": ("dispatch_trace_s", _time),
+    "dispatch": ("dispatch_s", _time),
+    "provenance": ("provenance", _provenance),
+}
+
+
+#: How :func:`tiled_model_constants` shows a quantity: its scale from base units and its unit.
+_TILED_MODEL_UNITS = {"clock_ghz": (1e-9, " GHz"), "sram_reserved": (1e-3, " kB"),
+                      "dispatch_trace": (1e6, " us"), "dispatch": (1e6, " us")}
+
+
+def tiled_model_constants(model: TiledModel) -> list[tuple[str, object, str]]:
+    """``(TOML key, value, source)`` of every constant of ``model``, in the file's order: a table
+    as a dict, a quantity as text in the file's unit, anything else as it is."""
+    rows: list[tuple[str, object, str]] = []
+    for key, (attribute, _) in _TILED_MODEL_FIELDS.items():
+        if key == "provenance":
+            continue
+        value = getattr(model, attribute)
+        if key in _TILED_MODEL_UNITS:
+            scale, unit = _TILED_MODEL_UNITS[key]
+            value = f"{value * scale:.4g}{unit}"
+        elif isinstance(value, tuple) and value and isinstance(value[0], tuple):
+            value = dict(value)
+        rows.append((key, value, model.provenance_of(key)))
+    return rows
+
+
+def _tiled_model_from_table(path: Path, table: Any) -> TiledModel:
+    """The ``[tiled_model]`` table of chip file ``path``; InputFileError names the bad key."""
+    return TiledModel(**_subtable_values(path, "tiled_model", table, _TILED_MODEL_FIELDS, frozenset({"provenance"})))
 
 
 _CHIP_FIELDS: dict[str, tuple[str, Reader, bool]] = {
@@ -609,7 +782,9 @@ def _read_fields(path: Path, table: dict[str, Any], fields: dict[str, tuple[str,
 def _chip_from_table(path: Path, table: dict[str, Any]) -> ChipSpec:
     table = dict(table)
     kernel_table = table.pop("kernel_model", None)
+    tiled_table = table.pop("tiled_model", None)
     values = _read_fields(path, table, _CHIP_FIELDS)
+    values["tiled_model"] = _tiled_model_from_table(path, tiled_table) if tiled_table is not None else None
     values["kernel_model"] = _kernel_model_from_table(path, kernel_table) if kernel_table is not None else None
     rows, cols = values.pop("tile_grid")
     if rows * cols != values["tile_count"]:

@@ -22,11 +22,13 @@ from dataclasses import dataclass, replace
 from hardware.spec import (
     SYSTEM_TOPOLOGIES,
     ChipSpec,
+    HardwareSpec,
     SystemSpec,
     as_system,
     bundled_hardware_names,
     load_hardware,
     one_node_system_chip,
+    with_math_fidelity,
 )
 from hlo_trace.errors import UsageError
 
@@ -89,11 +91,23 @@ def _with_overrides(system: SystemSpec, link_bandwidth_bytes_per_s: float | None
     return replace(system, **changes), "; network overridden: " + ", ".join(words)
 
 
+def _with_fidelity(spec: HardwareSpec, fidelity: str, name_or_path: str) -> HardwareSpec:
+    chip = spec.chip if isinstance(spec, SystemSpec) else spec
+    try:
+        chip = with_math_fidelity(chip, fidelity)
+    except ValueError as error:
+        raise UsageError(f"--fidelity {fidelity} with --hw {name_or_path}: {error}") from None
+    return replace(spec, chip=chip) if isinstance(spec, SystemSpec) else chip
+
+
 def resolve_system(name_or_path: str, devices: int, *, link_bandwidth_bytes_per_s: float | None = None,
-                   hop_latency_s: float | None = None) -> ResolvedSystem:
-    """The system for a dump of ``devices`` devices on ``--hw name_or_path`` (module docstring)."""
+                   hop_latency_s: float | None = None, fidelity: str | None = None) -> ResolvedSystem:
+    """The system for a dump of ``devices`` devices on ``--hw name_or_path`` (module docstring);
+    ``fidelity``: every GEMM at this math fidelity (a chip with a ``[tiled_model]`` only)."""
     devices = max(1, devices)
     spec = load_hardware(name_or_path)
+    if fidelity is not None:
+        spec = _with_fidelity(spec, fidelity, name_or_path)
     if isinstance(spec, SystemSpec):
         if spec.chip_count < devices:
             raise UsageError(f"--hw {name_or_path}: the dump spans {devices} devices but {spec.name} "
@@ -122,6 +136,8 @@ def resolve_system(name_or_path: str, devices: int, *, link_bandwidth_bytes_per_
                f"{system.link_bandwidth_bytes_per_s / 1e9:g} GB/s per link, " \
                f"{system.hop_latency_s * 1e6:g} us per hop"
     system, overridden = _with_overrides(system, link_bandwidth_bytes_per_s, hop_latency_s)
+    if fidelity is not None:
+        overridden += f"; math fidelity {fidelity} for every dtype (--fidelity)"
     assert system.topology in SYSTEM_TOPOLOGIES
     return ResolvedSystem(system=system, devices=devices, assumption=said + overridden)
 

@@ -88,10 +88,10 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "--link-bandwidth and defaults to 1; with --hw it replaces the system's.")
 @click.option("--hw", "hardware", default=None, metavar="NAME|FILE",
               help="Map every op onto this hardware (a bundled name: tx8, tx8-16, h100-sxm, "
-                   "8xh100, h200-sxm, a100-sxm; or a TOML file). A chip name on an N-device dump "
+                   "8xh100, h200-sxm, a100-sxm, n150, p150, t3k; or a TOML file). A chip name on an N-device dump "
                    "means N such chips on the network of the bundled system built from that chip, "
                    "laid out for N: --hw tx8 on a 16-device dump is 16 TX8 chips on tx8-16's "
-                   "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's (the report states "
+                   "network, --hw h100-sxm on 8 devices 8 H100s on 8xh100's, --hw n150 Wormholes on t3k's (the report states "
                    "the system). Collectives are timed on the chip-to-chip network; an STDiT3 "
                    "stage is also grouped by block pair, any transformer by block.")
 @click.option("--steps", type=Count(), default=None,
@@ -110,6 +110,11 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
                    "fused otherwise]")
 @click.option("--dram-efficiency", type=PositiveFinite(maximum=1), default=1.0,
               show_default=True, help="Fraction of the DRAM bandwidth sustained (with --hw).")
+@click.option("--fidelity", type=click.Choice(["LoFi", "HiFi2", "HiFi3", "HiFi4"]), default=None,
+              help="Math fidelity of every GEMM on a chip with a tiled model (--hw n150, p150): more "
+                   "passes of the matrix engine per tile, more mantissa bits.  [default: the vendor's "
+                   "out-of-box choice per dtype: bf16 HiFi2, bfp8 and bfp4 LoFi, fp32 HiFi4; the report "
+                   "states it]")
 @click.option("--exp-ops", type=Count(), default=1, show_default=True,
               help="Vector operations charged per element of an exponential (with --hw).")
 @click.option("--cross-attention", type=click.Choice(["per-sample", "all"]), default="per-sample",
@@ -143,7 +148,7 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
 def analyze_command(dump: str, output_format: str, by: str, output: str | None, force: bool,
                     bruck: bool, link_bandwidth: float | None, hop_latency: float | None,
                     hardware: str | None, steps: int | None, pairs: int | None, execution: str | None,
-                    dram_efficiency: float, exp_ops: int, cross_attention: str,
+                    dram_efficiency: float, fidelity: str | None, exp_ops: int, cross_attention: str,
                     caption_tokens: int | None, timeline: str | None,
                     timeline_pair: int | None, kernels: str | None, sidecar: str | None, branch: str,
                     verbose: bool) -> int:
@@ -167,7 +172,8 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s", stream=sys.stderr)
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
-                      bruck=bruck, timeline=timeline, timeline_pair=timeline_pair, kernels=kernels)
+                      bruck=bruck, timeline=timeline, timeline_pair=timeline_pair, kernels=kernels,
+                      fidelity=fidelity)
     if hardware is not None:
         from hardware import load_hardware
 
@@ -182,7 +188,7 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        branch=parse_branch(branch),
                        link_bandwidth=link_bandwidth, hop_latency=hop_latency,
                        hardware=hardware, steps=steps, pairs=pairs, sidecar=sidecar,
-                       execution=execution, dram_efficiency=dram_efficiency, exp_ops=exp_ops,
+                       execution=execution, dram_efficiency=dram_efficiency, fidelity=fidelity, exp_ops=exp_ops,
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
                        force=force, parallel=run_in_parallel(dump))
@@ -216,6 +222,7 @@ class _Request:
     sidecar: str | None
     execution: str | None = None  # None: the hardware's default (mapping.results.default_execution)
     dram_efficiency: float = 1.0
+    fidelity: str | None = None
     exp_ops: int = 1
     cross_attention: str = "per-sample"
     caption_tokens: int | None = None
@@ -303,7 +310,7 @@ def _mapping_options(request: _Request) -> MappingOptions:
     return MappingOptions(execution=execution,
                           dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
                           cross_attention=request.cross_attention,
-                          caption_tokens=caption_tokens, library_calls=library_calls)
+                          caption_tokens=caption_tokens, library_calls=library_calls, fidelity=request.fidelity)
 
 
 def _measure(module: Any, request: _Request,
@@ -486,10 +493,11 @@ def _as_usage_error(dump: str, what: str) -> Iterator[None]:
 
 def _check_hw_options(hardware: str | None, *, by: str, link_bandwidth: float | None,
                       hop_latency: float | None, bruck: bool, timeline: str | None,
-                      timeline_pair: int | None, kernels: str | None = None) -> None:
+                      timeline_pair: int | None, kernels: str | None = None, fidelity: str | None = None) -> None:
     """One-line usage errors for options that need (or contradict) --hw."""
     if hardware is None:
         for given, option in ((by in ("block", "kernel"), f"--by {by}"), (timeline is not None, "--timeline"),
+                              (fidelity is not None, "--fidelity"),
                               (timeline_pair is not None, "--timeline-pair"), (kernels is not None, "--kernels")):
             if given:
                 raise click.UsageError(f"{option} needs --hw (the mapping comes with it)")

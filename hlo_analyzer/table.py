@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hardware import model_assumptions
+from hardware.spec import tiled_model_constants
 from hlo_analyzer.mapping.render import HardwareSections, block_time_records, hardware_sections
 from hlo_analyzer.mapping.results import NO_CROSS_ATTENTION
 from hlo_analyzer.mapping.sections import BlocksSection, MappingSection, TransformerSection
@@ -165,7 +166,12 @@ def model_lines(model: dict[str, Any]) -> list[str]:
     """Which execution model, efficiencies and collective algorithm the figures below used."""
     execution = model["execution"]
     eff = model["efficiencies"]
-    if eff:
+    if eff.get("gemm_model") == "tiled_gemm":
+        fidelity = ", ".join(f"{dtype} {value}" for dtype, value in eff["math_fidelity"].items())
+        execution += (f" (GEMMs predicted by the tiled GEMM model at math fidelity {fidelity}, "
+                      f"{eff['fidelity_chosen_by']}; dispatched from a trace, {seconds(eff['dispatch_trace_s'])} "
+                      "per op; other ops at the tile mappers' bound)")
+    elif eff:
         flash = ", ".join(f"{dim}:{value:.2f}" for dim, value in eff["flash_efficiency_by_head_dim"].items())
         execution += (f" (per-kernel overhead {seconds(eff['kernel_overhead_s'])}, GEMM mma efficiency "
                       f"{eff['gemm_mma_efficiency']:.2f} + {eff['gemm_k_overhead_elements']} K steps per tile, "
@@ -351,12 +357,30 @@ def mapping_lines(mapping: MappingSection) -> list[str]:
         lines += ["  by kernel class (bound: FLOPs at peak or DRAM bytes at the datasheet bandwidth, "
                   "the longer; constants from: the chip file's provenance, whole in the JSON):"] + \
             ["    " + line for line in render_columns(header, rows, {1, 2, 3, 4})]
+        lines += _tiled_constant_lines(mapping.system.system.chip)
     if mapping.reference is not None:
         lines.append(f"  reference: one pair rebuilt from the ideal shape dictionary {seconds(mapping.reference.latency_s)} "
                      "(comparison only)")
     lines += [f"  total, {totals.total_text}:  {seconds(totals.inference_latency_s)} "
               f"(communication {seconds(totals.inference_comm_s)})"]
     return lines
+
+
+def _tiled_constant_lines(chip: Any) -> list[str]:
+    """Each constant of a chip's tiled GEMM model with its source (none without the model)."""
+    if chip.tiled_model is None:
+        return []
+    rows = [[key, _constant_text(value), source or "-"] for key, value, source in tiled_model_constants(chip.tiled_model)]
+    return [f"  tiled GEMM model of {chip.name} ([tiled_model]; hardware/tiled_gemm.py, docs/tiled.md):"] + \
+        ["    " + line for line in render_columns(["constant", "value", "source"], rows, set())]
+
+
+def _constant_text(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def collapsed_pair_rows(rows: list[tuple[int | None, list[str]]]) -> list[list[str]]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pinned_cards import tx8_bound_toml
 from test_robustness import analyze_cli, assert_one_line
 from waiting import wait_until
 
@@ -181,7 +182,7 @@ def test_attention_of_2_31_heads_maps_through_the_command(tmp_path, capsys):
 
 def test_a_chip_of_720720_tiles_maps_the_tiny_stage_within_the_search_limits(tmp_path, monkeypatch):
     # 240 divisors: the placement loop over factors**4 took 22-24 s (31 s with cofactors)
-    toml = TX8.read_text().replace("tile_count = 16", "tile_count = 720720").replace(
+    toml = tx8_bound_toml().replace("tile_count = 16", "tile_count = 720720").replace(
         'tile_grid = "4x4"', 'tile_grid = "720x1001"')
     chip = tmp_path / "big.toml"
     chip.write_text(toml)
@@ -197,7 +198,7 @@ def test_a_huge_batched_gemm_on_a_huge_chip_is_searched_within_the_limits(tmp_pa
     # number of evaluations and still gives a tiling within the tiles
     monkeypatch.setattr(gemm_mapper, "MAX_PLACEMENTS", 2_000)
     monkeypatch.setattr(gemm_mapper, "MAX_SEARCH_STEPS", 10_000)
-    toml = TX8.read_text().replace("tile_count = 16", "tile_count = 720720").replace(
+    toml = tx8_bound_toml().replace("tile_count = 16", "tile_count = 720720").replace(
         'tile_grid = "4x4"', 'tile_grid = "720x1001"')
     (tmp_path / "big.toml").write_text(toml)
     chip = load_chip(tmp_path / "big.toml")

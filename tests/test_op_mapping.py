@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from pinned_cards import PINNED_A100
+from pinned_cards import PINNED_A100, tx8_bound_toml
 
 from hardware import Op, OpType, build_stdit_block_ops, gemm_auto_opt_mapper, load_chip, map_block
 from hlo_analyzer.blocks import segment_blocks
@@ -76,7 +76,15 @@ def test_every_gemm_and_vector_op_of_a_jax_block_gets_a_latency(capsys, jax_bloc
     assert totals["inference_latency_s"] == pytest.approx(sum(k["latency_s"] for k in kernels), rel=1e-12)
 
 
-def test_hand_derived_gemm_and_vector_latency_on_tx8(capsys, jax_block):
+@pytest.fixture
+def tx8_bound(tmp_path):
+    """TX8 whose GEMMs go to the tile mappers' search (the bound): tests/pinned_cards.py."""
+    path = tmp_path / "tx8_bound.toml"
+    path.write_text(tx8_bound_toml(), encoding="utf-8")
+    return str(path)
+
+
+def test_hand_derived_gemm_and_vector_latency_on_tx8(capsys, jax_block, tx8_bound):
     """Eager kernels of the f32 block on one TX8 chip (its share of the 8-way data parallel batch).
 
     qkv GEMM (64 x 128) @ (128 x 384), f32: A 32768 B + B 196608 B + C 98304 B = 327680 B, each read
@@ -92,7 +100,7 @@ def test_hand_derived_gemm_and_vector_latency_on_tx8(capsys, jax_block):
     compute chain (0.1 + 0.16384 + 0.008192 + 0.1 + 0.08192 = 0.45395 us) and the latency chain
     (4 * 0.1 + 0.002048 + 0.18192 = 0.58397 us); larger chunks only lengthen the DRAM chain.
     """
-    document = analyze_json(capsys, jax_block, "--hw", "tx8", "--exec", "eager")
+    document = analyze_json(capsys, jax_block, "--hw", tx8_bound, "--exec", "eager")
     rows = document["ops"]
     qkv = next(op for op in rows if op["category"] == "gemm" and op["result_shapes"] == [[1, 64, 384]])
     last_add = [op for op in rows if op["category"] == "vector"][-1]
@@ -103,7 +111,7 @@ def test_hand_derived_gemm_and_vector_latency_on_tx8(capsys, jax_block):
     vector = kernel_at(document, last_add["position"])
     assert vector["latency_s"] == pytest.approx(1.185088 * US, rel=1e-9) and vector["bound"] == "dram"
     # half the DRAM bandwidth sustained: 0.2 + 1.96608 + 0.002048 = 2.168128 us
-    slow = analyze_json(capsys, jax_block, "--hw", "tx8", "--exec", "eager", "--dram-efficiency", "0.5")
+    slow = analyze_json(capsys, jax_block, "--hw", tx8_bound, "--exec", "eager", "--dram-efficiency", "0.5")
     assert kernel_at(slow, last_add["position"])["latency_s"] == pytest.approx(2.168128 * US, rel=1e-9)
 
 
@@ -270,7 +278,7 @@ BATCHED_DOT = """func.func @main(%a: tensor<16x16x16xbf16>, %b: tensor<16x16x16x
 
 
 @pytest.mark.parametrize("execution", ["eager", "fused"])
-def test_a_batched_dot_general_is_one_kernel_with_one_launch(capsys, tmp_path, execution):
+def test_a_batched_dot_general_is_one_kernel_with_one_launch(capsys, tmp_path, execution, tx8_bound):
     """16 heads of 16x16x16 bf16 are one kernel. TX8 (tests/test_mappers.py derives it): 16 tiles
     each run one head, 0.446784 us (one after another: 16 x 0.216384 us). A100
     (tests/test_kernel_model.py): 16 CTAs in one wave of 64x64 tiles, 1.0424 us of L2 feed plus
@@ -278,7 +286,7 @@ def test_a_batched_dot_general_is_one_kernel_with_one_launch(capsys, tmp_path, e
     dump = tmp_path / "batched.mlir"
     dump.write_text(BATCHED_DOT)
     feed = (64 + 64) * 272 * 2 / 66.8e9
-    for hardware, latency in (("tx8", 0.446784 * US), (PINNED_A100, 3 * US + feed)):
+    for hardware, latency in ((tx8_bound, 0.446784 * US), (PINNED_A100, 3 * US + feed)):
         [kernel] = analyze_json(capsys, dump, "--hw", hardware, "--exec", execution)["mapping"]["kernels"]
         assert kernel["kind"] == "gemm" and kernel["flops"] == 16 * 2 * 16**3
         assert kernel["latency_s"] == pytest.approx(latency, rel=1e-9)

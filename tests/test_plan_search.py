@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pinned_cards import tx8_bound_toml
 
 from hardware import build_stdit_block_ops, load_system, map_block
 from hardware.collectives import collective_time_s
@@ -221,16 +222,22 @@ def test_search_never_answers_a_plan_over_the_memory_limit_or_one_that_failed():
     assert none_fit.best is None and calls == [] and none_fit.stopped.startswith("no plan")
 
 
-def test_search_stops_when_the_bound_rules_out_every_untraced_plan():
+def test_search_stops_when_the_bound_rules_out_every_untraced_plan(tmp_path):
+    # tx8-16 with TX8's GEMMs at the tile mappers' bound: the tiny model's plans spread widely
+    # enough that the bound rules some out (the tiled model's per-op dispatch evens them out)
+    (tmp_path / "tx8.toml").write_text(tx8_bound_toml(), encoding="utf-8")
+    system_text = (REPO_ROOT / "hardware" / "data" / "tx8-16.toml").read_text(encoding="utf-8")
+    hardware = tmp_path / "tx8-16.toml"
+    hardware.write_text(system_text.replace('chip = "tx8"', f'chip = "{tmp_path / "tx8.toml"}"'), encoding="utf-8")
     space = _space()
 
     def tracer(plans):  # every plan traces at exactly 2x its estimate
         from tracing.plan_search import estimate_plan
 
-        system = load_system("tx8-16")
+        system = load_system(str(hardware))
         return [(2 * estimate_plan(p, system).latency_s, 1.0) for p in plans]
 
-    result = search("tiny", "28_64_64", "tx8-16", space, tracer, devices=8, budget=100)
+    result = search("tiny", "28_64_64", str(hardware), space, tracer, devices=8, budget=100)
     # the best traced is the first, 2 x e1; a plan of estimate e can trace no faster than
     # e x 2 / BOUND_MARGIN, so tracing goes on while e < BOUND_MARGIN x e1 and then stops
     from tracing.plan_search import BOUND_MARGIN

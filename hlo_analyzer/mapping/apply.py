@@ -202,7 +202,7 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     diffusion inference (:data:`DIFFUSION_STEPS`) on an STDiT3 stage, else one run."""
     resolved = resolve_system(hardware, report.num_devices or 1,
                               link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
-                              hop_latency_s=hop_latency_s)
+                              hop_latency_s=hop_latency_s, fidelity=options.fidelity)
     graph = build_dataflow(module) if graph is None else graph
     attentions = find_attentions(graph)
     cross_values = {v for attention in attentions if not is_self_attention(graph, attention)

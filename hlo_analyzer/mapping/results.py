@@ -50,6 +50,9 @@ class MappingOptions:
     cross_attention: str = CROSS_ATTENTION_MODES[0]
     caption_tokens: int | None = None
     library_calls: tuple[CallRegion, ...] = ()
+    #: Math fidelity of every GEMM on a chip with a tiled model (``--fidelity``); None: each
+    #: dtype's default (the vendor's out-of-box choice).
+    fidelity: str | None = None
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTION_MODES:
@@ -182,8 +185,16 @@ class ProgramMapping:
             entry[1] += op.latency_s
             entry[2] += bound
         model = chip.kernel_model
-        classes = [KernelClass(name, int(n), seconds, bound, model.provenance_of(_PROVENANCE_KEY.get(name, name)) if model else "")
-                   for name, (n, seconds, bound) in totals.items()]
+        tiled = chip.tiled_model
+
+        def provenance(name: str) -> str:
+            if model is not None:
+                return model.provenance_of(_PROVENANCE_KEY.get(name, name))
+            if tiled is not None and name == GEMM_KIND:
+                return tiled.provenance_of("unpack_bytes_per_noc_byte")
+            return ""
+
+        classes = [KernelClass(name, int(n), seconds, bound, provenance(name)) for name, (n, seconds, bound) in totals.items()]
         return tuple(sorted(classes, key=lambda c: -c.seconds))
 
 
