@@ -48,8 +48,9 @@ from models.opensora.inputs import REFERENCE_SHAPES, geometry
 #: The documents whose figures this script owns.
 DOCUMENTS = ("README.md", "docs/*.md")
 FIGURE = re.compile(r"<!-- fig (?P<name>[^>]+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
-#: A cell of a result CSV quoted as is: ``csv:PATH[COLUMN=VALUE,...].COLUMN|FORMAT`` (the row
-#: whose columns have those values; FORMAT a format spec for the number, default ``.4g``).
+#: A cell of a result table quoted as is: ``csv:PATH[COLUMN=VALUE,...].COLUMN|FORMAT`` (the row
+#: whose columns have those values, in a CSV file or a ``.md`` file's first table; FORMAT a
+#: format spec for a number, default ``.4g``).
 CSV_CELL = re.compile(r"csv:(?P<path>[^\[]+)\[(?P<where>[^\]]*)\]\.(?P<column>[^|]+?)(?:\|(?P<form>.+))?")
 TABLE = re.compile(r"^<!-- table (?P<name>[\w.:/-]+) -->\n(?P<text>.*?)^<!-- /table -->$", re.S | re.M)
 #: The classes of the GPU model that stream memory (everything but GEMMs and attention).
@@ -200,8 +201,18 @@ def table(name: str) -> str:
     return first_table(path)
 
 
-def csv_cell(name: str) -> str:
-    """The cell a ``csv:`` figure names (:data:`CSV_CELL`)."""
+def _table_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file, or of the first Markdown table of a ``.md`` file, by column."""
+    if path.suffix == ".md":
+        lines = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+                 for line in first_table(path).splitlines()]
+        return [dict(zip(lines[0], cells)) for cells in lines[2:]]
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def table_cell(name: str) -> str:
+    """The cell a ``csv:`` figure names (:data:`CSV_CELL`; a ``.md`` path reads its first table)."""
     match = CSV_CELL.fullmatch(name)
     if match is None:
         raise UsageError(f"figure {name}: expected csv:PATH[COLUMN=VALUE,...].COLUMN|FORMAT")
@@ -209,8 +220,7 @@ def csv_cell(name: str) -> str:
     if not path.is_file():
         raise UsageError(f"figure {name}: no such result file {match['path']}")
     where = dict(pair.split("=", 1) for pair in match["where"].split(",") if pair)
-    with path.open(newline="") as handle:
-        rows = [row for row in csv.DictReader(handle) if all(row.get(k) == v for k, v in where.items())]
+    rows = [row for row in _table_rows(path) if all(row.get(k) == v for k, v in where.items())]
     if len(rows) != 1 or match["column"] not in rows[0]:
         raise UsageError(f"figure {name}: {len(rows)} rows of {match['path']} match, or no such column")
     cell = rows[0][match["column"]]
@@ -222,7 +232,7 @@ def csv_cell(name: str) -> str:
 
 def figure(name: str) -> str:
     if name.startswith("csv:"):
-        return csv_cell(name)
+        return table_cell(name)
     if name not in FIGURES:
         raise UsageError(f"figure {name}: unknown (expected one of {', '.join(sorted(FIGURES))})")
     entry = FIGURES[name]

@@ -80,3 +80,14 @@ def test_an_unknown_figure_is_one_error_line(copy, capsys):
     assert run_click(docs_figures.main, ["--check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("Error: figure no.such.figure: unknown")
+
+
+def test_a_table_cell_is_read_from_a_csv_or_a_markdown_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(docs_figures, "REPO_ROOT", tmp_path)
+    (tmp_path / "t.csv").write_text("shape,s\na,1.25\nb,2.5\n")
+    (tmp_path / "t.md").write_text("# T\n\n| rows | median |\n|---|---|\n| n150 x | 7.0% |\n| p150 y | 8.7% |\n")
+    assert docs_figures.figure("csv:t.csv[shape=b].s|.2f") == "2.50"
+    assert docs_figures.figure("csv:t.csv[shape=a].s") == "1.25"
+    assert docs_figures.figure("csv:t.md[rows=p150 y].median") == "8.7%"
+    with pytest.raises(docs_figures.UsageError, match="0 rows"):
+        docs_figures.figure("csv:t.csv[shape=c].s")
