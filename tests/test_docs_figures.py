@@ -33,7 +33,7 @@ def test_the_docs_quote_figures_through_markers():
 @pytest.fixture
 def copy(tmp_path, monkeypatch) -> Path:
     """The documents and results in a scratch root the script reads instead of the repository."""
-    for name in ("README.md", "docs", "results"):
+    for name in ("README.md", "docs", "results", "models"):
         source = ROOT / name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / name)
     monkeypatch.setattr(docs_figures, "REPO_ROOT", tmp_path)
