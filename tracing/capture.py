@@ -12,6 +12,10 @@ when its runtime starts.  So the order matters and is fixed here:
 4. :func:`release` removes the temporary dump directory;
 5. :func:`end_process` exits at once if a compile is still running (see below).
 
+The dump directory is also removed when the process ends in any other way (an error, SIGTERM,
+SIGINT, SIGKILL, a crash): a watcher (:func:`_remove_when_process_ends`) waits for this process
+to end and then deletes it, since XLA's background compile may write into it until the end.
+
 Partitioning is the first thing XLA does; the rest of a CPU compile (fusion, LLVM code
 generation) is of no use here and takes most of the time: 167 s of the 181 s that a full-size
 14-block stage took to trace before (1.3 s now).  So the compile runs in a background thread and
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -106,6 +111,7 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
             "torch_xla's runtime has already started in this process; "
             "prepare_process() must run first (trace in a fresh process)")
     dump_dir = Path(tempfile.mkdtemp(prefix="hlo_trace_xla_dump_", dir=dump_root))
+    _remove_when_process_ends(dump_dir)
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(num_devices)
     if op_metadata:
@@ -127,6 +133,27 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
     ] + ([f"{_DISABLE_PASSES_FLAG}={','.join(dict.fromkeys(disabled))}"] if disabled else []))
     log.debug("XLA environment: %d CPU devices, dumping to %s", num_devices, dump_dir)
     return CaptureSession(dump_dir=dump_dir, num_devices=num_devices, op_metadata=op_metadata)
+
+
+#: The watcher of :func:`_remove_when_process_ends`: a shell that ignores the interrupts a
+#: terminal sends to the whole group (``trap ''``: inherited by what it runs), reads its standard
+#: input until this process and every process that inherited the pipe's other end have ended
+#: (end of file), then deletes the directory (``$0``).
+_WATCHER_SCRIPT = "trap '' INT TERM HUP QUIT; cat >/dev/null; rm -rf -- \"$0\""
+#: This process's end of the watchers' pipes: open until the process ends.
+_watched: list[subprocess.Popen] = []
+
+
+def _remove_when_process_ends(directory: Path) -> None:
+    """Start a watcher that deletes ``directory`` once this process has ended, however it ends
+    (its ``finally`` blocks and atexit handlers do not run on SIGTERM, SIGKILL or a crash, and
+    XLA's background compile writes into the directory until then). No shell: nothing."""
+    try:
+        _watched.append(subprocess.Popen(  # noqa: S603 - a fixed script, the directory as $0
+            ["/bin/sh", "-c", _WATCHER_SCRIPT, str(directory)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    except OSError as error:  # no /bin/sh, or no process left: release() still deletes it
+        log.debug("no watcher for %s: %s", directory, error)
 
 
 def _runtime_started() -> bool:
