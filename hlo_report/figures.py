@@ -51,7 +51,7 @@ def bars(key: str, title: str, categories: Sequence[str], series: Mapping[str, S
     """One bar per category and series (grouped, or stacked)."""
     data = tuple({"type": "bar", "name": name, "x": list(categories), "y": list(values),
                   "marker": {"color": PALETTE[index % len(PALETTE)]},
-                  "hovertemplate": "%{x}<br>" + name + ": %{y:.4g}<extra></extra>"}
+                  "hovertemplate": "%{x}<br>%{fullData.name}: %{y:.4g}<extra></extra>"}
                  for index, (name, values) in enumerate(series.items()))
     layout = {"barmode": "stack" if stacked else "group",
               "yaxis": _axis(y_title, log, (v for values in series.values() for v in values)),

@@ -20,7 +20,8 @@ import os as _os
 import sys as _sys
 
 #: The project's console commands (pyproject.toml's ``[project.scripts]``).
-COMMANDS = ("analyze-hlo", "analyze-pipeline", "plan-search", "trace-stage", "trace-vae-decode")
+COMMANDS = ("analyze-hlo", "analyze-pipeline", "hlo-report", "plan-search", "trace-module",
+            "trace-stage", "trace-vae-decode")
 
 
 def quiet_interrupts() -> None:
