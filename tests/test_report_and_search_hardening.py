@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fuzz import json_values
+
 REPO = Path(__file__).resolve().parent.parent
 SEARCH = REPO / "results/plan_search/204_640_360_8xh100.json"
 #: Markup plotly would draw (bold text, a link) if a name reached it as is.
@@ -94,19 +96,9 @@ def test_a_study_table_cell_beyond_any_number_is_refused(tmp_path, cell):
 
 def _figure_strings(page: str) -> list[str]:
     """Every string of the page's plotly figure specifications."""
-    strings: list[str] = []
-    for spec in re.findall(r'<script type="application/json" class="figure-spec"[^>]*>(.*?)</script>',
-                           page, re.S):
-        stack = [json.loads(spec)]
-        while stack:
-            value = stack.pop()
-            if isinstance(value, dict):
-                stack.extend(value.values())
-            elif isinstance(value, list):
-                stack.extend(value)
-            elif isinstance(value, str):
-                strings.append(value)
-    return strings
+    return [value for spec in re.findall(r'<script type="application/json" class="figure-spec"'
+                                         r'[^>]*>(.*?)</script>', page, re.S)
+            for _, value in json_values(json.loads(spec)) if isinstance(value, str)]
 
 
 def test_names_with_plotly_markup_are_shown_as_text(tmp_path):

@@ -1,7 +1,8 @@
 """Every trace command removes XLA's temporary dump folder (``hlo_trace_xla_dump_*``, made by
 ``tracing.capture.prepare_process``) however it ends: a finished trace, and one stopped by SIGTERM
 or SIGINT while it traces (the folder then exists; the command's trace child is killed, so no
-``finally`` of it runs). Each command runs with its own ``TMPDIR``, so the folders counted are its
+``finally`` of it runs). A finished trace also leaves no folder of torch's (its atexit handler
+never runs in a trace process, which ends by ``os._exit``). Each command runs with its own ``TMPDIR``, so the folders counted are its
 own."""
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def test_a_finished_trace_module_leaves_no_dump_folder(tmp_path):
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
     assert left_behind(temp) == []
+    assert sorted(path.name for path in temp.iterdir()) == []  # torch's own folder too
 
 
 @pytest.mark.parametrize("command", [

@@ -138,8 +138,13 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
 #: The watcher of :func:`_remove_when_process_ends`: a shell that ignores the interrupts a
 #: terminal sends to the whole group (``trap ''``: inherited by what it runs), reads its standard
 #: input until this process and every process that inherited the pipe's other end have ended
-#: (end of file), then deletes the directory (``$0``).
-_WATCHER_SCRIPT = "trap '' INT TERM HUP QUIT; cat >/dev/null; rm -rf -- \"$0\""
+#: (end of file), collecting the further directories written there one a line, then deletes
+#: them and the dump directory (``$1``).
+_WATCHER_SCRIPT = ("trap '' INT TERM HUP QUIT; "
+                   'while IFS= read -r extra; do set -- "$@" "$extra"; done; rm -rf -- "$@"')
+#: torch's own temporary directory (``torch.distributed.nn.jit.instantiator``, made when torch
+#: loads, deleted by an atexit handler that a trace process, ended by ``os._exit``, never runs).
+_TORCH_TEMP_MODULE = "torch.distributed.nn.jit.instantiator"
 #: This process's end of the watchers' pipes: open until the process ends.
 _watched: list[subprocess.Popen] = []
 
@@ -150,7 +155,7 @@ def _remove_when_process_ends(directory: Path) -> None:
     XLA's background compile writes into the directory until then). No shell: nothing."""
     try:
         _watched.append(subprocess.Popen(  # noqa: S603 - a fixed script, the directory as $0
-            ["/bin/sh", "-c", _WATCHER_SCRIPT, str(directory)], stdin=subprocess.PIPE,
+            ["/bin/sh", "-c", _WATCHER_SCRIPT, "watcher", str(directory)], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     except OSError as error:  # no /bin/sh, or no process left: release() still deletes it
         log.debug("no watcher for %s: %s", directory, error)
@@ -171,6 +176,7 @@ def enable_spmd() -> None:
     import torch_xla.runtime as xr
 
     xr.use_spmd()
+    _watch_torch_temp()  # torch is loaded by now
 
 
 def device_count() -> int:
@@ -250,6 +256,19 @@ def is_complete_hlo_module(path: Path) -> bool:
     text = path.read_text()
     entry = text.rfind("\nENTRY ")
     return entry >= 0 and "\n}" in text[entry:] and text.rstrip().endswith("}")
+
+
+def _watch_torch_temp() -> None:
+    """Have the watcher also delete torch's temporary directory when this process ends."""
+    instantiator = sys.modules.get(_TORCH_TEMP_MODULE)
+    temp = getattr(getattr(instantiator, "_TEMP_DIR", None), "name", None)
+    for watcher in _watched[-1:]:
+        if temp and watcher.stdin is not None and "\n" not in temp:
+            try:
+                watcher.stdin.write(temp.encode() + b"\n")
+                watcher.stdin.flush()
+            except OSError:  # the watcher is gone: nothing to tell it
+                pass
 
 
 def release(session: CaptureSession) -> None:
