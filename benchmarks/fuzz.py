@@ -417,11 +417,13 @@ class Tally:
     examples: dict[str, list[Outcome]] = field(default_factory=dict)
     over_memory: int = 0
     slowest_s: float = 0.0
+    seconds_by_kind: Counter = field(default_factory=Counter)
 
     def add(self, outcome: Outcome) -> None:
         self.by_class[outcome.klass] += 1
         self.over_memory += outcome.peak_rss_bytes > MEMORY_BOUND_BYTES
         self.slowest_s = max(self.slowest_s, outcome.seconds)
+        self.seconds_by_kind[outcome.case.kind] += outcome.seconds
         self.by_mutator.setdefault(outcome.case.mutator, Counter())[outcome.klass] += 1
         self.by_command.setdefault(outcome.case.command, Counter())[outcome.klass] += 1
         if outcome.klass not in GOOD_CLASSES:
@@ -1326,6 +1328,10 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+#: Cases between two progress lines on stderr.
+PROGRESS_EVERY = 100
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=3000)
@@ -1347,8 +1353,17 @@ def main() -> None:
     started_at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     started = time.perf_counter()
     cases = list(make_cases(args.cases, args.seed))
+    done: list[Outcome] = []
+
+    def progress(outcome: Outcome) -> None:
+        done.append(outcome)
+        if len(done) % PROGRESS_EVERY == 0:
+            failing = sum(o.klass not in GOOD_CLASSES for o in done)
+            print(f"[{len(done)}/{len(cases)}] {time.perf_counter() - started:.0f} s, "
+                  f"{failing} failing", file=sys.stderr, flush=True)
+
     tally = run_cases(cases, jobs=args.jobs, timeout_s=args.timeout,
-                      memory_bytes=args.memory_mb * 2**20)
+                      memory_bytes=args.memory_mb * 2**20, report=progress)
     elapsed = time.perf_counter() - started
     lines = summary(args, cases, tally, elapsed, started_at)
     print("\n".join(lines))
@@ -1386,7 +1401,9 @@ def summary(args: argparse.Namespace, cases: list[Case], tally: Tally, elapsed: 
     lines.append(f"runs over {MEMORY_BOUND_BYTES >> 30} GiB of peak RSS: {tally.over_memory}; "
                  f"slowest case {tally.slowest_s:.1f} s")
     kinds = Counter(case.kind for case in cases)
-    lines.append("inputs: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())))
+    lines.append("inputs (cases, mean seconds): " + ", ".join(
+        f"{kind} {count} ({tally.seconds_by_kind[kind] / count:.1f} s)"
+        for kind, count in sorted(kinds.items())))
     lines.append(f"by command ({'/'.join(GOOD_CLASSES[:2])}/other good/failing):")
     for name in COMMAND_NAMES:
         counter = tally.by_command.get(name, Counter())

@@ -3,7 +3,8 @@ integer, 1.8e308, a 5,000-digit CSV cell), a list where a string belongs and a l
 one ``Error:`` line naming the file and field, exit code 2 (never an internal error); Ctrl-C while
 hlo-report starts is ``Interrupted.``, never a traceback; names with plotly markup (``<b>``,
 ``<a href>``) are shown as text in the figures; and ``plan-search --mode train`` refuses ``--plot``
-and ``-o``, which it would not write."""
+and ``-o``, which it would not write; a plan search stopped just as a trace step starts stops
+that step too."""
 
 from __future__ import annotations
 
@@ -141,3 +142,39 @@ def test_a_training_search_refuses_outputs_it_would_not_write(tmp_path, option):
                      *option, cwd=tmp_path)
     _one_error(completed, option[0])
     assert not (tmp_path / option[1]).exists()
+
+
+class _StopsWhileChecked:
+    """A stop flag whose first check lets ``_Steps.stop()`` run in another thread meanwhile and
+    still answers "not stopping": the moment a plan search's Ctrl-C can come between a step's
+    check and its start."""
+
+    def __init__(self, steps) -> None:
+        import threading
+
+        self._event, self._steps, self._first = threading.Event(), steps, True
+        self._threading = threading
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        if self._first:
+            self._first = False
+            self._threading.Thread(target=self._steps.stop, daemon=True).start()
+            time.sleep(0.3)
+            return False
+        return self._event.is_set()
+
+
+def test_a_step_started_as_a_search_is_stopped_is_stopped_too():
+    """plan-search hung after Ctrl-C (the fuzz): a trace step started just as the search was
+    stopped was missed by the stop, and the search waited for the whole trace."""
+    from tracing.runner import Interrupted, _Steps
+
+    steps = _Steps()
+    steps.stopping = _StopsWhileChecked(steps)
+    started = time.monotonic()
+    with pytest.raises(Interrupted):
+        steps.run([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert time.monotonic() - started < 30

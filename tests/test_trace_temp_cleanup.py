@@ -78,3 +78,4 @@ def test_a_stopped_trace_leaves_no_dump_folder(tmp_path, command, number):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert left_behind(temp) == []
+
