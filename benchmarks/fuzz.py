@@ -1,7 +1,9 @@
-"""Fuzz ``analyze-hlo`` and the configuration loaders with seeded mutations of the bundled inputs.
+"""Fuzz the project's seven commands with seeded mutations of the bundled inputs and options.
 
 Seeds: every dump in ``dumps/`` and ``hlo_trace/examples/`` (StableHLO, MHLO, HLO text), every hardware TOML in
-``hardware/data/``, a model and a pipeline TOML of ``trace-stage``. Each case mutates one seed
+``hardware/data/``, a model and a pipeline TOML of ``trace-stage``, the report pages' JSON (made
+by analyze-hlo and analyze-pipeline from the tiny dumps; a committed plan search) and the
+study's CSV tables (``results/``). Each case mutates one seed
 (bytes, lines, numbers, attributes, replica groups, element types, string escapes, nesting depth,
 option values) and runs it:
 
@@ -20,8 +22,7 @@ option values) and runs it:
 * interrupts: a command (``python3 -m ...`` in a fresh process) sent SIGINT at a random moment
   of its first 2.5 s, start-up included (``Interrupted.`` and exit code 130, or a finished run);
 * ``plan-search --scheduler`` at addresses of other kinds and at listeners that are no Dask
-  scheduler (one that never answers, one that answers as an HTTP server).
-
+  scheduler (one that never answers, one that answers as an HTTP server);
 * report pages: ``hlo-report analysis`` / ``pipeline`` / ``plan`` on a mutated JSON (a field at
   any depth replaced by a 401-digit integer, 1.79e308, a lone surrogate, a list, markup such as
   ``<b>``, or removed; bytes flipped) and ``hlo-report study`` on the study's tables with one CSV
@@ -1126,9 +1127,10 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
     tail = "\n".join(stderr.strip().splitlines()[-3:])
     if status is None:
         return Outcome(case, "hang", None, seconds, tail)
-    if case.kind == "interrupt" and "init_import_site" in stderr:
+    if case.kind == "interrupt" and _before_the_command(status, stderr):
         # interrupted while the interpreter itself started (site.py, an editable install's
-        # hook), before any code of the command ran: Python's own report, counted apart
+        # hook, runpy finding the module), before any code of the command ran: Python's own
+        # report, counted apart
         return Outcome(case, "interpreter-start", None, seconds, tail)
     if case.kind == "terminate" and (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
                                      or os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM):
@@ -1158,6 +1160,19 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
     if code == 1:
         return Outcome(case, "internal", 1, seconds, tail)
     return Outcome(case, "other", code, seconds, tail)
+
+
+def _before_the_command(status: int, stderr: str) -> bool:
+    """Whether an interrupt ended the interpreter before any file of the project ran: its
+    ``site`` start-up failed, or it died of SIGINT with no output at all (before Python installs
+    its handler) or with a traceback of the standard library's frames alone (runpy)."""
+    if "init_import_site" in stderr:
+        return True
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT):
+        return False
+    lines = stderr.strip().splitlines()
+    return not lines or (lines[0].startswith("Traceback") and lines[-1] == "KeyboardInterrupt"
+                         and str(REPO_ROOT) not in stderr)
 
 
 def _finished_class(case: Case, workdir: Path) -> str:
@@ -1241,10 +1256,13 @@ def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 30.0,
                     signalled.add(pid)
                 if not done and elapsed < timeout_s:
                     continue
-                if not done:  # a hang: kill the child and everything it forked
+                hung = ""
+                if not done:  # a hang: note what still runs, kill the child and all it forked
+                    hung = running_processes(pid)
                     _kill_group(pid)
                     status, usage = None, None
                 outcome = classify(case, status, elapsed, workdir)
+                outcome.stderr_tail += hung
                 outcome.peak_rss_bytes = usage.ru_maxrss * 1024 if usage is not None else 0
                 if status is not None and _orphans(pid, within_s=1.0):
                     _kill_group(pid)
@@ -1304,6 +1322,20 @@ def group_members(group: int) -> list[int]:
         if int(fields[2]) == group and fields[0] != "Z":
             members.append(int(entry.name))
     return members
+
+
+def running_processes(group: int) -> str:
+    """The processes of a hung case's group, each as its state and command line (for the
+    report's examples)."""
+    described = []
+    for pid in group_members(group):
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        described.append(f"{pid} {state} {command.decode(errors='replace')[:120]}")
+    return "\nstill running: " + "; ".join(described) if described else ""
 
 
 def _orphans(group: int, within_s: float) -> bool:
@@ -1422,7 +1454,7 @@ def summary(args: argparse.Namespace, cases: list[Case], tally: Tally, elapsed: 
             case = outcome.case
             lines.append(f"  #{case.index} {case.kind} {case.seed_name} {case.mutator} "
                          f"{' '.join(case.options or case.argv)[:300]} -> {outcome.exit_code} in "
-                         f"{outcome.seconds:.1f} s: {outcome.stderr_tail[-300:]!r}")
+                         f"{outcome.seconds:.1f} s: {outcome.stderr_tail[-600:]!r}")
     lines.append(f"failures (not {'/'.join(GOOD_CLASSES)}): {tally.failures}")
     return lines
 

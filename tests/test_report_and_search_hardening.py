@@ -178,3 +178,15 @@ def test_a_step_started_as_a_search_is_stopped_is_stopped_too():
     with pytest.raises(Interrupted):
         steps.run([sys.executable, "-c", "import time; time.sleep(60)"])
     assert time.monotonic() - started < 30
+
+
+def test_an_interrupt_wrapped_by_python_while_a_command_imports_is_one_line():
+    """Ctrl-C while a class is made during an import (``platform``'s ``cached_property``)
+    reaches the top as a RuntimeError caused by the KeyboardInterrupt (the fuzz, under load)."""
+    script = ("import sys; sys.argv = ['-m']\nimport hlo_trace\n"
+              "class Interrupts:\n    def __set_name__(self, owner, name):\n"
+              "        raise KeyboardInterrupt\n"
+              "class Made:\n    attribute = Interrupts()\n")
+    completed = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                               text=True, timeout=60)
+    assert (completed.returncode, completed.stderr) == (130, "Interrupted.\n")
