@@ -48,6 +48,8 @@ Every outcome falls in one class; the error promise is that only ``ok`` and ``us
 * ``usage``: exit 2 and exactly one line ``Error: ...`` on stderr;
 * ``interrupted``: an interrupt case that printed ``Interrupted.`` and exited with 130;
 * ``terminated``: a termination case that ended by SIGTERM;
+* ``no-answer``: plan-search's documented exit code 1 (docs/plan_search.md): its report says
+  that no plan fits or no device count meets the target, with no ``Error:`` line;
 * ``interpreter-start``: an interrupt that came while the interpreter itself started (its
   ``site`` module: "Fatal Python error: init_import_site"), before any code of the command;
 * ``internal`` (exit 1), ``signal`` (died of a signal), ``hang`` (over the time limit),
@@ -88,7 +90,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start", "terminated")
+GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start", "terminated", "no-answer")
 CLASSES = (*GOOD_CLASSES, "internal", "signal", "hang", "messy", "bad-numbers", "orphan",
            "leaked-temp", "markup", "unwritten", "other")
 #: The folders XLA's dumps go to while a trace runs (tracing.capture): none may outlive it.
@@ -1157,6 +1159,8 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
         lines = [line for line in stderr.splitlines() if line.strip()]
         one_line = len(lines) == 1 and lines[0].startswith("Error: ")
         return Outcome(case, "usage" if one_line else "messy", 2, seconds, tail)
+    if code == 1 and case.command == "plan-search" and "Error:" not in stderr:
+        return Outcome(case, "no-answer", 1, seconds, tail)
     if code == 1:
         return Outcome(case, "internal", 1, seconds, tail)
     return Outcome(case, "other", code, seconds, tail)
