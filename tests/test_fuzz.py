@@ -27,7 +27,7 @@ _FUZZ_IN_A_FRESH_PROCESS = """
 import json, sys
 from benchmarks.fuzz import make_cases, run_cases
 cases = list(make_cases(int(sys.argv[1]), int(sys.argv[2])))
-tally = run_cases(cases, jobs=2, timeout_s=30.0, memory_bytes=4000 * 2**20)
+tally = run_cases(cases, jobs=2, timeout_s=60.0, memory_bytes=4000 * 2**20)
 print(json.dumps({
     "kinds": sorted({case.kind for case in cases}),
     "by_class": dict(tally.by_class),
