@@ -1,7 +1,9 @@
-"""Fuzz ``analyze-hlo`` and the configuration loaders with seeded mutations of the bundled inputs.
+"""Fuzz the project's seven commands with seeded mutations of the bundled inputs and options.
 
 Seeds: every dump in ``dumps/`` and ``hlo_trace/examples/`` (StableHLO, MHLO, HLO text), every hardware TOML in
-``hardware/data/``, a model and a pipeline TOML of ``trace-stage``. Each case mutates one seed
+``hardware/data/``, a model and a pipeline TOML of ``trace-stage``, the report pages' JSON (made
+by analyze-hlo and analyze-pipeline from the tiny dumps; a committed plan search) and the
+study's CSV tables (``results/``). Each case mutates one seed
 (bytes, lines, numbers, attributes, replica groups, element types, string escapes, nesting depth,
 option values) and runs it:
 
@@ -20,27 +22,49 @@ option values) and runs it:
 * interrupts: a command (``python3 -m ...`` in a fresh process) sent SIGINT at a random moment
   of its first 2.5 s, start-up included (``Interrupted.`` and exit code 130, or a finished run);
 * ``plan-search --scheduler`` at addresses of other kinds and at listeners that are no Dask
-  scheduler (one that never answers, one that answers as an HTTP server).
+  scheduler (one that never answers, one that answers as an HTTP server);
+* report pages: ``hlo-report analysis`` / ``pipeline`` / ``plan`` on a mutated JSON (a field at
+  any depth replaced by a 401-digit integer, 1.79e308, a lone surrogate, a list, markup such as
+  ``<b>``, or removed; bytes flipped) and ``hlo-report study`` on the study's tables with one CSV
+  cell replaced; a page written must show names as text (no ``<b>``/``<a`` in its figures);
+* ``trace-module`` (a fresh process) on odd factories and forwards (returning nothing, reading a
+  value back, raising ``SystemExit``/``BaseException``/``KeyboardInterrupt``, a factory that
+  returns no module), the zoo's GPT-2 and odd options (``--input`` sizes and dtypes, ``--mesh``,
+  ``--strategy``, ``--mode train``, ``--dtype``, ``--name``);
+* ``plan-search`` options around a training search (``--mode train --estimate ideal
+  --no-confirm``: seconds) and its sizing: ``--plot``, ``-o``, ``--json``, batch, micro-batches,
+  ZeRO stages, targets, device counts; a run that exits 0 must have written what was asked;
+* terminations: a trace command (trace-stage, trace-module, trace-vae-decode) sent SIGTERM at a
+  random moment of its first 4 s (it ends by the signal, or finished).
 
-Every case runs in its own process group: a process of it left running once it ended is an
-``orphan``; a run whose peak resident memory passed 4 GiB is counted (``over-4GiB``).
+Every case runs in its own process group with its own temporary directory (``TMPDIR``): a
+process of it left running once it ended is an ``orphan``; an ``hlo_trace_xla_dump_*`` folder
+left in its temporary directory is ``leaked-temp``; a run whose peak resident memory passed
+4 GiB is counted (``over-4GiB``).
 
 Every outcome falls in one class; the error promise is that only ``ok`` and ``usage`` occur:
 
 * ``ok``: exit 0, and a JSON report holds no negative, NaN or infinite number;
 * ``usage``: exit 2 and exactly one line ``Error: ...`` on stderr;
 * ``interrupted``: an interrupt case that printed ``Interrupted.`` and exited with 130;
+* ``terminated``: a termination case that ended by SIGTERM;
+* ``no-answer``: plan-search's documented exit code 1 (docs/plan_search.md): its report says
+  that no plan fits or no device count meets the target, with no ``Error:`` line;
 * ``interpreter-start``: an interrupt that came while the interpreter itself started (its
   ``site`` module: "Fatal Python error: init_import_site"), before any code of the command;
 * ``internal`` (exit 1), ``signal`` (died of a signal), ``hang`` (over the time limit),
   ``messy`` (exit 2 but not one ``Error:`` line, or a traceback), ``bad-numbers`` (exit 0 with a
   negative/NaN/inf number), ``orphan`` (a process of the case still running after it ended),
-  ``other`` (any other exit code).
+  ``leaked-temp`` (an ``hlo_trace_xla_dump_*`` folder left behind), ``markup`` (a page whose
+  figures hold ``<b>`` or ``<a`` from a name), ``unwritten`` (exit 0 without an output it was
+  asked for), ``other`` (any other exit code).
 
-    python3 benchmarks/fuzz.py --cases 3000 --seed 1 [--jobs 2] [--timeout 30] [--memory-mb 4000]
+    python3 benchmarks/fuzz.py --cases 5000 --seed 1 --log results/fuzz/fuzz_5000.txt
+        [--jobs 2] [--timeout 60] [--memory-mb 4000]
     python3 benchmarks/fuzz.py --quick    # 12 cases (seconds): what CI runs besides tests/test_fuzz.py
 
-Prints the count per class, per mutator, and the first examples of every failing class.
+Prints (and with ``--log`` writes) the command, seed, date, the count per class, per command and
+per mutator, cases per minute, and the first examples of every failing class.
 """
 
 from __future__ import annotations
@@ -52,6 +76,7 @@ import os
 import random
 import re
 import resource
+import shutil
 import signal
 import sys
 import tempfile
@@ -65,7 +90,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start")
+GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start", "terminated", "no-answer")
+CLASSES = (*GOOD_CLASSES, "internal", "signal", "hang", "messy", "bad-numbers", "orphan",
+           "leaked-temp", "markup", "unwritten", "other")
+#: The folders XLA's dumps go to while a trace runs (tracing.capture): none may outlive it.
+LEAK_GLOB = "hlo_trace_xla_dump_*"
+#: The project's commands (pyproject.toml's [project.scripts]), each case counted under one.
+COMMAND_NAMES = ("analyze-hlo", "analyze-pipeline", "hlo-report", "plan-search", "trace-module",
+                 "trace-stage", "trace-vae-decode")
 #: Address space of a case run as a fresh command (torch and XLA map ~5 GB of it).
 EXEC_ADDRESS_SPACE_BYTES = 16 * 2**30
 #: Peak resident memory of a case counted as too much (the issue's bound).
@@ -338,7 +370,8 @@ class Case:
 
     index: int
     #: "dump", "bytecode", "hardware", "model", "pipeline", "sidecar", "stage-sidecar",
-    #: "nested", "option", "interrupt", "scheduler"
+    #: "nested", "option", "interrupt", "scheduler", "report", "report-csv", "module", "plan",
+    #: "terminate"
     kind: str
     mutator: str
     seed_name: str
@@ -346,8 +379,27 @@ class Case:
     options: tuple[str, ...] = ()
     #: A command run in a fresh process (``python3 -m ...``) instead of in the forked child.
     argv: tuple[str, ...] = ()
-    #: Seconds after its start at which the case is sent SIGINT (interrupt cases).
+    #: Seconds after its start at which the case is sent SIGINT (interrupt cases) or SIGTERM
+    #: (terminate cases).
     interrupt_after: float | None = None
+
+    @property
+    def command(self) -> str:
+        """The project command the case runs (one of COMMAND_NAMES)."""
+        if self.seed_name in COMMAND_NAMES:  # option, interrupt, terminate, module, plan cases
+            return self.seed_name
+        if self.kind in ("report", "report-csv"):
+            return "hlo-report"
+        if self.kind == "scheduler":
+            return "plan-search"
+        if self.kind in ("model", "pipeline"):
+            return "trace-stage"  # its TOML loaders
+        if self.kind == "stage-sidecar" or (self.kind == "nested" and self.options[0] in (
+                "pipeline-analysis",)):
+            return "analyze-pipeline"
+        if self.kind == "nested" and self.options[0] in ("model", "pipeline"):
+            return "trace-stage"
+        return "analyze-hlo"
 
 
 @dataclass
@@ -364,15 +416,19 @@ class Outcome:
 class Tally:
     by_class: Counter = field(default_factory=Counter)
     by_mutator: dict[str, Counter] = field(default_factory=dict)
+    by_command: dict[str, Counter] = field(default_factory=dict)
     examples: dict[str, list[Outcome]] = field(default_factory=dict)
     over_memory: int = 0
     slowest_s: float = 0.0
+    seconds_by_kind: Counter = field(default_factory=Counter)
 
     def add(self, outcome: Outcome) -> None:
         self.by_class[outcome.klass] += 1
         self.over_memory += outcome.peak_rss_bytes > MEMORY_BOUND_BYTES
         self.slowest_s = max(self.slowest_s, outcome.seconds)
+        self.seconds_by_kind[outcome.case.kind] += outcome.seconds
         self.by_mutator.setdefault(outcome.case.mutator, Counter())[outcome.klass] += 1
+        self.by_command.setdefault(outcome.case.command, Counter())[outcome.klass] += 1
         if outcome.klass not in GOOD_CLASSES:
             self.examples.setdefault(outcome.klass, []).append(outcome)
 
@@ -382,16 +438,19 @@ class Tally:
 
 
 def make_cases(count: int, seed: int) -> Iterator[Case]:
-    """``count`` cases drawn with ``random.Random(seed)``: 45% text dumps, 10% bytecode, 10%
-    hardware files, 5% trace-stage TOMLs, 8% sidecars, 6% stage sidecars, 5% nested
-    documents, 5% option numbers, 4% interrupts, 2% scheduler addresses."""
+    """``count`` cases drawn with ``random.Random(seed)``: 36% text dumps, 8% bytecode, 8%
+    hardware files, 4% trace-stage TOMLs, 7% sidecars, 5% stage sidecars, 4% nested documents,
+    4% option numbers, 10% report JSON, 3% study CSV, 3% plan-search options, 2.5%
+    trace-module, 3% interrupts, 1% terminations, 1.5% scheduler addresses (the torch-heavy
+    kinds, trace-module, interrupts and terminations of traces, stay a few percent: each takes
+    seconds)."""
     rng = random.Random(seed)
     dumps = [(path, path.read_text()) for path in dump_seeds()]
     hardware = [(path, path.read_text()) for path in hardware_seeds()]
     bytecodes: list[tuple[Path, bytes]] | None = None
     for index in range(count):
         roll = rng.random()
-        if roll < 0.45:
+        if roll < 0.36:
             path, text = rng.choice(dumps)
             name = rng.choice(sorted(DUMP_MUTATORS))
             mutated = _mutate(DUMP_MUTATORS[name], text, rng)
@@ -400,41 +459,60 @@ def make_cases(count: int, seed: int) -> Iterator[Case]:
                 mutated, name = _mutate(DUMP_MUTATORS[second], mutated, rng), f"{name}+{second}"
             options = random_options(rng) if rng.random() < 0.3 else ["--format", "json"]
             yield Case(index, "dump", name, path.name, _encode(mutated), tuple(options))
-        elif roll < 0.55:
+        elif roll < 0.44:
             bytecodes = bytecodes if bytecodes is not None else bytecode_seeds()
             path, raw = rng.choice(bytecodes)
             name = rng.choice(sorted(BYTECODE_MUTATORS))
             yield Case(index, "bytecode", name, path.name, BYTECODE_MUTATORS[name](raw, rng),
                        ("--format", "json") if rng.random() < 0.7 else ("--hw", "tx8"))
-        elif roll < 0.65:
+        elif roll < 0.52:
             path, text = rng.choice(hardware)
             name = rng.choice(sorted(TOML_MUTATORS))
             yield Case(index, "hardware", name, path.name, _encode(_mutate(TOML_MUTATORS[name], text, rng)))
-        elif roll < 0.70:
+        elif roll < 0.56:
             kind = rng.choice(["model", "pipeline"])
             text = MODEL_SEED if kind == "model" else PIPELINE_SEED
             name = rng.choice(["toml-value", "toml-delete", "toml-noise", "toml-flip"])
             yield Case(index, kind, name, f"{kind}.toml", _encode(_mutate(TOML_MUTATORS[name], text, rng)))
-        elif roll < 0.78:
+        elif roll < 0.63:
             name, content = mutate_sidecar(SIDECAR_SEED.read_text(), rng)
             yield Case(index, "sidecar", name, SIDECAR_SEED.name, content)
-        elif roll < 0.84:
+        elif roll < 0.68:
             stage = rng.randrange(len(PIPELINE_STAGES))
             name, content = mutate_sidecar(PIPELINE_STAGES[stage].with_suffix(".json").read_text(), rng)
             yield Case(index, "stage-sidecar", name, f"stage{stage}", content)
-        elif roll < 0.89:
+        elif roll < 0.72:
             reader = rng.choice(NESTED_READERS)
             depth = rng.choice([50, 64, 65, 200, 2000, 5000])
             yield Case(index, "nested", f"nested-{reader}", f"depth {depth}",
                        nested_document(reader, depth), (reader,))
-        elif roll < 0.94:
+        elif roll < 0.76:
             command, options = random_number_options(rng)
             yield Case(index, "option", f"option-{command}", command, b"", tuple(options))
-        elif roll < 0.98:
+        elif roll < 0.86:
+            page = rng.choice(sorted(REPORT_PAGES))
+            name, content = mutate_report(report_seed(page), rng)
+            yield Case(index, "report", name, page, content)
+        elif roll < 0.89:
+            table = rng.choice(STUDY_TABLES)
+            name, content = mutate_csv((REPO_ROOT / "results" / f"{table}.csv").read_text(), rng)
+            yield Case(index, "report-csv", name, table, content)
+        elif roll < 0.92:
+            yield Case(index, "plan", "plan-search-options", "plan-search", b"",
+                       tuple(plan_search_options(rng)))
+        elif roll < 0.945:
+            name, argv, module_source = trace_module_case(rng)
+            yield Case(index, "module", name, "trace-module", module_source, argv=argv)
+        elif roll < 0.975:
             command = rng.choice(sorted(INTERRUPT_COMMANDS))
             yield Case(index, "interrupt", f"interrupt-{command}", command, b"",
                        argv=INTERRUPT_COMMANDS[command],
                        interrupt_after=round(rng.uniform(0.05, 2.5), 3))
+        elif roll < 0.985:
+            command = rng.choice(sorted(TRACE_COMMANDS))
+            yield Case(index, "terminate", f"terminate-{command}", command, b"",
+                       argv=INTERRUPT_COMMANDS[command],
+                       interrupt_after=round(rng.uniform(0.05, 4.0), 3))
         else:
             address = rng.choice(SCHEDULER_ADDRESSES)
             yield Case(index, "scheduler", f"scheduler-{address.split(':', 1)[0]}", address, b"",
@@ -606,13 +684,235 @@ INTERRUPT_COMMANDS = {
                          "--config", "tiny", "-o", "OUT", "--force"),
     "plan-search": ("tracing.plan_search_cli", "--config", "tiny", "--devices", "4", "--strategies",
                     "megatron", "--stages", "1", "--budget", "1", "--jobs", "2"),
+    "trace-module": ("tracing.module_cli", "models.zoo.gpt2:gpt2", "--input", "ids=4x16:int64",
+                     "--strategy", "megatron", "--mesh", "2x2", "-o", "OUT", "--force"),
+    "hlo-report": ("hlo_report.cli", "plan", str(REPO_ROOT / "results" / "plan_search" /
+                                                 "204_640_360_8xh100.json"), "-o", "PAGE", "--force"),
 }
+#: The commands that trace (a terminate case stops one of them).
+TRACE_COMMANDS = ("trace-module", "trace-stage", "trace-vae-decode")
 
 #: Scheduler addresses: SILENT and HTTP are replaced by the fuzzer's own listeners (one that
 #: never answers, one that answers as an HTTP server).
 SCHEDULER_ADDRESSES = ["ucx://127.0.0.1:8786", "tls://127.0.0.1:8786", "nonsense", "tcp://:",
                        "tcp://127.0.0.1:99999", "tcp://127.0.0.1:1", "inproc://x", "tcp://h" * 300,
                        "SILENT", "HTTP", "HTTP"]
+
+
+# --------------------------------------------------------------------------------------------
+# hlo-report, trace-module, plan-search (issue 45)
+# --------------------------------------------------------------------------------------------
+
+#: hlo-report's JSON pages and the seed each is fuzzed from.
+REPORT_PAGES = ("analysis", "pipeline", "plan", "timeline")
+PLAN_SEED = REPO_ROOT / "results" / "plan_search" / "204_640_360_8xh100.json"
+#: The study's tables copied into a case's results directory (with run.json); one is mutated.
+STUDY_TABLES = ("latency", "communication", "flops", "pipelines", "runs", "split", "training")
+MARKUP = ("<b>fuzz</b>", '<a href="https://example.invalid">fuzz</a>')
+REPORT_VALUES = [int("9" * 401), 1.79e308, -1.79e308, -1, 0, 1e-320, 2**70, "x", "", ["x"], [],
+                 {}, None, True, "\ud800", [[1, 2], ["x"]], [-1, 4], *MARKUP]
+_report_seeds: dict[str, str] = {}
+
+
+def report_seed(page: str) -> str:
+    """The JSON a page is made from: analyze-hlo's (``--hw tx8``) and its timeline, and
+    analyze-pipeline's, of the bundled tiny dumps, each made once by the command (a fresh
+    process: this one forks and keeps no MLIR threads); the committed plan-search JSON."""
+    if page == "plan":
+        return PLAN_SEED.read_text()
+    if not _report_seeds:
+        import subprocess
+
+        with tempfile.TemporaryDirectory(prefix="fuzz-seeds-") as directory:
+            analysis, trace = Path(directory) / "a.json", Path(directory) / "t.json"
+            environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(_hardware_dump()), "--hw",
+                            "tx8", "--format", "json", "-o", str(analysis), "--timeline", str(trace)],
+                           check=True, capture_output=True, env=environment)
+            pipeline = subprocess.run([sys.executable, "-m", "hlo_analyzer.pipeline_cli",
+                                       str(PIPELINE_TOML), *map(str, PIPELINE_STAGES), "--format",
+                                       "json"], check=True, capture_output=True, text=True,
+                                      env=environment).stdout
+            _report_seeds.update(analysis=analysis.read_text(), timeline=trace.read_text(),
+                                 pipeline=pipeline)
+    return _report_seeds[page]
+
+
+def json_values(document, first: int | None = None) -> Iterator[tuple[list, object]]:
+    """(path, value) of every value of a JSON document, the document first (of each list its
+    ``first`` items, or all), walked with a stack."""
+    stack: list[tuple[list, object]] = [([], document)]
+    while stack:
+        path, value = stack.pop()
+        yield path, value
+        if isinstance(value, dict):
+            stack.extend((path + [key], item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((path + [i], item) for i, item in enumerate(value[:first]))
+
+
+def mutate_report(text: str, rng: random.Random) -> tuple[str, bytes]:
+    """A page's JSON with one value at any depth replaced (numbers too big to compute with, a
+    lone surrogate, a list for a string, markup in a name) or removed; or its bytes flipped."""
+    if rng.random() < 0.1:
+        return "report-bytes", _encode(flip_bytes(text, rng))
+    document = json.loads(text)
+    path, _ = rng.choice([(path, value) for path, value in json_values(document, 4) if path])
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    if rng.random() < 0.15:
+        del parent[path[-1]]
+        return "report-delete", _encode(json.dumps(document))
+    parent[path[-1]] = rng.choice(REPORT_VALUES)
+    return f"report-{path[0]}", _encode(json.dumps(document))
+
+
+def mutate_csv(text: str, rng: random.Random) -> tuple[str, bytes]:
+    """A study table with one cell replaced (5,000 digits, 1.8e308, markup, a delimiter), a row
+    cut short, or its bytes flipped."""
+    lines = text.splitlines()
+    if rng.random() < 0.1 or len(lines) < 2:
+        return "csv-bytes", _encode(flip_bytes(text, rng))
+    row = rng.randrange(1, len(lines))
+    cells = lines[row].split(",")
+    if rng.random() < 0.1:
+        lines[row] = ",".join(cells[:-1])
+        return "csv-short-row", _encode("\n".join(lines) + "\n")
+    cells[rng.randrange(len(cells))] = rng.choice(
+        ["9" * 5000, "9" * 401, "1.8e308", "-1.8e308", "1e-400", "nan", "-1", "0", "", "n/a",
+         "x", '"a,b"', '"', *MARKUP, "\u00e9", "1_000"])
+    lines[row] = ",".join(cells)
+    return "csv-cell", _encode("\n".join(lines) + "\n")
+
+
+#: plan-search options around a training search of the tiny model (seconds: estimated, not
+#: traced) and its sizing; OUTPUT is the case's directory.
+PLAN_OPTION_VALUES = {
+    "--plot": ["OUTPUT/front.png"], "-o": ["OUTPUT/best.toml"], "--json": ["OUTPUT/search.json"],
+    "--batch": ["0", "-1", "3", "4", "8", "9" * 40], "--micro-batches": ["", "0", "1,2", "x", "9" * 30],
+    "--zero": ["4", "0,1", "-1", "", "0,0"], "--stages": ["0", "1,2", "3", "1"],
+    "--memory-limit": ["0", "1e-9", "nan", "1e400", "80"], "--devices": ["0", "3", "4", "9999"],
+    "--target-step-time": ["0", "1e-9", "nan", "1"], "--max-devices": ["0", "4", "9" * 30],
+}
+
+
+def plan_search_options(rng: random.Random) -> list[str]:
+    options = ["--config", "tiny", "--mode", "train", "--estimate", "ideal", "--no-confirm",
+               "--devices", "4"]
+    for name in rng.sample(sorted(PLAN_OPTION_VALUES), rng.randint(1, 3)):
+        options += [name, rng.choice(PLAN_OPTION_VALUES[name])]
+    return options
+
+
+#: The module trace-module's fuzz cases import (``fuzz_models``): forwards and factories that
+#: misbehave, and two that trace.
+FUZZ_MODELS = """
+import torch
+
+class Tiny(torch.nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+    def forward(self, x):
+        return {"y": self.fc(x), "none": None}
+
+class ReturnsNone(torch.nn.Module):
+    def forward(self, x):
+        return None
+
+class ReturnsInt(torch.nn.Module):
+    def forward(self, x):
+        return 3
+
+class ReturnsInput(torch.nn.Module):
+    def forward(self, x):
+        return (x, x)
+
+class ReadsItem(torch.nn.Module):
+    def forward(self, x):
+        return x * x.sum().item()
+
+class Prints(torch.nn.Module):
+    def forward(self, x):
+        print(x)
+        return x + 1
+
+class Branches(torch.nn.Module):
+    def forward(self, x):
+        return x + 1 if x.sum() > 0 else x - 1
+
+class Exits(torch.nn.Module):
+    def forward(self, x):
+        raise SystemExit(3)
+
+class RaisesBase(torch.nn.Module):
+    def forward(self, x):
+        raise BaseException("from the forward")
+
+class RaisesInterrupt(torch.nn.Module):
+    def forward(self, x):
+        raise KeyboardInterrupt
+
+class Recurses(torch.nn.Module):
+    def forward(self, x):
+        return self.forward(x)
+
+def factory_exits():
+    raise SystemExit("from the factory")
+
+def factory_raises_base():
+    raise BaseException("from the factory")
+
+def not_a_module():
+    return 42
+
+class Module(torch.nn.Module):
+    pass
+"""
+MODULE_FACTORIES = ["fuzz_models:Tiny", "fuzz_models:ReturnsNone", "fuzz_models:ReturnsInt",
+                    "fuzz_models:ReturnsInput", "fuzz_models:ReadsItem", "fuzz_models:Prints",
+                    "fuzz_models:Branches", "fuzz_models:Exits", "fuzz_models:RaisesBase",
+                    "fuzz_models:RaisesInterrupt", "fuzz_models:Recurses",
+                    "fuzz_models:factory_exits", "fuzz_models:factory_raises_base",
+                    "fuzz_models:not_a_module", "fuzz_models:Module", "fuzz_models:nothing",
+                    "torch.nn:Identity", "torch.nn:ReLU", "models.zoo.gpt2:gpt2", "no_module:x",
+                    "fuzz_models", ":x", "os:getcwd"]
+MODULE_OPTIONS = {
+    "--input": ["x=4x8:float32", "x=4x8:float32", "input=4x8:float32", "ids=4x16:int64",
+                f"x={'9' * 5000}:float32", "x=0x8:float32", "x=scalar:float32", "x=4x8:complex64",
+                "x=4x8:int8", "x=3x8:float32", "=4x8:float32", "x=4x8"],
+    "--mesh": ["1x2", "2x2", "1x1", "3", "0x2", "1x9999", "2x2x2", "x"],
+    "--strategy": ["dp", "megatron", "sp", "none", "nonsense"],
+    "--mode": ["infer", "train"], "--dtype": ["float32", "bfloat16", "float16", "int8"],
+    "--name": ["../x", "", "a" * 300, ".hidden", "ok"], "--dialect": ["mhlo", "stablehlo"],
+}
+
+
+def trace_module_case(rng: random.Random) -> tuple[str, tuple[str, ...], bytes]:
+    """(mutator, argv, the fuzz_models source) of a trace-module run in a fresh process."""
+    factory = rng.choice(MODULE_FACTORIES)
+    argv = ["tracing.module_cli", factory, "--input",
+            "ids=4x16:int64" if factory.startswith("models.zoo") else rng.choice(MODULE_OPTIONS["--input"])]
+    if rng.random() < 0.2:
+        argv += ["--input", rng.choice(MODULE_OPTIONS["--input"])]
+    options = {"--strategy": "dp", "--mesh": "1x2"}
+    for name in rng.sample(sorted(MODULE_OPTIONS), rng.randint(0, 2)):
+        options[name] = rng.choice(MODULE_OPTIONS[name])
+    for name, value in options.items():
+        argv += [name, value]
+    return f"module-{factory.split(':')[-1] or 'none'}", (*argv, "-o", "OUT", "--force"), \
+        _encode(FUZZ_MODELS)
+
+
+def figure_markup(page: str) -> bool:
+    """Whether a page's plotly figures hold markup that came from a name (``<b>``, ``<a``)."""
+    for spec in re.findall(r'<script type="application/json" class="figure-spec"[^>]*>(.*?)</script>',
+                           page, re.S):
+        for _, value in json_values(json.loads(spec)):
+            if isinstance(value, str) and ("<b>" in value or "<a " in value):
+                return True
+    return False
 
 
 def _mutate(mutator: Callable[[str, random.Random], str], text: str,
@@ -659,6 +959,13 @@ def _child_main(case: Case, workdir: Path) -> int:
         return run_click(analyze_command, [str(_hardware_dump()), "--hw", str(toml)])
     if case.kind == "option":
         return _run_option_case(case, workdir)
+    if case.kind in ("report", "report-csv"):
+        return _run_report_case(case, workdir)
+    if case.kind == "plan":
+        from tracing.plan_search_cli import plan_search_command
+
+        return run_click(plan_search_command, [*_in_workdir(case.options, workdir), "--work-dir",
+                                               str(workdir / "work")])
     if case.kind == "hardware":
         toml = workdir / "hw.toml"
         toml.write_bytes(case.content)
@@ -734,6 +1041,46 @@ def _run_option_case(case: Case, workdir: Path) -> int:
                                            "-o", str(workdir / "best.toml")])
 
 
+def _run_report_case(case: Case, workdir: Path) -> int:
+    """hlo-report on a mutated page JSON, or ``study`` on the study's tables with one mutated."""
+    import shutil
+
+    from hlo_report.cli import report_command
+    from hlo_trace.cli import run_click
+
+    page = str(workdir / "page.html")
+    if case.kind == "report-csv":
+        study = workdir / "results"
+        study.mkdir()
+        shutil.copy(REPO_ROOT / "results" / "run.json", study / "run.json")
+        for table in STUDY_TABLES:
+            shutil.copy(REPO_ROOT / "results" / f"{table}.csv", study / f"{table}.csv")
+        (study / f"{case.seed_name}.csv").write_bytes(case.content)
+        return run_click(report_command, ["study", str(study), "-o", page])
+    document = workdir / "report.json"
+    document.write_bytes(case.content)
+    if case.seed_name == "timeline":
+        analysis = workdir / "analysis.json"
+        analysis.write_text(report_seed("analysis"))
+        return run_click(report_command, ["analysis", str(analysis), "--timeline", str(document),
+                                          "-o", page])
+    return run_click(report_command, [case.seed_name, str(document), "-o", page])
+
+
+def _in_workdir(arguments: tuple[str, ...], workdir: Path) -> list[str]:
+    """The case's arguments with its placeholders made paths in its directory: OUT (a dump
+    directory), PAGE (a report page), OUTPUT/name (a file)."""
+    named = {"OUT": str(workdir / "out"), "PAGE": str(workdir / "page.html")}
+    return [named.get(arg, arg.replace("OUTPUT/", f"{workdir}/")) for arg in arguments]
+
+
+def _requested_outputs(case: Case, workdir: Path) -> list[Path]:
+    """The files a plan-search case asked for (--plot, -o, --json): written when it exits 0."""
+    options = _in_workdir(case.options, workdir)
+    return [Path(value) for name, value in zip(options, options[1:])
+            if name in ("--plot", "-o", "--json") and value.startswith(str(workdir))]
+
+
 def _hardware_dump() -> Path:
     """A tiny dump whose 2x2 mesh fits every bundled system (tx8-16 has 16 chips)."""
     return HW_DUMP / "tiny_28_64_64_megatron_2x2_stage1_pairs1-1.mlir"
@@ -750,16 +1097,19 @@ def _run_child(case: Case, workdir: Path, memory_bytes: int) -> int:
         if case.argv:  # torch and XLA map ~5 GB of address space: peak RSS is what is bounded
             memory_bytes = max(memory_bytes, EXEC_ADDRESS_SPACE_BYTES)
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        os.environ["TMPDIR"] = tempfile.tempdir = str(workdir / "tmp")  # its own: leaks are its
         for fd, name in ((1, "stdout"), (2, "stderr")):
             handle = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(handle, fd)
             os.close(handle)
         if case.argv:  # a command in a fresh process, as a user starts it
             os.chdir(workdir)
-            argv = [str(workdir / "out") if arg == "OUT" else arg for arg in case.argv]
+            argv = _in_workdir(case.argv, workdir)
             if argv[0] == "tracing.plan_search_cli":
                 argv += ["--work-dir", str(workdir / "work"), "-o", str(workdir / "best.toml")]
-            environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            if case.kind == "module":  # its own models, importable as fuzz_models
+                (workdir / "fuzz_models.py").write_bytes(case.content)
+            environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(workdir)])}
             environment.pop("HLO_TRACE_PARENT_PID", None)
             os.execve(sys.executable, [sys.executable, "-m", *argv], environment)
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the child's own streams
@@ -779,19 +1129,21 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
     tail = "\n".join(stderr.strip().splitlines()[-3:])
     if status is None:
         return Outcome(case, "hang", None, seconds, tail)
-    if case.kind == "interrupt" and "init_import_site" in stderr:
+    if case.kind == "interrupt" and _before_the_command(status, stderr):
         # interrupted while the interpreter itself started (site.py, an editable install's
-        # hook), before any code of the command ran: Python's own report, counted apart
+        # hook, runpy finding the module), before any code of the command ran: Python's own
+        # report, counted apart
         return Outcome(case, "interpreter-start", None, seconds, tail)
+    if case.kind == "terminate" and (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+                                     or os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM):
+        return Outcome(case, "terminated", None, seconds, tail)
     if os.WIFSIGNALED(status):
         return Outcome(case, "signal", -os.WTERMSIG(status), seconds, tail)
     code = os.WEXITSTATUS(status)
     if code == 0:
-        stdout = workdir / "stdout"
-        text = stdout.read_text(errors="replace") if stdout.exists() else ""
-        klass = "ok" if _numbers_sane(text) else "bad-numbers"
-        return Outcome(case, klass, 0, seconds, tail)
-    if case.kind in ("interrupt", "scheduler", "option") and code in (2, 130):
+        return Outcome(case, _finished_class(case, workdir), 0, seconds, tail)
+    if case.kind in ("interrupt", "scheduler", "option", "module", "plan", "terminate") \
+            and code in (2, 130):
         # progress lines ("[stage 1] trace: ...") may come first: the last line is the verdict
         lines = [line for line in stderr.splitlines() if line.strip()
                  and not line.startswith(("[stage", "estimating", "["))
@@ -807,9 +1159,49 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
         lines = [line for line in stderr.splitlines() if line.strip()]
         one_line = len(lines) == 1 and lines[0].startswith("Error: ")
         return Outcome(case, "usage" if one_line else "messy", 2, seconds, tail)
+    if code == 1 and case.command == "plan-search" and "Error:" not in stderr:
+        return Outcome(case, "no-answer", 1, seconds, tail)
     if code == 1:
         return Outcome(case, "internal", 1, seconds, tail)
     return Outcome(case, "other", code, seconds, tail)
+
+
+def _before_the_command(status: int, stderr: str) -> bool:
+    """Whether an interrupt ended the interpreter before any file of the project ran: its
+    ``site`` start-up failed, or it died of SIGINT with no output at all (before Python installs
+    its handler) or with a traceback of the standard library's frames alone (runpy)."""
+    if "init_import_site" in stderr:
+        return True
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT):
+        return False
+    lines = stderr.strip().splitlines()
+    return not lines or (lines[0].startswith("Traceback") and lines[-1] == "KeyboardInterrupt"
+                         and str(REPO_ROOT) not in stderr)
+
+
+def _finished_class(case: Case, workdir: Path) -> str:
+    """The class of a case that exited 0: its JSON report's numbers sane, a page's figures free
+    of markup from names, a plan search's requested files written."""
+    stdout = workdir / "stdout"
+    if not _numbers_sane(stdout.read_text(errors="replace") if stdout.exists() else ""):
+        return "bad-numbers"
+    page = workdir / "page.html"
+    if case.kind in ("report", "report-csv") and page.exists() and figure_markup(page.read_text()):
+        return "markup"
+    if case.kind == "plan" and not all(path.exists() for path in _requested_outputs(case, workdir)):
+        return "unwritten"
+    return "ok"
+
+
+def leaked_temp(workdir: Path, within_s: float) -> list[str]:
+    """The XLA dump folders (LEAK_GLOB) still in the case's temporary directory ``within_s``
+    after it ended."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = sorted(path.name for path in (workdir / "tmp").glob(LEAK_GLOB))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def _numbers_sane(text: str) -> bool:
@@ -857,28 +1249,34 @@ def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 30.0,
                     case = Case(case.index, case.kind, case.mutator, case.seed_name, case.content,
                                 case.options, argv, case.interrupt_after)
                 workdir = Path(root) / str(case.index)
-                workdir.mkdir()
+                (workdir / "tmp").mkdir(parents=True)
                 running[_run_child(case, workdir, memory_bytes)] = (case, workdir, time.monotonic())
             for pid, (case, workdir, started) in list(running.items()):
                 done, status, usage = os.wait4(pid, os.WNOHANG)
                 elapsed = time.monotonic() - started
                 if (not done and case.interrupt_after is not None and pid not in signalled
                         and elapsed >= case.interrupt_after):
-                    os.kill(pid, signal.SIGINT)  # the command alone, not its group
+                    os.kill(pid, signal.SIGTERM if case.kind == "terminate" else signal.SIGINT)  # the command alone
                     signalled.add(pid)
                 if not done and elapsed < timeout_s:
                     continue
-                if not done:  # a hang: kill the child and everything it forked
+                hung = ""
+                if not done:  # a hang: note what still runs, kill the child and all it forked
+                    hung = running_processes(pid)
                     _kill_group(pid)
                     status, usage = None, None
                 outcome = classify(case, status, elapsed, workdir)
+                outcome.stderr_tail += hung
                 outcome.peak_rss_bytes = usage.ru_maxrss * 1024 if usage is not None else 0
                 if status is not None and _orphans(pid, within_s=1.0):
                     _kill_group(pid)
                     outcome.klass = "orphan"
+                elif status is not None and leaked_temp(workdir, within_s=1.0):
+                    outcome.klass = "leaked-temp"
                 del running[pid]
                 signalled.discard(pid)
                 tally.add(outcome)
+                shutil.rmtree(workdir, ignore_errors=True)  # pages are ~5 MB: keep the disk
                 if report:
                     report(outcome)
             time.sleep(0.005)
@@ -930,6 +1328,20 @@ def group_members(group: int) -> list[int]:
     return members
 
 
+def running_processes(group: int) -> str:
+    """The processes of a hung case's group, each as its state and command line (for the
+    report's examples)."""
+    described = []
+    for pid in group_members(group):
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        described.append(f"{pid} {state} {command.decode(errors='replace')[:120]}")
+    return "\nstill running: " + "; ".join(described) if described else ""
+
+
 def _orphans(group: int, within_s: float) -> bool:
     """Whether a process of the finished case's group is still running ``within_s`` after it."""
     deadline = time.monotonic() + within_s
@@ -952,54 +1364,103 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+#: Cases between two progress lines on stderr.
+PROGRESS_EVERY = 100
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     parser.add_argument("--memory-mb", type=int, default=4000, help="address-space cap per case")
     parser.add_argument("--examples", type=int, default=3, help="examples shown per failing class")
     parser.add_argument("--keep", type=Path, default=None,
                         help="directory to save the inputs of failing cases into")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="also write the summary (command, seed, date, counts) to this file")
     parser.add_argument("--quick", action="store_true",
                         help="12 cases (seconds; CI checks that the script runs)")
     args = parser.parse_args()
     if args.quick:
         args.cases = 12
 
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     started = time.perf_counter()
     cases = list(make_cases(args.cases, args.seed))
+    done: list[Outcome] = []
+
+    def progress(outcome: Outcome) -> None:
+        done.append(outcome)
+        if len(done) % PROGRESS_EVERY == 0:
+            failing = sum(o.klass not in GOOD_CLASSES for o in done)
+            print(f"[{len(done)}/{len(cases)}] {time.perf_counter() - started:.0f} s, "
+                  f"{failing} failing", file=sys.stderr, flush=True)
+
     tally = run_cases(cases, jobs=args.jobs, timeout_s=args.timeout,
-                      memory_bytes=args.memory_mb * 2**20)
+                      memory_bytes=args.memory_mb * 2**20, report=progress)
     elapsed = time.perf_counter() - started
-    print(f"{len(cases)} cases (seed {args.seed}) in {elapsed:.0f} s, {args.jobs} at a time, "
-          f"{args.timeout:.0f} s and {args.memory_mb} MB each")
-    print("outcome classes:")
-    for klass in ("ok", "usage", "interrupted", "interpreter-start", "internal", "signal", "hang",
-                  "messy", "bad-numbers", "orphan", "other"):
-        print(f"  {klass:12s} {tally.by_class.get(klass, 0):6d}")
-    print(f"runs over {MEMORY_BOUND_BYTES >> 30} GiB of peak RSS: {tally.over_memory}; slowest "
-          f"case {tally.slowest_s:.1f} s")
+    lines = summary(args, cases, tally, elapsed, started_at)
+    print("\n".join(lines))
+    if args.log:
+        from hlo_trace.atomic import atomic_write
+
+        args.log.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.log, "\n".join(lines) + "\n", force=True)
+        print(f"wrote {args.log}")
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        for klass, outcomes in sorted(tally.examples.items()):
+            for outcome in outcomes[:args.examples]:
+                case = outcome.case
+                (args.keep / f"{klass}-{case.index}-{case.seed_name}").write_bytes(case.content)
+    sys.exit(1 if tally.failures else 0)
+
+
+def summary(args: argparse.Namespace, cases: list[Case], tally: Tally, elapsed: float,
+            started_at: str) -> list[str]:
+    """The run's report: how it was run, the count per class, per command and per mutator, and
+    the first examples of every failing class."""
+    import platform
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, text=True,
+                            capture_output=True).stdout.strip() or "unknown"
+    lines = [f"command: python3 benchmarks/fuzz.py {' '.join(sys.argv[1:])}",
+             f"seed {args.seed}; started {started_at}; commit {commit}; "
+             f"{platform.machine()} with {os.cpu_count()} CPUs; Python {platform.python_version()}",
+             f"{len(cases)} cases in {elapsed:.0f} s ({len(cases) / max(elapsed, 1e-9) * 60:.1f} cases "
+             f"per minute), {args.jobs} at a time, {args.timeout:.0f} s and {args.memory_mb} MB each",
+             "outcome classes:"]
+    lines += [f"  {klass:17s} {tally.by_class.get(klass, 0):6d}" for klass in CLASSES]
+    lines.append(f"runs over {MEMORY_BOUND_BYTES >> 30} GiB of peak RSS: {tally.over_memory}; "
+                 f"slowest case {tally.slowest_s:.1f} s")
     kinds = Counter(case.kind for case in cases)
-    print("inputs: " + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())))
-    print("by mutator (ok/usage or interrupted/other):")
+    lines.append("inputs (cases, mean seconds): " + ", ".join(
+        f"{kind} {count} ({tally.seconds_by_kind[kind] / count:.1f} s)"
+        for kind, count in sorted(kinds.items())))
+    lines.append(f"by command ({'/'.join(GOOD_CLASSES[:2])}/other good/failing):")
+    for name in COMMAND_NAMES:
+        counter = tally.by_command.get(name, Counter())
+        bad = sum(v for k, v in counter.items() if k not in GOOD_CLASSES)
+        good = sum(counter.values()) - bad - counter.get("ok", 0) - counter.get("usage", 0)
+        lines.append(f"  {name:17s} {counter.get('ok', 0):5d} {counter.get('usage', 0):5d} "
+                     f"{good:5d} {bad:5d}")
+    lines.append("by mutator (ok/usage or interrupted or terminated/failing):")
     for name, counter in sorted(tally.by_mutator.items()):
         bad = sum(v for k, v in counter.items() if k not in GOOD_CLASSES)
-        stopped = counter.get("usage", 0) + counter.get("interrupted", 0)
-        print(f"  {name:32s} {counter.get('ok', 0):5d} {stopped:5d} {bad:5d}")
+        stopped = counter.get("usage", 0) + counter.get("interrupted", 0) + counter.get("terminated", 0)
+        lines.append(f"  {name:32s} {counter.get('ok', 0):5d} {stopped:5d} {bad:5d}")
     for klass, outcomes in sorted(tally.examples.items()):
-        print(f"examples of {klass}:")
+        lines.append(f"examples of {klass}:")
         for outcome in outcomes[:args.examples]:
             case = outcome.case
-            print(f"  #{case.index} {case.kind} {case.seed_name} {case.mutator} "
-                  f"{' '.join(case.options)} -> {outcome.exit_code} in {outcome.seconds:.1f} s: "
-                  f"{outcome.stderr_tail[-300:]!r}")
-            if args.keep:
-                args.keep.mkdir(parents=True, exist_ok=True)
-                (args.keep / f"{klass}-{case.index}-{case.seed_name}").write_bytes(case.content)
-    print(f"failures (not ok/usage): {tally.failures}")
-    sys.exit(1 if tally.failures else 0)
+            lines.append(f"  #{case.index} {case.kind} {case.seed_name} {case.mutator} "
+                         f"{' '.join(case.options or case.argv)[:300]} -> {outcome.exit_code} in "
+                         f"{outcome.seconds:.1f} s: {outcome.stderr_tail[-600:]!r}")
+    lines.append(f"failures (not {'/'.join(GOOD_CLASSES)}): {tally.failures}")
+    return lines
 
 
 if __name__ == "__main__":

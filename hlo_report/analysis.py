@@ -181,13 +181,13 @@ def _block_table(blocks: Document, ops: list[Document], kernels: list[Document])
     flops = {int(op.number("position")): op.number("flops") for op in ops}
     kernel_of: dict[int, tuple[int | float, int | float]] = {}  # op -> (kernel, its time)
     for kernel in kernels:
-        for position in kernel.values("hlo_positions"):
+        for position in kernel.counts("hlo_positions"):
             kernel_of[position] = (kernel.number("position"), kernel.number("latency_s"))
     rows = []
     for block in blocks.children("labels"):
         labels = block.child("ops")
         for label in labels.data:
-            positions = labels.values(label)
+            positions = labels.counts(label)
             running = {kernel_of[p] for p in positions if p in kernel_of}
             rows.append((block.number("index"), block.text("kind"), label, len(positions),
                          sum(flops.get(p, 0) for p in positions),
@@ -199,8 +199,8 @@ def _block_table(blocks: Document, ops: list[Document], kernels: list[Document])
 
 
 def _shapes(op: Document) -> str:
-    operands = ",".join("x".join(map(str, shape)) for shape in op.values("operand_shapes"))
-    results = ",".join("x".join(map(str, shape)) for shape in op.values("result_shapes"))
+    operands = ",".join("x".join(map(str, shape)) for shape in op.shapes("operand_shapes"))
+    results = ",".join("x".join(map(str, shape)) for shape in op.shapes("result_shapes"))
     return f"{operands}->{results}"
 
 

@@ -38,7 +38,28 @@ class Document:
         if not isinstance(data, dict):
             raise InputFileError(f"{shown(path)}: a JSON {type(data).__name__}, not an object; "
                                  f"expected {what}")
-        return cls(data, shown(path), what)
+        document = cls(data, shown(path), what)
+        document._check_values()
+        return document
+
+    def _check_values(self) -> None:
+        """Refuse a number no page can compute with (beyond :data:`MAX_MAGNITUDE`: a
+        401-digit integer, 1.8e308) and a string that is no Unicode text (a lone surrogate, which
+        JSON's ``\\ud800`` escape can spell), naming the field; walked with a stack."""
+        stack: list[tuple[str, Any]] = [("", self.data)]
+        while stack:
+            where, value = stack.pop()
+            if isinstance(value, dict):
+                stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+                stack.extend((f"{where} key", k) for k in value)
+            elif isinstance(value, list):
+                stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+            elif _is_number(value) and not abs(value) <= MAX_MAGNITUDE:
+                raise InputFileError(f"{self.origin}: field {where}: a number beyond "
+                                     f"{MAX_MAGNITUDE:g}; expected {self.what}")
+            elif isinstance(value, str) and not _is_unicode(value):
+                raise InputFileError(f"{self.origin}: field {where}: a string with a lone "
+                                     f"surrogate (not Unicode text); expected {self.what}")
 
     def _path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
@@ -92,6 +113,27 @@ class Document:
     def values(self, key: str, *, optional: bool = False) -> list[Any]:
         return self._typed(key, optional, lambda v: isinstance(v, list), "a list") or []
 
+    def typed_list(self, key: str, accepts: Callable[[Any], bool], expected: str, *,
+                   optional: bool = False) -> list[Any]:
+        """A list whose every item ``accepts`` (e.g. :func:`is_count`, ``str``)."""
+        values = self.values(key, optional=optional)
+        for index, value in enumerate(values):
+            if not accepts(value):
+                raise self._error(f"{key}[{index}]", expected)
+        return values
+
+    def texts(self, key: str, *, optional: bool = False) -> list[str]:
+        return self.typed_list(key, lambda v: isinstance(v, str), "a string", optional=optional)
+
+    def counts(self, key: str, *, optional: bool = False) -> list[int]:
+        """A list of non-negative integers (op positions)."""
+        return self.typed_list(key, is_count, "a non-negative integer", optional=optional)
+
+    def shapes(self, key: str, *, optional: bool = False) -> list[list[int]]:
+        """A list of tensor shapes, each a list of non-negative integers."""
+        return self.typed_list(key, lambda v: isinstance(v, list) and all(map(is_count, v)),
+                               "a shape (a list of non-negative integers)", optional=optional)
+
     def children(self, key: str, *, optional: bool = False) -> Iterator[Document]:
         """The objects of a list, each as a Document (``key[i]``)."""
         for index, value in enumerate(self.values(key, optional=optional)):
@@ -101,11 +143,31 @@ class Document:
 
 
 #: A CSV cell that is a number (Python's int() and float() also take "204_640_360", " 5", "nan").
+#: Longer number cells are refused (Python's int() refuses 4,300 digits).
+_MAX_NUMBER_CHARS = 400
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
+
+
+#: Largest magnitude of a number a page reads: far beyond any count, byte or second the
+#: commands write (the FLOPs of a whole training run are ~1e25), far below a double's 1.8e308,
+#: so that sums and unit scalings of such numbers stay finite.
+MAX_MAGNITUDE = 1e100
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def csv_value(text: str) -> int | float | str | None:
@@ -116,7 +178,12 @@ def csv_value(text: str) -> int | float | str | None:
     match = _NUMBER.fullmatch(text)
     if match is None:
         return text
-    return float(text) if match.group(1) is not None or match.group(2) is not None else int(text)
+    if len(text) > _MAX_NUMBER_CHARS:
+        raise ValueError(f"a number of {len(text):,} characters")
+    number = float(text) if match.group(1) is not None or match.group(2) is not None else int(text)
+    if not abs(number) <= MAX_MAGNITUDE:
+        raise ValueError(f"a number beyond {MAX_MAGNITUDE:g}")
+    return number
 
 
 def load_csv(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
@@ -131,7 +198,10 @@ def load_csv(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
         if len(row) != len(header):
             raise InputFileError(f"{shown(path)}: line {number} has {len(row)} cells, the header "
                                  f"{len(header)}; expected {what}")
-        table.append({name: csv_value(cell) for name, cell in zip(header, row)})
+        try:
+            table.append({name: csv_value(cell) for name, cell in zip(header, row)})
+        except ValueError as error:
+            raise InputFileError(f"{shown(path)}: line {number}: {error}; expected {what}") from None
     return table
 
 

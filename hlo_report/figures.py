@@ -55,7 +55,7 @@ def bars(key: str, title: str, categories: Sequence[str], series: Mapping[str, S
     :data:`LOG_BAR_FOOT` times below the shortest bar, so that every bar shows."""
     data = tuple({"type": "bar", "name": name, "x": list(categories), "y": list(values),
                   "marker": {"color": PALETTE[index % len(PALETTE)]},
-                  "hovertemplate": "%{x}<br>" + name + ": %{y:.4g}<extra></extra>"}
+                  "hovertemplate": "%{x}<br>%{fullData.name}: %{y:.4g}<extra></extra>"}
                  for index, (name, values) in enumerate(series.items()))
     values = [v for series_values in series.values() for v in series_values]
     if log and foot_below:  # a bar reaches up from the axis' foot: a step below the shortest

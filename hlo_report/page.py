@@ -173,11 +173,36 @@ def _table(table: Table) -> Iterable[str]:
     yield "</tbody></table></div>"
 
 
+#: The fields of a plotly trace or axis whose strings come from the input files (names of
+#: ops, plans, stages, tracks): plotly draws its HTML-like markup in them (``<b>``, ``<a href>``,
+#: ``<br>``), so they are written with ``<``, ``>`` and ``&`` as entities, which it shows as
+#: the characters: a name is shown as text. (The hover templates are the page's own.)
+_PLOTLY_TEXT_FIELDS = frozenset({"x", "y", "text", "hovertext", "name", "labels", "ticktext",
+                                 "categoryarray"})
+
+
+def _plotly_text(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if isinstance(value, list):
+        return [_plotly_text(item) for item in value]
+    return value
+
+
+def _as_text(part: dict[str, Any]) -> dict[str, Any]:
+    """A trace or a layout with the strings of :data:`_PLOTLY_TEXT_FIELDS` as text (axes
+    included)."""
+    return {key: _plotly_text(value) if key in _PLOTLY_TEXT_FIELDS
+            else _as_text(value) if isinstance(value, dict) and key.startswith(("xaxis", "yaxis"))
+            else value for key, value in part.items()}
+
+
 def _figure(figure: Figure) -> Iterable[str]:
     yield f'<h3>{html.escape(figure.title)}</h3>'
     if figure.note:
         yield f'<p class="note">{html.escape(figure.note)}</p>'
-    spec = {"data": list(figure.data), "layout": {"margin": {"t": 30}, **figure.layout}}
+    spec = {"data": [_as_text(trace) for trace in figure.data],
+            "layout": _as_text({"margin": {"t": 30}, **figure.layout})}
     yield f'<div class="figure" id="figure-{html.escape(figure.key)}"></div>'
     yield (f'<script type="application/json" class="figure-spec" data-for="figure-'
            f'{html.escape(figure.key)}">{_script_json(spec)}</script>')

@@ -59,7 +59,7 @@ def _traced(plans: list[Document]) -> list[Document]:
 def _figures(search: Document, plans: list[Document]) -> Iterator[Figure]:
     traced = _traced(plans)
     by_label = {plan.text("plan"): plan for plan in traced}
-    front = [by_label[label] for label in search.values("pareto") if label in by_label]
+    front = [by_label[label] for label in search.texts("pareto") if label in by_label]
     front.sort(key=lambda plan: plan.number("traced.memory_bytes"))
     estimated = [plan for plan in plans if not plan.has("traced")]
     traces = [

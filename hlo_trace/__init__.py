@@ -20,7 +20,8 @@ import os as _os
 import sys as _sys
 
 #: The project's console commands (pyproject.toml's ``[project.scripts]``).
-COMMANDS = ("analyze-hlo", "analyze-pipeline", "plan-search", "trace-stage", "trace-vae-decode")
+COMMANDS = ("analyze-hlo", "analyze-pipeline", "hlo-report", "plan-search", "trace-module",
+            "trace-stage", "trace-vae-decode")
 
 
 def quiet_interrupts() -> None:
@@ -34,7 +35,7 @@ def quiet_interrupts() -> None:
     previous = _sys.excepthook
 
     def hook(kind, value, traceback) -> None:
-        if issubclass(kind, KeyboardInterrupt):
+        if _interrupted(value):
             try:
                 _sys.stderr.write("Interrupted.\n")
                 _sys.stderr.flush()
@@ -44,6 +45,19 @@ def quiet_interrupts() -> None:
 
     hook._hlo_trace_quiet = True  # type: ignore[attr-defined]
     _sys.excepthook = hook
+
+
+def _interrupted(error: BaseException | None) -> bool:
+    """Whether ``error`` is a KeyboardInterrupt or was caused by one (Python wraps an exception
+    raised in ``__set_name__`` as a class is made, e.g. while ``platform`` imports, in a
+    RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 if _sys.argv and (_sys.argv[0] == "-m" or _os.path.basename(_sys.argv[0]) in COMMANDS):

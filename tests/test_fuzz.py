@@ -27,7 +27,7 @@ _FUZZ_IN_A_FRESH_PROCESS = """
 import json, sys
 from benchmarks.fuzz import make_cases, run_cases
 cases = list(make_cases(int(sys.argv[1]), int(sys.argv[2])))
-tally = run_cases(cases, jobs=2, timeout_s=30.0, memory_bytes=4000 * 2**20)
+tally = run_cases(cases, jobs=2, timeout_s=60.0, memory_bytes=4000 * 2**20)
 print(json.dumps({
     "kinds": sorted({case.kind for case in cases}),
     "by_class": dict(tally.by_class),
@@ -68,3 +68,32 @@ def test_a_few_mutations_through_the_real_console_command(tmp_path):
         if completed.returncode == 2:
             lines = completed.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("Error: "), completed.stderr
+
+
+def test_the_fuzz_draws_every_command_of_the_project():
+    """Every console command of pyproject.toml gets cases (hlo-report, trace-module and
+    plan-search included), each counted under its name."""
+    import tomllib
+
+    from benchmarks.fuzz import COMMAND_NAMES
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(COMMAND_NAMES) == set(scripts)
+    cases = list(make_cases(600, SEED))
+    assert {case.command for case in cases} == set(COMMAND_NAMES)
+    assert {"report", "report-csv", "plan", "module", "terminate"} <= {case.kind for case in cases}
+    heavy = [c for c in cases if c.kind in ("module", "terminate") or c.command.startswith("trace-")
+             and c.kind == "interrupt"]
+    assert len(heavy) < 0.08 * len(cases)  # torch-heavy cases stay a minority
+
+
+def test_a_leaked_dump_folder_and_markup_in_a_figure_are_failing_classes(tmp_path):
+    from benchmarks.fuzz import CLASSES, figure_markup, leaked_temp
+
+    assert {"leaked-temp", "markup", "unwritten"} <= set(CLASSES) - set(GOOD_CLASSES)
+    (tmp_path / "tmp" / "hlo_trace_xla_dump_abc").mkdir(parents=True)
+    (tmp_path / "tmp" / "unrelated").mkdir()
+    assert leaked_temp(tmp_path, within_s=0.1) == ["hlo_trace_xla_dump_abc"]
+    spec = '<script type="application/json" class="figure-spec" data-for="f">{}</script>'
+    assert figure_markup(spec.format(json.dumps({"data": [{"x": ["a", "<b>fuzz</b>"]}]})))
+    assert not figure_markup(spec.format(json.dumps({"data": [{"x": ["&lt;b&gt;fuzz"]}]})))

@@ -12,6 +12,10 @@ when its runtime starts.  So the order matters and is fixed here:
 4. :func:`release` removes the temporary dump directory;
 5. :func:`end_process` exits at once if a compile is still running (see below).
 
+The dump directory is also removed when the process ends in any other way (an error, SIGTERM,
+SIGINT, SIGKILL, a crash): a watcher (:func:`_remove_when_process_ends`) waits for this process
+to end and then deletes it, since XLA's background compile may write into it until the end.
+
 Partitioning is the first thing XLA does; the rest of a CPU compile (fusion, LLVM code
 generation) is of no use here and takes most of the time: 167 s of the 181 s that a full-size
 14-block stage took to trace before (1.3 s now).  So the compile runs in a background thread and
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -106,6 +111,7 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
             "torch_xla's runtime has already started in this process; "
             "prepare_process() must run first (trace in a fresh process)")
     dump_dir = Path(tempfile.mkdtemp(prefix="hlo_trace_xla_dump_", dir=dump_root))
+    _remove_when_process_ends(dump_dir)
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(num_devices)
     if op_metadata:
@@ -129,6 +135,32 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
     return CaptureSession(dump_dir=dump_dir, num_devices=num_devices, op_metadata=op_metadata)
 
 
+#: The watcher of :func:`_remove_when_process_ends`: a shell that ignores the interrupts a
+#: terminal sends to the whole group (``trap ''``: inherited by what it runs), reads its standard
+#: input until this process and every process that inherited the pipe's other end have ended
+#: (end of file), collecting the further directories written there one a line, then deletes
+#: them and the dump directory (``$1``).
+_WATCHER_SCRIPT = ("trap '' INT TERM HUP QUIT; "
+                   'while IFS= read -r extra; do set -- "$@" "$extra"; done; rm -rf -- "$@"')
+#: torch's own temporary directory (``torch.distributed.nn.jit.instantiator``, made when torch
+#: loads, deleted by an atexit handler that a trace process, ended by ``os._exit``, never runs).
+_TORCH_TEMP_MODULE = "torch.distributed.nn.jit.instantiator"
+#: This process's end of the watchers' pipes: open until the process ends.
+_watched: list[subprocess.Popen] = []
+
+
+def _remove_when_process_ends(directory: Path) -> None:
+    """Start a watcher that deletes ``directory`` once this process has ended, however it ends
+    (its ``finally`` blocks and atexit handlers do not run on SIGTERM, SIGKILL or a crash, and
+    XLA's background compile writes into the directory until then). No shell: nothing."""
+    try:
+        _watched.append(subprocess.Popen(  # noqa: S603 - a fixed script, the directory as $0
+            ["/bin/sh", "-c", _WATCHER_SCRIPT, "watcher", str(directory)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    except OSError as error:  # no /bin/sh, or no process left: release() still deletes it
+        log.debug("no watcher for %s: %s", directory, error)
+
+
 def _runtime_started() -> bool:
     """True when torch-xla's computation client exists (its env settings are then frozen)."""
     if "torch_xla" not in sys.modules:
@@ -144,6 +176,7 @@ def enable_spmd() -> None:
     import torch_xla.runtime as xr
 
     xr.use_spmd()
+    _watch_torch_temp()  # torch is loaded by now
 
 
 def device_count() -> int:
@@ -223,6 +256,19 @@ def is_complete_hlo_module(path: Path) -> bool:
     text = path.read_text()
     entry = text.rfind("\nENTRY ")
     return entry >= 0 and "\n}" in text[entry:] and text.rstrip().endswith("}")
+
+
+def _watch_torch_temp() -> None:
+    """Have the watcher also delete torch's temporary directory when this process ends."""
+    instantiator = sys.modules.get(_TORCH_TEMP_MODULE)
+    temp = getattr(getattr(instantiator, "_TEMP_DIR", None), "name", None)
+    for watcher in _watched[-1:]:
+        if temp and watcher.stdin is not None and "\n" not in temp:
+            try:
+                watcher.stdin.write(temp.encode() + b"\n")
+                watcher.stdin.flush()
+            except OSError:  # the watcher is gone: nothing to tell it
+                pass
 
 
 def release(session: CaptureSession) -> None:

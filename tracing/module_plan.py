@@ -192,7 +192,9 @@ def parse_input(text: str) -> InputSpec:
     if dtype not in INPUT_DTYPES:
         raise PlanError(f"--input {brief(text)}: dtype {brief(dtype)}; expected one of "
                         f"{', '.join(INPUT_DTYPES)}")
-    shape = () if shape_text == "scalar" else tuple(int(d) for d in shape_text.split("x"))
+    sizes = [] if shape_text == "scalar" else shape_text.split("x")
+    # a size longer than the largest allowed is too large (and int() refuses 4,300 digits)
+    shape = tuple(int(d) if len(d) <= len(str(MAX_DIMENSION)) else MAX_DIMENSION + 1 for d in sizes)
     if any(d < 1 or d > MAX_DIMENSION for d in shape) or math.prod(shape) > MAX_DIMENSION:
         raise PlanError(f"--input {brief(text)}: sizes must be 1 to {MAX_DIMENSION} with at most "
                         f"{MAX_DIMENSION} elements")

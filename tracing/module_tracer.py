@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,17 +55,45 @@ class TracedModule:
     split_placeholders: list[Any] = field(default_factory=list)
 
 
+@contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Run the user's code (their module's import, the factory, the forward): whatever it raises
+    (``SystemExit`` and other ``BaseException`` included) is the user's error, one line saying
+    ``<what> raised <type>: <message>``. A ``KeyboardInterrupt`` it raises itself is such an
+    error; one raised by a real Ctrl-C (SIGINT while it runs) stays an interrupt."""
+    signalled = []
+
+    def on_interrupt(number: int, frame: Any) -> None:
+        signalled.append(number)
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_interrupt) if main else None
+    try:
+        yield
+    except (PlanError, UsageError):
+        raise
+    except KeyboardInterrupt:
+        if signalled:
+            raise
+        raise PlanError(f"{what} raised KeyboardInterrupt itself (no Ctrl-C was pressed)") from None
+    except BaseException as error:  # noqa: BLE001 - the user's code: its error, in one line
+        message = str(error).splitlines()[0] if str(error) else ""
+        raise PlanError(f"{what} raised {type(error).__name__}: {brief(message, 200)}") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
 def load_factory(factory: str) -> Callable[..., Any]:
     """The callable at ``pkg.module:factory``; one line when the module or the name is missing."""
     module_name, attribute = parse_factory(factory)
     _import_from_current_directory()
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise PlanError(f"model {factory}: cannot import module {module_name} ({error})") from None
-    except Exception as error:  # noqa: BLE001 - the user's module failed while importing
-        raise PlanError(f"model {factory}: importing {module_name} raised "
-                        f"{type(error).__name__}: {brief(str(error), 200)}") from None
+    with user_code(f"model {factory}: importing {module_name}"):
+        try:
+            target: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            raise PlanError(f"model {factory}: cannot import module {module_name} ({error})") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise PlanError(f"model {factory}: module {module_name} has no factory {attribute}")
@@ -88,12 +119,8 @@ def build_model(factory: str, kwargs: dict[str, Any], dtype: str):
     import torch
 
     make = load_factory(factory)
-    try:
-        with torch.device("meta"):
-            model = make(**kwargs)
-    except Exception as error:  # noqa: BLE001 - the user's factory: its error, in one line
-        raise PlanError(f"model {factory}: the factory raised {type(error).__name__}: "
-                        f"{brief(str(error), 200)}") from None
+    with user_code(f"model {factory}: the factory"), torch.device("meta"):
+        model = make(**kwargs)
     if not isinstance(model, torch.nn.Module):
         raise PlanError(f"model {factory}: the factory returned {type(model).__name__}, "
                         "not a torch.nn.Module")
@@ -190,6 +217,7 @@ def trace_module(model, plan: ModulePlan, inputs: list[InputSpec], *, mode: str,
         for index, tensor in enumerate(_flatten(result)):
             traced.outputs.append(tensor)
             traced.output_shapes[f"output{index}"] = _described(tensor)
+        _check_computes(traced.outputs, result)
     lay_out_placeholders(split)
     seconds["trace"] = time.perf_counter() - started
     return traced
@@ -204,14 +232,59 @@ def global_hlo(outputs: list[Any]) -> str:
 
 
 def _call(model, tensors: dict[str, Any]):
-    try:
+    names = ", ".join(f"{n}={list(t.shape)}" for n, t in tensors.items())
+    what = f"the model's forward({names})"
+    with user_code(what), _no_readback(what):
         return model(**tensors)
-    except PlanError:
-        raise
-    except Exception as error:  # noqa: BLE001 - the user's forward: its error, in one line
-        names = ", ".join(f"{n}={list(t.shape)}" for n, t in tensors.items())
-        raise PlanError(f"the model's forward({names}) raised {type(error).__name__}: "
-                        f"{brief(str(error).splitlines()[0] if str(error) else '', 200)}") from None
+
+
+#: Tensor methods that read a value of the program back into Python (``.item()``, ``print``,
+#: ``if tensor:``, ``int(tensor)``): the trace compiles the program and never runs it, and
+#: torch-xla, asked for a value, runs the program part-built (the trace process died of SIGSEGV).
+_READBACKS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__",
+              "__repr__", "__format__")
+
+
+@contextmanager
+def _no_readback(what: str) -> Iterator[None]:
+    """Within: a read-back (:data:`_READBACKS`) is a one-line error naming it; any other
+    execution torch-xla would start (``.to("cpu")``) raises torch-xla's own RuntimeError."""
+    import torch
+    import torch_xla
+    from torch.overrides import TorchFunctionMode
+
+    readbacks = {getattr(torch.Tensor, name): name for name in _READBACKS}
+
+    class NoReadback(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in readbacks:
+                raise PlanError(f"{what} calls Tensor.{readbacks[func]}(), which reads a value "
+                                "of the program; a trace compiles the program and never runs it: "
+                                "compute without reading values (no .item(), print or Python "
+                                "branch on a tensor)")
+            return func(*args, **(kwargs or {}))
+
+    allowed = torch_xla._XLAC._get_allow_execution()
+    torch_xla._XLAC._set_allow_execution(False)
+    try:
+        with NoReadback():
+            yield
+    finally:
+        torch_xla._XLAC._set_allow_execution(allowed)
+
+
+def _check_computes(outputs: list[Any], result: Any) -> None:
+    """A forward must compute a tensor: one that returns none (``None``, a number) or only its
+    inputs and parameters unchanged (``torch.nn.Identity``) leaves XLA no program to compile."""
+    from tracing.capture import is_stored_data
+
+    if not outputs:
+        raise PlanError(f"the model's forward returned {type(result).__name__}, no tensor: "
+                        "there is no program to trace")
+    if all(is_stored_data(tensor) for tensor in outputs):
+        raise PlanError("the model's forward computes nothing: it returns its inputs or "
+                        "parameters unchanged (e.g. torch.nn.Identity), so there is no program "
+                        "to trace")
 
 
 def _flatten(result) -> list[Any]:
@@ -331,6 +404,10 @@ def _train_step(model, plan: ModulePlan, mesh, tensors: dict[str, Any], params: 
             raise UsageError("--mode train: the model's forward returned no floating tensor to "
                              "take a loss of")
         output = outputs[0]
+        if not output.requires_grad:
+            raise UsageError("--mode train: the model's first floating output depends on no "
+                             "trainable parameter (e.g. torch.nn.Identity): there is no gradient "
+                             "to take")
         shape = tuple(output.shape)
         target_spec = _resolved(plan.input_spec("target"), shape, "input target", plan) \
             if plan.input_spec("target") is not None else None

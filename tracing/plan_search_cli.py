@@ -329,6 +329,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     stages = None if stage_counts is None else _int_list(stage_counts, "--stages")
     patches = _int_list(patch_counts, "--patches")
     if mode == "train" or target_latency is not None or target_step_time is not None:
+        _refuse_unwritten_outputs(mode, target_step_time, plot_out)
         return train_or_sizing(model_config, shape, hardware, devices, mode=mode, batch=train_batch,
                                micro_batches=_int_list(micro_batch_counts, "--micro-batches"),
                                zero=_zero_list(zero_stages),
@@ -378,6 +379,20 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     atomic_write(plan_out, plan_file_text(result.best, result), force=force)
     click.echo(f"wrote {plan_out}", err=True)
     return 0
+
+
+def _refuse_unwritten_outputs(mode: str, target_step_time: float | None,
+                              plot_out: str | None) -> None:
+    """``--mode train`` and sizing write no pipeline plan (``-o``); a training search (not
+    its sizing) draws no plot: refuse the options rather than ignore them."""
+    context = click.get_current_context()
+    if context.get_parameter_source("plan_out") is not click.core.ParameterSource.DEFAULT:
+        what = "--mode train" if mode == "train" else "sizing (--target-latency)"
+        raise UsageError(f"-o/--plan-out: {what} writes no pipeline plan file; its answer is in "
+                         "the report and in --json FILE")
+    if plot_out and mode == "train" and target_step_time is None:
+        raise UsageError("--plot: a --mode train search draws no plot (its sizing, "
+                         "--target-step-time, does); write its plans with --json FILE")
 
 
 def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, *, mode: str,

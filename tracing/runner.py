@@ -178,9 +178,9 @@ class _Steps:
         self._lock = threading.Lock()
 
     def run(self, command: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-        if self.stopping.is_set():
-            raise Interrupted
-        with self._lock:
+        with self._lock:  # checked under the lock: stop() sees every step started before it
+            if self.stopping.is_set():
+                raise Interrupted
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True, env=child_environment(_step_environment()),
                                        cwd=cwd)
