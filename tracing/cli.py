@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import pickle
 import re
 import sys
 import time
@@ -24,7 +25,7 @@ import click
 from hlo_trace.atomic import check_target
 from hlo_trace.cli import Count, OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
-from hlo_trace.isolate import call_in_child, child_environment
+from hlo_trace.isolate import call_in_child, child_environment, start_in_child
 from tracing.config import (
     INFERENCE_PATHS,
     MAX_DEVICES,
@@ -464,16 +465,29 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
 def trace_to_dump(config: PipelineConfig, stage: int, out: Path, dialect: str, force: bool,
                   cache: Path, train: TrainOptions | None, *, origin: str,
                   what: str = "tracing it", live_stderr: bool = True) -> list[str]:
-    """Trace one stage and write its dump, in two forked children one after the other; the
-    written paths. The first (torch, torch-xla: :func:`capture_stage`) ends as soon as XLA has
-    written the partitioned program, and the rest of XLA's compile, which cannot be cancelled,
-    ends with it instead of taking a core and memory from the conversion; the second (jaxlib's
-    bindings, forked from this process, which never loads torch) converts and writes
-    (:func:`write_captured`). Either one's death (a native abort, memory) is one line here."""
-    captured = call_in_child(_trace_in_child, config, stage, out, force, cache, train,
-                             origin=origin, what=what, live_stderr=live_stderr)
-    return call_in_child(_write_in_child, captured, dialect, force, origin=origin,
-                         what="converting it", live_stderr=live_stderr)
+    """Trace one stage and write its dump, in two forked children; the written paths. The trace
+    (torch, torch-xla: :func:`capture_stage`) ends as soon as XLA has written the partitioned
+    program, and the rest of XLA's compile, which cannot be cancelled, ends with it instead of
+    taking a core and memory from the conversion. The conversion (:func:`write_captured`) is
+    forked first from this process, which never loads torch: it loads jaxlib's bindings while the
+    trace runs, then waits for the captured stage on a pipe. Either one's death (a native abort,
+    memory) is one line here; a failed trace stops the conversion."""
+    read_end, write_end = os.pipe()
+    converter = start_in_child(_write_in_child, read_end, dialect, force, origin=origin,
+                               what="converting it", live_stderr=live_stderr)
+    os.close(read_end)
+    try:
+        with os.fdopen(write_end, "wb") as pipe:
+            captured = call_in_child(_trace_in_child, config, stage, out, force, cache, train,
+                                     origin=origin, what=what, live_stderr=live_stderr)
+            try:
+                pickle.dump(captured, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+            except BrokenPipeError:
+                pass  # the conversion ended before reading it: its result says why
+    except BaseException:
+        converter.cancel()
+        raise
+    return converter.result()
 
 
 def _trace_in_child(config: PipelineConfig, stage: int, out: Path, force: bool, cache: Path,
@@ -490,8 +504,15 @@ def _trace_in_child(config: PipelineConfig, stage: int, out: Path, force: bool, 
     return captured
 
 
-def _write_in_child(captured: CapturedStage, dialect: str, force: bool) -> list[str]:
-    """``write_captured`` in the conversion's child process: the written paths."""
+def _write_in_child(read_end: int, dialect: str, force: bool) -> list[str]:
+    """In the conversion's child process: jaxlib's bindings loaded at once, then
+    ``write_captured`` of the stage read from ``read_end``; the written paths."""
+    with native_imports():
+        from hlo_analyzer.mlir import load_native_libraries
+
+        load_native_libraries()
+    with os.fdopen(read_end, "rb") as pipe:
+        captured = pickle.load(pipe)
     return [str(path) for path in write_captured(captured, dialect, force)]
 
 
