@@ -30,10 +30,10 @@ from tracing.config import build_config
 out = Path(sys.argv[1])
 config = build_config(config="tiny", shape="28_64_64", strategy="megatron", mesh="2x2",
                       stage_ids="0-0,1-1")
-captured = _trace_in_child(config, 0, out, False, out / "stage_shapes.json", None)
+send = os.open(out / "captured.pickle", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+_trace_in_child(config, 0, out, False, out / "stage_shapes.json", None, send)
 loaded = [name for name in ("jax", "torchax", "triton") if sys.modules.get(name) is not None]
-(out / "captured.pickle").write_bytes(pickle.dumps((captured, loaded)))
-sys.stdout.flush()
+(out / "loaded.pickle").write_bytes(pickle.dumps(loaded))
 os._exit(0)  # as the CLI's child leaves: XLA's compile may still run
 """
 
@@ -44,7 +44,8 @@ sys.modules["torch"] = None  # any import of torch fails here
 from tracing.cli import write_captured
 
 out = Path(sys.argv[1])
-captured, loaded = pickle.loads((out / "captured.pickle").read_bytes())
+captured = pickle.loads((out / "captured.pickle").read_bytes())  # what the pipe carries
+loaded = pickle.loads((out / "loaded.pickle").read_bytes())
 written = write_captured(captured, "stablehlo", force=False)
 print(json.dumps({"loaded": loaded, "written": [str(path) for path in written],
                   "torch": sys.modules.get("torch") is not None}))

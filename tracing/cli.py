@@ -470,29 +470,29 @@ def trace_to_dump(config: PipelineConfig, stage: int, out: Path, dialect: str, f
     program, and the rest of XLA's compile, which cannot be cancelled, ends with it instead of
     taking a core and memory from the conversion. The conversion (:func:`write_captured`) is
     forked first from this process, which never loads torch: it loads jaxlib's bindings while the
-    trace runs, then waits for the captured stage on a pipe. Either one's death (a native abort,
-    memory) is one line here; a failed trace stops the conversion."""
+    trace runs, then waits for the captured stage, which the trace's child writes into a pipe
+    before it ends. Either one's death (a native abort, memory) is one line here; a failed trace
+    stops the conversion."""
     read_end, write_end = os.pipe()
     converter = start_in_child(_write_in_child, read_end, dialect, force, origin=origin,
                                what="converting it", live_stderr=live_stderr)
     os.close(read_end)
     try:
-        with os.fdopen(write_end, "wb") as pipe:
-            captured = call_in_child(_trace_in_child, config, stage, out, force, cache, train,
-                                     origin=origin, what=what, live_stderr=live_stderr)
-            try:
-                pickle.dump(captured, pipe, protocol=pickle.HIGHEST_PROTOCOL)
-            except BrokenPipeError:
-                pass  # the conversion ended before reading it: its result says why
+        call_in_child(_trace_in_child, config, stage, out, force, cache, train, write_end,
+                      origin=origin, what=what, live_stderr=live_stderr)
     except BaseException:
         converter.cancel()
         raise
+    finally:
+        os.close(write_end)
     return converter.result()
 
 
 def _trace_in_child(config: PipelineConfig, stage: int, out: Path, force: bool, cache: Path,
-                    train: TrainOptions | None) -> CapturedStage:
-    """``capture_stage`` in the trace's child process: the captured stage."""
+                    train: TrainOptions | None, send: int) -> None:
+    """``capture_stage`` in the trace's child process; the captured stage goes to the
+    conversion's child through the pipe ``send``, as soon as it is there (the conversion starts
+    while this process ends)."""
     import shutil
 
     from tracing.tracer import block_unused_imports
@@ -501,7 +501,11 @@ def _trace_in_child(config: PipelineConfig, stage: int, out: Path, force: bool, 
     captured, session = capture_stage(config, stage, out, force, cache, train)
     if session.compiling:  # the compile goes on writing there until the child ends
         shutil.rmtree(session.dump_dir, ignore_errors=True)
-    return captured
+    with os.fdopen(send, "wb") as pipe:
+        try:
+            pickle.dump(captured, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        except BrokenPipeError:
+            pass  # the conversion ended before reading it: its result says why
 
 
 def _write_in_child(read_end: int, dialect: str, force: bool) -> list[str]:
