@@ -201,8 +201,9 @@ def capture_stage(config: PipelineConfig, stage: int, out_dir: Path, force: bool
 
 def write_captured(captured: CapturedStage, dialect: str, force: bool) -> list[Path]:
     """Convert a captured stage to MLIR in ``dialect`` and write it with its sidecar; the
-    written paths. Needs no torch: the CLI runs it in a process of its own, after the trace's
-    process has ended (and with it the rest of XLA's compile, see tracing.capture)."""
+    written paths. Needs no torch: the CLI runs it in a process of its own, once the trace's
+    process has handed the stage over and is ending (and with it the rest of XLA's compile, see
+    tracing.capture)."""
     with native_imports():  # jaxlib's bindings: Ctrl-C while they load ends the process at once
         from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_native_libraries
         from tracing import capture
