@@ -513,9 +513,10 @@ def _write_in_child(read_end: int, dialect: str, force: bool) -> list[str]:
     """In the conversion's child process: jaxlib's bindings loaded at once, then
     ``write_captured`` of the stage read from ``read_end``; the written paths."""
     with native_imports():
-        from hlo_analyzer.mlir import load_native_libraries
+        from hlo_analyzer.mlir import default_context, load_native_libraries
 
         load_native_libraries()
+    default_context()  # made while the trace runs (50 ms), not after
     with os.fdopen(read_end, "rb") as pipe:
         captured = pickle.load(pipe)
     return [str(path) for path in write_captured(captured, dialect, force)]
