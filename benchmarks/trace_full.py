@@ -22,12 +22,12 @@ of the two dumps.  Never run two of these at once (``flock /tmp/fulltrace.lock``
 The dump's name comes from the tracer's own naming (``PipelineConfig.dump_name``), so a rename
 there breaks CI's quick run, not the next manual one.
 
-Last measured (issue 45; the 2-core machine at load averages of 5.3 to 5.9 from other work, so
-the baseline, main before the change, ran in turn in the same run): best of 3, 13.7 s wall,
-10.0 s CPU and 1.44 GiB against 18.9 s, 18.0 s CPU and 2.23 GiB (ratios 0.73, 0.55, 0.65), the
-dump byte-identical (99.4 MiB). Alone on the machine (load 0.2-0.5) the baseline took 16.1 and
-17.2 s and 2.25 GiB; this code could not be measured on a quiet machine. Where the time goes:
-docs/tracing.md ("Speed").
+Last measured (issue 45; the 2-core machine, the baseline, main before the change, run in turn
+in the same run, best of 3 each): at load averages of 1.1 to 2.7 from other work, 10.4 s wall,
+9.6 s CPU and 1.43 GiB against 17.3 s, 18.0 s CPU and 2.24 GiB (ratios 0.60, 0.53, 0.64); at
+0.8 to 1.3 (before XLA stopped printing the module before the partitioner), 10.1 s, 10.0 s CPU
+and 1.43 GiB against 15.2 s, 18.8 s CPU and 2.23 GiB. The dump byte-identical (99.4 MiB). Where
+the time goes: docs/tracing.md ("Speed").
 """
 
 from __future__ import annotations
