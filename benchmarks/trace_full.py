@@ -23,10 +23,10 @@ The dump's name comes from the tracer's own naming (``PipelineConfig.dump_name``
 there breaks CI's quick run, not the next manual one.
 
 Last measured (issue 45; the 2-core machine, the baseline, main before the change, run in turn
-in the same run, best of 3 each): at load averages of 1.1 to 2.7 from other work, 10.4 s wall,
-9.6 s CPU and 1.43 GiB against 17.3 s, 18.0 s CPU and 2.24 GiB (ratios 0.60, 0.53, 0.64); at
-0.8 to 1.3 (before XLA stopped printing the module before the partitioner), 10.1 s, 10.0 s CPU
-and 1.43 GiB against 15.2 s, 18.8 s CPU and 2.23 GiB. The dump byte-identical (99.4 MiB). Where
+in the same run, best of 3 each): at load averages of 0.8 to 1.2 (this benchmark's own load
+included), 9.5 s wall (runs: 10.9, 9.5, 10.3 s), 9.9 s CPU and 1.43 GiB against 13.7 s, 18.4 s
+CPU and 2.23 GiB (ratios 0.69, 0.54, 0.64); at 1.1 to 2.7 from other work, 10.4 s, 9.6 s CPU
+and 1.43 GiB against 17.3 s, 18.0 s CPU and 2.24 GiB. The dump byte-identical (99.4 MiB). Where
 the time goes: docs/tracing.md ("Speed").
 """
 
