@@ -22,9 +22,9 @@ from pathlib import Path
 
 from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
-from hlo_trace.isolate import call_in_child, die_with_parent
+from hlo_trace.isolate import die_with_parent
 from tracing.capture import OP_METADATA_ENV
-from tracing.cli import _trace_in_child, require_trace_extra
+from tracing.cli import require_trace_extra, trace_to_dump
 from tracing.plan_estimate import FAILURE_FILE, dump_names, request_config
 
 __all__ = ["main", "trace_requests"]
@@ -66,8 +66,9 @@ def _trace_request(request: dict) -> int:
     for stage, name in zip(request["stages"], dump_names(request), strict=True):
         if (out / name).exists():
             continue
-        call_in_child(_trace_in_child, config, stage, out, "stablehlo", True, out / "stage_shapes.json", train,
-                      origin=config.dump_name(stage), what="tracing a calibration stage")
+        trace_to_dump(config, stage, out, "stablehlo", True, out / "stage_shapes.json", train,
+                      origin=config.dump_name(stage), what="tracing a calibration stage",
+                      live_stderr=False)
         traced += 1
     return traced
 

@@ -45,7 +45,12 @@ log = logging.getLogger(__name__)
 #: XLA dumps every pass of every module unless told otherwise; these keep only the one we need.
 #: ``SyncTensorsGraph`` is the name torch-xla gives the module it compiles for ``mark_step``-like
 #: syncs (and for ``_xla_warm_up_cache``).
-_DUMP_PASS_FILTER = "spmd-partitioning"
+#: XLA dumps the module between two passes when either one's name matches the pass filter, so
+#: ``spmd-partitioning`` also wrote the module before the partitioner (a second full print on
+#: the way to the one we read); the partitioner is the last pass of the ``spmd-partitioner``
+#: pipeline, so the boundary before that pipeline's end is the module after it, alone.
+_DUMP_PASS_FILTER = "^pipeline-end$"
+_DUMP_PIPELINE_FILTER = "^spmd-partitioner$"
 _DUMP_MODULE_FILTER = "SyncTensorsGraph"
 _PARTITIONED_GLOB = "*after_spmd-partitioning*.txt"
 #: On one device XLA skips the SPMD partitioner; its input module is then the per-device program.
@@ -124,11 +129,13 @@ def prepare_process(num_devices: int, *, op_metadata: bool = True,
     inherited = [flag for flag in flags
                  if not flag.startswith(("--xla_dump_to", "--xla_dump_hlo_as_text",
                                          "--xla_dump_hlo_pass_re", "--xla_dump_hlo_module_re",
+                                         "--xla_dump_hlo_pipeline_re",
                                          _DISABLE_PASSES_FLAG))]
     os.environ["XLA_FLAGS"] = " ".join(inherited + [
         f"--xla_dump_to={dump_dir}",
         "--xla_dump_hlo_as_text",
         f"--xla_dump_hlo_pass_re={_DUMP_PASS_FILTER}",
+        f"--xla_dump_hlo_pipeline_re={_DUMP_PIPELINE_FILTER}",
         f"--xla_dump_hlo_module_re={_DUMP_MODULE_FILTER}",
     ] + ([f"{_DISABLE_PASSES_FLAG}={','.join(dict.fromkeys(disabled))}"] if disabled else []))
     log.debug("XLA environment: %d CPU devices, dumping to %s", num_devices, dump_dir)

@@ -12,9 +12,11 @@ import importlib.util
 import json
 import logging
 import os
+import pickle
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +25,7 @@ import click
 from hlo_trace.atomic import check_target
 from hlo_trace.cli import Count, OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
-from hlo_trace.isolate import call_in_child, child_environment
+from hlo_trace.isolate import call_in_child, child_environment, start_in_child
 from tracing.config import (
     INFERENCE_PATHS,
     MAX_DEVICES,
@@ -59,21 +61,49 @@ def _progress(stage: int, dump: str, peaks: dict[str, int] | None = None):
     return report
 
 
+@dataclass(frozen=True)
+class CapturedStage:
+    """A traced stage's partitioned program, as XLA wrote it (HLO text), and what its dump needs
+    besides: what :func:`capture_stage` hands to :func:`write_captured` (in the CLI, from the
+    trace's child process to the conversion's: it pickles)."""
+
+    name: str
+    stage: int
+    hlo_text: str
+    mlir_path: Path
+    #: The sidecar's fields but those of the conversion (dialect, sizes, the last steps).
+    sidecar: dict
+    seconds: dict[str, float]
+    #: The peak RSS by the end of each step so far (bytes), and at the end of the capture.
+    peaks: dict[str, int]
+    peak_rss_bytes: int
+    #: ``time.perf_counter()`` when the trace started: CLOCK_MONOTONIC on Linux, one clock for
+    #: every process of the machine, so the conversion's process counts the total from it.
+    started: float
+
+
 def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, force: bool,
               shape_cache: Path | None, train: TrainOptions | None = None,
               ) -> tuple[list[Path], CaptureSession]:
-    """Trace, compile, convert and write one stage (one training step of it with ``train``,
-    see tracing.training); returns the written paths and the capture session, whose compile
+    """Trace, compile, convert and write one stage in this process (:func:`capture_stage`, then
+    :func:`write_captured`); returns the written paths and the capture session, whose compile
     may still run in the background (see tracing.capture): end the process with
     ``capture.end_process(session)``."""
-    with native_imports():  # jaxlib's bindings: Ctrl-C while they load ends the process at once
-        from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_native_libraries
+    captured, session = capture_stage(config, stage, out_dir, force, shape_cache, train)
+    return write_captured(captured, dialect, force), session
+
+
+def capture_stage(config: PipelineConfig, stage: int, out_dir: Path, force: bool,
+                  shape_cache: Path | None, train: TrainOptions | None = None,
+                  ) -> tuple[CapturedStage, CaptureSession]:
+    """Trace and compile one stage (one training step of it with ``train``, see
+    tracing.training) up to its partitioned program; the outputs are checked first. Returns it
+    with the capture session, whose compile may still run in the background."""
+    with native_imports():
         from tracing import capture
         from tracing.stages import boundary_shapes, stage_spec
         from tracing.strategies import get_strategy
         from tracing.tracer import make_layout
-
-        load_native_libraries()
 
     started = time.perf_counter()
     stage_spec(config, stage)  # stage index check before anything heavy
@@ -128,18 +158,12 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
             hlo_text = compile_stage(session, traced, progress)
     finally:
         capture.release(session)
-    progress("convert")
-    convert_started = time.perf_counter()
-    mlir_text = hlo_text_to_mlir_text(hlo_text, dialect, origin=name)
-    traced.seconds["convert"] = time.perf_counter() - convert_started
-    del hlo_text
-    progress("write")
+    peaks["compile"] = capture.peak_rss_bytes()
     from models.opensora.library_calls import call_regions
 
     sidecar = {
         "name": name,
         "program": "per-device program after SPMD partitioning (torch-xla GSPMD), unfused",
-        "dialect": dialect,
         "pipeline": config.to_dict(),
         "stage": stage,
         "blocks": [traced.stage.first_block, traced.stage.last_block],
@@ -156,11 +180,6 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
             for name, shape in (stale_shapes or {}).items()},
         "outputs": shapes[stage]["outputs"],
         "versions": capture.tool_versions(),
-        "seconds": {step: round(value, 3) for step, value in traced.seconds.items()},
-        "seconds_total": round(time.perf_counter() - started, 3),
-        "peak_rss_bytes": capture.peak_rss_bytes(),
-        "peak_rss_bytes_after": peaks,
-        "mlir_bytes": len(mlir_text.encode()),
         "library_calls": [region.to_dict() for region in call_regions()],
     }
     if plan is not None:
@@ -170,7 +189,46 @@ def run_trace(config: PipelineConfig, stage: int, out_dir: Path, dialect: str, f
         sidecar["inputs"] |= {  # the noise or the output gradients are stage inputs too
             buffer["name"]: {"shape": buffer["shape"], "dtype": buffer["dtype"]}
             for buffer in sidecar["training"]["arguments"] if buffer["class"] == "input"}
-    return write_dump(mlir_path, mlir_text, sidecar, force), session
+    # As JSON will write it: plain types only. A torch or numpy type left in it (torch's
+    # version string is a torch.torch_version.TorchVersion) would import torch in the process
+    # that unpickles it (1.5 s of CPU and 0.6 GiB).
+    sidecar = json.loads(json.dumps(sidecar))
+    captured = CapturedStage(name=name, stage=stage, hlo_text=hlo_text, mlir_path=mlir_path,
+                             sidecar=sidecar, seconds=dict(traced.seconds), peaks=peaks,
+                             peak_rss_bytes=capture.peak_rss_bytes(), started=started)
+    return captured, session
+
+
+def write_captured(captured: CapturedStage, dialect: str, force: bool) -> list[Path]:
+    """Convert a captured stage to MLIR in ``dialect`` and write it with its sidecar; the
+    written paths. Needs no torch: the CLI runs it in a process of its own, once the trace's
+    process has handed the stage over and is ending (and with it the rest of XLA's compile, see
+    tracing.capture)."""
+    with native_imports():  # jaxlib's bindings: Ctrl-C while they load ends the process at once
+        from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_native_libraries
+        from tracing import capture
+
+        load_native_libraries()
+    peaks = dict(captured.peaks)
+    progress = _progress(captured.stage, captured.name, peaks)
+    seconds = dict(captured.seconds)
+    progress("convert")
+    convert_started = time.perf_counter()
+    # The locations made portable in the HLO text (8 MiB), before it becomes the dump: the dump
+    # (99 MiB for the full-size stage) then holds none to rewrite (write_dump still looks).
+    mlir_text = hlo_text_to_mlir_text(portable_locations(captured.hlo_text), dialect,
+                                      origin=captured.name)
+    seconds["convert"] = time.perf_counter() - convert_started
+    progress("write")
+    sidecar = captured.sidecar | {
+        "dialect": dialect,
+        "seconds": {step: round(value, 3) for step, value in seconds.items()},
+        "seconds_total": round(time.perf_counter() - captured.started, 3),
+        "peak_rss_bytes": max(captured.peak_rss_bytes, capture.peak_rss_bytes()),
+        "peak_rss_bytes_after": peaks,
+        "mlir_bytes": utf8_length(mlir_text),
+    }
+    return write_dump(captured.mlir_path, mlir_text, sidecar, force)
 
 
 #: The repository the tracer runs from: source locations under it are written relative to it.
@@ -183,6 +241,9 @@ SOURCE_DIRS = ("models", "tracing", "hlo_analyzer", "hardware", "hlo_trace", "sc
 #: call-site location, or fused) and HLO's ``source_file="FILE"`` (XLA writes both from torch's
 #: stack frames).
 _LOCATION_FILE = re.compile(r'(source_file=)?"(/[^"\n]*)"(?(1)|(?=:\d+:\d+))')
+#: Where such a name may start (a literal: searched fast), and HLO's key in front of it.
+_ABSOLUTE_NAME = re.compile('"/')
+_SOURCE_FILE = "source_file="
 
 
 def portable_path(path: str, repo_root: Path = REPO_ROOT) -> str:
@@ -209,9 +270,29 @@ def portable_path(path: str, repo_root: Path = REPO_ROOT) -> str:
 
 def portable_locations(text: str, repo_root: Path = REPO_ROOT) -> str:
     """``text`` (MLIR or HLO) with the file of every source location made ``portable_path``;
-    the program itself is unchanged (only location strings are rewritten)."""
-    return _LOCATION_FILE.sub(
-        lambda match: f'{match.group(1) or ""}"{portable_path(match.group(2), repo_root)}"', text)
+    the program itself is unchanged (only location strings are rewritten).
+
+    Every location holds a quoted absolute name (``"/``): the pattern is tried where one starts
+    (or where ``source_file=`` precedes it), found by a literal search, instead of at every
+    character of the text (5.8 s on the full-size stage's 104 MB dump, whose random-filled
+    constants are 95% of it; 0.1 s this way). A text without any is returned as it is."""
+    portable: dict[str, str] = {}
+    pieces, copied = [], 0
+    for candidate in _ABSOLUTE_NAME.finditer(text):
+        start = candidate.start()
+        if start < copied:  # the closing quote of the location just rewritten
+            continue
+        if start >= len(_SOURCE_FILE) and text.startswith(_SOURCE_FILE, start - len(_SOURCE_FILE)):
+            start -= len(_SOURCE_FILE)
+        match = _LOCATION_FILE.match(text, start)
+        if match is None:
+            continue
+        path = match.group(2)
+        if path not in portable:
+            portable[path] = portable_path(path, repo_root)
+        pieces += [text[copied:match.start()], f'{match.group(1) or ""}"{portable[path]}"']
+        copied = match.end()
+    return "".join([*pieces, text[copied:]]) if pieces else text
 
 
 def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> list[Path]:
@@ -221,8 +302,8 @@ def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> l
     from hlo_trace.atomic import atomic_write
 
     mlir_text = portable_locations(mlir_text)
-    if "mlir_bytes" in sidecar:
-        sidecar = {**sidecar, "mlir_bytes": len(mlir_text.encode())}
+    if "mlir_bytes" in sidecar:  # (an ASCII text is its own UTF-8: not encoded just to count)
+        sidecar = {**sidecar, "mlir_bytes": utf8_length(mlir_text)}
     json_path = mlir_path.with_suffix(".json")
     written = [atomic_write(mlir_path, mlir_text, force=force)]
     try:
@@ -232,6 +313,11 @@ def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> l
         mlir_path.unlink(missing_ok=True)  # never leave a dump without its sidecar
         raise
     return written
+
+
+def utf8_length(text: str) -> int:
+    """The length of ``text`` in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def require_trace_extra() -> None:
@@ -370,23 +456,70 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
                 sys.exit(1)
             return
         cache = Path(shape_cache) if shape_cache else out / "stage_shapes.json"
-        written = call_in_child(_trace_in_child, config, stage, out, dialect, force, cache, train,
-                                origin=name, what="tracing it", live_stderr=True)
+        written = trace_to_dump(config, stage, out, dialect, force, cache, train, origin=name)
     except UsageError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(2)
     click.echo("wrote " + " ".join(written), err=True)
 
 
-def _trace_in_child(config: PipelineConfig, stage: int, out: Path, dialect: str, force: bool,
-                    cache: Path, train: TrainOptions | None) -> list[str]:
-    """``run_trace`` in the trace's child process: the written paths."""
+def trace_to_dump(config: PipelineConfig, stage: int, out: Path, dialect: str, force: bool,
+                  cache: Path, train: TrainOptions | None, *, origin: str,
+                  what: str = "tracing it", live_stderr: bool = True) -> list[str]:
+    """Trace one stage and write its dump, in two forked children; the written paths. The trace
+    (torch, torch-xla: :func:`capture_stage`) ends as soon as XLA has written the partitioned
+    program, and the rest of XLA's compile, which cannot be cancelled, ends with it instead of
+    taking a core and memory from the conversion. The conversion (:func:`write_captured`) is
+    forked first from this process, which never loads torch: it loads jaxlib's bindings while the
+    trace runs, then waits for the captured stage, which the trace's child writes into a pipe
+    before it ends. Either one's death (a native abort, memory) is one line here; a failed trace
+    stops the conversion."""
+    read_end, write_end = os.pipe()
+    converter = start_in_child(_write_in_child, read_end, dialect, force, origin=origin,
+                               what="converting it", live_stderr=live_stderr)
+    os.close(read_end)
+    try:
+        call_in_child(_trace_in_child, config, stage, out, force, cache, train, write_end,
+                      origin=origin, what=what, live_stderr=live_stderr)
+    except BaseException:
+        converter.cancel()
+        raise
+    finally:
+        os.close(write_end)
+    return converter.result()
+
+
+def _trace_in_child(config: PipelineConfig, stage: int, out: Path, force: bool, cache: Path,
+                    train: TrainOptions | None, send: int) -> None:
+    """``capture_stage`` in the trace's child process; the captured stage goes to the
+    conversion's child through the pipe ``send``, as soon as it is there (the conversion starts
+    while this process ends)."""
     import shutil
 
-    written, session = run_trace(config, stage, out, dialect, force, cache, train)
+    from tracing.tracer import block_unused_imports
+
+    block_unused_imports()
+    captured, session = capture_stage(config, stage, out, force, cache, train)
     if session.compiling:  # the compile goes on writing there until the child ends
         shutil.rmtree(session.dump_dir, ignore_errors=True)
-    return [str(path) for path in written]
+    with os.fdopen(send, "wb") as pipe:
+        try:
+            pickle.dump(captured, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        except BrokenPipeError:
+            pass  # the conversion ended before reading it: its result says why
+
+
+def _write_in_child(read_end: int, dialect: str, force: bool) -> list[str]:
+    """In the conversion's child process: jaxlib's bindings loaded at once, then
+    ``write_captured`` of the stage read from ``read_end``; the written paths."""
+    with native_imports():
+        from hlo_analyzer.mlir import default_context, load_native_libraries
+
+        load_native_libraries()
+    default_context()  # made while the trace runs (50 ms), not after
+    with os.fdopen(read_end, "rb") as pipe:
+        captured = pickle.load(pipe)
+    return [str(path) for path in write_captured(captured, dialect, force)]
 
 
 def _check_in_child(config: PipelineConfig, stage: int,

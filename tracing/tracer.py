@@ -17,6 +17,7 @@ tensor holds values.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,21 @@ class TracedStage:
     #: The split tensors made without a buffer (compile only), as the model and the trace see
     #: them: their graph parameters get their layout from :func:`lay_out_placeholders`.
     split_placeholders: list[torch.Tensor] = field(default_factory=list)
+
+
+#: Packages that torch-xla or torch import when they are installed and that a trace never uses:
+#: torch-xla's ``mark_sharding`` imports torchax and JAX on its first call (1.5 s and 140 MiB on
+#: the 2-core machine) only to ask whether the tensor is a torchax tensor, and torch's inductor,
+#: which torch-xla imports, loads Triton (70 MiB of native library) for GPU kernels. Both treat
+#: a package whose import fails as absent.
+UNUSED_IMPORTS = ("jax", "torchax", "triton")
+
+
+def block_unused_imports() -> None:
+    """Make each of :data:`UNUSED_IMPORTS` that this process has not loaded fail to import here
+    (a trace's own process: the conversion to MLIR, which needs jaxlib, not JAX, runs apart)."""
+    for name in UNUSED_IMPORTS:
+        sys.modules.setdefault(name, None)
 
 
 #: The layout of a stage (model, shape, batch, submesh, usp degrees): one definition, in base.
