@@ -47,6 +47,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from hlo_trace.atomic import atomic_write  # noqa: E402
 from tracing.cli import STEPS  # noqa: E402  (imports no torch)
 from tracing.config import build_config  # noqa: E402
 
@@ -86,6 +87,10 @@ class Run:
     cpu: float
     peak: int
     load: tuple[float, float, float]
+
+    def as_dict(self) -> dict:
+        return {"wall_s": round(self.wall, 2), "cpu_s": round(self.cpu, 2),
+                "peak_rss_gib": round(self.peak / 2**30, 3), "load_before": list(self.load)}
 
     def line(self) -> str:
         return (f"{self.wall:.1f} s wall, {self.cpu:.1f} s CPU, peak RSS {self.peak / 2**30:.2f} GiB "
@@ -145,6 +150,8 @@ def main() -> int:
     parser.add_argument("--compare", type=Path, help="an older dump of the same case to compare with")
     parser.add_argument("--baseline", type=Path,
                         help="a checkout whose code is also measured, run by run in turn with this one")
+    parser.add_argument("--json", type=Path, dest="json_path",
+                        help="also write the figures to this file (the README quotes results/benchmarks/trace_full.json)")
     parser.add_argument("--quick", action="store_true",
                         help="trace the tiny config instead (seconds; CI checks that the script runs)")
     args = parser.parse_args()
@@ -204,6 +211,16 @@ def main() -> int:
               f"{wall / base_wall:.2f}, CPU {cpu / base_cpu:.2f}, peak RSS {peak / base_peak:.2f}")
     if args.quick:
         print("(--quick: the tiny config; these figures are no measurement of the full size)")
+    if args.json_path is not None:
+        figures = {"command": " ".join(["python3 benchmarks/trace_full.py", *sys.argv[1:]]),
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "case": name,
+                   "repeat": repeat, "dump_mib": round(sidecar["mlir_bytes"] / 2**20, 1),
+                   "sha256": digest, "runs": {label: [run.as_dict() for run in found]
+                                              for label, found in runs.items()},
+                   "best": {label: {"wall_s": round(w, 1), "cpu_s": round(c, 1), "peak_rss_gib": round(p / 2**30, 2)}
+                            for label, (w, c, p) in best.items()},
+                   "targets": {"wall_s": TARGET_SECONDS, "peak_rss_gib": TARGET_RSS_BYTES / 2**30}}
+        atomic_write(args.json_path, json.dumps(figures, indent=1) + "\n", force=True)
     return 0
 
 

@@ -51,6 +51,8 @@ FIGURE = re.compile(r"<!-- fig (?P<name>[^>]+?) -->(?P<text>.*?)<!-- /fig -->", 
 #: A cell of a result table quoted as is: ``csv:PATH[COLUMN=VALUE,...].COLUMN|FORMAT`` (the row
 #: whose columns have those values, in a CSV file or a ``.md`` file's first table; FORMAT a
 #: format spec for a number, default ``.4g``).
+#: A value of a result JSON: ``json:PATH#KEY.KEY...|FORMAT`` (keys may hold spaces, not dots).
+JSON_VALUE = re.compile(r"json:(?P<path>[^#]+)#(?P<keys>[^|]+?)(?:\|(?P<form>.+))?")
 CSV_CELL = re.compile(r"csv:(?P<path>[^\[]+)\[(?P<where>[^\]]*)\]\.(?P<column>[^|]+?)(?:\|(?P<form>.+))?")
 TABLE = re.compile(r"^<!-- table (?P<name>[\w.:/-]+) -->\n(?P<text>.*?)^<!-- /table -->$", re.S | re.M)
 #: The classes of the GPU model that stream memory (everything but GEMMs and attention).
@@ -109,17 +111,6 @@ def _split_worst(path: Path) -> str:
     if not differences:
         raise UsageError(f"{path}: no rows")
     return f"{max(differences):.2f}%"
-
-
-def _json_field(*keys: str, form: str = "{}") -> Callable[[Path], str]:
-    def render(path: Path) -> str:
-        value = json.loads(path.read_text())
-        for key in keys:
-            if not isinstance(value, dict) or key not in value:
-                raise UsageError(f"{path}: no field {'.'.join(keys)}")
-            value = value[key]
-        return form.format(value)
-    return render
 
 
 def _parameters(_path: Path) -> str:
@@ -230,9 +221,27 @@ def table_cell(name: str) -> str:
         return cell
 
 
+def json_value(name: str) -> str:
+    """The value a ``json:`` figure names (:data:`JSON_VALUE`)."""
+    match = JSON_VALUE.fullmatch(name)
+    if match is None:
+        raise UsageError(f"figure {name}: expected json:PATH#KEY.KEY...|FORMAT")
+    path = REPO_ROOT / match["path"]
+    if not path.is_file():
+        raise UsageError(f"figure {name}: no such result file {match['path']}")
+    value = json.loads(path.read_text())
+    for key in match["keys"].split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise UsageError(f"figure {name}: {match['path']} has no field {match['keys']}")
+        value = value[key]
+    return format(value, match["form"] or "") if isinstance(value, (int, float)) else str(value)
+
+
 def figure(name: str) -> str:
     if name.startswith("csv:"):
         return table_cell(name)
+    if name.startswith("json:"):
+        return json_value(name)
     if name not in FIGURES:
         raise UsageError(f"figure {name}: unknown (expected one of {', '.join(sorted(FIGURES))})")
     entry = FIGURES[name]

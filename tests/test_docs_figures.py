@@ -91,3 +91,12 @@ def test_a_table_cell_is_read_from_a_csv_or_a_markdown_table(tmp_path, monkeypat
     assert docs_figures.figure("csv:t.md[rows=p150 y].median") == "8.7%"
     with pytest.raises(docs_figures.UsageError, match="0 rows"):
         docs_figures.figure("csv:t.csv[shape=c].s")
+
+
+def test_a_json_value_is_read_by_its_keys(tmp_path, monkeypatch):
+    monkeypatch.setattr(docs_figures, "REPO_ROOT", tmp_path)
+    (tmp_path / "r.json").write_text('{"best": {"this checkout": {"wall_s": 9.94}}, "repeat": 3}')
+    assert docs_figures.figure("json:r.json#best.this checkout.wall_s|.1f") == "9.9"
+    assert docs_figures.figure("json:r.json#repeat") == "3"
+    with pytest.raises(docs_figures.UsageError, match="no field best.baseline"):
+        docs_figures.figure("json:r.json#best.baseline")
