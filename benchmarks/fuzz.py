@@ -48,7 +48,7 @@ Every outcome falls in one class; the error promise is that only ``ok`` and ``us
 * ``usage``: exit 2 and exactly one line ``Error: ...`` on stderr;
 * ``interrupted``: an interrupt case that printed ``Interrupted.`` and exited with 130;
 * ``terminated``: a termination case that ended by SIGTERM;
-* ``no-answer``: plan-search's documented exit code 1 (docs/plan_search.md): its report says
+* ``no-answer``: plan-search's documented exit code 3 (docs/plan_search.md): its report says
   that no plan fits or no device count meets the target, with no ``Error:`` line;
 * ``interpreter-start``: an interrupt that came while the interpreter itself started (its
   ``site`` module: "Fatal Python error: init_import_site"), before any code of the command;
@@ -89,6 +89,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+from tracing.plan_search_cli import NO_ANSWER  # noqa: E402  (imports no torch)
 
 GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start", "terminated", "no-answer")
 CLASSES = (*GOOD_CLASSES, "internal", "signal", "hang", "messy", "bad-numbers", "orphan",
@@ -1159,8 +1161,8 @@ def classify(case: Case, status: int | None, seconds: float, workdir: Path) -> O
         lines = [line for line in stderr.splitlines() if line.strip()]
         one_line = len(lines) == 1 and lines[0].startswith("Error: ")
         return Outcome(case, "usage" if one_line else "messy", 2, seconds, tail)
-    if code == 1 and case.command == "plan-search" and "Error:" not in stderr:
-        return Outcome(case, "no-answer", 1, seconds, tail)
+    if code == NO_ANSWER and case.command == "plan-search" and "Error:" not in stderr:
+        return Outcome(case, "no-answer", NO_ANSWER, seconds, tail)
     if code == 1:
         return Outcome(case, "internal", 1, seconds, tail)
     return Outcome(case, "other", code, seconds, tail)
@@ -1408,7 +1410,13 @@ def main() -> None:
 
         args.log.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(args.log, "\n".join(lines) + "\n", force=True)
-        print(f"wrote {args.log}")
+        counts = {"cases": len(cases), "seed": args.seed, "started": started_at, "seconds": round(elapsed),
+                  "classes": {klass: tally.by_class.get(klass, 0) for klass in CLASSES},
+                  "failing": sum(n for klass, n in tally.by_class.items() if klass not in GOOD_CLASSES),
+                  "over_memory": tally.over_memory, "slowest_s": round(tally.slowest_s, 1),
+                  "commands": {name: dict(tally.by_command.get(name, Counter())) for name in COMMAND_NAMES}}
+        atomic_write(args.log.with_suffix(".json"), json.dumps(counts, indent=1) + "\n", force=True)
+        print(f"wrote {args.log} and {args.log.with_suffix('.json')} (the counts the docs quote)")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
         for klass, outcomes in sorted(tally.examples.items()):

@@ -9,6 +9,7 @@ that step too."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -190,3 +191,20 @@ def test_an_interrupt_wrapped_by_python_while_a_command_imports_is_one_line():
     completed = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                                text=True, timeout=60)
     assert (completed.returncode, completed.stderr) == (130, "Interrupted.\n")
+
+
+@pytest.mark.trace
+def test_a_search_with_no_answer_exits_3_not_the_internal_error_code(tmp_path):
+    """No traced plan fits a 1 kB memory limit: the report says so, no plan file is written and
+    the exit code is plan-search's no-answer code, 3 (it was 1, the code of an internal error)."""
+    pytest.importorskip("torch_xla")
+    completed = subprocess.run(
+        [sys.executable, "-m", "tracing.plan_search_cli", "--config", "tiny", "--hw", "tx8-16",
+         "--devices", "8", "--memory-limit", "0.000001", "--budget", "1", "--stages", "1",
+         "--strategies", "ds_ulysses", "--validate", "0", "--work-dir", str(tmp_path / "work")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert completed.returncode == 3, completed.stderr[-2000:]
+    assert "No traced plan fits the memory limit" in completed.stderr
+    assert "Error:" not in completed.stderr
+    assert not list(tmp_path.glob("*.toml"))

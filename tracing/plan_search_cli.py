@@ -23,6 +23,10 @@ from hlo_trace.cli import (
 from hlo_trace.errors import UsageError
 from hlo_trace.numbers import brief, parse_int
 
+#: The exit code of a search that found no answer (no traced plan fits the memory limit, or no
+#: device count meets the target): its report says so; 1 stays an internal error, 2 bad input.
+NO_ANSWER = 3
+
 #: Bytes per GB as the report prints memory (decimal, as the study's tables).
 GIGA = 1e9
 #: Untraced plans the text lists, by estimate.
@@ -107,6 +111,7 @@ def render_report(result) -> str:
         lines.append(f"  {outcome.plan.label:58s} {outcome.estimate.latency_s:12.6g} s "
                      f"{outcome.estimate.memory_bytes / GIGA:9.4g} GB")
     return "\n".join(lines) + "\n"
+
 
 
 #: Reasons the text lists, most frequent first; the rest are counted (``--json`` has them all).
@@ -375,7 +380,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     if result.best is None:
         click.echo("No traced plan fits the memory limit: no plan file written (raise --budget "
                    "or --memory-limit).", err=True)
-        return 1
+        return NO_ANSWER
     atomic_write(plan_out, plan_file_text(result.best, result), force=force)
     click.echo(f"wrote {plan_out}", err=True)
     return 0
@@ -446,7 +451,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
         if plot_out:
             sizing_cli.plot_sizing(result, plot_out, force=force)
             click.echo(f"wrote {plot_out}", err=True)
-        return 0 if result.answer is not None else 1
+        return 0 if result.answer is not None else NO_ANSWER
     space = train_search.enumerate_train_plans(model_config, shape, devices, batch=batch,
                                                stage_counts=stages, micro_batch_counts=micro_batches,
                                                zero_stages=zero)
