@@ -104,6 +104,7 @@ def _figure_strings(page: str) -> list[str]:
 
 
 def test_names_with_plotly_markup_are_shown_as_text(tmp_path):
+    pytest.importorskip("plotly")  # hlo-report draws its figures with the plot extra
     def rename(document):
         old = document["plans"][0]["plan"]
         for index, markup in enumerate(MARKUP):
@@ -121,6 +122,7 @@ def test_names_with_plotly_markup_are_shown_as_text(tmp_path):
 
 
 def test_ctrl_c_while_hlo_report_starts_is_one_line(tmp_path):
+    pytest.importorskip("plotly")  # hlo-report draws its figures with the plot extra
     for delay in (0.02, 0.05, 0.1, 0.15, 0.2, 0.3):
         process = subprocess.Popen([sys.executable, "-m", "hlo_report.cli", "plan", str(SEARCH),
                                     "-o", str(tmp_path / "page.html"), "--force"], cwd=REPO,
