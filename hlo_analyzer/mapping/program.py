@@ -31,6 +31,7 @@ from hardware import (
     collective_time_s,
     map_op,
 )
+from hlo_analyzer.dataflow import dependency_order
 from hlo_analyzer.mapping.attention import find_attentions
 from hlo_analyzer.mapping.fusion import fused_vector_works
 from hlo_analyzer.mapping.results import (
@@ -140,7 +141,7 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
                                                     owners)
         gemms.update(with_epilogue)
     else:
-        real = real_elements(attributes_of)
+        real = real_elements(attributes_of, dependency_order(graph))
 
         def reads(node: int) -> tuple[tuple[int, ...] | None, ...]:
             attributes = attributes_of[node]

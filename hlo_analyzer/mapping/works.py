@@ -84,13 +84,14 @@ def _gemm_op(dims: tuple[int, int, int, int], row: OpRow) -> tuple[Op, str] | No
 
 
 # -- real sizes ---------------------------------------------------------------------------------------------
-def real_elements(attributes_of: dict[int, dict[str, Any]]) -> dict[int, int]:
+def real_elements(attributes_of: dict[int, dict[str, Any]], order: Iterable[int] | None = None) -> dict[int, int]:
     """Elements a kernel reads from memory for each node's result: its result's, except that free
     data movement holds no more data than its operand (a broadcast of a 2x6x1152 modulation
     vector to a whole activation is still 2x6x1152 values, which the reading kernel broadcasts
-    on the fly) and constants hold none (they are folded into the kernels that use them)."""
+    on the fly) and constants hold none (they are folded into the kernels that use them).
+    ``order``: the nodes in dependency order (``dataflow.dependency_order``; default: sorted)."""
     real: dict[int, int] = {}
-    for node in sorted(attributes_of):
+    for node in sorted(attributes_of) if order is None else order:
         attributes = attributes_of[node]
         name = attributes["name"]
         if name in CONSTANT_OPS:
