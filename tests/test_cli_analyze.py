@@ -64,7 +64,8 @@ def test_default_table_is_the_summary_and_by_op_adds_the_rows(sample, capsys):
     # The sample holds 4 GEMMs (a dot_general, a dot and two convolutions), one per op row.
     assert summary.count("stablehlo.") == 0 and "(one row per op: --by op)" in summary
     assert per_op.count("stablehlo.convolution") == 2 and per_op.count("gemm ") >= 4
-    assert per_op.endswith(summary.split("\n", 2)[2].replace("(one row per op: --by op)\n", ""))
+    # both open with the headline (the work, without --hw), then the op rows, then the summary
+    assert per_op.endswith(summary.split("\n\n", 2)[2].replace("(one row per op: --by op)\n", ""))
 
 
 def test_output_file_is_written_once_and_not_overwritten(sample, tmp_path, capsys):
