@@ -33,6 +33,9 @@ FREE_MOVEMENT_OPS = frozenset({"broadcast", "broadcast_in_dim", "reshape", "conv
 #: Ops with no operands that only make constants.
 CONSTANT_OPS = frozenset({"constant", "iota"})
 _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
+#: Ops whose operands have the result's type (shape and element type): the same-shape ops but
+#: those whose result is a predicate (a compare of f32 reads f32).
+_SAME_TYPE_OPS = frozenset(name for name in SAME_SHAPE_OPS if short_op_name(name) not in ("compare", "is_finite"))
 
 
 class DataflowVisitor(IRVisitor):
@@ -153,7 +156,7 @@ class DataflowVisitor(IRVisitor):
         types = self.types
         facts = types.facts(node)
         operands = facts.operands
-        if full_name in SAME_SHAPE_OPS:  # the operands have the result's shape: not read
+        if full_name in _SAME_TYPE_OPS:  # the operands have the result's type: not read
             key: tuple[Any, ...] = (full_name, len(operands), facts.result_types)
         else:
             key = (full_name, *types.value_types(node))
@@ -204,7 +207,7 @@ class DataflowVisitor(IRVisitor):
     def _signature(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
                    result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str, tuple]:
         """(short name, operand shapes, result shapes, dtype, operand dtypes) of ops with this
-        name, operand types (or count, for ``SAME_SHAPE_OPS``) and result types."""
+        name, operand types (or count, for ``_SAME_TYPE_OPS``) and result types."""
         types = self.types
         result_shapes = types.type_shapes(result_types, op)
         dtype = types.info(result_types[0], op)[1] if result_types else ""
