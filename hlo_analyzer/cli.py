@@ -192,10 +192,10 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
                        force=force, parallel=run_in_parallel(dump))
-    implicit_sidecar = os.path.splitext(dump)[0] + ".json"
+    from hlo_analyzer.memory import sidecar_for
+
     check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force, inputs={  # before the work
-        "dump": dump, "sidecar": sidecar or (implicit_sidecar if os.path.isfile(implicit_sidecar)
-                                             else None),
+        "dump": dump, "sidecar": sidecar or sidecar_for(dump),
         "hardware file": hardware if hardware is not None and os.path.isfile(hardware) else None})
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The

@@ -4,7 +4,8 @@ Nodes are walk positions (the same numbers as ``OpRow.position``); each node car
 (short op name), ``op`` (full name), ``operands`` (producer node of each operand, ``None`` for a
 function or block argument, in operand order), ``arguments`` (for each operand that is a function
 or block argument, a number naming that argument, else ``None``), ``operand_shapes``, ``result_shapes`` and, for dots,
-``dot_dims`` (M, K, N, batch; a convolution as the GEMM it is, see :func:`conv_dims`). Dumps list ops in a topological order that interleaves unrelated
+``dot_dims`` (M, K, N, batch; a convolution as the GEMM it is, see :func:`conv_dims`), for slices
+``slice`` (:func:`slice_box`). Dumps list ops in a topological order that interleaves unrelated
 work (the first block with the embeddings), so analyses that need structure follow these edges
 rather than the order of the lines.
 """
@@ -12,6 +13,7 @@ rather than the order of the lines.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import mhlo, stablehlo
 
 from hlo_analyzer.tensors import SAME_SHAPE_OPS, TypeTable
-from hlo_analyzer.visitor import IRVisitor, short_op_name
+from hlo_analyzer.visitor import IRVisitor, flat_symbol, short_op_name, symbol_name
 
 GEMM_OPS = frozenset({"dot", "dot_general"})
 #: Data movement that copies or views a tensor without computing on it: an XLA-style loop fusion
@@ -31,6 +33,9 @@ FREE_MOVEMENT_OPS = frozenset({"broadcast", "broadcast_in_dim", "reshape", "conv
 #: Ops with no operands that only make constants.
 CONSTANT_OPS = frozenset({"constant", "iota"})
 _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
+#: Ops whose operands have the result's type (shape and element type): the same-shape ops but
+#: those whose result is a predicate (a compare of f32 reads f32).
+_SAME_TYPE_OPS = frozenset(name for name in SAME_SHAPE_OPS if short_op_name(name) not in ("compare", "is_finite"))
 
 
 class DataflowVisitor(IRVisitor):
@@ -60,6 +65,11 @@ class DataflowVisitor(IRVisitor):
         #: (op name, operand types, result types) -> the attributes read off them (``_template``)
         self._signatures: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._dims: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
+        #: call position -> (callee, producer of each operand, argument of each operand, argument
+        #: standing for each result); function -> arguments of its parameters, its return node
+        self._calls: dict[int, tuple[str, list[int | None], list[int | None], list[int]]] = {}
+        self._parameters: dict[str, list[int]] = {}
+        self._returns: dict[str, int] = {}
         self._graph: nx.DiGraph | None = None
 
     @property
@@ -67,10 +77,11 @@ class DataflowVisitor(IRVisitor):
         """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
         the producers of its operands, for fast backward walks; ``graph.graph["walk_order"]``
         says that each producer's node precedes its readers' (a value is found as a producer only
-        once its op was walked), which bounds backward searches (``hlo_analyzer.pairs``)."""
+        once its op was walked; false once a call is inlined: :meth:`_inline_calls`), which bounds backward searches (``hlo_analyzer.pairs``)."""
         if self._graph is None:
+            inlined = self._inline_calls()
             graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations,
-                                             walk_order=True)
+                                             walk_order=not inlined)
             graph.add_nodes_from([node for node, _ in self._nodes])
             nodes = graph.nodes
             for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs
@@ -87,14 +98,65 @@ class DataflowVisitor(IRVisitor):
 
     def visit_func(self, op: Any) -> None:
         """A function is no node: its body is walked."""
+        self._parameters[symbol_name(op)] = [self._argument(value)
+                                             for value in op.operation.regions[0].blocks[0].arguments]
         IRVisitor.generic_visit(self, op)
+
+    def visit_call(self, op: Any) -> None:
+        """A ``func.call`` is no node: its results stand for what the callee returns, its
+        operands for the callee's parameters (:meth:`_inline_calls`)."""
+        facts = self.types.facts(op)
+        producers = [self._producer.get(hash(value)) for value in facts.operands]
+        arguments = [None if producer is not None else self._argument(value)
+                     for producer, value in zip(producers, facts.operands)]
+        self._calls[self.position] = (flat_symbol(op.operation.attributes["callee"]), producers, arguments,
+                                      [self._argument(value) for value in facts.results])
+        IRVisitor.visit_call(self, op)
+
+    def visit_return(self, op: Any) -> None:
+        self.generic_visit(op)
+        if self.op_name == "func.return":
+            self._returns[self.scopes[self.scope].function] = self.position
+
+    def _inline_calls(self) -> bool:
+        """Join the dataflow of each function called once to its call: a value the call returns
+        is the callee's returned value, a parameter of the callee the call's operand (XLA
+        inlines calls before fusion; ``jax.nn.silu`` is a call). A function called more often
+        is walked once for all its calls and stays apart (a reader of its result reads an
+        argument). True when a call was inlined."""
+        sites = Counter(callee for callee, *_ in self._calls.values())
+        stands: dict[int, tuple[int | None, int | None]] = {}  # argument -> (producer, argument)
+        attributes_at = dict(self._nodes)
+        returns = set()  # of the inlined callees: they hand their values to the call's readers
+        for callee, producers, arguments, results in self._calls.values():
+            parameters, returned = self._parameters.get(callee), attributes_at.get(self._returns.get(callee, -1))
+            if sites[callee] != 1 or parameters is None or returned is None or \
+                    len(parameters) != len(producers) or len(returned["operands"]) != len(results):
+                continue
+            stands.update(zip(parameters, zip(producers, arguments)))
+            stands.update(zip(results, zip(returned["operands"], returned["arguments"])))
+            returns.add(self._returns[callee])
+        if not stands:
+            return False
+        self._nodes = [(node, attributes) for node, attributes in self._nodes if node not in returns]
+        for node in returns:
+            del self._producers[node]
+        for node, attributes in self._nodes:
+            if stands.keys().isdisjoint(attributes["arguments"]):
+                continue
+            operands = [_resolve(stands, producer, argument)
+                        for producer, argument in zip(attributes["operands"], attributes["arguments"])]
+            attributes["operands"] = [producer for producer, _ in operands]
+            attributes["arguments"] = [argument for _, argument in operands]
+            self._producers[node] = [producer for producer, _ in operands if producer is not None]
+        return True
 
     def generic_visit(self, node: Any) -> None:
         full_name = self.op_name  # set by the walk (IRVisitor)
         types = self.types
         facts = types.facts(node)
         operands = facts.operands
-        if full_name in SAME_SHAPE_OPS:  # the operands have the result's shape: not read
+        if full_name in _SAME_TYPE_OPS:  # the operands have the result's type: not read
             key: tuple[Any, ...] = (full_name, len(operands), facts.result_types)
         else:
             key = (full_name, *types.value_types(node))
@@ -118,6 +180,8 @@ class DataflowVisitor(IRVisitor):
                 attributes["permutation"] = permutation(node)
             elif name == "convolution":  # cuDNN's layout transposes around it (hlo_analyzer.mapping.torch_kernels)
                 attributes["conv_layout"] = conv_layout(node)
+        if name == "slice":  # which part of its operand it reads (a fused kernel reads only that)
+            attributes["slice"] = slice_box(node)
         if name in GEMM_OPS or name == "convolution":
             attributes["dot_dims"] = self._gemm_dims(node, name, template["operand_shapes"],
                                                      template["result_shapes"][0])
@@ -143,7 +207,7 @@ class DataflowVisitor(IRVisitor):
     def _signature(self, op: Any, full_name: str, operands: tuple[ir.Type, ...] | int,
                    result_types: tuple[ir.Type, ...]) -> tuple[str, tuple, tuple, str, tuple]:
         """(short name, operand shapes, result shapes, dtype, operand dtypes) of ops with this
-        name, operand types (or count, for ``SAME_SHAPE_OPS``) and result types."""
+        name, operand types (or count, for ``_SAME_TYPE_OPS``) and result types."""
         types = self.types
         result_shapes = types.type_shapes(result_types, op)
         dtype = types.info(result_types[0], op)[1] if result_types else ""
@@ -172,6 +236,18 @@ class DataflowVisitor(IRVisitor):
         return dims
 
 
+def _resolve(stands: dict[int, tuple[int | None, int | None]], producer: int | None,
+             argument: int | None) -> tuple[int | None, int | None]:
+    """What an operand is once calls are inlined: an argument that stands for another value
+    (a parameter for a call's operand, a call's result for the callee's returned value), followed
+    to a node or to an argument that stands for nothing."""
+    seen = set()
+    while producer is None and argument in stands and argument not in seen:
+        seen.add(argument)
+        producer, argument = stands[argument]
+    return producer, argument
+
+
 #: A value of the dataflow graph: the node that made it, or ``("argument", i)``.
 Marker = int | tuple[str, int]
 
@@ -184,7 +260,17 @@ def operand_markers(attributes: dict[str, Any]) -> list[Marker]:
 
 def permutation(op: Any) -> tuple[int, ...]:
     """The ``permutation`` of a transpose op (an i64 array in StableHLO, dense elements in MHLO)."""
-    attribute = op.operation.attributes["permutation"]
+    return _integers(op.operation.attributes["permutation"])
+
+
+def slice_box(op: Any) -> tuple[tuple[int, ...], ...]:
+    """``(start_indices, limit_indices, strides)`` of a slice op."""
+    attributes = op.operation.attributes
+    return tuple(_integers(attributes[key]) for key in ("start_indices", "limit_indices", "strides"))
+
+
+def _integers(attribute: ir.Attribute) -> tuple[int, ...]:
+    """An i64 array (StableHLO) or dense integer elements (MHLO) as a tuple."""
     try:
         return tuple(ir.DenseI64ArrayAttr(attribute))
     except (ValueError, TypeError):  # MHLO: dense integer elements
@@ -269,6 +355,14 @@ def gemm_input(graph: nx.DiGraph, node: int, operand: int = 0) -> Marker:
             break
         producer, marker = attributes["operands"][0], operand_markers(attributes)[0]
     return marker
+
+
+def dependency_order(graph: nx.DiGraph) -> list[int]:
+    """The nodes, each after the producers of its operands: the walk order where the graph keeps
+    it (``walk_order``), else (a call inlined) the least node whose producers are placed."""
+    if graph.graph.get("walk_order", True):
+        return sorted(graph)
+    return list(nx.lexicographical_topological_sort(graph))
 
 
 def build_dataflow(module: ir.Module) -> nx.DiGraph:

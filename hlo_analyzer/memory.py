@@ -34,6 +34,8 @@ hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device th
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -45,6 +47,9 @@ from jaxlib.mlir import ir
 from hlo_analyzer.sidecar import SIDECAR_DTYPES, read_sidecar
 from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
+
+#: The file descriptor of standard output (what a shell's ``>`` redirects).
+STDOUT_FD = 1
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +128,28 @@ def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
 
 
 def sidecar_for(dump: str | Path) -> Path | None:
-    """``dumps/x.mlir`` -> ``dumps/x.json`` when that file exists."""
+    """``dumps/x.mlir`` -> ``dumps/x.json`` when that file exists and is a sidecar: not empty,
+    and not the file this process's standard output writes (``analyze-hlo x.mlir --format json
+    > x.json``: the shell made ``x.json``, empty or with an earlier report under ``>>``, before
+    the command started)."""
     candidate = Path(dump).with_suffix(".json")
-    return candidate if candidate.is_file() else None
+    try:
+        found = candidate.stat()
+    except (OSError, ValueError):  # absent, unreadable, or a name the OS refuses
+        return None
+    if not stat.S_ISREG(found.st_mode) or found.st_size == 0 or _is_standard_output(found):
+        return None
+    return candidate
+
+
+def _is_standard_output(found: os.stat_result) -> bool:
+    """Whether ``found`` is the file behind file descriptor 1 (this process's stdout, whatever
+    ``sys.stdout`` is replaced by)."""
+    try:
+        out = os.fstat(STDOUT_FD)
+    except OSError:  # stdout closed
+        return False
+    return (out.st_dev, out.st_ino) == (found.st_dev, found.st_ino)
 
 
 def global_shape(local: tuple[int, ...], sharding: str | None) -> tuple[int, ...]:

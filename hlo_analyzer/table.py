@@ -60,7 +60,7 @@ def render_columns(header: list[str], rows: list[list[str]], right_align: set[in
 def render_report_table(report: Report, by: str = "summary") -> str:
     """The summary (per category, totals, collectives by kind, blocks, mapping, unhandled ops),
     preceded by one row per op (``by="op"``) or per labelled block GEMM (``by="block"``)."""
-    lines = [f"Analysis of {report.source}", ""]
+    lines = [f"Analysis of {report.source}", *headline_lines(report), ""]
     if by == "kernel":
         lines += kernel_table_lines(report)
     elif by == "block":
@@ -135,6 +135,43 @@ def render_report_table(report: Report, by: str = "summary") -> str:
     if by == "summary":
         lines.append("(one row per op: --by op)")
     return "\n".join(lines) + "\n"
+
+
+#: Kernel groups the headline lists (``--by kernel`` lists every kernel).
+HEADLINE_KERNELS = 5
+
+
+def headline_lines(report: Report) -> list[str]:
+    """How long, and where: the total time and its split by kind, the memory verdict and the
+    heaviest kernels (with ``--hw``); without a chip, the work and the traffic."""
+    totals = report.totals()
+    scope = "the whole program" if report.program == "global" else "per device"
+    work = (f"  work ({scope}): {si(totals['gemm_flops'], 'FLOP')} GEMM, {si(totals['vector_flops'], 'FLOP')} "
+            f"vector, {si(totals['comm_bytes_per_device'], 'B')} sent in {totals['comm_ops']} collectives")
+    mapping = hardware_sections(report).mapping
+    if mapping is None:
+        return ["", work + " (times: --hw CHIP)"]
+    step = mapping.totals
+    where = ", ".join(f"{kind} {value / step.step_latency_s:.0%}" for kind, value in step.seconds_by_kind
+                      if value > 0 and step.step_latency_s > 0)
+    lines = ["", f"  {seconds(step.inference_latency_s)} on {mapping.system.system.name} "
+                 f"({mapping.options.execution}), {step.total_text}",
+             f"  one step {seconds(step.step_latency_s)}: {where or 'no work'}", work]
+    memory = report.extra.get("memory")
+    if memory is not None and memory["capacity_bytes"] is not None:
+        verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
+        lines.append(f"  memory per device {memory_size(memory['total_bytes'])} of "
+                     f"{memory_size(memory['capacity_bytes'])}: {verdict}")
+    heaviest = mapping.heaviest(HEADLINE_KERNELS)
+    if heaviest:
+        rows = [[g.name[:40], g.kind, g.shapes[:48], str(g.kernels), seconds(g.seconds),
+                 f"{g.seconds / step.step_latency_s:.0%}" if step.step_latency_s > 0 else "-", g.bound]
+                for g in heaviest]
+        lines += [f"  where one step goes, the {len(heaviest)} heaviest of {len(mapping.program.ops)} kernels "
+                  "(same name and shapes together; all of them: --by kernel):"]
+        lines += ["    " + line for line in render_columns(["kernel", "kind", "shapes", "count", "time",
+                                                            "share", "bound"], rows, {3, 4, 5})]
+    return lines
 
 
 def _control_lines(report: Report) -> list[str]:

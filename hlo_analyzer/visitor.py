@@ -311,17 +311,17 @@ class IRVisitor:
 
     def visit_call(self, op: Any) -> None:
         """Record the call; the callee is walked once, after the current function."""
-        self._record_call(op, _flat_symbol(op.operation.attributes["callee"]))
+        self._record_call(op, flat_symbol(op.operation.attributes["callee"]))
 
     def visit_composite(self, op: Any) -> None:
         """A ``stablehlo.composite`` runs its decomposition function: measured as a call."""
-        self._record_call(op, _flat_symbol(op.operation.attributes["decomposition"]))
+        self._record_call(op, flat_symbol(op.operation.attributes["decomposition"]))
 
     def visit_async_start(self, op: Any) -> None:
         """``mhlo.async_start`` runs ``called_computation``: measured as a call."""
         attributes = op.operation.attributes
         if "called_computation" in attributes:
-            self._record_call(op, _flat_symbol(attributes["called_computation"]))
+            self._record_call(op, flat_symbol(attributes["called_computation"]))
         self.generic_visit(op)
 
     def _record_call(self, op: Any, callee: str) -> None:
@@ -365,7 +365,7 @@ def _is_private(function_op: Any) -> bool:
     return ir.StringAttr(attributes["sym_visibility"]).value == "private"
 
 
-def _flat_symbol(attribute: ir.Attribute) -> str:
+def flat_symbol(attribute: ir.Attribute) -> str:
     return ir.FlatSymbolRefAttr(attribute).value
 
 

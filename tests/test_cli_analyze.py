@@ -64,7 +64,8 @@ def test_default_table_is_the_summary_and_by_op_adds_the_rows(sample, capsys):
     # The sample holds 4 GEMMs (a dot_general, a dot and two convolutions), one per op row.
     assert summary.count("stablehlo.") == 0 and "(one row per op: --by op)" in summary
     assert per_op.count("stablehlo.convolution") == 2 and per_op.count("gemm ") >= 4
-    assert per_op.endswith(summary.split("\n", 2)[2].replace("(one row per op: --by op)\n", ""))
+    # both open with the headline (the work, without --hw), then the op rows, then the summary
+    assert per_op.endswith(summary.split("\n\n", 2)[2].replace("(one row per op: --by op)\n", ""))
 
 
 def test_output_file_is_written_once_and_not_overwritten(sample, tmp_path, capsys):
@@ -117,3 +118,29 @@ def test_a_one_device_dump_on_one_chip_has_no_network_and_valid_json(capsys):
     assert run_click(analyze_command, [dump, "--hw", "tx8", "--format", "json"]) == 0
     system = json.loads(capsys.readouterr().out)["mapping"]["system"]
     assert (system["chips"], system["link_bandwidth_bytes_per_s"]) == (1, None)
+
+
+@pytest.mark.parametrize("redirect", [">", ">>"])
+def test_a_report_redirected_to_the_dumps_sidecar_name_is_no_sidecar(sample, redirect):
+    """``analyze-hlo x.mlir --format json > x.json``: the shell makes x.json (empty; under ``>>``
+    it may hold an earlier report) before the command runs, and x.json is the name of x.mlir's
+    sidecar. The file stdout writes is no sidecar: the command ignores it, with no error, and its
+    report is the same as without the file."""
+    import shlex
+
+    target = sample.with_suffix(".json")
+    earlier = '{"earlier": "report"}\n' if redirect == ">>" else ""
+    target.write_text(earlier)
+    command = f"{shlex.quote(sys.executable)} -m hlo_analyzer.cli {shlex.quote(str(sample))} --format json " \
+              f"{redirect} {shlex.quote(str(target))}"
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert json.loads(target.read_text()[len(earlier):])["totals"]["gemm_flops"] == 240 + 1024 + 7776 + 1536
+
+
+def test_an_empty_file_at_the_sidecars_name_is_no_sidecar(sample, capsys):
+    sample.with_suffix(".json").write_text("")
+    code, out, err = run([sample, "--format", "json"], capsys)
+    assert (code, err) == (0, "")
+    assert json.loads(out)["totals"]["vector_flops"] == 188

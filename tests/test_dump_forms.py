@@ -301,8 +301,9 @@ def test_select_and_scatter_maps_as_a_windowed_reduction(capsys, tmp_path):
     dump.write_text(SELECT_AND_SCATTER)
     [kernel] = analyze_json(capsys, dump, "--hw", "tx8", "--exec", "eager")["mapping"]["kernels"]
     result = 2 * 3 * 8 * 8
-    hand = Op("select_and_scatter", OpType.VECTOR, ((2, 3, 8, 8), (2, 3, 3, 3)), None,
-              (SOURCE, -(-result // SOURCE)), SOURCE * WINDOW, F32)
+    # in bytes, each tensor in its own element type (all f32 here): 54 rows of ceil(384 x 4 / 54) B
+    hand = Op("select_and_scatter", OpType.VECTOR, ((2 * 3 * 8 * 8 * F32,), (2 * 3 * 3 * 3 * F32,)), None,
+              (SOURCE, -(-result * F32 // SOURCE)), SOURCE * WINDOW, 1)
     expected = map_op(hand, load_chip("tx8"))
     assert (kernel["flops"], kernel["dram_s"]) == (hand.flops, pytest.approx(expected.dram_s, rel=1e-12))
     assert kernel["latency_s"] == pytest.approx(expected.latency_s, rel=1e-12)

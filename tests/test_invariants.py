@@ -253,7 +253,7 @@ EXAMPLE = "dumps/split/tiny_102_256_256_megatron_2x2_stage0_pairs0-1.mlir"
 def test_fused_check_catches_broadcasts_charged_at_full_size(monkeypatch):
     """The old phantom traffic: a broadcast leaving a fused group written at the size it
     broadcasts to, while eager (rightly) charges broadcasts nothing."""
-    def full_size(attributes_of):
+    def full_size(attributes_of, order=None):
         return {node: sum(math.prod(s) for s in a["result_shapes"]) for node, a in attributes_of.items()}
 
     d = Dump(EXAMPLE)

@@ -90,7 +90,7 @@ def test_by_block_gives_each_gemm_the_time_of_the_kernel_that_runs_it(capsys):
     scores, values = by_label[("0", "scores")], by_label[("0", "values")]
     assert scores["kernel"] == values["kernel"] and "flash_attention" in scores["kernel_name"]
     text = analyze(capsys, NONE_PAIRS, "--hw", "tx8", "--by", "block")
-    header = text.splitlines()[2]
+    header = next(line for line in text.splitlines() if line.startswith("block "))
     assert header.index("FLOPs") < header.index("time") < header.index("kernel")
 
 
@@ -115,3 +115,38 @@ def test_hw_help_names_the_network_a_chip_name_stands_for(capsys):
     for chip, devices, chips, system in claims:
         assert devices == chips
         assert default_network(load_chip(chip)).name == system
+
+
+def test_the_headline_comes_first_how_long_and_where(capsys):
+    """The text report opens with the answer: the total time (the JSON's), the step's split by
+    kind, the memory verdict and the heaviest kernels (grouped by name and shapes here from the
+    JSON's kernel list), before the tables."""
+    document = json.loads(analyze(capsys, MEGATRON_PAIRS, "--hw", "tx8", "--format", "json"))
+    text = analyze(capsys, MEGATRON_PAIRS, "--hw", "tx8")
+    lines = text.splitlines()
+    totals, kernels = document["mapping"]["totals"], document["mapping"]["kernels"]
+    first = lines[2].split()
+    assert first[3] == "tx8x4" and seconds_of(first[0], first[1]) == pytest.approx(totals["inference_latency_s"], rel=1e-3)
+    step = lines[3].split()
+    assert step[:2] == ["one", "step"] and seconds_of(step[2], step[3].rstrip(":")) == pytest.approx(
+        totals["step_latency_s"], rel=1e-3)
+    shares = dict(part.rsplit(" ", 1) for part in lines[3].split(": ", 1)[1].split(", "))
+    assert shares.keys() == {kind for kind, value in totals["seconds_by_kind"].items() if value > 0}
+    assert sum(int(v.rstrip("%")) for v in shares.values()) == pytest.approx(100, abs=len(shares))
+    assert "fits" in lines[5] and lines[5].startswith("  memory per device")
+    groups: dict[tuple[str, str], list[float]] = {}
+    for kernel in kernels:
+        groups.setdefault((kernel["name"], kernel["shapes"]), []).append(kernel["latency_s"])
+    (name, shapes), times = max(groups.items(), key=lambda item: sum(item[1]))
+    heaviest = lines[lines.index(next(line for line in lines if "heaviest of" in line)) + 3].split()
+    assert (heaviest[0], heaviest[3]) == (name[:40], str(len(times)))
+    assert text.index("heaviest of") < text.index("category  ops")
+
+
+def seconds_of(number: str, unit: str) -> float:
+    return float(number) * {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
+
+
+def test_without_a_chip_the_headline_is_the_work(capsys):
+    text = analyze(capsys, MEGATRON_PAIRS)
+    assert text.splitlines()[2].startswith("  work (per device): ") and "(times: --hw CHIP)" in text.splitlines()[2]

@@ -3,8 +3,9 @@
 Ops joined by data dependencies with no GEMM, collective or other unfusable op between them form
 one kernel (one pass: reads the tensors entering the group once, writes the tensors leaving it
 once; LayerNorm + modulate and residual + next LayerNorm are such groups). Free data movement
-(broadcast, reshape, convert, transpose, slice, copy) joins groups and costs nothing; constants
-are free. A group whose only large input is one GEMM's output (all of whose readers are in the
+(broadcast, reshape, convert, transpose, slice, copy) and ``concatenate`` join groups and cost
+nothing of their own; constants are free. Bytes are each tensor's own: in its element type, and a
+tensor read only through slices is read as those slices. A group whose only large input is one GEMM's output (all of whose readers are in the
 group), whose output has that GEMM's shape and whose other inputs are at most
 ``EPILOGUE_SIDE_INPUT_ROWS`` rows of N (bias, scale, gate vectors) is that GEMM's epilogue. A
 slice write (``select(pad(true), pad(update), buffer)``, XLA's lowering of torch's
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple
 import networkx as nx
 
 from hardware import Op, OpType
-from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS
+from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, dependency_order
 from hlo_analyzer.mapping.results import VECTOR_KIND
 from hlo_analyzer.mapping.works import (
     Signatures,
@@ -33,6 +34,11 @@ from hlo_analyzer.mapping.works import (
 )
 from hlo_analyzer.rows import OpRow
 
+#: Data movement a fused kernel does as it reads or writes: the free movement, and
+#: ``concatenate`` (each output element is read from one of the operands, as XLA's loop fusion
+#: and torch-inductor's pointwise ``cat`` do it: RoPE's ``rotate_half`` is one kernel with the
+#: products and the sum around it).
+FUSED_MOVEMENT_OPS = FREE_MOVEMENT_OPS | {"concatenate"}
 #: A fused epilogue may read side inputs of up to this many rows of the GEMM's N outputs (a bias,
 #: the scale/shift/gate vectors of a few samples) without their reads being charged: at most a
 #: few per cent of the GEMM's output bytes for M >= 256 rows.
@@ -47,13 +53,18 @@ class _Groups:
         self.parent: dict[int, int] = {}
 
     def add(self, node: int, joining: Sequence[int] = ()) -> None:
-        """A new node (greater than every node added before), in one group with the nodes
-        ``joining`` (alone if none)."""
+        """A new node, in one group with the nodes ``joining`` (alone if none). Nodes come in
+        dependency order: in walk order, each greater than those before, unless a call was
+        inlined (``dataflow.dependency_order``)."""
         if len(joining) == 1:  # the common case
-            self.parent[node] = self.find(joining[0])
-            return
-        roots = {self.find(other) for other in joining}
-        root = min(roots, default=node)
+            root = self.find(joining[0])
+            if root < node:
+                self.parent[node] = root
+                return
+            roots = {root}
+        else:
+            roots = {self.find(other) for other in joining}
+        root = min(roots | {node})
         self.parent[node] = root
         for other in roots:
             self.parent[other] = root
@@ -108,11 +119,11 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
     depth: dict[int, int] = {}
     groups = _Groups()
     owner = owners.get
-    for node in sorted(attributes_of):
+    for node in dependency_order(graph):
         attributes = attributes_of[node]
         operands = attributes["operands"]
         name = attributes["name"]
-        movement = name in FREE_MOVEMENT_OPS
+        movement = name in FUSED_MOVEMENT_OPS
         if name in CONSTANT_OPS or (movement and operands and constant.issuperset(operands)):
             constant.add(node)
             continue
@@ -141,7 +152,7 @@ def _fusion_groups(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]],
 
 
 class GroupIO(NamedTuple):
-    """What a kernel over a group of nodes reads and writes (:func:`_group_io`)."""
+    """What a kernel over a group of nodes reads and writes (:func:`group_io`)."""
 
     entering: list[tuple[Any, tuple[int, ...]]]  # (producer or ("argument", i), what is read of it)
     out_elements: int
@@ -149,15 +160,22 @@ class GroupIO(NamedTuple):
     out_bytes: int
 
 
+#: Free movement whose result has its operand's elements (so reading a part of the result reads
+#: as much of the operand): all but the broadcasts (which repeat elements) and ``slice``.
+_WHOLE_VIEWS = FREE_MOVEMENT_OPS - {"broadcast", "broadcast_in_dim", "slice"}
+
+
 def group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
               constant: set[int], real: dict[int, int]) -> GroupIO:
     """The tensors entering the group and the elements of the tensors leaving it, and both in
     bytes (each tensor in its own element type). Both at their real size
-    (:func:`real_elements`): a broadcast entering the group is read as its operand; a view
+    (:func:`real_elements`): a broadcast entering the group is read as its operand; a tensor that
+    the group reads only through slices is read as those slices (:func:`_parts_read`); a view
     leaving it is written once per tensor it views, and not at all when it views a tensor that
     entered the group (its readers read that)."""
     inside = set(members)
-    entering: dict[Any, tuple[int | None, tuple[int, ...] | None, str]] = {}
+    #: key -> (shape read whole, element type, the parts read: None for all of it)
+    entering: dict[Any, tuple[tuple[int, ...], str, list[Part] | None]] = {}
     leaving: dict[int, tuple[int, str]] = {}  # computing member -> largest real size that leaves
     successors = graph.successors
     for node in members:
@@ -165,20 +183,65 @@ def group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], member
         for index, producer in enumerate(attributes["operands"]):
             if producer in inside or producer in constant:
                 continue
+            whole = read_shape(producer, attributes["operand_shapes"][index], real)
+            if whole is None:
+                continue
             key = producer if producer is not None else ("argument", attributes["arguments"][index])
-            entering[key] = (producer, read_shape(producer, attributes["operand_shapes"][index], real),
-                             attributes["operand_dtypes"][index])
+            parts = _parts_read(graph, attributes_of, node, inside, reader=True)
+            known = entering.get(key)
+            if known is not None:
+                parts = None if parts is None or known[2] is None else known[2] + parts
+            entering[key] = (whole, attributes["operand_dtypes"][index], parts)
         readers = set(successors(node))
         if readers and readers <= inside:
             continue
         source = _computing_source(attributes_of, node, inside)
         if source is not None and real[node] >= leaving.get(source, (0, ""))[0]:
             leaving[source] = (real[node], attributes["dtype"])
-    read = [(key, shape, dtype) for key, (_, shape, dtype) in entering.items() if shape is not None]
+    read = [(key, _shape_read(whole, parts), dtype) for key, (whole, dtype, parts) in entering.items()]
     return GroupIO([(key, shape) for key, shape, _ in read],
                     sum(size for size, _ in leaving.values()),
                     [element_count(shape) * dtype_bytes(dtype) for _, shape, dtype in read],
                     sum(size * dtype_bytes(dtype) for size, dtype in leaving.values()))
+
+
+#: A part of a tensor that a slice reads: its shape, and its box (``dataflow.slice_box``).
+Part = tuple[tuple[int, ...], Any]
+
+
+def _parts_read(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int],
+                *, reader: bool = False) -> list[Part] | None:
+    """The parts of ``node``'s result that the group ``inside`` reads (slices), or
+    None for all of it: a slice reads its part; a view of the whole (``_WHOLE_VIEWS``) reads the
+    parts of itself that its readers read, all of it if a reader is outside the group. With
+    ``reader``, the same of the operand that ``node`` (a member) reads."""
+    if reader:
+        name = attributes_of[node]["name"]
+        if name == "slice":
+            return [(tuple(attributes_of[node]["result_shapes"][0]), attributes_of[node].get("slice"))]
+        return _parts_read(graph, attributes_of, node, inside) if name in _WHOLE_VIEWS else None
+    readers = set(graph.successors(node))
+    if not readers or not readers <= inside:
+        return None
+    parts: list[Part] = []
+    for member in readers:
+        read = _parts_read(graph, attributes_of, member, inside, reader=True)
+        if read is None:
+            return None
+        parts += read
+    return parts
+
+
+def _shape_read(whole: tuple[int, ...], parts: list[Part] | None) -> tuple[int, ...]:
+    """What is read of a tensor of (real) shape ``whole`` of which the ``parts`` are read (None:
+    all): one part (or several slices of the same box, as a trace without CSE has them) as its
+    shape, several as their element count, at most the whole (overlapping boxes count twice)."""
+    if parts is None:
+        return whole
+    distinct = list(dict.fromkeys(parts))
+    if len(distinct) == 1 and element_count(distinct[0][0]) <= element_count(whole):
+        return tuple(int(d) for d in distinct[0][0]) or (1,)
+    return min(whole, (sum(element_count(shape) for shape, _ in distinct),), key=element_count)
 
 
 def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, inside: set[int]) -> int | None:
@@ -200,16 +263,17 @@ def fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any
     with_epilogue: dict[int, Work] = {}
     exp_ops = signatures.exp_ops
     groups, constant = _fusion_groups(graph, attributes_of, vector_nodes, owners)
-    real = real_elements(attributes_of)
+    real = real_elements(attributes_of, dependency_order(graph))
     for members in sorted(groups):
         vector_rows = [rows[n] for n in members if n in vector_nodes]
         flops = sum([vector_flops(r, exp_ops) for r in vector_rows])
-        entering, out_elements, _, _ = group_io(graph, attributes_of, members, constant, real)
+        entering, out_elements, in_bytes, out_bytes = group_io(graph, attributes_of, members, constant, real)
         largest = max(vector_rows, key=result_elements)
         result = largest.result_shapes[0] if largest.result_shapes else ()
         update = _slice_write_update(attributes_of, members, constant)
         if update is not None:  # written in place: reads and writes the update only
             entering, out_elements, result = [update], element_count(update[1]), update[1]
+            in_bytes, out_bytes = [out_elements * dtype_bytes(largest.dtype)], out_elements * dtype_bytes(largest.dtype)
         name = signatures.fusion_name(tuple([r.op for r in vector_rows]))
         positions = tuple(members)
         epilogue_of = _epilogue_target(graph, members, entering, out_elements, gemms, with_epilogue)
@@ -218,8 +282,10 @@ def fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any
         if epilogue_of is not None:
             with_epilogue[epilogue_of] = fused_epilogue(gemms[epilogue_of], name, flops, positions)
             continue
-        op = signatures.vector_op(name, inputs, rows_of(largest, result),
-                                  out_elements or element_count(result), flops, dtype_bytes(largest.dtype))
+        # Bytes, not elements: each tensor in its own element type (a mixed-precision fusion
+        # reads fp16 and writes fp16 whatever it computes in).
+        op = signatures.vector_op(name, tuple((max(1, b),) for b in in_bytes), rows_of(largest, result),
+                                  out_bytes or element_count(result) * dtype_bytes(largest.dtype), flops, 1)
         # A fused kernel runs once all its inputs are ready: at its last member.
         works.append(Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
     return works, with_epilogue

@@ -31,6 +31,7 @@ from hardware import (
     collective_time_s,
     map_op,
 )
+from hlo_analyzer.dataflow import dependency_order
 from hlo_analyzer.mapping.attention import find_attentions
 from hlo_analyzer.mapping.fusion import fused_vector_works
 from hlo_analyzer.mapping.results import (
@@ -42,7 +43,14 @@ from hlo_analyzer.mapping.results import (
     ProgramMapping,
 )
 from hlo_analyzer.mapping.torch_kernels import torch_works
-from hlo_analyzer.mapping.works import Signatures, Work, collective_work, read_shape, real_elements
+from hlo_analyzer.mapping.works import (
+    Signatures,
+    Work,
+    collective_work,
+    read_shape,
+    real_elements,
+    stored_dtype,
+)
 from hlo_analyzer.rows import COMM, GEMM, VECTOR, OpRow
 
 #: Launch overhead when the hardware description gives none (see the module docstring).
@@ -141,11 +149,12 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
                                                     owners)
         gemms.update(with_epilogue)
     else:
-        real = real_elements(attributes_of)
+        real = real_elements(attributes_of, dependency_order(graph))
 
-        def reads(node: int) -> tuple[tuple[int, ...] | None, ...]:
+        def reads(node: int) -> tuple[tuple[tuple[int, ...] | None, str], ...]:
             attributes = attributes_of[node]
-            return tuple(read_shape(p, s, real) for p, s in zip(attributes["operands"], attributes["operand_shapes"]))
+            return tuple((read_shape(p, s, real), stored_dtype(attributes_of, p, dtype)) for p, s, dtype in
+                         zip(attributes["operands"], attributes["operand_shapes"], attributes["operand_dtypes"]))
 
         vectors = [w for p in sorted(vector_nodes) if (w := signatures.eager_vector(p, rows[p], reads(p)))]
     collectives = [w for r in rows.values() if r.category == COMM and (w := collective_work(r))]

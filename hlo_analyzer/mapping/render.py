@@ -118,7 +118,7 @@ def kernel_records(mapping: MappingSection) -> list[dict[str, Any]]:
     return [{"position": op.position, "pair": pair, "block": block, "name": op.name, "kind": op.kind,
              "shapes": op.shapes, "latency_s": op.latency_s, "utilization": op.utilization, "bound": op.bound,
              "compute_s": op.compute_s, "dram_s": op.dram_s, "noc_s": op.noc_s, "flops": op.flops,
-             "hlo_positions": list(op.positions)}
+             "dram_bytes": op.dram_bytes, "hlo_positions": list(op.positions)}
             for op, pair, block in zip(mapping.program.ops, mapping.pair_of, block_of)]
 
 

@@ -93,6 +93,19 @@ class MappingTotals:
         return f"{self.steps} run{'s' if self.steps > 1 else ''} of the program (--steps {self.steps})"
 
 
+@dataclass(frozen=True)
+class KernelGroup:
+    """The kernels of one name, kind and shapes (a transformer's blocks repeat each): how many,
+    and their time in one step."""
+
+    name: str
+    kind: str
+    shapes: str
+    kernels: int
+    seconds: float
+    bound: str  # the first kernel's: compute, dram, network ...
+
+
 #: ``MappingTotals.basis``: "diffusion" (an STDiT3 stage, the default sampling steps),
 #: "one-run" (not an STDiT3 stage, --steps not given), "steps" (the steps asked for).
 TOTAL_BASES = ("diffusion", "one-run", "steps")
@@ -120,4 +133,15 @@ class MappingSection:
     #: block). Empty when the dump has no blocks.
     block_of: tuple[int | None, ...] = ()
     blocks: tuple[PairGroup, ...] = ()
+
+    def heaviest(self, count: int) -> tuple[KernelGroup, ...]:
+        """The ``count`` kernel groups (same name, kind and shapes) that take the most time in one
+        step, the most first (ties by first position)."""
+        groups: dict[tuple[str, str, str], KernelGroup] = {}
+        for op in self.program.ops:
+            key = (op.name, op.kind, op.shapes)
+            known = groups.get(key)
+            groups[key] = KernelGroup(*key, 1, op.latency_s, op.bound) if known is None else \
+                KernelGroup(*key, known.kernels + 1, known.seconds + op.latency_s, known.bound)
+        return tuple(sorted(groups.values(), key=lambda g: -g.seconds)[:count])
 

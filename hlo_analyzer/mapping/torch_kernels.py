@@ -17,7 +17,7 @@ from typing import Any
 import networkx as nx
 
 from hardware import ROW_KERNEL_CLASSES, ChipSpec
-from hlo_analyzer.dataflow import FREE_MOVEMENT_OPS, Marker, operand_markers
+from hlo_analyzer.dataflow import FREE_MOVEMENT_OPS, Marker, dependency_order, operand_markers
 from hlo_analyzer.mapping.attention import find_attentions, inside_fused_attentions, reaches
 from hlo_analyzer.mapping.fusion import GroupIO, fused_epilogue, group_io, result_elements
 from hlo_analyzer.mapping.library_calls import (
@@ -105,7 +105,7 @@ def torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], row
     gemms = {p: w for p in sorted(is_gemm - claimed)
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
     constant = folded_constants(graph)
-    real = real_elements(attributes_of)
+    real = real_elements(attributes_of, dependency_order(graph))
 
     convolutions = {p for p in gemms if attributes_of[p]["name"] == "convolution"}
     # A call with a GEMM writes a contiguous result; so does one whose GEMM a fused attention

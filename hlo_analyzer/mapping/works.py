@@ -84,13 +84,14 @@ def _gemm_op(dims: tuple[int, int, int, int], row: OpRow) -> tuple[Op, str] | No
 
 
 # -- real sizes ---------------------------------------------------------------------------------------------
-def real_elements(attributes_of: dict[int, dict[str, Any]]) -> dict[int, int]:
+def real_elements(attributes_of: dict[int, dict[str, Any]], order: Iterable[int] | None = None) -> dict[int, int]:
     """Elements a kernel reads from memory for each node's result: its result's, except that free
     data movement holds no more data than its operand (a broadcast of a 2x6x1152 modulation
     vector to a whole activation is still 2x6x1152 values, which the reading kernel broadcasts
-    on the fly) and constants hold none (they are folded into the kernels that use them)."""
+    on the fly) and constants hold none (they are folded into the kernels that use them).
+    ``order``: the nodes in dependency order (``dataflow.dependency_order``; default: sorted)."""
     real: dict[int, int] = {}
-    for node in sorted(attributes_of):
+    for node in sorted(attributes_of) if order is None else order:
         attributes = attributes_of[node]
         name = attributes["name"]
         if name in CONSTANT_OPS:
@@ -114,6 +115,17 @@ def read_shape(producer: int | None, shape: Sequence[int], real: dict[int, int])
     if size == 0:
         return None
     return _dims(shape) if size == element_count(shape) else (size,)
+
+
+def stored_dtype(attributes_of: dict[int, dict[str, Any]], producer: int | None, dtype: str) -> str:
+    """The element type in memory of an operand of type ``dtype`` made by ``producer``: free
+    movement (a ``convert`` included) is no kernel, so a reader reads the tensor behind it, in
+    that tensor's type (an i64 scalar converted to f32 is read as 8 bytes)."""
+    while producer is not None and attributes_of[producer]["name"] in FREE_MOVEMENT_OPS \
+            and attributes_of[producer]["operands"]:
+        dtype = attributes_of[producer]["operand_dtypes"][0]
+        producer = attributes_of[producer]["operands"][0]
+    return dtype
 
 
 # -- vector ops -------------------------------------------------------------------------------------------
@@ -141,16 +153,19 @@ def rows_of(row: OpRow, result: Sequence[int]) -> int:
     return max(1, element_count(result[:-1]))
 
 
-def _eager_vector_op(row: OpRow, reads: tuple[tuple[int, ...] | None, ...], exp_ops: int) -> tuple[Op, str, str] | None:
+def _eager_vector_op(row: OpRow, reads: tuple[tuple[tuple[int, ...] | None, str], ...],
+                     exp_ops: int) -> tuple[Op, str, str] | None:
     """(Op, kernel name, shapes text) of one element-wise op or reduction run alone, or None
-    for an empty result. ``reads``: what it reads of each operand (:func:`_read_shape`)."""
+    for an empty result. ``reads``: what it reads of each operand (:func:`read_shape`) and the
+    operand's element type; the Op counts bytes, each tensor in its own element type (a compare
+    of f32 reads 4 bytes an element and writes 1)."""
     result = row.result_shapes[0] if row.result_shapes else ()
     if element_count(result) == 0:
         return None
     short = row.op.split(".", 1)[-1]
-    inputs = [s for s in reads if s is not None]  # a constant is folded in: nothing read
-    op = _vector_op(short, inputs, rows_of(row, result), element_count(result), vector_flops(row, exp_ops),
-                    dtype_bytes(row.dtype))
+    inputs = [(element_count(s) * dtype_bytes(dtype),) for s, dtype in reads if s is not None]  # a constant is folded in
+    op = _vector_op(short, inputs, rows_of(row, result), element_count(result) * dtype_bytes(row.dtype),
+                    vector_flops(row, exp_ops), 1)
     return op, short, _shapes_text(row.operand_shapes, row.result_shapes)
 
 
@@ -182,7 +197,7 @@ class Signatures:
         op, shapes = made  # type: ignore[misc]
         return Work(node, (node,), row.op, GEMM_KIND, shapes, op=op)
 
-    def eager_vector(self, node: int, row: OpRow, reads: tuple[tuple[int, ...] | None, ...]) -> Work | None:
+    def eager_vector(self, node: int, row: OpRow, reads: tuple[tuple[tuple[int, ...] | None, str], ...]) -> Work | None:
         key = (row.op, reads, row.result_shapes, row.dtype, row.flops)
         made = self._vectors.get(key, _MISSING)
         if made is _MISSING:
