@@ -22,6 +22,13 @@
 
 from __future__ import annotations
 
+try:
+    import hlo_trace  # noqa: F401 - first: Ctrl-C while the command imports is one line (quiet_interrupts)
+except KeyboardInterrupt:  # Ctrl-C in the instant before hlo_trace's hook exists: the same line
+    import os
+    os.write(2, b"Interrupted.\n")
+    os._exit(130)
+
 import importlib
 from typing import TYPE_CHECKING, Any
 

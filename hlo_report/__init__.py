@@ -1,3 +1,8 @@
 """The report pages (hlo-report): JSON and CSV outputs of the commands -> one self-contained HTML file."""
 
-import hlo_trace  # noqa: F401, E402 - first: Ctrl-C while the command imports is one line (quiet_interrupts)
+try:
+    import hlo_trace  # noqa: F401 - first: Ctrl-C while the command imports is one line (quiet_interrupts)
+except KeyboardInterrupt:  # Ctrl-C in the instant before hlo_trace's hook exists: the same line
+    import os
+    os.write(2, b"Interrupted.\n")
+    os._exit(130)

@@ -210,3 +210,37 @@ def test_a_search_with_no_answer_exits_3_not_the_internal_error_code(tmp_path):
     assert "No traced plan fits the memory limit" in completed.stderr
     assert "Error:" not in completed.stderr
     assert not list(tmp_path.glob("*.toml"))
+
+
+def test_a_training_search_with_no_answer_exits_3():
+    """No training plan fits a 1 B memory limit: exit 3 as every search with no answer (the fuzz
+    found it exiting 1, the code of an internal error)."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "tracing.plan_search_cli", "--config", "tiny", "--mode", "train",
+         "--estimate", "ideal", "--no-confirm", "--devices", "4", "--batch", "3", "--memory-limit", "1e-9"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 3, completed.stderr[-2000:]
+    assert "Error:" not in completed.stderr
+
+
+#: Raises KeyboardInterrupt when ``hlo_trace`` is looked up, as a Ctrl-C that lands in the import
+#: machinery before any line of hlo_trace (and its interrupt hook) has run.
+INTERRUPT_AT_HLO_TRACE = """
+import sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hlo_trace":
+            raise KeyboardInterrupt
+        return None
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["-m"]
+import {package}
+"""
+
+
+@pytest.mark.parametrize("package", ["hlo_analyzer", "tracing", "hlo_report"])
+def test_ctrl_c_before_hlo_trace_is_imported_is_one_line(package):
+    completed = subprocess.run([sys.executable, "-c", INTERRUPT_AT_HLO_TRACE.format(package=package)],
+                               cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                               text=True, timeout=60)
+    assert (completed.returncode, completed.stderr) == (130, "Interrupted.\n")

@@ -493,7 +493,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                "validation": o.plan in result.validation, "error": o.error}
                               for o in result.outcomes]}
         atomic_write(json_out, json.dumps(document, indent=1) + "\n", force=force)
-    return 0 if result.best is not None else 1
+    return 0 if result.best is not None else NO_ANSWER
 
 
 def _confirm_training_sizing(result, model_config: str, shape: str, hardware: str, work: Path) -> str:
