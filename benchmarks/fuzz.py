@@ -1409,7 +1409,8 @@ def main() -> None:
         from hlo_trace.atomic import atomic_write
 
         args.log.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(args.log, "\n".join(lines) + "\n", force=True)
+        # the log is committed: paths of this checkout are written relative to it
+        atomic_write(args.log, "\n".join(lines).replace(f"{REPO_ROOT}/", "") + "\n", force=True)
         counts = {"cases": len(cases), "seed": args.seed, "started": started_at, "seconds": round(elapsed),
                   "classes": {klass: tally.by_class.get(klass, 0) for klass in CLASSES},
                   "failing": sum(n for klass, n in tally.by_class.items() if klass not in GOOD_CLASSES),
