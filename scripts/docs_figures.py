@@ -11,9 +11,10 @@ and a table copied from a result file between two lines::
     <!-- /table -->
 
 Each figure's name is a key of :data:`FIGURES`: the result file it is read from and how it is
-written. A table marker names its result file: the first Markdown table in it (what the sweep,
-the plan search or a calibration wrote), or, for a JSON folder with a renderer in
-:data:`TABLES`, the table that renderer makes from it.
+written (a cell of a result table, ``csv:``, or a value of a result JSON, ``json:``, needs no
+entry). A table marker names its result file: the first Markdown table in it (what the sweep,
+the plan search or a calibration wrote), its N-th as ``PATH#N``, or, for a JSON folder with a
+renderer in :data:`TABLES`, the table that renderer makes from it.
 
     python3 scripts/docs_figures.py            # rewrite the figures in place
     python3 scripts/docs_figures.py --check    # exit 1 and name each figure that differs
@@ -28,6 +29,7 @@ import csv
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +51,13 @@ from models.opensora.inputs import REFERENCE_SHAPES, geometry
 DOCUMENTS = ("README.md", "docs/*.md")
 FIGURE = re.compile(r"<!-- fig (?P<name>[^>]+?) -->(?P<text>.*?)<!-- /fig -->", re.S)
 #: A cell of a result table quoted as is: ``csv:PATH[COLUMN=VALUE,...].COLUMN|FORMAT`` (the row
-#: whose columns have those values, in a CSV file or a ``.md`` file's first table; FORMAT a
-#: format spec for a number, default ``.4g``).
+#: whose columns have those values, in a CSV file or a ``.md`` file's first table, or its N-th
+#: as ``PATH#N``; FORMAT a format spec for a number, default ``.4g``: for a cell that holds more
+#: than a number, such as ``57.6 s``, its first number).
 #: A value of a result JSON: ``json:PATH#KEY.KEY...|FORMAT`` (keys may hold spaces, not dots).
 JSON_VALUE = re.compile(r"json:(?P<path>[^#]+)#(?P<keys>[^|]+?)(?:\|(?P<form>.+))?")
 CSV_CELL = re.compile(r"csv:(?P<path>[^\[]+)\[(?P<where>[^\]]*)\]\.(?P<column>[^|]+?)(?:\|(?P<form>.+))?")
-TABLE = re.compile(r"^<!-- table (?P<name>[\w.:/-]+) -->\n(?P<text>.*?)^<!-- /table -->$", re.S | re.M)
+TABLE = re.compile(r"^<!-- table (?P<name>[\w.:/#-]+) -->\n(?P<text>.*?)^<!-- /table -->$", re.S | re.M)
 #: The classes of the GPU model that stream memory (everything but GEMMs and attention).
 COMPUTE_CLASSES = frozenset({"gemm", "bmm", "flash_attention"})
 
@@ -125,6 +128,93 @@ def _pair_tflop(shape: str) -> Callable[[Path], str]:
     return render
 
 
+#: A number in a table's cell (``57.6 s``, ``0.92x``, ``+29.9%``).
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _numbers(cell: str) -> list[float]:
+    return [float(n) for n in NUMBER.findall(cell)]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a result table (a CSV file, or the ``table``-th Markdown table of a ``.md``
+    file) read as the ``number``-th number of each cell, in the rows whose cells equal ``where``
+    and differ from ``unless`` (pairs of column and value). A cell without it (``-``) is no value."""
+
+    column: str
+    table: int = 1
+    number: int = 0
+    where: tuple[tuple[str, str], ...] = ()
+    unless: tuple[tuple[str, str], ...] = ()
+
+    def values(self, path: Path) -> list[float | None]:
+        rows = [row for row in _table_rows(path, self.table)
+                if all(row.get(k) == v for k, v in self.where) and not any(row.get(k) == v for k, v in self.unless)]
+        if not rows or self.column not in rows[0]:
+            raise UsageError(f"{path}: no rows with a column {self.column!r} in table {self.table}")
+        numbers = [_numbers(row[self.column]) for row in rows]
+        return [n[self.number] if len(n) > self.number else None for n in numbers]
+
+
+def _range(found: list[float], form: str) -> str:
+    """``LOW-HIGH`` (one value if both round alike)."""
+    low, high = format(min(found), form), format(max(found), form)
+    return low if low == high else f"{low}-{high}"
+
+
+def _span(values: Column, over: Column | None = None, form: str = ".2f", excess: bool = False,
+          scale: float = 1.0, files: str = "") -> Callable[[Path], str]:
+    """The range ``LOW-HIGH`` of a column's values x ``scale`` (one value if they round alike),
+    or of their ratios to ``over``'s in the same rows; ``excess`` writes a ratio r as the
+    percentage r - 1. With ``files`` the source is a folder and the values those of its files
+    that match that pattern, together."""
+    def read(path: Path) -> list[float]:
+        found = values.values(path)
+        if over is not None:
+            found = [a / b if a is not None and b else None for a, b in zip(found, over.values(path))]
+        return [((v - 1) * 100 if excess else v * scale) for v in found if v is not None]
+
+    def render(path: Path) -> str:
+        found = [v for file in sorted(path.glob(files)) for v in read(file)] if files else read(path)
+        if not found:
+            raise UsageError(f"{path}: no values in column {values.column!r}")
+        return _range(found, form)
+    return render
+
+
+def _matched(pattern: str, group: int = 1, form: str = "") -> Callable[[Path], str]:
+    """A number in a line of a result file's text (what a script prints outside its tables), by a
+    regular expression on the text; ``form`` reformats it."""
+    def render(path: Path) -> str:
+        match = re.search(pattern, path.read_text())
+        if match is None:
+            raise UsageError(f"{path}: no text matching {pattern!r}")
+        return format(float(match[group]), form) if form else match[group]
+    return render
+
+
+def _kernel_constant(*keys: str | int, form: str = ".2f") -> Callable[[Path], str]:
+    """A constant of a GPU description's ``[kernel_model]`` (``scripts/calibrate_gpu.py --write``
+    writes it from the microbenchmarks), by its keys below that table; a quantity with a unit
+    (``2.58 us``) is its number, the unit left to the prose; a list of numbers (or of a curve's
+    points, their last numbers) its range."""
+    def render(path: Path) -> str:
+        value = tomllib.loads(path.read_text())["kernel_model"]
+        for key in keys:
+            try:
+                value = value[key]
+            except (KeyError, IndexError, TypeError):
+                raise UsageError(f"{path}: no kernel_model constant {'.'.join(map(str, keys))}") from None
+        if isinstance(value, list) and all(isinstance(v, list) and v for v in value):
+            value = [v[-1] for v in value]   # a curve of (row length, efficiency) points: its efficiencies
+        numbers = _numbers(value) if isinstance(value, str) else value if isinstance(value, list) else [value]
+        if not numbers or not all(isinstance(n, (int, float)) for n in numbers):
+            raise UsageError(f"{path}: kernel_model {'.'.join(map(str, keys))} is no number")
+        return _range(numbers, form) if isinstance(value, list) else format(numbers[0], form)
+    return render
+
+
 #: Every figure a document may quote, by name.
 FIGURES: dict[str, Figure] = {
     "calibration.h100.memory_bound_means": Figure("results/gpu_microbench/calibration.md", _memory_bound_means),
@@ -142,19 +232,122 @@ FIGURES: dict[str, Figure] = {
 }
 
 
+# -- docs/gpu.md ---------------------------------------------------------------------------------------------
+PREDICTIONS = "results/gpu_validation/predictions.md"
+PREDICTIONS_H200 = "results/gpu_validation/predictions_h200.md"
+MEASURED_H100 = "results/gpu_validation/NVIDIA_H100_80GB_HBM3.md"
+_PUBLISHED_TIME = Column("published, one 80G H100 (whole generation)")
+_MEASURED = "measured here, H100 SXM: loop + VAE decode = generation"
+_PREDICTED_H100 = "h100-sxm: loop + decode = generation (/ measured, / published)"
+#: Each number of a generation cell ``loop + decode = generation s (/ measured, / published)``.
+_LOOP, _DECODE, _GENERATION, _VS_MEASURED = 0, 1, 2, 3
+_NOT_MEASURED = ((_MEASURED, "-"),)
+_TWO_SECONDS = (("duration", "2s"),)
+_PARTS = {"loop": _LOOP, "decode": _DECODE, "generation": _GENERATION}
+
+
+def _quotient(numerator: str, denominator: str, form: str = ".2f") -> Callable[[Path], str]:
+    """One quoted figure over another (each a name :func:`figure` reads, from its own file)."""
+    def render(_path: Path) -> str:
+        values = [_numbers(figure(name)) for name in (numerator, denominator)]
+        if not all(values) or not values[1][0]:
+            raise UsageError(f"figure {numerator} / {denominator}: not two numbers")
+        return format(values[0][0] / values[1][0], form)
+    return render
+
+
+def _measured_generation(shape: str) -> dict[str, Figure]:
+    """The H100 generation measured at ``shape`` and the prediction's ratios to it."""
+    at = (("shape", shape),)
+    return {**{f"gpu.measured.{shape}.{part}": Figure(PREDICTIONS, _span(Column(_MEASURED, number=number, where=at),
+                                                                           form=".2f" if part == "decode" else ".1f"))
+               for part, number in _PARTS.items()},
+            f"gpu.vs_measured.{shape}": Figure(PREDICTIONS, _span(Column(_PREDICTED_H100, number=_VS_MEASURED,
+                                                                         where=at))),
+            f"gpu.measured_vs_published.{shape}": Figure(PREDICTIONS, _span(
+                Column(_MEASURED, number=_GENERATION, where=at), Column(_PUBLISHED_TIME.column, where=at)))}
+
+
+def _kernel_constants(card: str, *names: str, keys: tuple[str | int, ...] = (), form: str = ".2f") -> dict[str, Figure]:
+    """``card.NAME`` (``card.NAME.KEY...`` with ``keys``) for each constant of ``card``'s
+    ``[kernel_model]``, or of its table ``vector_efficiency`` where NAME is a kernel class."""
+    source = f"hardware/data/{card}.toml"
+    return {".".join(map(str, (card, name, *keys))): Figure(source, _kernel_constant(
+        *(("vector_efficiency", name) if name in VECTOR_CLASSES else (name,)), *keys, form=form)) for name in names}
+
+
+VECTOR_CLASSES = frozenset({"broadcast", "copy", "elementwise", "gelu", "layer_norm", "layout_transpose", "select",
+                            "strided", "transpose_copy"})
+
+FIGURES.update({
+    **_kernel_constants("h100-sxm", "kernel_overhead", "launch_floor", form=".1f"),
+    **_kernel_constants("h200-sxm", "kernel_overhead", form=".1f"),
+    **_kernel_constants("h100-sxm", *sorted(VECTOR_CLASSES), "gemm_mma_efficiency", "flash_efficiency"),
+    **_kernel_constants("h200-sxm", "layer_norm", "broadcast"),
+    **_kernel_constants("h100-sxm", "gemm_k_overhead", "flash_kv_overhead", form="d"),
+    **{f"h100-sxm.{name}.{row}": Figure("hardware/data/h100-sxm.toml",
+                                        _kernel_constant("row_efficiency", name, index, 1))
+       for name, rows in (("reduction", (16, 64, 256, 1024)), ("layer_norm", (1024, 4096)))
+       for index, row in enumerate(rows)},
+    "h100-sxm.flash_efficiency.96": Figure("hardware/data/h100-sxm.toml", _kernel_constant("flash_efficiency", 2)),
+    "h100-sxm.softmax.rows": Figure("hardware/data/h100-sxm.toml", _kernel_constant("row_efficiency", "softmax")),
+    "a100-sxm.flash_efficiency.128": Figure("hardware/data/a100-sxm.toml", _kernel_constant("flash_efficiency", 3)),
+    "microbench.launch_us": Figure("results/gpu_microbench", _span(
+        Column("seconds", where=(("kind", "launch"), ("family", "add of one element"))),
+        scale=1e6, form=".1f", files="microbench_*.csv")),
+    "gpu.loop_over_pair_loop": Figure(MEASURED_H100, _span(Column("loop (s)", table=2),
+                                                           Column("loop from the pair (s)", table=2),
+                                                           form=".0f", excess=True)),
+    "gpu.h200.forward_ms": Figure(PREDICTIONS_H200, _matched(r"against \d+ x (\d+) ms")),
+    "gpu.h200.loop_measured_s": Figure(PREDICTIONS_H200, _matched(r"ms = ([\d.]+) s measured")),
+    "gpu.h200.loop_predicted_s": Figure(PREDICTIONS_H200, _matched(r"loop ([\d.]+) s against")),
+    "gpu.h200.loop_ratio": Figure(PREDICTIONS_H200, _matched(r"measured \(([\d.]+)x\)")),
+    # the predicted generation against OpenSora's published figures and this project's H100 runs
+    "gpu.generation_vs_published.longer": Figure(PREDICTIONS, _span(Column("/ published", table=2,
+                                                                           unless=_TWO_SECONDS))),
+    "gpu.measured_vs_published": Figure(PREDICTIONS, _span(Column(_MEASURED, number=_GENERATION), _PUBLISHED_TIME)),
+    "gpu.loop_vs_measured": Figure(PREDICTIONS, _span(Column(_PREDICTED_H100, number=_LOOP),
+                                                      Column(_MEASURED, number=_LOOP))),
+    "gpu.generation_vs_measured": Figure(PREDICTIONS, _span(Column(_PREDICTED_H100, number=_VS_MEASURED,
+                                                                   unless=_NOT_MEASURED))),
+    "gpu.device_memory_vs_published": Figure(PREDICTIONS, _span(Column("/ published (3)", table=2,
+                                                                       unless=(("shape", "408_854_480"),)))),
+    "gpu.tensors_vs_published": Figure(PREDICTIONS, _span(Column("/ published (2)", table=2))),
+    **_measured_generation("51_640_360"),
+    **_measured_generation("51_854_480"),
+    "gpu.device_vs_published.408_854_480": Figure("results/gpu_validation", _quotient(
+        "csv:results/gpu_validation/generation_NVIDIA_H100_80GB_HBM3.md[shape=408_854_480].device peak (GiB)",
+        "csv:results/gpu_validation/predictions.md#2[shape=408_854_480].published peak memory|.0f")),
+    **{f"gpu.{system}.speedup": Figure(f"results/{system}/latency.csv", _quotient(
+        f"csv:{PREDICTIONS}[shape=204_640_360].{card}: loop + decode = generation (/ measured, / published)|.1f",
+        f"csv:results/{system}/latency.csv[shape=204_640_360,strategy=ds_ulysses].latency s (30 steps)", form=".1f"))
+       for system, card in (("gpu8xh100", "h100-sxm"), ("gpu8xa100-40gb", "a100-sxm-40gb"))},
+    "gpu.loop_vs_measured.204_640_360": Figure(PREDICTIONS, _span(
+        Column(_PREDICTED_H100, number=_LOOP, where=(("shape", "204_640_360"),)),
+        Column(_MEASURED, number=_LOOP, where=(("shape", "204_640_360"),)))),
+})
+
 # -- tables -------------------------------------------------------------------------------------------------
-def first_table(path: Path) -> str:
-    """The first Markdown table of a result file, as its lines."""
-    lines, started = [], False
-    for line in path.read_text().splitlines():
+def first_table(path: Path, number: int = 1) -> str:
+    """The first (or the ``number``-th) Markdown table of a result file, as its lines."""
+    tables, lines = [], []
+    for line in [*path.read_text().splitlines(), ""]:
         if line.startswith("|"):
             lines.append(line)
-            started = True
-        elif started:
-            break
-    if not lines:
-        raise UsageError(f"{path}: no Markdown table")
-    return "\n".join(lines) + "\n"
+        elif lines:
+            tables.append(lines)
+            lines = []
+    if len(tables) < number:
+        raise UsageError(f"{path}: {len(tables)} Markdown table(s), no table {number}")
+    return "\n".join(tables[number - 1]) + "\n"
+
+
+def _split_number(name: str) -> tuple[str, int]:
+    """``PATH#N`` (the N-th table of a Markdown file) as (PATH, N); a bare PATH is table 1."""
+    path, _, number = name.partition("#")
+    if number and not number.isdigit():
+        raise UsageError(f"{name}: expected PATH#N, N the table's number in the file")
+    return path, int(number or 1)
 
 
 def plan_search_table(folder: Path) -> str:
@@ -184,20 +377,23 @@ TABLES: dict[str, Callable[[Path], str]] = {"results/plan_search": plan_search_t
 
 
 def table(name: str) -> str:
-    path = REPO_ROOT / name
     if name in TABLES:
-        return TABLES[name](path)
-    if not path.is_file():
+        return TABLES[name](REPO_ROOT / name)
+    file, number = _split_number(name)
+    if not (REPO_ROOT / file).is_file():
         raise UsageError(f"table {name}: no such result file")
-    return first_table(path)
+    return first_table(REPO_ROOT / file, number)
 
 
-def _table_rows(path: Path) -> list[dict[str, str]]:
-    """The rows of a CSV file, or of the first Markdown table of a ``.md`` file, by column."""
+def _table_rows(path: Path, number: int = 1) -> list[dict[str, str]]:
+    """The rows of a CSV file, or of the first (``number``-th) Markdown table of a ``.md`` file,
+    by column (a header a Markdown table repeats is ``NAME (2)`` the second time)."""
     if path.suffix == ".md":
         lines = [[cell.strip() for cell in line.strip().strip("|").split("|")]
-                 for line in first_table(path).splitlines()]
-        return [dict(zip(lines[0], cells)) for cells in lines[2:]]
+                 for line in first_table(path, number).splitlines()]
+        header = [name if lines[0][:i].count(name) == 0 else f"{name} ({lines[0][:i].count(name) + 1})"
+                  for i, name in enumerate(lines[0])]
+        return [dict(zip(header, cells)) for cells in lines[2:]]
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
 
@@ -207,18 +403,20 @@ def table_cell(name: str) -> str:
     match = CSV_CELL.fullmatch(name)
     if match is None:
         raise UsageError(f"figure {name}: expected csv:PATH[COLUMN=VALUE,...].COLUMN|FORMAT")
-    path = REPO_ROOT / match["path"]
+    file, number = _split_number(match["path"])
+    path = REPO_ROOT / file
     if not path.is_file():
-        raise UsageError(f"figure {name}: no such result file {match['path']}")
+        raise UsageError(f"figure {name}: no such result file {file}")
     where = dict(pair.split("=", 1) for pair in match["where"].split(",") if pair)
-    rows = [row for row in _table_rows(path) if all(row.get(k) == v for k, v in where.items())]
+    rows = [row for row in _table_rows(path, number) if all(row.get(k) == v for k, v in where.items())]
     if len(rows) != 1 or match["column"] not in rows[0]:
         raise UsageError(f"figure {name}: {len(rows)} rows of {match['path']} match, or no such column")
     cell = rows[0][match["column"]]
     try:
         return format(float(cell), match["form"] or ".4g")
     except ValueError:
-        return cell
+        numbers = _numbers(cell)
+        return format(numbers[0], match["form"]) if match["form"] and numbers else cell
 
 
 def json_value(name: str) -> str:

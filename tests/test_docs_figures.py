@@ -33,7 +33,7 @@ def test_the_docs_quote_figures_through_markers():
 @pytest.fixture
 def copy(tmp_path, monkeypatch) -> Path:
     """The documents and results in a scratch root the script reads instead of the repository."""
-    for name in ("README.md", "docs", "results", "models"):
+    for name in ("README.md", "docs", "results", "models", "hardware/data"):
         source = ROOT / name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / name)
     monkeypatch.setattr(docs_figures, "REPO_ROOT", tmp_path)
@@ -100,3 +100,80 @@ def test_a_json_value_is_read_by_its_keys(tmp_path, monkeypatch):
     assert docs_figures.figure("json:r.json#repeat") == "3"
     with pytest.raises(docs_figures.UsageError, match="no field best.baseline"):
         docs_figures.figure("json:r.json#best.baseline")
+
+
+TWO_TABLES = """# a result
+
+| shape | loop (s) | / published | / published |
+|---|---|---|---|
+| a | 14.9 + 1.15 = 16.0 s | 0.80 | 1.20 |
+| b | - | 0.95 | 1.425 |
+
+| shape | kernels |
+|---|---|
+| a | 3 |
+"""
+
+
+def test_a_cell_of_the_second_markdown_table_and_a_number_inside_a_cell(copy):
+    (copy / "results" / "made.md").write_text(TWO_TABLES)
+    assert docs_figures.table_cell("csv:results/made.md#2[shape=a].kernels") == "3"
+    assert docs_figures.table_cell("csv:results/made.md[shape=a].loop (s)|.2f") == "14.90"
+    assert docs_figures.table_cell("csv:results/made.md[shape=a].loop (s)") == "14.9 + 1.15 = 16.0 s"
+    assert docs_figures.table("results/made.md#2") == "| shape | kernels |\n|---|---|\n| a | 3 |\n"
+    with pytest.raises(docs_figures.UsageError, match="no table 3"):
+        docs_figures.table("results/made.md#3")
+
+
+def test_a_repeated_header_is_numbered_and_a_span_reads_the_cells(tmp_path):
+    path = tmp_path / "made.md"
+    path.write_text(TWO_TABLES)
+    column = docs_figures.Column
+    assert docs_figures._span(column("/ published"))(path) == "0.80-0.95"
+    assert docs_figures._span(column("/ published (2)"), form=".1f")(path) == "1.2-1.4"
+    # the third number of each cell ("-" has none), and a ratio written as the percentage over 1
+    assert docs_figures._span(column("loop (s)", number=2))(path) == "16.00"
+    assert docs_figures._span(column("/ published (2)"), column("/ published"), form=".0f", excess=True)(path) == "50"
+    assert docs_figures._span(column("/ published", unless=(("shape", "b"),)))(path) == "0.80"
+    with pytest.raises(docs_figures.UsageError, match="no rows with a column"):
+        docs_figures._span(column("no such column"))(path)
+
+
+def test_a_span_over_the_files_of_a_folder_scaled(tmp_path):
+    for run, seconds in (("1", "6.44e-06"), ("2", "1.146e-05")):
+        (tmp_path / f"microbench_{run}.csv").write_text(f"kind,seconds\nlaunch,{seconds}\nstream,1.0\n")
+    read = docs_figures._span(docs_figures.Column("seconds", where=(("kind", "launch"),)), scale=1e6, form=".1f",
+                              files="microbench_*.csv")
+    assert read(tmp_path) == "6.4-11.5"
+
+
+def test_a_number_in_a_printed_line(tmp_path):
+    path = tmp_path / "printout.md"
+    path.write_text("| t |\n|---|\n\nh200-sxm at s: loop 48.7 s against 30 x 1774 ms = 53.2 s measured (0.91x)\n")
+    assert docs_figures._matched(r"x (\d+) ms")(path) == "1774"
+    assert docs_figures._matched(r"loop ([\d.]+) s", form=".0f")(path) == "49"
+    with pytest.raises(docs_figures.UsageError, match="no text matching"):
+        docs_figures._matched(r"nothing (\d)")(path)
+
+
+def test_a_kernel_constant_a_list_and_a_curve(tmp_path):
+    path = tmp_path / "card.toml"
+    path.write_text('name = "x"\n[kernel_model]\nkernel_overhead = "2.58 us"\nflash_efficiency = [0.177, 0.297]\n'
+                    "[kernel_model.vector_efficiency]\nbroadcast = 0.437\n"
+                    "[kernel_model.row_efficiency]\nsoftmax = [[16, 0.784], [64, 0.895]]\n")
+    constant = docs_figures._kernel_constant
+    assert constant("kernel_overhead", form=".1f")(path) == "2.6"
+    assert constant("vector_efficiency", "broadcast")(path) == "0.44"
+    assert constant("flash_efficiency")(path) == "0.18-0.30"
+    assert constant("flash_efficiency", 1)(path) == "0.30"
+    assert constant("row_efficiency", "softmax")(path) == "0.78-0.90"
+    assert constant("row_efficiency", "softmax", 0, 0, form="d")(path) == "16"
+    with pytest.raises(docs_figures.UsageError, match="no kernel_model constant launch_floor"):
+        constant("launch_floor")(path)
+
+
+def test_a_quotient_of_two_quoted_figures(copy):
+    (copy / "results" / "made.md").write_text(TWO_TABLES)
+    quotient = docs_figures._quotient("csv:results/made.md[shape=a].loop (s)|.1f",
+                                      "csv:results/made.md#2[shape=a].kernels", form=".2f")
+    assert quotient(copy) == "4.97"
