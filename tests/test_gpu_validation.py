@@ -200,3 +200,17 @@ def test_the_memory_plot_is_a_png(tmp_path):
     assert run_click(main, ["--from-kernels", str(DEFAULT_KERNELS), "--shapes", "51_640_360,408_854_480",
                             "--plot", str(target)]) == 0
     assert target.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("name, options", [("predictions.md", []),
+                                           ("predictions_h200.md", ["--hw", "h200-sxm", "--shapes", "204_640_360"])])
+def test_the_committed_predictions_are_what_the_script_prints_now(name, options, capsys):
+    """docs/gpu.md quotes these files (scripts/docs_figures.py): a change of a constant or of the
+    mapping that moves a prediction must write them again (the command is in each file's header)."""
+    from hlo_trace.cli import run_click
+    from scripts.gpu_predictions import main
+
+    assert run_click(main, ["--from-kernels", str(DEFAULT_KERNELS), *options]) == 0
+    committed = (DEFAULT_KERNELS.parent / name).read_text()
+    assert " ".join(["--from-kernels results/gpu_validation/kernels", *options]) in committed.splitlines()[2]
+    assert committed.endswith(capsys.readouterr().out)
