@@ -194,6 +194,28 @@ def _matched(pattern: str, group: int = 1, form: str = "") -> Callable[[Path], s
     return render
 
 
+def _all_matched(path: Path, pattern: str, group: int) -> list[float]:
+    found = [float(m[group]) for m in re.finditer(pattern, path.read_text(), re.M)]
+    if not found:
+        raise UsageError(f"{path}: no line matching {pattern!r}")
+    return found
+
+
+def _matched_span(pattern: str, group: int = 1, form: str = ".4f") -> Callable[[Path], str]:
+    """The range of a number over every line of a result file's text that ``pattern`` matches
+    (a column of a table a command prints in plain text)."""
+    return lambda path: _range(_all_matched(path, pattern, group), form)
+
+
+def _matched_within(pattern: str, group: int = 1, tolerance: float = 0.05) -> Callable[[Path], str]:
+    """``K of N``: of the N ratios ``pattern`` matches in a result file's text, the K within
+    ``tolerance`` of 1."""
+    def render(path: Path) -> str:
+        found = _all_matched(path, pattern, group)
+        return f"{sum(1 for v in found if abs(v - 1) <= tolerance)} of {len(found)}"
+    return render
+
+
 def _kernel_constant(*keys: str | int, form: str = ".2f") -> Callable[[Path], str]:
     """A constant of a GPU description's ``[kernel_model]`` (``scripts/calibrate_gpu.py --write``
     writes it from the microbenchmarks), by its keys below that table; a quantity with a unit
@@ -354,15 +376,7 @@ def plan_search_table(folder: Path) -> str:
     """One row per inference search of ``folder`` (``plan-search --json`` files)."""
     rows = ["| shape | system | best traced plan | latency s (30 steps) | memory GB/device | plans traced "
             "| estimate within 5% | Spearman | worst ratio |", "|---|---|---|---|---|---|---|---|---|"]
-    def order(path: Path) -> tuple:
-        shape, system = path.stem.rsplit("_", 1)
-        return system, REFERENCE_SHAPES.index(shape) if shape in REFERENCE_SHAPES else len(REFERENCE_SHAPES), shape
-
-    files = sorted(folder.glob("*_*.json"), key=order)
-    if not files:
-        raise UsageError(f"{folder}: no plan-search JSON files")
-    for path in files:
-        search = json.loads(path.read_text())
+    for search in _searches(folder):
         best, within = search["best"], search["within_tolerance"]
         traced = [p for p in search["plans"] if p["traced"]]
         drawn = sum(1 for p in traced if p["validation"])
@@ -372,13 +386,64 @@ def plan_search_table(folder: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _searches(folder: Path) -> list[dict]:
+    """The inference searches of ``folder`` (``plan-search --json`` files), by system and shape."""
+    def order(path: Path) -> tuple:
+        shape, system = path.stem.rsplit("_", 1)
+        return system, REFERENCE_SHAPES.index(shape) if shape in REFERENCE_SHAPES else len(REFERENCE_SHAPES), shape
+
+    files = sorted(folder.glob("*_*.json"), key=order)
+    if not files:
+        raise UsageError(f"{folder}: no plan-search JSON files")
+    return [json.loads(path.read_text()) for path in files]
+
+
+def search_estimate_table(folder: Path) -> str:
+    """How well the estimate ranks and times each search's traced plans: within 5%, Spearman, the
+    worst ratio, the two largest residuals and the flat plans' largest."""
+    rows = ["| search | within 5% | Spearman | worst ratio | largest errors | flat plans, largest error |",
+            "|---|---|---|---|---|---|"]
+    for search in _searches(folder):
+        traced = sorted((p for p in search["plans"] if p["traced"] and p["residual"] is not None),
+                        key=lambda p: -abs(p["residual"]))
+        flat = [abs(p["residual"]) for p in traced if p["plan"].startswith("1x")]
+        within = search["within_tolerance"]
+        largest = ", ".join(f"`{p['plan']}` ({p['residual']:+.1%})" for p in traced[:2])
+        rows.append(f"| {search['shape']} on {search['hardware']} | {within['plans']} of {within['of']} "
+                    f"| {search['spearman']:.3f} | {search['worst_ratio']:.3f} | {largest} "
+                    f"| {f'{max(flat):.1%}' if flat else '-'} |")
+    return "\n".join(rows) + "\n"
+
+
+def _search_plan(plan: str, *keys: str, pattern: str = "", form: str = "") -> Callable[[Path], str]:
+    """A value of one plan of a ``plan-search --json`` file (``keys`` below the plan), or the
+    first group of ``pattern`` in it; ``form`` formats a number."""
+    def render(path: Path) -> str:
+        found = [p for p in json.loads(path.read_text())["plans"] if p["plan"] == plan]
+        if not found:
+            raise UsageError(f"{path}: no plan {plan}")
+        value = found[0]
+        for key in keys:
+            if not isinstance(value, dict) or key not in value:
+                raise UsageError(f"{path}: plan {plan} has no {'.'.join(keys)}")
+            value = value[key]
+        if pattern:
+            match = re.search(pattern, str(value))
+            if match is None:
+                raise UsageError(f"{path}: plan {plan}'s {'.'.join(keys)} does not match {pattern!r}")
+            value = match[1]
+        return format(float(value), form) if form else str(value)
+    return render
+
+
 #: Table renderers of result folders (a table marker naming a file takes its first table).
-TABLES: dict[str, Callable[[Path], str]] = {"results/plan_search": plan_search_table}
+TABLES: dict[str, Callable[[Path], str]] = {"results/plan_search": plan_search_table,
+                                            "results/plan_search:estimates": search_estimate_table}
 
 
 def table(name: str) -> str:
     if name in TABLES:
-        return TABLES[name](REPO_ROOT / name)
+        return TABLES[name](REPO_ROOT / name.partition(":")[0])   # FOLDER:KIND, a second table of FOLDER
     file, number = _split_number(name)
     if not (REPO_ROOT / file).is_file():
         raise UsageError(f"table {name}: no such result file")
