@@ -187,10 +187,20 @@ def _matched(pattern: str, group: int = 1, form: str = "") -> Callable[[Path], s
     """A number in a line of a result file's text (what a script prints outside its tables), by a
     regular expression on the text; ``form`` reformats it."""
     def render(path: Path) -> str:
-        match = re.search(pattern, path.read_text())
+        match = re.search(pattern, path.read_text(), re.M)
         if match is None:
             raise UsageError(f"{path}: no text matching {pattern!r}")
         return format(float(match[group]), form) if form else match[group]
+    return render
+
+
+def _matched_quotient(pattern: str, numerator: int, denominator: int, form: str = ".2f") -> Callable[[Path], str]:
+    """One number over another, both groups of one match of ``pattern`` in a result file's text."""
+    def render(path: Path) -> str:
+        match = re.search(pattern, path.read_text(), re.M)
+        if match is None:
+            raise UsageError(f"{path}: no text matching {pattern!r}")
+        return format(float(match[numerator]) / float(match[denominator]), form)
     return render
 
 
@@ -349,6 +359,98 @@ FIGURES.update({
         Column(_MEASURED, number=_LOOP, where=(("shape", "204_640_360"),)))),
 })
 
+# -- docs/plan_search.md -------------------------------------------------------------------------------------
+def _search_plan(plan: str, *keys: str, pattern: str = "", form: str = "") -> Callable[[Path], str]:
+    """A value of one plan of a ``plan-search --json`` file (``keys`` below the plan), or the
+    first group of ``pattern`` in it; ``form`` formats a number."""
+    def render(path: Path) -> str:
+        found = [p for p in json.loads(path.read_text())["plans"] if p["plan"] == plan]
+        if not found:
+            raise UsageError(f"{path}: no plan {plan}")
+        value = found[0]
+        for key in keys:
+            if not isinstance(value, dict) or key not in value:
+                raise UsageError(f"{path}: plan {plan} has no {'.'.join(keys)}")
+            value = value[key]
+        if pattern:
+            match = re.search(pattern, str(value))
+            if match is None:
+                raise UsageError(f"{path}: plan {plan}'s {'.'.join(keys)} does not match {pattern!r}")
+            value = match[1]
+        return format(float(value), form) if form else str(value)
+    return render
+
+
+def _search_figures(search: str, plan: str, name: str) -> dict[str, Figure]:
+    """``search.SEARCH.NAME.*``: one traced plan of an inference search's JSON."""
+    source = f"results/plan_search/{search}.json"
+    return {f"search.{search}.{name}.estimate": Figure(source, _search_plan(plan, "estimate", "latency_s", form=".6g")),
+            f"search.{search}.{name}.traced": Figure(source, _search_plan(plan, "traced", "latency_s", form=".6g")),
+            f"search.{search}.{name}.inexact": Figure(source, _search_plan(plan, "estimate", "basis",
+                                                                           pattern=r"(\d+) of \d+ integers")),
+            f"search.{search}.{name}.integers": Figure(source, _search_plan(plan, "estimate", "basis",
+                                                                            pattern=r"of (\d+) integers", form=",.0f"))}
+
+
+#: A traced plan's row in ``plan-search --mode train``'s printout: plan, estimate s, traced s,
+#: estimate / traced, pair memory ratio (the ``*`` of a plan drawn at random before the plan).
+def _train_row(plan: str = r"\d+x\d+:\S+(?: \S+)*") -> str:
+    return rf"^ [ *]({plan})\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$"
+
+
+def _train_figures(system: str) -> dict[str, Figure]:
+    """``train.SYSTEM.*``: the training search at 204_640_360 on ``system`` (its printout)."""
+    source = f"results/plan_search/train_204_640_360_{system}.txt"
+    return {f"train.{system}.{name}": Figure(source, render) for name, render in {
+        "estimated": _matched(r"space: (\d+) training plans estimated"),
+        "fit": _matched(r"; (\d+) fit\n"),
+        "within": _matched_within(_train_row(), 4),
+        "ratio": _matched_span(_train_row(), 4),
+        "ratio.m8": _matched_span(_train_row(r"\d+x\d+:\S+(?: \S+)* m=8 b=\d+"), 4),
+        "ratio.m4": _matched_span(_train_row(r"\d+x\d+:\S+(?: \S+)* m=4 b=\d+"), 4, form=".3f"),
+        "inexact": _matched(r"; (\d+) of \d+ integers inexact"),
+        "integers": _matched(r"; \d+ of (\d+) integers inexact", form=",.0f"),
+        "spearman": _matched(r"Spearman rank correlation ([\d.]+)"),
+        "best": _matched(r"best plan \(traced [\d.]+ s\): (.+?) b=\d+$"),
+        "best_s": _matched(r"best plan \(traced ([\d.]+) s\)", form=".3g"),
+    }.items()}
+
+
+def _confirmation(devices: int) -> str:
+    """A sizing printout's confirmation line of ``devices``: group 1 the estimate, 2 the traced s."""
+    return rf"^  confirmation {devices} devices, .*: estimate ([\d.]+) s, traced ([\d.]+) s"
+
+
+def _sizing_figures(sizing: str, devices: tuple[int, ...]) -> dict[str, Figure]:
+    """``sizing.SIZING.*``: a sizing run's target, answer, and each confirmation of ``devices``
+    (traced seconds, and traced over estimated)."""
+    source = f"results/sizing/{sizing}.txt"
+    answer = r"^answer: (\d+) devices: (.+?): ([\d.]+) s \(traced\)"
+    return {f"sizing.{sizing}.target": Figure(source, _matched(r"target inference latency ([\d.]+) s")),
+            f"sizing.{sizing}.answer.devices": Figure(source, _matched(answer)),
+            f"sizing.{sizing}.answer.plan": Figure(source, _matched(answer, 2)),
+            f"sizing.{sizing}.answer.traced": Figure(source, _matched(answer, 3)),
+            **{f"sizing.{sizing}.{n}.traced": Figure(source, _matched(_confirmation(n), 2, form=".4g"))
+               for n in devices},
+            **{f"sizing.{sizing}.{n}.ratio": Figure(source, _matched_quotient(_confirmation(n), 2, 1))
+               for n in devices}}
+
+
+FIGURES.update({
+    **_sizing_figures("51_1280_720_tx8-64", (16, 20, 24, 30)),
+    **_sizing_figures("102_1280_720_tx8-64", (24,)),
+    **_search_figures("204_640_360_8xh100", "1x8:ds_ulysses@2x4 M=1", "ds_ulysses"),
+    "search.408_640_360_8xh100.calibration": Figure("results/plan_search/408_640_360_8xh100.json", _search_plan(
+        "1x8:ds_ulysses@2x4 M=1", "estimate", "basis", pattern=r"\((\w+), ")),
+    **_train_figures("4x8xh100"),
+    **_train_figures("tx8-64"),
+    **_train_figures("8x8xh100"),
+    "train.4x8xh100.usp_8x2": Figure("results/plan_search/train_204_640_360_4x8xh100.txt", _matched(
+        _train_row(re.escape("2x16:usp@8x2(ring 1) zero0 recompute m=4 b=32")), 3, form=".3g")),
+    "train.8x8xh100.usp_16x2": Figure("results/plan_search/train_204_640_360_8x8xh100.txt", _matched(
+        _train_row(re.escape("2x32:usp@16x2(ring 1) zero0 recompute m=4 b=64")), 3, form=".3g")),
+})
+
 # -- tables -------------------------------------------------------------------------------------------------
 def first_table(path: Path, number: int = 1) -> str:
     """The first (or the ``number``-th) Markdown table of a result file, as its lines."""
@@ -413,27 +515,6 @@ def search_estimate_table(folder: Path) -> str:
                     f"| {search['spearman']:.3f} | {search['worst_ratio']:.3f} | {largest} "
                     f"| {f'{max(flat):.1%}' if flat else '-'} |")
     return "\n".join(rows) + "\n"
-
-
-def _search_plan(plan: str, *keys: str, pattern: str = "", form: str = "") -> Callable[[Path], str]:
-    """A value of one plan of a ``plan-search --json`` file (``keys`` below the plan), or the
-    first group of ``pattern`` in it; ``form`` formats a number."""
-    def render(path: Path) -> str:
-        found = [p for p in json.loads(path.read_text())["plans"] if p["plan"] == plan]
-        if not found:
-            raise UsageError(f"{path}: no plan {plan}")
-        value = found[0]
-        for key in keys:
-            if not isinstance(value, dict) or key not in value:
-                raise UsageError(f"{path}: plan {plan} has no {'.'.join(keys)}")
-            value = value[key]
-        if pattern:
-            match = re.search(pattern, str(value))
-            if match is None:
-                raise UsageError(f"{path}: plan {plan}'s {'.'.join(keys)} does not match {pattern!r}")
-            value = match[1]
-        return format(float(value), form) if form else str(value)
-    return render
 
 
 #: Table renderers of result folders (a table marker naming a file takes its first table).

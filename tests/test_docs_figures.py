@@ -177,3 +177,61 @@ def test_a_quotient_of_two_quoted_figures(copy):
     quotient = docs_figures._quotient("csv:results/made.md[shape=a].loop (s)|.1f",
                                       "csv:results/made.md#2[shape=a].kernels", form=".2f")
     assert quotient(copy) == "4.97"
+
+
+def _search(shape: str, hardware: str, residuals: dict[str, float]) -> dict:
+    plans = [{"plan": plan, "traced": {"latency_s": 2.0, "memory_bytes": 1e9}, "residual": residual,
+              "validation": False, "estimate": {"latency_s": 2.0 * (1 + residual),
+                                                "basis": "traced kernels (41_384_360, 123_1920_360; 7 of 1234 integers inexact)"}}
+             for plan, residual in residuals.items()]
+    return {"shape": shape, "hardware": hardware, "plans": [*plans, {"plan": "untraced", "traced": None, "residual": None}],
+            "best": {"plan": plans[0]["plan"], "traced": plans[0]["traced"]},
+            "within_tolerance": {"plans": 2, "of": 3}, "spearman": 0.5, "worst_ratio": 1.08}
+
+
+def test_the_estimate_table_of_the_searches(tmp_path):
+    import json
+    (tmp_path / "204_640_360_tx8-16.json").write_text(json.dumps(_search("204_640_360", "tx8-16", {
+        "1x16:none M=1": -0.01, "2x8:usp M=4": 0.08, "4x4:dp M=2": 0.02})))
+    (tmp_path / "51_1280_720_8xh100.json").write_text(json.dumps(_search("51_1280_720", "8xh100", {
+        "2x4:usp M=2": 0.001})))
+    lines = docs_figures.search_estimate_table(tmp_path).splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| search | within 5% |")
+    # by system first (8xh100 before tx8-16), the two largest residuals by size, the flat plans' worst
+    assert lines[2] == "| 51_1280_720 on 8xh100 | 2 of 3 | 0.500 | 1.080 | `2x4:usp M=2` (+0.1%) | - |"
+    assert lines[3] == ("| 204_640_360 on tx8-16 | 2 of 3 | 0.500 | 1.080 | `2x8:usp M=4` (+8.0%), "
+                        "`4x4:dp M=2` (+2.0%) | 1.0% |")
+
+
+def test_a_value_of_one_plan_of_a_search(tmp_path):
+    import json
+    path = tmp_path / "search.json"
+    path.write_text(json.dumps(_search("s", "h", {"1x8:a M=1": 0.0, "2x4:b M=2": 0.5})))
+    plan = docs_figures._search_plan
+    assert plan("2x4:b M=2", "estimate", "latency_s", form=".3g")(path) == "3"
+    assert plan("1x8:a M=1", "estimate", "basis", pattern=r"of (\d+) integers", form=",.0f")(path) == "1,234"
+    with pytest.raises(docs_figures.UsageError, match="no plan 9x9"):
+        plan("9x9", "estimate")(path)
+
+
+PRINTOUT = """target inference latency 18.56 s
+  confirmation 16 devices, 1x16:a M=1: estimate 10.00 s, traced 12.50 s, 7.2 GB per device
+  plan                                     estimate s   traced s est/traced pair mem
+  2x16:a zero0 m=8 b=32                          5.49      5.483     1.0013   1.0000
+ *2x16:b@8x2(ring 1) zero2 m=4 b=32             7.482      7.794     0.9600   1.0000
+  2x16:c zero0 m=4 b=32                          9.00       8.00     1.1250   1.0000
+fastest plans that fit (estimate)
+  2x16:a zero0 m=8 b=32              5.49    1.19    1.19    7.14       11
+"""
+
+
+def test_numbers_of_a_plain_text_table_and_a_quotient_in_one_line(tmp_path):
+    path = tmp_path / "printout.txt"
+    path.write_text(PRINTOUT)
+    row = docs_figures._train_row()
+    assert docs_figures._matched_span(row, 4)(path) == "0.9600-1.1250"
+    assert docs_figures._matched_within(row, 4)(path) == "2 of 3"
+    assert docs_figures._matched_span(docs_figures._train_row(r"\S+(?: \S+)* m=8 b=\d+"), 3, form=".2f")(path) == "5.48"
+    assert docs_figures._matched_quotient(docs_figures._confirmation(16), 2, 1)(path) == "1.25"
+    with pytest.raises(docs_figures.UsageError, match="no line matching"):
+        docs_figures._matched_span(r"^nothing ([\d.]+)")(path)
