@@ -451,6 +451,17 @@ FIGURES.update({
         _train_row(re.escape("2x32:usp@16x2(ring 1) zero0 recompute m=4 b=64")), 3, form=".3g")),
 })
 
+# -- docs/training.md ----------------------------------------------------------------------------------------
+_GEMM_OVER_FORWARD = "gemm_over_3x_forward"
+FIGURES.update({
+    "training.comm_worst_percent": Figure("results/training.csv", _span(
+        Column("comm_layout_max_relative_difference"), scale=100, form=".3f")),
+    "training.gemm.dp": Figure("results/training.csv", _span(
+        Column(_GEMM_OVER_FORWARD, where=(("strategy", "dp"),)), form=".4f")),
+    "training.gemm.batch_on_x": Figure("results/training.csv", _span(
+        Column(_GEMM_OVER_FORWARD, where=(("mesh", "2x8"),)), form=".4f")),
+})
+
 # -- tables -------------------------------------------------------------------------------------------------
 def first_table(path: Path, number: int = 1) -> str:
     """The first (or the ``number``-th) Markdown table of a result file, as its lines."""
