@@ -28,6 +28,9 @@ def test_the_docs_quote_figures_through_markers():
     names = {m["name"] for path in docs_figures.documents(ROOT)
              for m in docs_figures.FIGURE.finditer(path.read_text())}
     assert {"calibration.h100.group_norm", "calibration.h100.gemm", "split.worst"} <= names
+    assert {"gpu.loop_vs_measured", "h100-sxm.launch_floor", "train.4x8xh100.within", "training.gemm.dp"} <= names
+    tables = {m["name"] for path in docs_figures.documents(ROOT) for m in docs_figures.TABLE.finditer(path.read_text())}
+    assert {"results/gpu_validation/predictions.md", "results/plan_search:estimates"} <= tables
 
 
 @pytest.fixture
