@@ -14,48 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fuzz import FUZZ_MODELS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SLOW = pytest.mark.slow
 needs_torch_xla = pytest.mark.skipif(
     __import__("importlib").util.find_spec("torch_xla") is None, reason="needs the trace extra")
 
-USER_MODULE = """
-import torch
-
-class ReturnsNone(torch.nn.Module):
-    def forward(self, x):
-        return None
-
-class ReturnsInt(torch.nn.Module):
-    def forward(self, x):
-        return 3
-
-class ReadsItem(torch.nn.Module):
-    def forward(self, x):
-        return x * x.sum().item()
-
-class Branches(torch.nn.Module):
-    def forward(self, x):
-        return x + 1 if x.sum() > 0 else x - 1
-
-class Exits(torch.nn.Module):
-    def forward(self, x):
-        raise SystemExit(3)
-
-class RaisesBase(torch.nn.Module):
-    def forward(self, x):
-        raise BaseException("from the forward")
-
-class RaisesInterrupt(torch.nn.Module):
-    def forward(self, x):
-        raise KeyboardInterrupt
-
-def factory_exits():
-    raise SystemExit("from the factory")
-
-def factory_raises_base():
-    raise BaseException("from the factory")
-"""
+#: The misbehaving models the fuzz also traces (classes and factories by the names used below).
+USER_MODULE = FUZZ_MODELS
 #: A top-level module that ends the interpreter as it is imported.
 EXITING_MODULE = "raise SystemExit(4)\n"
 
