@@ -45,6 +45,35 @@ def quiet_interrupts() -> None:
 
     hook._hlo_trace_quiet = True  # type: ignore[attr-defined]
     _sys.excepthook = hook
+    _sys.unraisablehook = _unraisable_hook(_sys.unraisablehook)
+
+
+#: How long the re-sent interrupt waits: long enough for the hook and the callback that lost the
+#: interrupt to return (microseconds), short against a person's reaction to Ctrl-C.
+_RESEND_DELAY_S = 0.02
+
+
+def _unraisable_hook(previous):
+    """An interrupt that lands in code Python cannot raise from (a weakref callback, such as the
+    import system's module-lock ``cb``, or a ``__del__``) is printed as "Exception ignored" and
+    lost. Send SIGINT again to the main thread instead, a moment later from a thread of its own
+    (sent from here it would be raised inside this hook and lost once more), where it is the
+    usual KeyboardInterrupt: ``run_click`` or the hook above turns it into ``Interrupted.``, and
+    outputs being written are cleaned up as on any interrupt."""
+    def hook(unraisable) -> None:
+        if _interrupted(unraisable.exc_value):
+            import signal
+            import threading
+
+            def resend() -> None:
+                threading.Event().wait(_RESEND_DELAY_S)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+            threading.Thread(target=resend, name="hlo-trace-interrupt", daemon=True).start()
+            return
+        previous(unraisable)
+
+    return hook
 
 
 def _interrupted(error: BaseException | None) -> bool:

@@ -160,6 +160,50 @@ def test_ctrl_c_at_start_up_and_later_is_one_line(tmp_path, name):
             kill_group(process.pid)
 
 
+LOST_INTERRUPT = """
+import sys, time, weakref
+import hlo_trace
+from hlo_trace.cli import run_click
+import click
+
+class Thing:
+    pass
+
+def lose_the_interrupt(reference):  # as Ctrl-C landing in the import system's module-lock cb
+    raise {kind}
+
+@click.command()
+def command():
+    thing = Thing()
+    reference = weakref.ref(thing, lose_the_interrupt)
+    del thing
+    time.sleep({sleep})
+    print("not interrupted")
+
+sys.exit(run_click(command, []))
+"""
+
+
+@pytest.mark.parametrize("kind, sleep, code, last_line", [
+    ("KeyboardInterrupt", 30, 130, "Interrupted."),
+    ("ValueError('a bug')", 0.5, 0, "not interrupted"),
+])
+def test_an_interrupt_lost_in_a_callback_still_interrupts(kind, sleep, code, last_line):
+    """Python prints an exception raised in a weakref callback as "Exception ignored" and goes
+    on: a Ctrl-C that lands there would be lost. It is sent again; other exceptions are shown as
+    Python shows them, and the program goes on."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", LOST_INTERRUPT.format(kind=kind, sleep=sleep)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    output = (done.stderr + done.stdout).strip().splitlines()
+    assert (done.returncode, output[-1:]) == (code, [last_line]), done
+    if kind == "KeyboardInterrupt":
+        assert "Exception ignored" not in done.stderr and time.monotonic() - started < 20
+    else:
+        assert "Exception ignored" in done.stderr and "ValueError: a bug" in done.stderr
+
+
 # -- out of memory is one line ---------------------------------------------------------------------
 
 BAD_ALLOC = ("terminate called after throwing an instance of 'std::bad_alloc'\n"
