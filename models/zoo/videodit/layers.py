@@ -1,0 +1,166 @@
+"""Layers the three video DiTs share, written with plain tensor ops (torch only).
+
+* ``Mark``: an identity module, a named point in the graph where a sharding plan may mark a
+  tensor or re-lay it out (``[[activations]]`` rules of ``trace-module`` match module names).
+* ``Linear``: ``nn.Linear`` computed as ``einsum("abi,oi->abo")`` on 3-D inputs, so that a
+  sequence split of (batch, tokens, features) stays a tile (``nn.Linear`` flattens batch and
+  tokens into one dimension; docs/tracing.md).
+* attention on (batch, tokens, heads, head_dim), ``softmax(q k^T / sqrt(d)) v`` written out, and
+  the 3-D rotary embedding of video tokens over (frames, height, width).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Mark(nn.Identity):
+    """A named point where a plan may mark the tensor passing through (identity otherwise)."""
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that keeps (batch, tokens) apart on 3-D inputs."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 3:
+            return super().forward(x)
+        out = torch.einsum("abi,oi->abo", x, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
+def layer_norm(x: Tensor, eps: float) -> Tensor:
+    """LayerNorm over the last dimension without affine parameters, written out (rsqrt)."""
+    centred = x - x.mean(-1, keepdim=True)
+    return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm, affine or not, written out."""
+
+    def __init__(self, dim: int, eps: float, *, affine: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = layer_norm(x, self.eps)
+        return out if self.weight is None else out * self.weight + self.bias
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """x (B, L, h) scaled and shifted per sample by (B, h) vectors."""
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+def sinusoidal(t: Tensor, dim: int, *, max_period: float = 10000.0) -> Tensor:
+    """The sinusoidal timestep embedding (B,) -> (B, dim): cosines then sines."""
+    half = dim // 2
+    inverse = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device,
+                                                             dtype=torch.float32) / half)
+    angles = t.float()[:, None] * inverse[None]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+class Mlp(nn.Module):
+    """fc1 -> activation -> fc2 (the names tensor parallelism reads)."""
+
+    def __init__(self, dim: int, hidden: int, out: int | None = None, *,
+                 activation: str = "gelu_tanh") -> None:
+        super().__init__()
+        self.activation = activation
+        self.fc1 = Linear(dim, hidden)
+        self.fc2 = Linear(hidden, dim if out is None else out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(activate(self.fc1(x), self.activation))
+
+
+def activate(x: Tensor, activation: str) -> Tensor:
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if activation == "silu":
+        return F.silu(x)
+    raise ValueError(f"activation {activation!r}: expected gelu_tanh or silu")
+
+
+def rope_3d(x: Tensor, grid: tuple[int, int, int], dims: tuple[int, int, int],
+            theta: float) -> Tensor:
+    """Rotary embedding of video tokens in (frame, row, column) order: x (B, L, heads, D) with
+    L = prod(grid); the head dimension is cut into ``dims`` (frame, row, column) parts, each
+    rotated in pairs by its coordinate's angles; tokens beyond the grid are not rotated."""
+    angles = []
+    for axis, (size, dim) in enumerate(zip(grid, dims)):
+        inverse = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device,
+                                               dtype=torch.float32) / dim)
+        position = torch.arange(size, device=x.device, dtype=torch.float32)
+        shape = [1, 1, 1, dim // 2]
+        shape[axis] = size
+        angle = (position[:, None] * inverse[None]).view(shape)
+        angles.append(angle.expand(*grid, dim // 2))
+    angle = torch.cat(angles, dim=-1).reshape(math.prod(grid), 1, sum(dims) // 2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    pairs = x.unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+class AttentionCore(nn.Module):
+    """softmax(q k^T / sqrt(d)) v on (B, L, heads, D) tensors, with mark points on q, k, v (as
+    they enter) and on the output (as it leaves): where Ulysses turns a sequence split into a
+    head split and back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_in, self.k_in, self.v_in, self.out = Mark(), Mark(), Mark(), Mark()
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q, k, v = self.q_in(q), self.k_in(k), self.v_in(v)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
+        probs = scores.float().softmax(dim=-1).to(v.dtype)
+        return self.out(torch.einsum("bhqk,bkhd->bqhd", probs, v))
+
+
+def heads(x: Tensor, count: int) -> Tensor:
+    """(B, L, count * D) -> (B, L, count, D)."""
+    return x.unflatten(-1, (count, -1))
+
+
+def fused_heads(x: Tensor, count: int, parts: int) -> list[Tensor]:
+    """A fused projection's output laid out head-major, (heads, parts, D) per token, cut into
+    ``parts`` tensors (B, L, heads, D): a contiguous split of its features gives each device
+    whole heads of every part."""
+    return list(x.unflatten(-1, (count, parts, -1)).unbind(dim=3))
+
+
+def join(first: Tensor, second: Tensor, chunks: int) -> Tensor:
+    """The joint sequence of two token sets (B, L, ...): ``first`` then ``second`` when
+    ``chunks`` is 1; else in ``chunks`` runs of (a run of ``first``, a run of ``second``), the
+    order in which xDiT's sequence-parallel ranks hold it (each rank joins its own slices).
+    Attention does not depend on the order of the keys, so the model's output is the same."""
+    if chunks == 1:
+        return torch.cat([first, second], dim=1)
+    parts = [x.unflatten(1, (chunks, -1)) for x in (first, second)]
+    return torch.cat(parts, dim=2).flatten(1, 2)
+
+
+def unjoin(x: Tensor, first: int, chunks: int) -> tuple[Tensor, Tensor]:
+    """``join``'s inverse: the ``first`` tokens of the first set and the rest."""
+    if chunks == 1:
+        return x[:, :first], x[:, first:]
+    runs = x.unflatten(1, (chunks, -1))
+    return runs[:, :, :first // chunks].flatten(1, 2), runs[:, :, first // chunks:].flatten(1, 2)
