@@ -20,11 +20,22 @@ Inputs: ``latents`` (B, T, 16, H, W) (frames before channels, as diffusers order
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from models.zoo.videodit.layers import (AttentionCore, LayerNorm, Linear, Mark, Mlp, heads, join,
-                                        layer_norm, modulate, rope_3d, sinusoidal, unjoin)
+from models.zoo.videodit.layers import (
+    AttentionCore,
+    LayerNorm,
+    Linear,
+    Mark,
+    Mlp,
+    heads,
+    join,
+    layer_norm,
+    modulate,
+    rope_3d,
+    sinusoidal,
+    unjoin,
+)
 
 EPS = 1e-5
 QK_EPS = 1e-6

@@ -23,12 +23,24 @@ Inputs: ``latents`` (B, 16, T, H, W), ``t`` (B,), ``text`` (B, 256, 4096), ``poo
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from models.zoo.videodit.layers import (AttentionCore, LayerNorm, Linear, Mark, Mlp, RMSNorm,
-                                        activate, fused_heads, join, layer_norm, modulate, rope_3d,
-                                        sinusoidal, unjoin)
+from models.zoo.videodit.layers import (
+    AttentionCore,
+    LayerNorm,
+    Linear,
+    Mark,
+    Mlp,
+    RMSNorm,
+    activate,
+    fused_heads,
+    join,
+    layer_norm,
+    modulate,
+    rope_3d,
+    sinusoidal,
+    unjoin,
+)
 
 EPS = 1e-6
 ROPE_THETA = 256.0

@@ -22,8 +22,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from models.zoo.videodit.layers import (AttentionCore, LayerNorm, Linear, Mark, Mlp, RMSNorm,
-                                        heads, layer_norm, modulate, rope_3d, sinusoidal)
+from models.zoo.videodit.layers import (
+    AttentionCore,
+    LayerNorm,
+    Linear,
+    Mark,
+    Mlp,
+    RMSNorm,
+    heads,
+    layer_norm,
+    modulate,
+    rope_3d,
+    sinusoidal,
+)
 
 EPS = 1e-6
 ROPE_THETA = 10000.0
