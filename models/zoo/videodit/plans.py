@@ -1,0 +1,119 @@
+"""xDiT's strategies for the video DiTs as ``trace-module`` plans (docs/videodit.md): each a TOML
+plan over the models' module names (torch-free; ``plan_toml`` writes it).
+
+* ``ulysses`` (1 x n): the video (and text) tokens split over the devices after the embeddings;
+  each attention's q, k, v turned from a sequence split into a head split (an all-to-all each)
+  and its output back (one more). A cross-attention's text keys and values are projected for
+  the device's heads only (the text is on every device). The joint sequence of HunyuanVideo and
+  CogVideoX is ordered as xDiT's ranks hold it (the factories' ``chunks`` = n).
+* ``tp`` (1 x n): Megatron tensor parallelism in the blocks: q/k/v (or fused QKV) and the MLP's
+  up projection split by output features, the attention output and the MLP's down projection
+  by input features, their sum all-reduced.
+* ``cfg`` (2 x 1): classifier-free guidance parallel: the two branches (the batch of two) on two
+  devices; nothing is exchanged in the loop.
+* ``cfg_ulysses`` (2 x n): the branches on x, Ulysses over y within each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("ulysses", "tp", "cfg", "cfg_ulysses")
+
+
+@dataclass(frozen=True)
+class Names:
+    """Where a model's plans mark: the token mark points, the attention cores whose keys and
+    values come from the replicated text (cross-attention), and the tensor-parallel layers."""
+    inputs: tuple[str, ...]
+    tokens: tuple[str, ...]
+    attention: str
+    cross_attention: str | None
+    column: str
+    row: str
+    row_outputs: str
+    cfg: bool
+
+
+NAMES = {
+    "hunyuan_video": Names(("latents", "t", "text", "pooled", "guidance"), ("tokens", "text_tokens"),
+                           r"(double|single)_blocks\.\d+\.attn", None, r"(double_blocks\.\d+\.(img|txt)|single_blocks\.\d+)\.(qkv|fc1|mlp\.fc1)",
+                           r"(double_blocks\.\d+\.(img|txt)|single_blocks\.\d+)\.(proj|mlp\.fc2|fc2)",
+                           r"(double_blocks\.\d+\.(img|txt)\.(proj|mlp\.fc2)|single_blocks\.\d+\.combined)",
+                           cfg=False),
+    "wan21": Names(("latents", "t", "text"), ("tokens",), r"blocks\.\d+\.(self|cross)_attn\.core",
+                   r"blocks\.\d+\.cross_attn\.core",
+                   r"blocks\.\d+\.(self_attn|cross_attn)\.[qkv]_proj|blocks\.\d+\.mlp\.fc1",
+                   r"blocks\.\d+\.(self_attn|cross_attn)\.o_proj|blocks\.\d+\.mlp\.fc2",
+                   r"blocks\.\d+\.((self_attn|cross_attn)\.o_proj|mlp\.fc2)", cfg=True),
+    "cogvideox": Names(("latents", "t", "text"), ("tokens", "text_tokens"),
+                       r"blocks\.\d+\.attn", None, r"blocks\.\d+\.([qkv]_proj|mlp\.fc1)", r"blocks\.\d+\.(o_proj|mlp\.fc2)",
+                       r"blocks\.\d+\.(o_proj|mlp\.fc2)", cfg=True),
+}
+
+_N = '"none"'
+
+
+def _spec(*entries: str | None) -> str:
+    return "[" + ", ".join(_N if e is None else f'"{e}"' for e in entries) + "]"
+
+
+def _activation(module: str, spec: str, then: str | None = None) -> str:
+    text = f"[[activations]]\nmodule = 're:{module}'\nspec = {spec}\n"
+    return text + (f"then = {then}\n" if then else "") + "\n"
+
+
+def _ulysses(names: Names, axis: str) -> str:
+    sequence3, sequence4 = _spec(None, axis, None), _spec(None, axis, None, None)
+    heads4 = _spec(None, None, axis, None)
+    text = "".join(_activation(name, sequence3) for name in names.tokens)
+    if names.cross_attention:
+        text += _activation(rf"{names.cross_attention}\.[kv]_in", heads4)
+    text += _activation(rf"{names.attention}\.[qkv]_in", sequence4, heads4)
+    return text + _activation(rf"{names.attention}\.out", heads4, sequence4)
+
+
+def _tp(names: Names, axis: str) -> str:
+    def parameter(pattern: str, spec: str) -> str:
+        return f"[[parameters]]\npattern = 're:{pattern}'\nspec = {spec}\n\n"
+
+    return (parameter(rf"({names.column})\.weight", _spec(axis, None))
+            + parameter(rf"({names.column})\.bias", _spec(axis))
+            + parameter(rf"({names.row})\.weight", _spec(None, axis))
+            + _activation(names.row_outputs, _spec(None, None, None)))
+
+
+def _cfg(names: Names) -> str:
+    return "".join(f'[[inputs]]\nname = "{name}"\nspec = {_spec(*(["x"] + [None] * (rank - 1)))}\n\n'
+                   for name, rank in zip(names.inputs, _RANKS[names.inputs]))
+
+
+_RANKS = {("latents", "t", "text"): (5, 1, 3),
+          ("latents", "t", "text", "pooled", "guidance"): (5, 1, 3, 2, 1)}
+
+
+def mesh(strategy: str, degree: int) -> tuple[int, int]:
+    """The (x, y) mesh of a strategy at a sequence- or tensor-parallel degree."""
+    return {"ulysses": (1, degree), "tp": (1, degree), "cfg": (2, 1),
+            "cfg_ulysses": (2, degree)}[strategy]
+
+
+def chunks(strategy: str, degree: int) -> int:
+    """The factory's ``chunks`` under a strategy: the Ulysses degree, else 1."""
+    return degree if "ulysses" in strategy else 1
+
+
+def plan_toml(model: str, strategy: str, degree: int) -> str:
+    """The plan of ``strategy`` for ``model`` (a key of NAMES) at ``degree`` devices per branch."""
+    names = NAMES[model]
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if strategy.startswith("cfg") and not names.cfg:
+        raise ValueError(f"{model} uses embedded guidance (a batch of one): no CFG parallel")
+    x, y = mesh(strategy, degree)
+    head = (f"# {strategy} for {model} on {x} x {y} devices (models/zoo/videodit/plans.py)\n\n"
+            f'[mesh]\nshape = [{x}, {y}]\naxes = ["x", "y"]\n\n')
+    body = {"ulysses": lambda: _ulysses(names, "y"), "tp": lambda: _tp(names, "y"),
+            "cfg": lambda: _cfg(names),
+            "cfg_ulysses": lambda: _cfg(names) + _ulysses(names, "y")}[strategy]()
+    return head + body

@@ -1,0 +1,191 @@
+"""The video DiTs of models/zoo/videodit traced with trace-module: GEMM FLOPs per device against
+a hand count written here from each model's configuration (the factory's keyword arguments and
+the input shapes alone), and the collectives of each of xDiT's strategies (models/zoo/videodit/
+plans.py) against the layout's formula, bytes per device and kind by kind (traced/theory 1).
+
+Tiny configurations (the factories' defaults), f32 (4 bytes an element). Collective bytes sent per
+device on n devices (``hardware.collectives``' ring forms): all-reduce of S bytes 2 (n-1)/n S,
+all-to-all of a local S bytes (n-1)/n S. Each trace takes a few seconds: the Wan Ulysses case runs
+in the default run, the others are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch_xla")
+
+from models.zoo.videodit.plans import chunks, mesh, plan_toml  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+F32 = 4
+N_DEV = 4  # the sequence- or tensor-parallel degree of every case
+
+
+@dataclass(frozen=True)
+class Count:
+    """A model's GEMM FLOPs (one device, global shapes) cut by how a strategy shares them:
+    ``blocks`` the blocks' linears and attention, ``embed`` the work on the video tokens outside
+    the blocks (patch convolution, head), ``small`` the work on the text and the conditioning
+    vectors outside the blocks, ``modulation`` the blocks' modulation linears."""
+    blocks: int
+    embed: int
+    small: int
+    modulation: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.blocks + self.embed + self.small + self.modulation
+
+
+# -- hand counts from the configuration -------------------------------------------------------------
+def wan21_count(b: int, n: int, lt: int, *, dim=64, ffn=160, layers=2, in_channels=4, text_dim=32,
+                frequencies=32) -> Count:
+    d, patch = dim, in_channels * 4
+    block = (8 * b * n * d * d + 4 * b * n * n * d              # self: q, k, v, o; scores, values
+             + 4 * b * n * d * d + 4 * b * lt * d * d           # cross: q, o on video; k, v on text
+             + 4 * b * n * lt * d                               # cross scores and values
+             + 4 * b * n * d * ffn)                             # MLP up and down
+    small = (2 * b * lt * (text_dim * d + d * d)                # text embedding
+             + 2 * b * (frequencies * d + d * d)                # time embedding
+             + 2 * b * d * 6 * d)                               # time projection
+    return Count(layers * block, 2 * 2 * b * n * patch * d, small)
+
+
+def hunyuan_count(b: int, n: int, lt: int, *, dim=64, double_layers=1, single_layers=1,
+                  refiner_layers=1, in_channels=4, text_dim=32, pooled_dim=16,
+                  frequencies=256) -> Count:
+    d, m, patch = dim, n + lt, in_channels * 4
+    double = 24 * b * m * d * d + 4 * b * m * m * d   # per stream: qkv 3, proj 1, MLP 8 (x 2)
+    single = 24 * b * m * d * d + 4 * b * m * m * d   # qkv 3 + up 4, proj 1 + down 4
+    refiner = (b * lt * d * d * (6 + 2 + 16) + 4 * b * lt * lt * d + 2 * b * d * 2 * d)
+    small = (2 * b * (frequencies * d + d * d) * 2 + 2 * b * (pooled_dim * d + d * d)  # t, g, pooled
+             + 2 * b * lt * text_dim * d + 2 * b * (frequencies * d + d * d)   # refiner in, t
+             + 2 * b * (text_dim * d + d * d) + refiner_layers * refiner        # refiner c, blocks
+             + 2 * b * d * 2 * d)                                              # final modulation
+    modulation = 2 * b * d * (2 * 6 * d * double_layers + 3 * d * single_layers)
+    return Count(double_layers * double + single_layers * single, 2 * 2 * b * n * patch * d,
+                 small, modulation)
+
+
+def cogvideox_count(b: int, n: int, lt: int, *, heads=4, head_dim=16, layers=2, in_channels=4,
+                    text_dim=32, time_dim=32) -> Count:
+    d, m, patch = heads * head_dim, n + lt, in_channels * 4
+    block = 8 * b * m * d * d + 4 * b * m * m * d + 16 * b * m * d * d
+    small = (2 * b * lt * text_dim * d + 2 * b * (d * time_dim + time_dim * time_dim)
+             + 2 * b * time_dim * 2 * d)
+    return Count(layers * block, 2 * 2 * b * n * patch * d, small,
+                 layers * 2 * 2 * b * time_dim * 6 * d)
+
+
+#: model -> (factory, inputs, batch, video tokens, text tokens, count)
+MODELS = {
+    "wan21": ("models.zoo.videodit.wan21:wan21",
+              ["latents=2x4x4x8x8:float32", "t=2:float32", "text=2x8x32:float32"], 2, 64, 8,
+              wan21_count),
+    "hunyuan_video": ("models.zoo.videodit.hunyuan_video:hunyuan_video",
+                      ["latents=1x4x3x8x8:float32", "t=1:float32", "text=1x8x32:float32",
+                       "pooled=1x16:float32", "guidance=1:float32"], 1, 48, 8, hunyuan_count),
+    "cogvideox": ("models.zoo.videodit.cogvideox:cogvideox",
+                  ["latents=2x3x4x8x8:float32", "t=2:float32", "text=2x8x32:float32"], 2, 48, 8,
+                  cogvideox_count),
+}
+
+
+def all_to_all(local: float, n: int = N_DEV) -> float:
+    return (n - 1) / n * local
+
+
+def all_reduce(size: float, n: int = N_DEV) -> float:
+    return 2 * (n - 1) / n * size
+
+
+def expected(model: str, strategy: str) -> tuple[int, dict[str, float]]:
+    """The layout formula: GEMM FLOPs per device and collective bytes per device by kind."""
+    _, _, b, n, lt, count_of = MODELS[model]
+    count = count_of(b, n, lt)
+    d = 64
+    m = n + lt
+    if strategy == "single":
+        return count.total, {}
+    if strategy == "cfg":  # the two branches on two devices: everything halves, nothing sent
+        return count.total // 2, {}
+    branch = 2 if strategy == "cfg_ulysses" else 1
+    if strategy.endswith("ulysses"):
+        # tokens split: the blocks, modulation aside, and the video work outside them shared;
+        # the text and conditioning work outside the blocks on every device (xDiT's layout)
+        gemm = (count.blocks + count.embed) // (N_DEV * branch) + (count.small + count.modulation) // branch
+        local = b // branch * d * F32
+        if model == "wan21":  # self: q, k, v, out; cross: q, out; a cross k-norm statistic
+            return gemm, {"all_to_all": 2 * 6 * all_to_all(local * n / N_DEV),
+                          "all_reduce": 2 * all_reduce(b // branch * lt * F32)}
+        blocks = 2 if model == "cogvideox" else 2  # joint attentions
+        return gemm, {"all_to_all": blocks * 4 * all_to_all(local * m / N_DEV)}
+    # tp: the blocks' linears and attention shared; modulation and outside on every device
+    gemm = count.blocks // N_DEV + count.embed + count.small + count.modulation
+    if model == "wan21":  # o, cross o, fc2 outputs; RMSNorm statistics of q, k, cross q, cross k
+        return gemm, {"all_reduce": 2 * (3 * all_reduce(b * n * d * F32)
+                                         + all_reduce(b * (3 * n + lt) * F32))}
+    if model == "cogvideox":  # o and fc2 over the joint sequence
+        return gemm, {"all_reduce": 2 * 2 * all_reduce(b * m * d * F32)}
+    # HunyuanVideo: dual-stream proj and fc2 of each stream, the single-stream block's sum
+    return gemm, {"all_reduce": 2 * all_reduce(b * m * d * F32) + all_reduce(b * m * d * F32)}
+
+
+CASES = [(model, strategy) for model in MODELS
+         for strategy in ("single", "ulysses", "tp", "cfg", "cfg_ulysses")
+         if model == "wan21" or model == "cogvideox" or not strategy.startswith("cfg")]
+QUICK = {("wan21", "ulysses")}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+
+def trace_and_analyze(model: str, strategy: str, out: Path) -> dict:
+    factory, inputs, *_ = MODELS[model]
+    args = [sys.executable, "-m", "tracing.module_cli", factory, "--name", f"{model}_{strategy}",
+            "-o", str(out)]
+    for spec in inputs:
+        args += ["--input", spec]
+    if strategy == "single":
+        args += ["--strategy", "dp", "--mesh", "1x1"]
+    else:
+        plan = out / f"{model}_{strategy}.toml"
+        plan.write_text(plan_toml(model, strategy, N_DEV))
+        args += ["--plan", str(plan)]
+        if model != "wan21":
+            kwargs = out / f"{model}_{strategy}_kwargs.toml"
+            kwargs.write_text(f"chunks = {chunks(strategy, N_DEV)}\n")
+            args += ["--kwargs", str(kwargs)]
+    traced = subprocess.run(args, cwd=out, env=_env(), capture_output=True, text=True, timeout=300)
+    assert traced.returncode == 0, traced.stderr
+    analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli",
+                               str(out / f"{model}_{strategy}.mlir"), "--hw", "h100-sxm",
+                               "--format", "json"], env=_env(), capture_output=True, text=True,
+                              timeout=300)
+    assert analysis.returncode == 0, analysis.stderr
+    return json.loads(analysis.stdout)
+
+
+@pytest.mark.parametrize("model, strategy", [
+    pytest.param(*case, marks=() if case in QUICK else pytest.mark.slow) for case in CASES])
+def test_gemm_flops_and_collectives_equal_the_layout_formula(tmp_path, model, strategy):
+    analysis = trace_and_analyze(model, strategy, tmp_path)
+    gemm, collectives = expected(model, strategy)
+    assert analysis["totals"]["gemm_flops"] == gemm
+    sent = {kind: entry["bytes_per_device"] for kind, entry in analysis["comm_by_kind"].items()}
+    assert sent == pytest.approx(collectives)
+
+
+def test_the_meshes_of_the_plans():
+    assert mesh("ulysses", 8) == (1, 8) and mesh("cfg_ulysses", 4) == (2, 4)
+    with pytest.raises(ValueError, match="embedded guidance"):
+        plan_toml("hunyuan_video", "cfg", 2)
