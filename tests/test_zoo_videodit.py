@@ -32,17 +32,22 @@ N_DEV = 4  # the sequence- or tensor-parallel degree of every case
 @dataclass(frozen=True)
 class Count:
     """A model's GEMM FLOPs (one device, global shapes) cut by how a strategy shares them:
-    ``blocks`` the blocks' linears and attention, ``embed`` the work on the video tokens outside
-    the blocks (patch convolution, head), ``small`` the work on the text and the conditioning
-    vectors outside the blocks, ``modulation`` the blocks' modulation linears."""
+    ``blocks`` the blocks' linears and attention; outside the blocks, ``shared`` the work on
+    tokens that a token split shares (Ulysses) and ``whole`` the work it leaves whole on every
+    device (the conditioning vectors, the text the tokens attend to); ``modulation`` the blocks'
+    modulation linears (on the conditioning vector: whole under Ulysses and tensor parallel);
+    ``frames`` CogVideoX's patch convolution on (batch x frames) images, before the token
+    split: whole when a device group holds two samples (batch x frames is then no tile of the
+    token split), shared when it holds one (CFG parallel with Ulysses)."""
     blocks: int
-    embed: int
-    small: int
+    shared: int
+    whole: int
     modulation: int = 0
+    frames: int = 0
 
     @property
     def total(self) -> int:
-        return self.blocks + self.embed + self.small + self.modulation
+        return self.blocks + self.shared + self.whole + self.modulation + self.frames
 
 
 # -- hand counts from the configuration -------------------------------------------------------------
@@ -79,10 +84,11 @@ def cogvideox_count(b: int, n: int, lt: int, *, heads=4, head_dim=16, layers=2, 
                     text_dim=32, time_dim=32) -> Count:
     d, m, patch = heads * head_dim, n + lt, in_channels * 4
     block = 8 * b * m * d * d + 4 * b * m * m * d + 16 * b * m * d * d
-    small = (2 * b * lt * text_dim * d + 2 * b * (d * time_dim + time_dim * time_dim)
-             + 2 * b * time_dim * 2 * d)
-    return Count(layers * block, 2 * 2 * b * n * patch * d, small,
-                 layers * 2 * 2 * b * time_dim * 6 * d)
+    # the text projection's output is split on tokens (shared); the patch convolution: frames
+    shared = 2 * b * lt * text_dim * d + 2 * b * n * d * patch
+    whole = 2 * b * (d * time_dim + time_dim * time_dim) + 2 * b * time_dim * 2 * d
+    return Count(layers * block, shared, whole, layers * 2 * 2 * b * time_dim * 6 * d,
+                 frames=2 * b * n * patch * d)
 
 
 #: model -> (factory, inputs, batch, video tokens, text tokens, count)
@@ -91,10 +97,10 @@ MODELS = {
               ["latents=2x4x4x8x8:float32", "t=2:float32", "text=2x8x32:float32"], 2, 64, 8,
               wan21_count),
     "hunyuan_video": ("models.zoo.videodit.hunyuan_video:hunyuan_video",
-                      ["latents=1x4x3x8x8:float32", "t=1:float32", "text=1x8x32:float32",
-                       "pooled=1x16:float32", "guidance=1:float32"], 1, 48, 8, hunyuan_count),
+                      ["latents=1x4x4x8x8:float32", "t=1:float32", "text=1x8x32:float32",
+                       "pooled=1x16:float32", "guidance=1:float32"], 1, 64, 8, hunyuan_count),
     "cogvideox": ("models.zoo.videodit.cogvideox:cogvideox",
-                  ["latents=2x3x4x8x8:float32", "t=2:float32", "text=2x8x32:float32"], 2, 48, 8,
+                  ["latents=2x4x4x8x8:float32", "t=2:float32", "text=2x8x32:float32"], 2, 64, 8,
                   cogvideox_count),
 }
 
@@ -121,22 +127,24 @@ def expected(model: str, strategy: str) -> tuple[int, dict[str, float]]:
     if strategy.endswith("ulysses"):
         # tokens split: the blocks, modulation aside, and the video work outside them shared;
         # the text and conditioning work outside the blocks on every device (xDiT's layout)
-        gemm = (count.blocks + count.embed) // (N_DEV * branch) + (count.small + count.modulation) // branch
+        frames = count.frames // N_DEV if b // branch == 1 else count.frames
+        gemm = ((count.blocks + count.shared) // N_DEV + frames + count.whole
+                + count.modulation) // branch
         local = b // branch * d * F32
         if model == "wan21":  # self: q, k, v, out; cross: q, out; a cross k-norm statistic
             return gemm, {"all_to_all": 2 * 6 * all_to_all(local * n / N_DEV),
                           "all_reduce": 2 * all_reduce(b // branch * lt * F32)}
-        blocks = 2 if model == "cogvideox" else 2  # joint attentions
-        return gemm, {"all_to_all": blocks * 4 * all_to_all(local * m / N_DEV)}
+        # joint attentions: q, k, v, out (CogVideoX's two blocks, HunyuanVideo's one of each kind)
+        return gemm, {"all_to_all": 2 * 4 * all_to_all(local * m / N_DEV)}
     # tp: the blocks' linears and attention shared; modulation and outside on every device
-    gemm = count.blocks // N_DEV + count.embed + count.small + count.modulation
+    gemm = count.blocks // N_DEV + count.shared + count.whole + count.modulation + count.frames
     if model == "wan21":  # o, cross o, fc2 outputs; RMSNorm statistics of q, k, cross q, cross k
         return gemm, {"all_reduce": 2 * (3 * all_reduce(b * n * d * F32)
                                          + all_reduce(b * (3 * n + lt) * F32))}
     if model == "cogvideox":  # o and fc2 over the joint sequence
         return gemm, {"all_reduce": 2 * 2 * all_reduce(b * m * d * F32)}
-    # HunyuanVideo: dual-stream proj and fc2 of each stream, the single-stream block's sum
-    return gemm, {"all_reduce": 2 * all_reduce(b * m * d * F32) + all_reduce(b * m * d * F32)}
+    # HunyuanVideo: proj and fc2 of each stream of the dual-stream block, and of the single one
+    return gemm, {"all_reduce": 2 * all_reduce(b * m * d * F32) + 2 * all_reduce(b * m * d * F32)}
 
 
 CASES = [(model, strategy) for model in MODELS

@@ -5,10 +5,12 @@ plan over the models' module names (torch-free; ``plan_toml`` writes it).
   each attention's q, k, v turned from a sequence split into a head split (an all-to-all each)
   and its output back (one more). A cross-attention's text keys and values are projected for
   the device's heads only (the text is on every device). The joint sequence of HunyuanVideo and
-  CogVideoX is ordered as xDiT's ranks hold it (the factories' ``chunks`` = n).
+  CogVideoX is ordered as xDiT's ranks hold it (the factories' ``chunks`` = n). HunyuanVideo's
+  token refiner runs whole on every device (its output pinned), as in xDiT.
 * ``tp`` (1 x n): Megatron tensor parallelism in the blocks: q/k/v (or fused QKV) and the MLP's
   up projection split by output features, the attention output and the MLP's down projection
-  by input features, their sum all-reduced.
+  by input features, their outputs all-reduced (HunyuanVideo's single-stream block: the two
+  halves of its fused output projection, each all-reduced).
 * ``cfg`` (2 x 1): classifier-free guidance parallel: the two branches (the batch of two) on two
   devices; nothing is exchanged in the loop.
 * ``cfg_ulysses`` (2 x n): the branches on x, Ulysses over y within each.
@@ -33,6 +35,7 @@ class Names:
     row: str
     row_outputs: str
     cfg: bool
+    whole: tuple[str, ...] = ()  # modules whose output Ulysses keeps on every device
 
 
 NAMES = {
@@ -40,7 +43,7 @@ NAMES = {
                            r"(double|single)_blocks\.\d+\.attn", None, r"(double_blocks\.\d+\.(img|txt)|single_blocks\.\d+)\.(qkv|fc1|mlp\.fc1)",
                            r"(double_blocks\.\d+\.(img|txt)|single_blocks\.\d+)\.(proj|mlp\.fc2|fc2)",
                            r"(double_blocks\.\d+\.(img|txt)\.(proj|mlp\.fc2)|single_blocks\.\d+\.combined)",
-                           cfg=False),
+                           cfg=False, whole=("txt_in",)),
     "wan21": Names(("latents", "t", "text"), ("tokens",), r"blocks\.\d+\.(self|cross)_attn\.core",
                    r"blocks\.\d+\.cross_attn\.core",
                    r"blocks\.\d+\.(self_attn|cross_attn)\.[qkv]_proj|blocks\.\d+\.mlp\.fc1",
@@ -63,10 +66,11 @@ def _activation(module: str, spec: str, then: str | None = None) -> str:
     return text + (f"then = {then}\n" if then else "") + "\n"
 
 
-def _ulysses(names: Names, axis: str) -> str:
-    sequence3, sequence4 = _spec(None, axis, None), _spec(None, axis, None, None)
-    heads4 = _spec(None, None, axis, None)
-    text = "".join(_activation(name, sequence3) for name in names.tokens)
+def _ulysses(names: Names, axis: str, batch: str | None = None) -> str:
+    sequence3, sequence4 = _spec(batch, axis, None), _spec(batch, axis, None, None)
+    heads4 = _spec(batch, None, axis, None)
+    text = "".join(_activation(name, _spec(batch, None, None)) for name in names.whole)
+    text += "".join(_activation(name, sequence3) for name in names.tokens)
     if names.cross_attention:
         text += _activation(rf"{names.cross_attention}\.[kv]_in", heads4)
     text += _activation(rf"{names.attention}\.[qkv]_in", sequence4, heads4)
@@ -115,5 +119,5 @@ def plan_toml(model: str, strategy: str, degree: int) -> str:
             f'[mesh]\nshape = [{x}, {y}]\naxes = ["x", "y"]\n\n')
     body = {"ulysses": lambda: _ulysses(names, "y"), "tp": lambda: _tp(names, "y"),
             "cfg": lambda: _cfg(names),
-            "cfg_ulysses": lambda: _cfg(names) + _ulysses(names, "y")}[strategy]()
+            "cfg_ulysses": lambda: _cfg(names) + _ulysses(names, "y", "x")}[strategy]()
     return head + body
