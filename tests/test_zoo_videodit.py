@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch_xla")
 
-from models.zoo.videodit.plans import chunks, mesh, plan_toml  # noqa: E402
+from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 F32 = 4
@@ -123,6 +123,8 @@ def expected(model: str, strategy: str) -> tuple[int, dict[str, float]]:
         return count.total, {}
     if strategy == "cfg":  # the two branches on two devices: everything halves, nothing sent
         return count.total // 2, {}
+    if strategy in ("ring", "usp"):
+        return ring_formula(model, strategy, count, b, n, lt)
     branch = 2 if strategy == "cfg_ulysses" else 1
     if strategy.endswith("ulysses"):
         # tokens split: the blocks, modulation aside, and the video work outside them shared;
@@ -147,8 +149,32 @@ def expected(model: str, strategy: str) -> tuple[int, dict[str, float]]:
     return gemm, {"all_reduce": 2 * all_reduce(b * m * d * F32) + 2 * all_reduce(b * m * d * F32)}
 
 
+def ring_formula(model: str, strategy: str, count: Count, b: int, n: int, lt: int):
+    """Ring attention over R = 4 (ring) or R = 2 x Ulysses U = 2 (usp): the blocks and the
+    token work shared; per ring attention 2 (R - 1) collective-permutes (K and V blocks) of
+    (B, L / R, heads / U, D); under usp 4 all-to-alls (q, k, v, out) in groups of U. Wan's
+    cross-attention keys and values (text) are split by heads over U only (whole under ring),
+    the k RMSNorm's statistic all-reduced in the head groups."""
+    d, ring = 64, 4 if strategy == "ring" else 2
+    ulysses = N_DEV // ring
+    length = n if model == "wan21" else n + lt
+    attentions = 2  # Wan's and CogVideoX's two blocks, HunyuanVideo's one of each kind
+    sent = {"collective_permute": attentions * 2 * (ring - 1) * b * length // ring * d // ulysses * F32}
+    gemm = (count.blocks + count.shared) // N_DEV + count.whole + count.modulation + count.frames
+    if model == "wan21":  # cross k and v projections on the text: split by heads over U only
+        cross_kv = 2 * 4 * b * lt * d * d
+        gemm += cross_kv // ulysses - cross_kv // N_DEV
+    if ulysses > 1:
+        local = b * length // N_DEV * d * F32
+        cross = 2 * 2 * all_to_all(b * n // N_DEV * d * F32, ulysses) if model == "wan21" else 0
+        sent["all_to_all"] = attentions * 4 * all_to_all(local, ulysses) + cross
+        if model == "wan21":
+            sent["all_reduce"] = 2 * all_reduce(b * lt * F32, ulysses)
+    return gemm, sent
+
+
 CASES = [(model, strategy) for model in MODELS
-         for strategy in ("single", "ulysses", "tp", "cfg", "cfg_ulysses")
+         for strategy in ("single", "ulysses", "ring", "usp", "tp", "cfg", "cfg_ulysses")
          if model == "wan21" or model == "cogvideox" or not strategy.startswith("cfg")]
 QUICK = {("wan21", "ulysses")}
 
@@ -169,10 +195,12 @@ def trace_and_analyze(model: str, strategy: str, out: Path) -> dict:
         plan = out / f"{model}_{strategy}.toml"
         plan.write_text(plan_toml(model, strategy, N_DEV))
         args += ["--plan", str(plan)]
-        if model != "wan21":
-            kwargs = out / f"{model}_{strategy}_kwargs.toml"
-            kwargs.write_text(f"chunks = {chunks(strategy, N_DEV)}\n")
-            args += ["--kwargs", str(kwargs)]
+        layout = factory_kwargs(strategy, N_DEV)
+        if model == "wan21":  # cross-attention to the text: no joint sequence to order
+            del layout["chunks"]
+        kwargs = out / f"{model}_{strategy}_kwargs.toml"
+        kwargs.write_text("".join(f"{key} = {value}\n" for key, value in layout.items()))
+        args += ["--kwargs", str(kwargs)]
     traced = subprocess.run(args, cwd=out, env=_env(), capture_output=True, text=True, timeout=300)
     assert traced.returncode == 0, traced.stderr
     analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli",

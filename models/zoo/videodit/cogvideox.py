@@ -65,13 +65,14 @@ class ExpertNorm(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, count: int, time_dim: int, ffn: int, chunks: int) -> None:
+    def __init__(self, dim: int, count: int, time_dim: int, ffn: int, chunks: int,
+                 ring: int) -> None:
         super().__init__()
         self.heads, self.chunks = count, chunks
         self.norm1, self.norm2 = ExpertNorm(time_dim, dim), ExpertNorm(time_dim, dim)
         self.q_proj, self.k_proj, self.v_proj = Linear(dim, dim), Linear(dim, dim), Linear(dim, dim)
         self.norm_q, self.norm_k = LayerNorm(dim // count, QK_EPS), LayerNorm(dim // count, QK_EPS)
-        self.attn = AttentionCore()
+        self.attn = AttentionCore(ring)
         self.o_proj = Linear(dim, dim)
         self.mlp = Mlp(dim, ffn)
 
@@ -98,7 +99,7 @@ class Block(nn.Module):
 
 class CogVideoX(nn.Module):
     def __init__(self, *, count: int, head_dim: int, layers: int, in_channels: int, patch: int,
-                 text_dim: int, time_dim: int, chunks: int) -> None:
+                 text_dim: int, time_dim: int, chunks: int, ring: int) -> None:
         super().__init__()
         dim = count * head_dim
         self.dim, self.chunks = dim, chunks
@@ -106,7 +107,7 @@ class CogVideoX(nn.Module):
         self.text_proj = Linear(text_dim, dim)
         self.time_embedding = Mlp(dim, time_dim, time_dim, activation="silu")
         self.tokens, self.text_tokens = Mark(), Mark()
-        self.blocks = nn.ModuleList(Block(dim, count, time_dim, 4 * dim, chunks) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, count, time_dim, 4 * dim, chunks, ring) for _ in range(layers))
         self.norm_final = LayerNorm(dim, EPS)
         self.norm_out = Linear(time_dim, 2 * dim)
         self.proj_out = Linear(dim, patch * patch * in_channels)
@@ -128,9 +129,11 @@ class CogVideoX(nn.Module):
 
 
 def cogvideox(heads: int = 4, head_dim: int = 16, layers: int = 2, in_channels: int = 4,
-              patch: int = 2, text_dim: int = 32, time_dim: int = 32, chunks: int = 1) -> CogVideoX:
+              patch: int = 2, text_dim: int = 32, time_dim: int = 32, chunks: int = 1,
+              ring: int = 1) -> CogVideoX:
     """CogVideoX (tiny by default: 4 heads of 16, 2 blocks; ``configs.COGVIDEOX_5B`` is the
     released size). ``chunks``: the order of the joint sequence (``layers.join``), the
-    sequence-parallel degree under xDiT's layouts."""
+    sequence-parallel degree under xDiT's layouts; ``ring``: attention as ring attention over
+    that many sequence blocks (``layers.AttentionCore``)."""
     return CogVideoX(count=heads, head_dim=head_dim, layers=layers, in_channels=in_channels,
-                     patch=patch, text_dim=text_dim, time_dim=time_dim, chunks=chunks)
+                     patch=patch, text_dim=text_dim, time_dim=time_dim, chunks=chunks, ring=ring)

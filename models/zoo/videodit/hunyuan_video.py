@@ -78,11 +78,12 @@ class Stream(nn.Module):
 
 
 class DoubleBlock(nn.Module):
-    def __init__(self, dim: int, count: int, rope: tuple[int, int, int], chunks: int) -> None:
+    def __init__(self, dim: int, count: int, rope: tuple[int, int, int], chunks: int,
+                 ring: int) -> None:
         super().__init__()
         self.rope, self.chunks = rope, chunks
         self.img, self.txt = Stream(dim, count), Stream(dim, count)
-        self.attn = AttentionCore()
+        self.attn = AttentionCore(ring)
 
     def forward(self, img: Tensor, txt: Tensor, vec: Tensor, grid: tuple[int, int, int]):
         (iq, ik, iv), img_gates = self.img.qkv_of(img, vec)
@@ -94,13 +95,14 @@ class DoubleBlock(nn.Module):
 
 
 class SingleBlock(nn.Module):
-    def __init__(self, dim: int, count: int, rope: tuple[int, int, int], chunks: int) -> None:
+    def __init__(self, dim: int, count: int, rope: tuple[int, int, int], chunks: int,
+                 ring: int) -> None:
         super().__init__()
         self.heads, self.rope, self.chunks = count, rope, chunks
         self.mod = Linear(dim, 3 * dim)
         self.qkv, self.fc1 = Linear(dim, 3 * dim), Linear(dim, 4 * dim)
         self.q_norm, self.k_norm = RMSNorm(dim // count, EPS), RMSNorm(dim // count, EPS)
-        self.attn = AttentionCore()
+        self.attn = AttentionCore(ring)
         self.proj, self.fc2 = Linear(dim, dim), Linear(4 * dim, dim, bias=False)
         self.combined = Mark()  # the sum of the two halves of the fused output projection
 
@@ -152,7 +154,8 @@ class TokenRefiner(nn.Module):
 class HunyuanVideo(nn.Module):
     def __init__(self, *, dim: int, count: int, double_layers: int, single_layers: int,
                  refiner_layers: int, in_channels: int, text_dim: int, pooled_dim: int,
-                 rope: tuple[int, int, int], patch: tuple[int, int, int], chunks: int) -> None:
+                 rope: tuple[int, int, int], patch: tuple[int, int, int], chunks: int,
+                 ring: int) -> None:
         super().__init__()
         self.chunks = chunks
         if dim % count or sum(rope) != dim // count:
@@ -164,9 +167,9 @@ class HunyuanVideo(nn.Module):
         self.vector_in = Mlp(pooled_dim, dim, dim, activation="silu")
         self.guidance_in = Mlp(FREQUENCIES, dim, dim, activation="silu")
         self.tokens, self.text_tokens = Mark(), Mark()
-        self.double_blocks = nn.ModuleList(DoubleBlock(dim, count, rope, chunks)
+        self.double_blocks = nn.ModuleList(DoubleBlock(dim, count, rope, chunks, ring)
                                            for _ in range(double_layers))
-        self.single_blocks = nn.ModuleList(SingleBlock(dim, count, rope, chunks)
+        self.single_blocks = nn.ModuleList(SingleBlock(dim, count, rope, chunks, ring)
                                            for _ in range(single_layers))
         self.final_modulation = Linear(dim, 2 * dim)
         self.final_linear = Linear(dim, in_channels * patch[0] * patch[1] * patch[2])
@@ -193,11 +196,13 @@ class HunyuanVideo(nn.Module):
 def hunyuan_video(dim: int = 64, heads: int = 4, double_layers: int = 1, single_layers: int = 1,
                   refiner_layers: int = 1, in_channels: int = 4, text_dim: int = 32,
                   pooled_dim: int = 16, rope: tuple[int, int, int] = (4, 6, 6),
-                  patch: tuple[int, int, int] = (1, 2, 2), chunks: int = 1) -> HunyuanVideo:
+                  patch: tuple[int, int, int] = (1, 2, 2), chunks: int = 1,
+                  ring: int = 1) -> HunyuanVideo:
     """HunyuanVideo (tiny by default: width 64, 4 heads of 16, one block of each kind;
     ``configs.HUNYUAN_VIDEO`` is the released size). ``chunks``: the order of the joint
     sequence (``layers.join``), the sequence-parallel degree under xDiT's layouts."""
     return HunyuanVideo(dim=dim, count=heads, double_layers=double_layers,
                         single_layers=single_layers, refiner_layers=refiner_layers,
                         in_channels=in_channels, text_dim=text_dim, pooled_dim=pooled_dim,
-                        rope=tuple(rope), patch=tuple(patch), chunks=chunks)
+                        rope=tuple(rope), patch=tuple(patch), chunks=chunks,
+                        ring=ring)

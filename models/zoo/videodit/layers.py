@@ -122,17 +122,52 @@ def rope_3d(x: Tensor, grid: tuple[int, int, int], dims: tuple[int, int, int],
 class AttentionCore(nn.Module):
     """softmax(q k^T / sqrt(d)) v on (B, L, heads, D) tensors, with mark points on q, k, v (as
     they enter) and on the output (as it leaves): where Ulysses turns a sequence split into a
-    head split and back."""
+    head split and back.
 
-    def __init__(self) -> None:
+    With ``ring`` > 1 the attention runs as ring attention does, in global form: the sequence
+    cut into ``ring`` blocks (a ring axis that a plan splits over devices), each query block
+    meeting the key/value blocks one after another as they rotate around the ring (a shift of
+    the split ring axis: a collective-permute), the blocks combined by an online softmax whose
+    running maximum, sum and output pass the mark points ``ring_max``, ``ring_sum`` and
+    ``ring_out``, the rotated blocks ``ring_kv`` (a plan pins them to the ring split)."""
+
+    def __init__(self, ring: int = 1) -> None:
         super().__init__()
+        self.ring = ring
         self.q_in, self.k_in, self.v_in, self.out = Mark(), Mark(), Mark(), Mark()
+        if ring > 1:
+            self.ring_max, self.ring_sum, self.ring_out = Mark(), Mark(), Mark()
+            self.ring_kv = Mark()
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = self.q_in(q), self.k_in(k), self.v_in(v)
+        if self.ring > 1:
+            return self.out(self._ring(q, k, v))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
         probs = scores.float().softmax(dim=-1).to(v.dtype)
         return self.out(torch.einsum("bhqk,bkhd->bqhd", probs, v))
+
+    def _ring(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q, k, v = (x.unflatten(1, (self.ring, -1)) for x in (q, k, v))  # (B, R, C, H, D)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        maximum = total = out = None
+        for step in range(self.ring):
+            if step:  # one ring position on (``torch.roll`` lowers to all-to-alls and gathers)
+                k, v = (self.ring_kv(torch.cat([x[:, 1:], x[:, :1]], dim=1)) for x in (k, v))
+            scores = torch.einsum("brqhd,brkhd->brhqk", q, k).float() * scale
+            block_max = scores.amax(dim=-1)
+            new_max = block_max if maximum is None else torch.maximum(maximum, block_max)
+            probs = torch.exp(scores - new_max[..., None])
+            values = torch.einsum("brhqk,brkhd->brqhd", probs.to(v.dtype), v).float()
+            if maximum is None:
+                total, out = probs.sum(dim=-1), values
+            else:
+                correction = torch.exp(maximum - new_max)
+                total = total * correction + probs.sum(dim=-1)
+                out = out * correction.transpose(2, 3)[..., None] + values
+            maximum = self.ring_max(new_max)
+            total, out = self.ring_sum(total), self.ring_out(out)
+        return (out / total.transpose(2, 3)[..., None]).to(v.dtype).flatten(1, 2)
 
 
 def heads(x: Tensor, count: int) -> Tensor:

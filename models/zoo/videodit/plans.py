@@ -7,6 +7,11 @@ plan over the models' module names (torch-free; ``plan_toml`` writes it).
   the device's heads only (the text is on every device). The joint sequence of HunyuanVideo and
   CogVideoX is ordered as xDiT's ranks hold it (the factories' ``chunks`` = n). HunyuanVideo's
   token refiner runs whole on every device (its output pinned), as in xDiT.
+* ``ring`` (1 x n): ring attention: the tokens split as under Ulysses, each attention's key/value
+  blocks passed around the ring (a collective-permute each per step; the factories' ``ring`` =
+  n); a cross-attention's text keys and values whole on every device (as xDiT keeps them).
+* ``usp`` (1 x r x u, r = 2, u = n / 2): Ulysses within groups of u, ring attention across r:
+  q, k, v exchanged from the token split to (ring blocks, heads) and back.
 * ``tp`` (1 x n): Megatron tensor parallelism in the blocks: q/k/v (or fused QKV) and the MLP's
   up projection split by output features, the attention output and the MLP's down projection
   by input features, their outputs all-reduced (HunyuanVideo's single-stream block: the two
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STRATEGIES = ("ulysses", "tp", "cfg", "cfg_ulysses")
+STRATEGIES = ("ulysses", "ring", "usp", "tp", "cfg", "cfg_ulysses")
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,13 @@ NAMES = {
 _N = '"none"'
 
 
-def _spec(*entries: str | None) -> str:
-    return "[" + ", ".join(_N if e is None else f'"{e}"' for e in entries) + "]"
+def _spec(*entries: str | list[str] | None) -> str:
+    def entry(e: str | list[str] | None) -> str:
+        if e is None:
+            return _N
+        return f'"{e}"' if isinstance(e, str) else "[" + ", ".join(f'"{a}"' for a in e) + "]"
+
+    return "[" + ", ".join(entry(e) for e in entries) + "]"
 
 
 def _activation(module: str, spec: str, then: str | None = None) -> str:
@@ -69,12 +79,42 @@ def _activation(module: str, spec: str, then: str | None = None) -> str:
 def _ulysses(names: Names, axis: str, batch: str | None = None) -> str:
     sequence3, sequence4 = _spec(batch, axis, None), _spec(batch, axis, None, None)
     heads4 = _spec(batch, None, axis, None)
-    text = "".join(_activation(name, _spec(batch, None, None)) for name in names.whole)
-    text += "".join(_activation(name, sequence3) for name in names.tokens)
+    text = _tokens(names, sequence3, batch)
     if names.cross_attention:
         text += _activation(rf"{names.cross_attention}\.[kv]_in", heads4)
     text += _activation(rf"{names.attention}\.[qkv]_in", sequence4, heads4)
     return text + _activation(rf"{names.attention}\.out", heads4, sequence4)
+
+
+def _tokens(names: Names, sequence3: str, batch: str | None) -> str:
+    text = "".join(_activation(name, _spec(batch, None, None)) for name in names.whole)
+    return text + "".join(_activation(name, sequence3) for name in names.tokens)
+
+
+def _ring(names: Names) -> str:
+    sequence4 = _spec(None, "y", None, None)
+    text = _tokens(names, _spec(None, "y", None), None)
+    if names.cross_attention:
+        text += _activation(rf"{names.cross_attention}\.[kv]_in", _spec(None, None, None, None))
+    text += _activation(rf"{names.attention}\.([qkv]_in|out)", sequence4)
+    text += _activation(rf"{names.attention}\.ring_(max|sum)", sequence4)
+    ring5 = _spec(None, "y", None, None, None)
+    return (text + _activation(rf"{names.attention}\.ring_out", ring5)
+            + _activation(rf"{names.attention}\.ring_kv", ring5))
+
+
+def _usp(names: Names) -> str:
+    sequence3, sequence4 = _spec(None, ["y", "z"], None), _spec(None, ["y", "z"], None, None)
+    blocks = _spec(None, "y", "z", None)  # (B, L, H, D): ring blocks on y, heads on z
+    text = _tokens(names, sequence3, None)
+    if names.cross_attention:
+        text += _activation(rf"{names.cross_attention}\.[kv]_in", _spec(None, None, "z", None))
+    text += _activation(rf"{names.attention}\.[qkv]_in", sequence4, blocks)
+    text += _activation(rf"{names.attention}\.out", blocks, sequence4)
+    text += _activation(rf"{names.attention}\.ring_(max|sum)", _spec(None, "y", "z", None))
+    ring5 = _spec(None, "y", None, "z", None)
+    return (text + _activation(rf"{names.attention}\.ring_out", ring5)
+            + _activation(rf"{names.attention}\.ring_kv", ring5))
 
 
 def _tp(names: Names, axis: str) -> str:
@@ -96,15 +136,22 @@ _RANKS = {("latents", "t", "text"): (5, 1, 3),
           ("latents", "t", "text", "pooled", "guidance"): (5, 1, 3, 2, 1)}
 
 
-def mesh(strategy: str, degree: int) -> tuple[int, int]:
-    """The (x, y) mesh of a strategy at a sequence- or tensor-parallel degree."""
-    return {"ulysses": (1, degree), "tp": (1, degree), "cfg": (2, 1),
+def mesh(strategy: str, degree: int) -> tuple[int, ...]:
+    """The mesh of a strategy at a sequence- or tensor-parallel degree (per CFG branch)."""
+    if strategy == "usp":
+        if degree % 2 or degree < 4:
+            raise ValueError(f"usp: degree {degree} must be an even number of at least 4")
+        return 1, 2, degree // 2
+    return {"ulysses": (1, degree), "ring": (1, degree), "tp": (1, degree), "cfg": (2, 1),
             "cfg_ulysses": (2, degree)}[strategy]
 
 
-def chunks(strategy: str, degree: int) -> int:
-    """The factory's ``chunks`` under a strategy: the Ulysses degree, else 1."""
-    return degree if "ulysses" in strategy else 1
+def factory_kwargs(strategy: str, degree: int) -> dict[str, int]:
+    """The factory's layout arguments under a strategy: ``chunks``, the joint sequence's order
+    (the sequence-parallel degree), and ``ring``, the ring degree."""
+    ring = {"ring": degree, "usp": 2}.get(strategy, 1)
+    return {"chunks": degree if strategy in ("ulysses", "cfg_ulysses", "ring", "usp") else 1,
+            "ring": ring}
 
 
 def plan_toml(model: str, strategy: str, degree: int) -> str:
@@ -114,10 +161,13 @@ def plan_toml(model: str, strategy: str, degree: int) -> str:
         raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     if strategy.startswith("cfg") and not names.cfg:
         raise ValueError(f"{model} uses embedded guidance (a batch of one): no CFG parallel")
-    x, y = mesh(strategy, degree)
-    head = (f"# {strategy} for {model} on {x} x {y} devices (models/zoo/videodit/plans.py)\n\n"
-            f'[mesh]\nshape = [{x}, {y}]\naxes = ["x", "y"]\n\n')
-    body = {"ulysses": lambda: _ulysses(names, "y"), "tp": lambda: _tp(names, "y"),
+    shape = mesh(strategy, degree)
+    axes = ("x", "y", "z")[:len(shape)]
+    head = (f"# {strategy} for {model} on {' x '.join(map(str, shape))} devices "
+            "(models/zoo/videodit/plans.py)\n\n"
+            f"[mesh]\nshape = {list(shape)}\naxes = {_spec(*axes)}\n\n")
+    body = {"ulysses": lambda: _ulysses(names, "y"), "ring": lambda: _ring(names),
+            "usp": lambda: _usp(names), "tp": lambda: _tp(names, "y"),
             "cfg": lambda: _cfg(names),
             "cfg_ulysses": lambda: _cfg(names) + _ulysses(names, "y", "x")}[strategy]()
     return head + body

@@ -47,13 +47,13 @@ def rope_dims(head_dim: int) -> tuple[int, int, int]:
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, count: int, *, rope: bool) -> None:
+    def __init__(self, dim: int, count: int, *, rope: bool, ring: int = 1) -> None:
         super().__init__()
         self.heads, self.rope = count, rope
         self.q_proj, self.k_proj, self.v_proj = Linear(dim, dim), Linear(dim, dim), Linear(dim, dim)
         self.o_proj = Linear(dim, dim)
         self.norm_q, self.norm_k = RMSNorm(dim, EPS), RMSNorm(dim, EPS)
-        self.core = AttentionCore()
+        self.core = AttentionCore(ring)
 
     def forward(self, x: Tensor, context: Tensor, grid: tuple[int, int, int]) -> Tensor:
         q = heads(self.norm_q(self.q_proj(x)), self.heads)
@@ -66,9 +66,9 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, ffn: int, count: int) -> None:
+    def __init__(self, dim: int, ffn: int, count: int, ring: int) -> None:
         super().__init__()
-        self.self_attn = Attention(dim, count, rope=True)
+        self.self_attn = Attention(dim, count, rope=True, ring=ring)
         self.norm3 = LayerNorm(dim, EPS)
         self.cross_attn = Attention(dim, count, rope=False)
         self.mlp = Mlp(dim, ffn)
@@ -84,7 +84,8 @@ class Block(nn.Module):
 
 class Wan21(nn.Module):
     def __init__(self, *, dim: int, ffn: int, heads_count: int, layers: int, in_channels: int,
-                 text_dim: int, frequencies: int, patch: tuple[int, int, int]) -> None:
+                 text_dim: int, frequencies: int, patch: tuple[int, int, int],
+                 ring: int) -> None:
         super().__init__()
         if dim % heads_count:
             raise ValueError(f"dim {dim} must be a multiple of heads {heads_count}")
@@ -94,7 +95,7 @@ class Wan21(nn.Module):
         self.time_embedding = Mlp(frequencies, dim, dim, activation="silu")
         self.time_projection = Linear(dim, 6 * dim)
         self.tokens = Mark()
-        self.blocks = nn.ModuleList(Block(dim, ffn, heads_count) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, ffn, heads_count, ring) for _ in range(layers))
         self.head_modulation = nn.Parameter(torch.zeros(1, 2, dim))
         self.head = Linear(dim, in_channels * patch[0] * patch[1] * patch[2])
         self.output = Mark()
@@ -113,8 +114,10 @@ class Wan21(nn.Module):
 
 
 def wan21(dim: int = 64, ffn: int = 160, heads: int = 4, layers: int = 2, in_channels: int = 4,
-          text_dim: int = 32, frequencies: int = 32, patch: tuple[int, int, int] = (1, 2, 2)) -> Wan21:
+          text_dim: int = 32, frequencies: int = 32, patch: tuple[int, int, int] = (1, 2, 2), ring: int = 1) -> Wan21:
     """Wan 2.1 (tiny by default: width 64, 4 heads of 16, 2 blocks; ``configs.WAN21_14B`` and
-    ``WAN21_1_3B`` are the released sizes)."""
+    ``WAN21_1_3B`` are the released sizes). ``ring``: the self-attention as ring attention over
+    that many sequence blocks (``layers.AttentionCore``)."""
     return Wan21(dim=dim, ffn=ffn, heads_count=heads, layers=layers, in_channels=in_channels,
-                 text_dim=text_dim, frequencies=frequencies, patch=tuple(patch))
+                 text_dim=text_dim, frequencies=frequencies, patch=tuple(patch),
+                 ring=ring)
