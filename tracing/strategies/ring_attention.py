@@ -38,6 +38,8 @@ def make_ring_attention(mesh, ring_axis: str, batch_axis, ring_size: int, heads_
     import torch
     import torch_xla.distributed.spmd as xs
 
+    from models.online_softmax import fold
+
     block_spec = (batch_axis, heads_axis, ring_axis, None, None)  # (B', heads, ring, chunk, hd)
     stat_spec = (batch_axis, heads_axis, ring_axis, None)  # (B', heads, ring, chunk)
 
@@ -57,23 +59,19 @@ def make_ring_attention(mesh, ring_axis: str, batch_axis, ring_size: int, heads_
             return pin(torch.cat((t[:, :, -1:], t[:, :, :-1]), dim=2), block_spec)
 
         q_blocks, k_blocks, v_blocks = blocks(q * scale), blocks(k), blocks(v)
-        running_max = running_sum = accumulator = None
+        state = None
         for step in range(ring_size):
             if step:  # hand K/V to the next ring position: a collective-permute each
                 k_blocks, v_blocks = rotate(k_blocks), rotate(v_blocks)
             scores = torch.einsum("bhrqd,bhrkd->bhrqk", q_blocks, k_blocks).float()
-            block_max = scores.amax(dim=-1)
-            new_max = block_max if running_max is None else torch.maximum(running_max, block_max)
-            probs = torch.exp(scores - new_max[..., None])
-            block_out = torch.einsum("bhrqk,bhrkd->bhrqd", probs.to(v_blocks.dtype), v_blocks).float()
-            if running_max is None:
-                running_sum, accumulator = probs.sum(dim=-1), block_out
-            else:
-                correction = torch.exp(running_max - new_max)
-                running_sum = running_sum * correction + probs.sum(dim=-1)
-                accumulator = accumulator * correction[..., None] + block_out
-            running_max = pin(new_max, stat_spec)
-            running_sum, accumulator = pin(running_sum, stat_spec), pin(accumulator, block_spec)
+            running_max, running_sum, accumulator = fold(
+                state, scores,
+                lambda probs: torch.einsum("bhrqk,bhrkd->bhrqd", probs.to(v_blocks.dtype),
+                                           v_blocks).float(),
+                lambda stat: stat[..., None])
+            state = (pin(running_max, stat_spec), pin(running_sum, stat_spec),
+                     pin(accumulator, block_spec))
+        _, running_sum, accumulator = state
         out = (accumulator / running_sum[..., None]).to(v.dtype)
         return out.reshape(batch, heads, length, head_dim)
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.online_softmax import fold
+
 
 class Mark(nn.Identity):
     """A named point where a plan may mark the tensor passing through (identity otherwise)."""
@@ -150,23 +152,17 @@ class AttentionCore(nn.Module):
     def _ring(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = (x.unflatten(1, (self.ring, -1)) for x in (q, k, v))  # (B, R, C, H, D)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        maximum = total = out = None
+        state = None
         for step in range(self.ring):
             if step:  # one ring position on (``torch.roll`` lowers to all-to-alls and gathers)
                 k, v = (self.ring_kv(torch.cat([x[:, 1:], x[:, :1]], dim=1)) for x in (k, v))
             scores = torch.einsum("brqhd,brkhd->brhqk", q, k).float() * scale
-            block_max = scores.amax(dim=-1)
-            new_max = block_max if maximum is None else torch.maximum(maximum, block_max)
-            probs = torch.exp(scores - new_max[..., None])
-            values = torch.einsum("brhqk,brkhd->brqhd", probs.to(v.dtype), v).float()
-            if maximum is None:
-                total, out = probs.sum(dim=-1), values
-            else:
-                correction = torch.exp(maximum - new_max)
-                total = total * correction + probs.sum(dim=-1)
-                out = out * correction.transpose(2, 3)[..., None] + values
-            maximum = self.ring_max(new_max)
-            total, out = self.ring_sum(total), self.ring_out(out)
+            maximum, total, out = fold(
+                state, scores,
+                lambda probs: torch.einsum("brhqk,brkhd->brqhd", probs.to(v.dtype), v).float(),
+                lambda stat: stat.transpose(2, 3)[..., None])
+            state = self.ring_max(maximum), self.ring_sum(total), self.ring_out(out)
+        _, total, out = state
         return (out / total.transpose(2, 3)[..., None]).to(v.dtype).flatten(1, 2)
 
 
