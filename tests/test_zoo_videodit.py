@@ -11,6 +11,7 @@ in the default run, the others are marked slow.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -225,3 +226,52 @@ def test_the_meshes_of_the_plans():
     assert mesh("ulysses", 8) == (1, 8) and mesh("cfg_ulysses", 4) == (2, 4)
     with pytest.raises(ValueError, match="embedded guidance"):
         plan_toml("hunyuan_video", "cfg", 2)
+
+
+# -- the released sizes: one block of each kind, a short video, one device -------------------------
+def _toml(kwargs: dict) -> str:
+    return "".join(f"{key} = {list(value) if isinstance(value, tuple) else value}\n"
+                   for key, value in kwargs.items())
+
+
+FULL = {  # config name -> (input specs at 2 x 16 x 16 latents, count function)
+    "hunyuan_video": (["latents=1x16x2x16x16:bfloat16", "t=1:bfloat16", "text=1x256x4096:bfloat16",
+                       "pooled=1x768:bfloat16", "guidance=1:bfloat16"], 1, hunyuan_count,
+                      {"double_layers": 1, "single_layers": 1, "refiner_layers": 2}),
+    "wan21_14b": (["latents=2x16x2x16x16:bfloat16", "t=2:bfloat16", "text=2x512x4096:bfloat16"], 2,
+                  wan21_count, {"layers": 1}),
+    "wan21_1.3b": (["latents=2x16x2x16x16:bfloat16", "t=2:bfloat16", "text=2x512x4096:bfloat16"], 2,
+                   wan21_count, {"layers": 1}),
+    "cogvideox_5b": (["latents=2x2x16x16x16:bfloat16", "t=2:bfloat16", "text=2x226x4096:bfloat16"],
+                     2, cogvideox_count, {"layers": 1}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FULL)
+def test_full_size_hand_count_equals_a_one_block_trace(tmp_path, name):
+    """The hand count at the released width, heads, text length and embeddings (one block of
+    each kind, 2 latent frames of 16 x 16: 128 video tokens) equals the traced GEMM FLOPs."""
+    from models.zoo.videodit.configs import MODELS as CONFIGS
+
+    config = CONFIGS[name]
+    inputs, batch, count_of, layers = FULL[name]
+    kwargs = {**config.kwargs, **layers}
+    (tmp_path / "kwargs.toml").write_text(_toml(kwargs))
+    args = [sys.executable, "-m", "tracing.module_cli", config.factory, "--kwargs",
+            str(tmp_path / "kwargs.toml"), "--strategy", "dp", "--mesh", "1x1", "--dtype",
+            "bfloat16", "--name", "full", "-o", str(tmp_path)]
+    for spec in inputs:
+        args += ["--input", spec]
+    traced = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert traced.returncode == 0, traced.stderr
+    analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(tmp_path / "full.mlir"),
+                               "--hw", "h100-sxm", "--format", "json"], env=_env(),
+                              capture_output=True, text=True, timeout=600)
+    assert analysis.returncode == 0, analysis.stderr
+    hand = {key: value for key, value in kwargs.items()
+            if key in inspect.signature(count_of).parameters}
+    tokens = config.video_tokens(5, 128, 128)  # 2 latent frames of 16 x 16 -> 128 tokens
+    count = count_of(batch, tokens, config.text_tokens, **hand)
+    assert json.loads(analysis.stdout)["totals"]["gemm_flops"] == count.total
