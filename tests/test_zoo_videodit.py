@@ -28,6 +28,7 @@ from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E
 REPO_ROOT = Path(__file__).resolve().parent.parent
 F32 = 4
 N_DEV = 4  # the sequence- or tensor-parallel degree of every case
+WIDTH = 64  # the hidden width of every tiny model (the factories' defaults)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def expected(model: str, strategy: str) -> tuple[int, dict[str, float]]:
     """The layout formula: GEMM FLOPs per device and collective bytes per device by kind."""
     _, _, b, n, lt, count_of = MODELS[model]
     count = count_of(b, n, lt)
-    d = 64
+    d = WIDTH
     m = n + lt
     if strategy == "single":
         return count.total, {}
@@ -156,7 +157,7 @@ def ring_formula(model: str, strategy: str, count: Count, b: int, n: int, lt: in
     (B, L / R, heads / U, D); under usp 4 all-to-alls (q, k, v, out) in groups of U. Wan's
     cross-attention keys and values (text) are split by heads over U only (whole under ring),
     the k RMSNorm's statistic all-reduced in the head groups."""
-    d, ring = 64, 4 if strategy == "ring" else 2
+    d, ring = WIDTH, 4 if strategy == "ring" else 2
     ulysses = N_DEV // ring
     length = n if model == "wan21" else n + lt
     attentions = 2  # Wan's and CogVideoX's two blocks, HunyuanVideo's one of each kind
