@@ -67,7 +67,12 @@ def _unraisable_hook(previous):
 
             def resend() -> None:
                 threading.Event().wait(_RESEND_DELAY_S)
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                if callable(signal.getsignal(signal.SIGINT)):
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                else:  # SIGINT ignored (inherited SIG_IGN): a re-sent one would be lost too
+                    _sys.stderr.write("Interrupted.\n")
+                    _sys.stderr.flush()
+                    _os._exit(130)
 
             threading.Thread(target=resend, name="hlo-trace-interrupt", daemon=True).start()
             return

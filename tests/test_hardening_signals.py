@@ -184,18 +184,20 @@ sys.exit(run_click(command, []))
 """
 
 
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN])  # as the shell left it
 @pytest.mark.parametrize("kind, sleep, code, last_line", [
     ("KeyboardInterrupt", 30, 130, "Interrupted."),
     ("ValueError('a bug')", 0.5, 0, "not interrupted"),
 ])
-def test_an_interrupt_lost_in_a_callback_still_interrupts(kind, sleep, code, last_line):
+def test_an_interrupt_lost_in_a_callback_still_interrupts(kind, sleep, code, last_line, sigint):
     """Python prints an exception raised in a weakref callback as "Exception ignored" and goes
     on: a Ctrl-C that lands there would be lost. It is sent again; other exceptions are shown as
     Python shows them, and the program goes on."""
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", LOST_INTERRUPT.format(kind=kind, sleep=sleep)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     output = (done.stderr + done.stdout).strip().splitlines()
     assert (done.returncode, output[-1:]) == (code, [last_line]), done
     if kind == "KeyboardInterrupt":
