@@ -1,4 +1,4 @@
-"""The plan search's estimate from the traced program's own kernels (issue 32): a traced pair at a
+"""The plan search's estimate from the traced program's own kernels: a traced pair at a
 small shape, re-costed at the plan's shape.
 
 A plan's traced latency (``analyze-pipeline``) is the sum of the kernels the analyzer finds in
@@ -618,35 +618,27 @@ def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: Syste
 
 
 def _boundary_of(dump: str) -> Boundary:
-    from hlo_analyzer.mapping.pipeline import LATENT_INPUT, _read_sidecar, _tensor_bytes
+    from hlo_analyzer.mapping.pipeline import LATENT_INPUT
+    from hlo_analyzer.sidecar import stage_sidecar
 
-    sidecar = _read_sidecar(dump)
-    outputs = {name: _tensor_bytes(entry) for name, entry in sorted(sidecar.get("outputs", {}).items())}
-    latent = sidecar.get("inputs", {}).get(LATENT_INPUT)
-    return Boundary(outputs, 0 if latent is None else _tensor_bytes(latent))
+    sidecar = stage_sidecar(dump, "analyze-pipeline")
+    outputs = {tensor.name: tensor.nbytes for tensor in sidecar.outputs}
+    latent = sidecar.input(LATENT_INPUT)
+    return Boundary(outputs, 0 if latent is None else latent.nbytes)
 
 
 def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
     """The kernels of a calibration stage as ``analyze-pipeline`` finds them on ``system``'s
     chip, by group (:class:`StagePart`)."""
-    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hardware.systems import Hardware
+    from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
-    from hlo_analyzer.mapping.pipeline import _read_sidecar
-    from hlo_analyzer.mapping.render import hardware_sections
-    from hlo_analyzer.mapping.results import MappingOptions, default_execution
-    from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.report import analyze
+    from hlo_analyzer.sidecar import stage_sidecar
 
-    sidecar = _read_sidecar(dump)
-    module = load_module(dump)
-    report = analyze(module, name=dump)
-    library_calls = sidecar_call_regions(sidecar)
-    options = MappingOptions(execution=default_execution(system.chip, library_calls),
-                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
-    add_hardware_sections(report, module, system.name, steps=1, pairs=CALIBRATION_PAIRS, options=options)
-    mapping = hardware_sections(report).mapping
-    assert mapping is not None
+    analysis = analyze_dump(dump, Hardware(system.name, system),
+                            AnalysisOptions(steps=1, pairs=CALIBRATION_PAIRS),
+                            sidecar=stage_sidecar(dump, "analyze-pipeline"))
+    mapping, options = analysis.mapping, analysis.options
     if mapping.totals.pairs_found != CALIBRATION_PAIRS:
         raise UsageError(f"{dump}: a calibration stage must hold {CALIBRATION_PAIRS} block pairs, found "
                          f"{mapping.totals.pairs_found}")

@@ -1,4 +1,4 @@
-"""Plan search (issue 25, reference note 001): the fastest parallel plan that fits, found by
+"""Plan search (reference note 001): the fastest parallel plan that fits, found by
 estimating every plan and tracing only the most promising ones.
 
 The FlexFlow/Alpa idea on this simulator. A *plan* is a pipeline case (``tracing.plans``): P
@@ -106,7 +106,7 @@ _IDEAL_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
 _WEIGHT_SPLIT = {"megatron": "all", "two_dimension": "y", "megatron_sp": "y"}
 
 
-#: The estimate's error the report counts plans within: |estimate / traced - 1| (issue 32).
+#: The estimate's error the report counts plans within: |estimate / traced - 1|.
 ESTIMATE_TOLERANCE = 0.05
 #: Seed of the random draw of the plans traced to check the estimate (``validate``).
 VALIDATION_SEED = 32

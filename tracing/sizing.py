@@ -1,4 +1,4 @@
-"""Sizing (issue 32, item 4; ``plan-search --target-latency S --max-devices N``, and
+"""Sizing (``plan-search --target-latency S --max-devices N``, and
 ``--target-step-time S`` with ``--mode train``): the smallest device count whose best plan meets
 the target, and the curve of the best estimate against the device count.
 

@@ -1,4 +1,4 @@
-"""A training plan's step time from the traced program's own kernels (issue 32, item 1): the
+"""A training plan's step time from the traced program's own kernels: the
 training step of one block pair, traced at two small shapes, re-costed at the plan's shape.
 
 The traced figure of a training plan (``plan-search --mode train``) is the training step of one
@@ -172,28 +172,18 @@ def compose_step(groups: dict[str, GroupCost], *, pairs: int, stages: int, micro
 def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     """The kernels of a traced pair's training step on ``system``'s chip, by group (module doc),
     and its memory classes."""
-    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hardware.systems import Hardware
+    from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
-    from hlo_analyzer.mapping.pipeline import _read_sidecar
-    from hlo_analyzer.mapping.render import hardware_sections
-    from hlo_analyzer.mapping.results import MappingOptions, default_execution
-    from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.report import analyze
+    from hlo_analyzer.sidecar import stage_sidecar
     from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, measure_training, read_training_layout
 
-    sidecar = _read_sidecar(dump)
-    layout = read_training_layout(Path(dump).with_suffix(".json"))
+    sidecar = stage_sidecar(dump, "analyze-pipeline")
+    layout = read_training_layout(sidecar)
     if layout is None:
         raise UsageError(f"{dump}: not a training step (its sidecar has no training section)")
-    module = load_module(dump)
-    report = analyze(module, name=dump)
-    library_calls = sidecar_call_regions(sidecar)
-    options = MappingOptions(execution=default_execution(system.chip, library_calls),
-                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
-    add_hardware_sections(report, module, system.name, steps=1, options=options)
-    mapping = hardware_sections(report).mapping
-    assert mapping is not None
+    analysis = analyze_dump(dump, Hardware(system.name, system), AnalysisOptions(steps=1), sidecar=sidecar)
+    module, report, mapping, options = analysis.module, analysis.report, analysis.mapping, analysis.options
     split = measure_training(module, layout, dump, report.num_devices)
     location = {row.position: row.location for row in report.rows}
     groups: dict[str, list[Any]] = {name: [] for name in GROUPS}

@@ -1,4 +1,4 @@
-"""Training plan search (issue 32, item 2; ``plan-search --mode train``): the fastest training
+"""Training plan search (``plan-search --mode train``): the fastest training
 step that fits, estimated over every plan from the training formulas, the best confirmed by a
 trace of one block pair's step.
 
