@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 from pinned_cards import tx8_bound_toml
 
-from hardware import build_stdit_block_ops, load_system, map_block
+from hardware import load_system, map_block
 from hardware.collectives import collective_time_s
-from hardware.stdit import block_shapes_for
+from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import get_config
 from models.opensora.flops import parameter_count
 from tracing.plan_search import (

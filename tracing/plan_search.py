@@ -47,12 +47,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardware import block_shapes_for, build_stdit_block_ops, map_block
+from hardware import map_block
 from hardware.collectives import collective_time_s
 from hardware.pipeline import pipefusion_step, transfer_time_s
 from hardware.spec import SystemSpec
 from hlo_analyzer.mapping.pipeline import PATCHED_OUTPUT
 from hlo_trace.errors import UsageError
+from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_breakdown
 from models.opensora.inputs import geometry

@@ -23,7 +23,7 @@ import logging
 import networkx as nx
 from jaxlib.mlir import ir
 
-from hardware import build_stdit_block_ops, map_block
+from hardware import map_block
 from hardware.systems import Hardware, load_choice, resolve_system
 from hlo_analyzer.blocks import (
     Attention,
@@ -60,6 +60,7 @@ from hlo_analyzer.transformer_blocks import (
     segment_transformer,
 )
 from hlo_trace.errors import UsageError
+from models.opensora.block_ops import build_stdit_block_ops
 
 log = logging.getLogger(__name__)
 
