@@ -90,7 +90,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tracing.plan_search_cli import NO_ANSWER  # noqa: E402  (imports no torch)
+from planning.plan_search_cli import NO_ANSWER  # noqa: E402  (imports no torch)
 
 GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start", "terminated", "no-answer")
 CLASSES = (*GOOD_CLASSES, "internal", "signal", "hang", "messy", "bad-numbers", "orphan",
@@ -518,7 +518,7 @@ def make_cases(count: int, seed: int) -> Iterator[Case]:
         else:
             address = rng.choice(SCHEDULER_ADDRESSES)
             yield Case(index, "scheduler", f"scheduler-{address.split(':', 1)[0]}", address, b"",
-                       argv=("tracing.plan_search_cli", "--config", "tiny", "--devices", "4",
+                       argv=("planning.plan_search_cli", "--config", "tiny", "--devices", "4",
                              "--strategies", "megatron", "--stages", "1", "--budget", "1",
                              "--scheduler", address))
 
@@ -684,7 +684,7 @@ INTERRUPT_COMMANDS = {
                     "--stage", "1", "-o", "OUT", "--force"),
     "trace-vae-decode": ("tracing.vae_decode", "--part", "spatial", "--shape", "17_64_64",
                          "--config", "tiny", "-o", "OUT", "--force"),
-    "plan-search": ("tracing.plan_search_cli", "--config", "tiny", "--devices", "4", "--strategies",
+    "plan-search": ("planning.plan_search_cli", "--config", "tiny", "--devices", "4", "--strategies",
                     "megatron", "--stages", "1", "--budget", "1", "--jobs", "2"),
     "trace-module": ("tracing.module_cli", "models.zoo.gpt2:gpt2", "--input", "ids=4x16:int64",
                      "--strategy", "megatron", "--mesh", "2x2", "-o", "OUT", "--force"),
@@ -964,7 +964,7 @@ def _child_main(case: Case, workdir: Path) -> int:
     if case.kind in ("report", "report-csv"):
         return _run_report_case(case, workdir)
     if case.kind == "plan":
-        from tracing.plan_search_cli import plan_search_command
+        from planning.plan_search_cli import plan_search_command
 
         return run_click(plan_search_command, [*_in_workdir(case.options, workdir), "--work-dir",
                                                str(workdir / "work")])
@@ -1037,7 +1037,7 @@ def _run_option_case(case: Case, workdir: Path) -> int:
         from tracing.cli import main as trace_main
 
         return run_click(trace_main, [*options, "-o", str(workdir / "out")])
-    from tracing.plan_search_cli import plan_search_command
+    from planning.plan_search_cli import plan_search_command
 
     return run_click(plan_search_command, [*options, "--work-dir", str(workdir / "work"),
                                            "-o", str(workdir / "best.toml")])
@@ -1107,7 +1107,7 @@ def _run_child(case: Case, workdir: Path, memory_bytes: int) -> int:
         if case.argv:  # a command in a fresh process, as a user starts it
             os.chdir(workdir)
             argv = _in_workdir(case.argv, workdir)
-            if argv[0] == "tracing.plan_search_cli":
+            if argv[0] == "planning.plan_search_cli":
                 argv += ["--work-dir", str(workdir / "work"), "-o", str(workdir / "best.toml")]
             if case.kind == "module":  # its own models, importable as fuzz_models
                 (workdir / "fuzz_models.py").write_bytes(case.content)

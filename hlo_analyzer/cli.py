@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from hardware.systems import load_choice
 from hlo_trace.atomic import check_targets
 from hlo_trace.cli import (
     MAX_QUANTITY,
@@ -29,7 +30,7 @@ from hlo_trace.cli import (
     native_imports,
     run_click,
 )
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UnsupportedIRError, UsageError
 from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
 
 if TYPE_CHECKING:
@@ -177,7 +178,6 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
                       bruck=bruck, timeline=timeline, timeline_pair=timeline_pair, kernels=kernels,
                       fidelity=fidelity)
-    from hardware.systems import load_choice
     from hlo_analyzer.sidecar import read_sidecar, sidecar_for
 
     # the hardware loaded once, before the dump is parsed (a bad file fails first)
@@ -387,7 +387,6 @@ def _start_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -
 
 def _measure_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -> Any:
     from hlo_analyzer.memory import measure_memory
-    from hlo_trace.errors import UnsupportedIRError
 
     with _as_usage_error(dump, "memory cannot be measured"):
         try:

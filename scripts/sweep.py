@@ -1,7 +1,7 @@
 """Strategy study: trace the full STDiT3 stage by stage for every shape x strategy, analyze each
 dump, map it on a hardware system, and write result tables (markdown + CSV) and plots.
 
-Every stage is one case step, run by ``tracing.runner`` as two subprocesses that are the
+Every stage is one case step, run by ``planning.runner`` as two subprocesses that are the
 project's own commands: ``python3 -m tracing.cli`` (one fresh process per stage: torch-xla fixes
 its device count per process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json``.
 Their outputs, kept in the work directory (``results/.cache`` by default), are the cache: a rerun
@@ -41,15 +41,7 @@ from hlo_trace.cli import OneLineCommand  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
 from models.opensora.parallel import default_mesh  # noqa: E402
-from scripts.study_gantt import GanttCase, write_gantt_plots  # noqa: E402
-from scripts.study_tables import CaseResult, PipelineResult, write_results  # noqa: E402
-from tracing.plans import (  # noqa: E402
-    PipelineCase,
-    default_pipelines,
-    parse_pipelines,
-    split_pairs,
-)
-from tracing.runner import (  # noqa: E402
+from planning.runner import (  # noqa: E402
     Case,
     Paths,
     Progress,
@@ -57,6 +49,14 @@ from tracing.runner import (  # noqa: E402
     jobs_within_memory,
     run_cases,
     stage_steps,
+)
+from scripts.study_gantt import GanttCase, write_gantt_plots  # noqa: E402
+from scripts.study_tables import CaseResult, PipelineResult, write_results  # noqa: E402
+from tracing.plans import (  # noqa: E402
+    PipelineCase,
+    default_pipelines,
+    parse_pipelines,
+    split_pairs,
 )
 
 log = logging.getLogger("sweep")
@@ -195,7 +195,7 @@ def machine_description() -> dict:
 def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
           retry_failed: bool, progress: Progress,
           scheduler: str | None = None) -> list[CaseResult | PipelineResult]:
-    """Run every case not cached (``tracing.runner.run_cases``, on a Dask cluster given its
+    """Run every case not cached (``planning.runner.run_cases``, on a Dask cluster given its
     ``scheduler``), flat and pipeline alike; their results in the same order."""
     run_cases(cases, paths, settings, jobs=jobs, retry_failed=retry_failed, progress=progress,
               scheduler=scheduler)

@@ -12,8 +12,8 @@ pytest.importorskip("jaxlib")
 
 from hardware import load_hardware  # noqa: E402
 from hardware.systems import Hardware  # noqa: E402
+from hlo_analyzer import AnalysisOptions, analyze_dump  # noqa: E402
 from hlo_analyzer.cli import main as analyze_main  # noqa: E402
-from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump  # noqa: E402
 from hlo_analyzer.sidecar import read_sidecar, stage_sidecar  # noqa: E402
 from hlo_trace.errors import InputFileError  # noqa: E402
 
@@ -70,3 +70,22 @@ def test_the_hardware_is_the_one_loaded_not_reloaded_by_name(tmp_path):
     assert analysis.mapping.hardware == "a name no loader knows"
     reference = analyze_dump(str(STAGE0), "tx8", AnalysisOptions(steps=1)).mapping.totals
     assert analysis.mapping.totals.inference_latency_s == reference.inference_latency_s
+
+
+def test_a_pipeline_report_read_back_across_a_process_is_typed(tmp_path):
+    """The plan search reads analyze-pipeline's JSON through PipelineTotals.from_json: every
+    field the report prints comes back as the same number, and a report without them is one error."""
+    from hlo_analyzer.mapping.pipeline import PipelineTotals
+    from hlo_analyzer.pipeline_cli import main as pipeline_main
+
+    folder = ROOT / "dumps" / "pipeline"
+    out = tmp_path / "pipeline.json"
+    with pytest.raises(SystemExit) as ended:
+        pipeline_main([str(folder / "tiny_2x2_stages.toml"), *map(str, sorted(folder.glob("*.mlir"))),
+                       "--format", "json", "-o", str(out)])
+    assert ended.value.code == 0
+    printed = json.loads(out.read_text())["totals"]
+    totals = PipelineTotals.from_json(out.read_text(), str(out))
+    assert printed == {name: getattr(totals, name) for name in printed}
+    with pytest.raises(InputFileError, match="not an analyze-pipeline JSON report"):
+        PipelineTotals.from_json('{"totals": {"step_s": 1}}', "x.json")

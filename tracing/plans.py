@@ -5,8 +5,8 @@ patches (docs/pipeline.md); the study's pipeline configurations and the plan sea
 A configuration is written ``PxC:STRATEGY`` (``2x8:ds_ulysses``: 2 stages of 8 chips, Ulysses
 inside each). This module only plans: the block pairs of every stage, the submesh each stage
 runs on, and the pipeline TOML that ``trace-stage --pipeline`` and ``analyze-pipeline`` read.
-The runner (``tracing.runner``) traces them for the sweep (``scripts/sweep.py``) and the plan
-search (``tracing.plan_search``); the tables (``scripts/study_tables.py``) read the results.
+The runner (``planning.runner``) traces them for the sweep (``scripts/sweep.py``) and the plan
+search (``planning.plan_search``); the tables (``scripts/study_tables.py``) read the results.
 No torch.
 
 Layout: a stage's submesh is the strategy's own mesh on C chips (``models.opensora.parallel``:

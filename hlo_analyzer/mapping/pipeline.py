@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hardware.systems import Hardware
+from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES, pipefusion_step, transfer_time_s
+from hardware.spec import as_system
+from hardware.systems import Hardware, load_choice
 from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs
 from hlo_analyzer.sidecar import Sidecar, stage_sidecar
 from hlo_trace.cli import MAX_COUNT
@@ -83,6 +86,27 @@ class StageAnalysis:
 
 
 @dataclass(frozen=True)
+class PipelineTotals:
+    """The totals of a pipeline's analysis: the ``totals`` of ``analyze-pipeline --format json``,
+    read back with :meth:`from_json` where the result crosses a process."""
+
+    step_s: float
+    warmup_step_s: float
+    inference_s: float
+    memory_per_device_bytes: int
+    comm_bytes_per_device: float
+
+    @classmethod
+    def from_json(cls, text: str, origin: str) -> PipelineTotals:
+        """The totals of an ``analyze-pipeline`` JSON report (``origin`` names it in errors)."""
+        try:
+            totals = json.loads(text)["totals"]
+            return cls(**{f.name: totals[f.name] for f in dataclasses.fields(cls)})
+        except (ValueError, KeyError, TypeError) as error:
+            raise InputFileError(f"{origin}: not an analyze-pipeline JSON report ({error})") from None
+
+
+@dataclass(frozen=True)
 class PipelineAnalysis:
     plan: PipelinePlan
     hardware: str
@@ -111,19 +135,21 @@ class PipelineAnalysis:
             "stages": [dataclasses.asdict(s) | {"memory": s.memory.to_dict()} for s in self.stages],
             "return": {"full_bytes": self.return_full_bytes, "patch_bytes": self.return_patch_bytes,
                        "full_s": step.return_full_s, "patch_s": step.return_patch_s},
-            "totals": {
-                "step_s": step.step_s, "warmup_step_s": step.warmup_step_s,
-                "inference_s": step.inference_s,
-                "memory_per_device_bytes": self.memory_per_device_bytes,
-                "comm_bytes_per_device": self.comm_bytes_per_device,
-            },
+            "totals": dataclasses.asdict(self.totals),
         }
+
+    @property
+    def totals(self) -> PipelineTotals:
+        step = self.step
+        return PipelineTotals(step_s=step.step_s, warmup_step_s=step.warmup_step_s,
+                              inference_s=step.inference_s,
+                              memory_per_device_bytes=self.memory_per_device_bytes,
+                              comm_bytes_per_device=self.comm_bytes_per_device)
 
 
 def load_plan(path: str | Path) -> PipelinePlan:
     """Read ``stage_ids``, ``strategy`` (one name or one per stage), ``patches`` (default 1),
     ``warmup_steps`` (default 1) and ``schedule`` (default ``overlapped``) from a pipeline TOML."""
-    from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES
 
     source = Path(path)
     if not source.exists():
@@ -202,9 +228,6 @@ def _check_sidecars(plan: PipelinePlan, dumps: list[str], sidecars: list[Sidecar
 def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
                      steps: int = 30, schedule: str | None = None) -> PipelineAnalysis:
     """``schedule`` (``overlapped`` or ``per-step``) overrides the plan's."""
-    from hardware.pipeline import pipefusion_step, transfer_time_s
-    from hardware.spec import as_system
-    from hardware.systems import load_choice
 
     if len(dumps) != plan.stage_count:
         raise UsageError(f"{plan.path} has {plan.stage_count} stages but {len(dumps)} dumps were "
@@ -231,7 +254,6 @@ def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
 
 def _analyze_stage(index: int, dump: str, sidecar: Sidecar, following: Sidecar | None,
                    plan: PipelinePlan, system: Any, hardware: Hardware) -> StageAnalysis:
-    from hardware.pipeline import transfer_time_s
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
 
     strategy = sidecar.strategy

@@ -21,7 +21,7 @@ accumulation, :func:`analyze_pair`):
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
 boundary (the hidden states forward, their gradient back) is the caller's.
 
-The estimate takes the same program at the two calibration shapes of ``tracing.plan_estimate``
+The estimate takes the same program at the two calibration shapes of ``planning.plan_estimate``
 (``(T0, W0)`` and ``(3 T0, 5 W0)``, the plan's height and micro-batch kept): the kernels line up
 one to one and every integer is rescaled to the plan's shape as there
 (``plan_estimate._Rescaler``), then costed with ``hlo_analyzer.mapping.program.map_kernels``; the
@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from hardware.spec import SystemSpec
+from hardware.systems import Hardware
+from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from models.opensora.config import get_config
-from tracing.plan_estimate import (
+from planning.plan_estimate import (
     FAILURE_FILE,
     GroupCost,
     _Rescaler,
@@ -58,6 +60,10 @@ from tracing.plan_estimate import (
     dump_names,
     run_calibration_traces,
 )
+from tracing.calibration_requests import request_config
+from tracing.strategies import get_strategy
+from tracing.strategies.base import stage_layout
+from tracing.training import TrainOptions
 
 __all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
            "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
@@ -99,7 +105,6 @@ class PairKey:
     @property
     def train_label(self) -> str:
         """``tracing.training.TrainOptions.label`` of the key (the dump name's suffix)."""
-        from tracing.training import TrainOptions
 
         return TrainOptions(zero=self.zero, recompute="full" if self.recompute else "none").label()
 
@@ -122,9 +127,6 @@ class PairKey:
 def check_traceable(key: PairKey, shape: str) -> None:
     """The tracer's own checks of the pair's stage at ``shape`` (configuration, strategy on the
     stage layout; no torch); UsageError with the tracer's message."""
-    from tracing.plan_estimate import request_config
-    from tracing.strategies import get_strategy
-    from tracing.strategies.base import stage_layout
 
     request = key.request(shape, Path("."))
     config = request_config(request)
@@ -172,7 +174,6 @@ def compose_step(groups: dict[str, GroupCost], *, pairs: int, stages: int, micro
 def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     """The kernels of a traced pair's training step on ``system``'s chip, by group (module doc),
     and its memory classes."""
-    from hardware.systems import Hardware
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
@@ -303,7 +304,6 @@ class TrainKernels:
     def program(self, key: PairKey, shape: str, system: SystemSpec) -> PairProgram | str:
         """The pair's program at ``shape`` analysed on ``system``'s chip, or the tracer's error
         line (traced when missing)."""
-        from hlo_trace.atomic import atomic_write
 
         kind = system.chip.name
         cached = self._programs.get((key, shape, kind))
