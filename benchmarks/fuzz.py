@@ -9,7 +9,7 @@ option values) and runs it:
 
 * dumps and hardware files: ``analyze-hlo`` (``run_click`` on the real command) in a forked
   child with its memory capped (``RLIMIT_AS``), its output in files and a wall-clock limit;
-* trace-stage TOMLs: the loaders ``tracing.config.load_config_file`` / ``get_config`` in the
+* trace-stage TOMLs: the loaders ``plans.config.load_config_file`` / ``get_config`` in the
   same kind of child (a valid file must load, a bad one must raise a one-line UsageError;
   nothing is traced);
 * MLIR bytecode (the dumps written as bytecode, then bytes flipped, strings made non-UTF-8 or
@@ -989,7 +989,7 @@ def _load_trace_toml(kind: str, toml: Path) -> int:
 
             get_config(toml)
         else:
-            from tracing.config import load_config_file
+            from plans.config import load_config_file
 
             load_config_file(toml)
     except UsageError as error:
@@ -1233,7 +1233,7 @@ def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 30.0,
     """Run every case in a forked child, ``jobs`` at a time, each within ``timeout_s``."""
     import hlo_analyzer.cli  # noqa: F401 - imported once here, inherited by every fork
     import hlo_analyzer.mlir  # noqa: F401
-    import tracing.config  # noqa: F401
+    import plans.config  # noqa: F401
 
     tally = Tally()
     pending = list(cases)

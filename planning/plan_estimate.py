@@ -56,7 +56,7 @@ from hlo_trace.isolate import child_environment
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
 from models.opensora.library_calls import self_attention_is_flash
-from tracing.calibration_requests import FAILURE_FILE, dump_names, request_config
+from plans.calibration import FAILURE_FILE, dump_names, request_config
 from tracing.pipefusion import patch_plan
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Plan search (reference note 001): the fastest parallel plan that fits, found by
 estimating every plan and tracing only the most promising ones.
 
-The FlexFlow/Alpa idea on this simulator. A *plan* is a pipeline case (``tracing.plans``): P
+The FlexFlow/Alpa idea on this simulator. A *plan* is a pipeline case (``plans.cases``): P
 stages of C chips each, one strategy with one stage mesh ``nx x ny`` inside every stage, a split
 of the block pairs, M PipeFusion patches (and the ring degree of usp); a flat plan is one stage
 holding every pair (M = 1). The space (:func:`enumerate_plans`):
@@ -59,9 +59,9 @@ from models.opensora.inputs import geometry, parse_shape
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
 from models.opensora.theory import BlockDims, final_layer_collectives, layout_collectives
 from planning.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
-from tracing.config import PipelineConfigError, Submesh, build_config
+from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
+from plans.config import PipelineConfigError, Submesh, build_config
 from tracing.pipefusion import patch_plan
-from tracing.plans import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 from tracing.strategies import get_strategy
 from tracing.strategies.base import stage_layout
 

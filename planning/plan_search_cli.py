@@ -26,7 +26,7 @@ from hlo_trace.errors import UsageError
 from hlo_trace.numbers import brief, parse_int
 from models.opensora.parallel import STRATEGY_NAMES
 from planning import sizing, sizing_cli, train_search
-from tracing.config import default_shape
+from plans.config import default_shape
 
 #: The exit code of a search that found no answer (no traced plan fits the memory limit, or no
 #: device count meets the target): its report says so; 1 stays an internal error, 2 bad input.

@@ -3,7 +3,7 @@
 Every stage is one case step, run as two subprocesses that are the project's own commands:
 ``python3 -m tracing.cli`` (one fresh process per stage: torch-xla fixes its device count per
 process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json`` (a flat case's stages)
-or ``python3 -m hlo_analyzer.pipeline_cli`` (a pipeline case, ``tracing.plans``).  Their outputs,
+or ``python3 -m hlo_analyzer.pipeline_cli`` (a pipeline case, ``plans.cases``).  Their outputs,
 kept in a work directory (:class:`Paths`), are the cache: a rerun skips every stage whose
 analysis exists, so an interrupted run resumes where it stopped.  The files are named by what
 decides them (model, shape, strategy, mesh, pairs, patches; the pipeline file's content), so
@@ -34,8 +34,8 @@ from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import ChildLimitExceeded, call_in_child, child_environment
 from hlo_trace.numbers import brief
-from tracing.config import build_config, load_config_file
-from tracing.plans import PipelineCase
+from plans.cases import PipelineCase
+from plans.config import build_config, load_config_file
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Case:
         return Case(self.config, self.shape, self.strategy, self.mesh, stage_ids)
 
     def stage_name(self, stage: int) -> str:
-        """The name trace-stage gives this stage's dump (tracing.config owns the format)."""
+        """The name trace-stage gives this stage's dump (plans.config owns the format)."""
 
         return build_config(config=self.config, shape=self.shape, strategy=self.strategy,
                             mesh=self.mesh, stage_ids=self.stage_ids).dump_name(stage)

@@ -60,7 +60,7 @@ from planning.plan_estimate import (
     dump_names,
     run_calibration_traces,
 )
-from tracing.calibration_requests import request_config
+from plans.calibration import request_config
 from tracing.strategies import get_strategy
 from tracing.strategies.base import stage_layout
 from tracing.training import TrainOptions

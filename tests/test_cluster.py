@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from planning.runner import Paths, Progress, Settings, run_cases  # noqa: E402
-from tracing.plans import PipelineCase, PipelineShape  # noqa: E402
+from plans.cases import PipelineCase, PipelineShape  # noqa: E402
 
 SETTINGS = Settings(stage_ids="", num_stages=0, hardware="tx8-16", steps=30, dialect="stablehlo")
 #: Two flat cases of the tiny model on 4 devices (one stage each, about 5 s to trace).

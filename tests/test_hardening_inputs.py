@@ -111,7 +111,7 @@ def test_deep_trace_stage_toml_is_one_line(tmp_path, option):
 
 
 def test_deep_shape_cache_is_recomputed_not_a_crash(tmp_path):
-    from tracing.config import build_config
+    from plans.config import build_config
     from tracing.stages import _cache_entries
 
     cache = deep_json(tmp_path / "cache.json")

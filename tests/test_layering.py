@@ -26,10 +26,13 @@ ALLOWED = {
     "hlo_analyzer": {"hlo_trace", "hardware", "models"},
     # planning.plan_search estimates plans with the hardware model (hardware sits below
     # hlo_analyzer, so this adds no circle).
-    "tracing": {"hlo_trace", "models", "hlo_analyzer", "hardware"},
+    # the plan vocabulary (configs, cases, module plans, calibration requests): torch-free,
+    # below the tracer and the search
+    "plans": {"hlo_trace", "models"},
+    "tracing": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware"},
     # the plan search, its estimates and the study runner: on top of the tracer it drives and
     # the analysis it reads (hlo_analyzer.analyze_dump).
-    "planning": {"hlo_trace", "models", "hlo_analyzer", "hardware", "tracing"},
+    "planning": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware", "tracing"},
     # hlo-report's pages are made from the commands' JSON and CSV files, never from their code:
     # rendering apart from computing.
     "hlo_report": {"hlo_trace"},
@@ -241,6 +244,13 @@ def test_the_torch_free_model_modules_import_without_torch_or_the_analyzer():
          "models.opensora.parallel", "models.opensora.theory", "models.opensora.block_ops",
          "models.cuda_runtime"],
         ["torch", "torch_xla", "jax", "jaxlib", "hlo_analyzer"])
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_the_plan_vocabulary_imports_without_torch_or_the_analyzer():
+    completed = _import_with_blocked(
+        ["plans", "plans.config", "plans.cases", "plans.module_plan", "plans.calibration"],
+        ["torch", "torch_xla", "jax", "jaxlib", "hlo_analyzer", "tracing"])
     assert completed.returncode == 0, completed.stderr
 
 

@@ -32,7 +32,7 @@ from planning.plan_search import (
     stage_meshes,
 )
 from planning.plan_search_cli import plan_search_command
-from tracing.plans import PipelineCase, PipelineShape
+from plans.cases import PipelineCase, PipelineShape
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = get_config("tiny")
@@ -330,7 +330,7 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
     # the plan file is a pipeline TOML the tools read as is: analyze-pipeline on the cached
     # dumps of that plan gives the reported latency
     from hlo_analyzer.mapping.pipeline import analyze_pipeline, load_plan
-    from tracing.config import load_config_file
+    from plans.config import load_config_file
 
     best = tmp_path / "best.toml"
     config = load_config_file(best)

@@ -23,7 +23,7 @@ from pathlib import Path
 from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import die_with_parent
-from tracing.calibration_requests import FAILURE_FILE, dump_names, request_config
+from plans.calibration import FAILURE_FILE, dump_names, request_config
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import require_trace_extra, trace_to_dump
 

@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass, field
 
 from models.opensora.inputs import make_inputs
+from plans.config import PipelineConfig
 from tracing import capture
-from tracing.config import PipelineConfig
 from tracing.stages import boundary_shapes, run_stage, stage_spec
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from hlo_trace.cli import Count, OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child, child_environment, start_in_child
 from models.opensora.library_calls import call_regions
-from tracing.config import (
+from plans.config import (
     INFERENCE_PATHS,
     MAX_DEVICES,
     MAX_SIZE,

@@ -26,7 +26,7 @@ from hlo_trace.atomic import atomic_write
 from hlo_trace.documents import load_json
 from hlo_trace.errors import InputFileError, UsageError
 from models.opensora.inputs import geometry, make_inputs
-from tracing.config import PipelineConfig
+from plans.config import PipelineConfig
 from tracing.strategies.base import stage_token_order
 
 if TYPE_CHECKING:

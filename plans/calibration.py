@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracing.config import build_config
+from plans.config import build_config
 
 __all__ = ["FAILURE_FILE", "dump_names", "request_config"]
 

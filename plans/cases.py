@@ -100,7 +100,7 @@ class PipelineCase:
         # a model file named in a pipeline file is read relative to that file: make it absolute
         config = str(Path(self.config).resolve()) if self.config.endswith(".toml") else self.config
         lines = [
-            f"# Pipeline plan {self.pipeline.label}, M = {self.patches} (tracing.plans)",
+            f"# Pipeline plan {self.pipeline.label}, M = {self.patches} (plans.cases)",
             f"config = {json.dumps(config)}",
             f'shape = "{self.shape}"',
             f'strategy = "{self.pipeline.strategy}"',
