@@ -211,7 +211,7 @@ def _check_sidecars(plan: PipelinePlan, dumps: list[str], sidecars: list[Sidecar
     for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
         blocks = sidecar.blocks
         if stage_ids and blocks is not None and list(blocks) != stage_ids[index]:
-            raise UsageError(f"{dump}: holds block pairs {blocks}, but {plan.path} gives stage "
+            raise UsageError(f"{dump}: holds block pairs {list(blocks)}, but {plan.path} gives stage "
                              f"{index} the block pairs {stage_ids[index]}")
         traced = sidecar.section("pipeline")
         if not isinstance(traced, dict):
