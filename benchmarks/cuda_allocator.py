@@ -1,4 +1,4 @@
-"""Speed of the caching-allocator model's replay (hardware/cuda_allocator.py) against a naive
+"""Speed of the caching-allocator model's replay (models/cuda_runtime.py) against a naive
 linear-scan best fit, measured in the same run on the same synthetic trace.
 
 The trace stands in for an eager generation's (up to ~2 million events): allocations of sizes
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hardware.cuda_allocator import (
+from models.cuda_runtime import (
     AllocationTrace,
     CachingAllocator,
     LinearFreeBlocks,

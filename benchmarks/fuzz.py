@@ -9,7 +9,7 @@ option values) and runs it:
 
 * dumps and hardware files: ``analyze-hlo`` (``run_click`` on the real command) in a forked
   child with its memory capped (``RLIMIT_AS``), its output in files and a wall-clock limit;
-* trace-stage TOMLs: the loaders ``tracing.config.load_config_file`` / ``get_config`` in the
+* trace-stage TOMLs: the loaders ``plans.config.load_config_file`` / ``get_config`` in the
   same kind of child (a valid file must load, a bad one must raise a one-line UsageError;
   nothing is traced);
 * MLIR bytecode (the dumps written as bytecode, then bytes flipped, strings made non-UTF-8 or
@@ -90,7 +90,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tracing.plan_search_cli import NO_ANSWER  # noqa: E402  (imports no torch)
+from planning.plan_search_cli import NO_ANSWER  # noqa: E402  (imports no torch)
 
 GOOD_CLASSES = ("ok", "usage", "interrupted", "interpreter-start", "terminated", "no-answer")
 CLASSES = (*GOOD_CLASSES, "internal", "signal", "hang", "messy", "bad-numbers", "orphan",
@@ -518,7 +518,7 @@ def make_cases(count: int, seed: int) -> Iterator[Case]:
         else:
             address = rng.choice(SCHEDULER_ADDRESSES)
             yield Case(index, "scheduler", f"scheduler-{address.split(':', 1)[0]}", address, b"",
-                       argv=("tracing.plan_search_cli", "--config", "tiny", "--devices", "4",
+                       argv=("planning.plan_search_cli", "--config", "tiny", "--devices", "4",
                              "--strategies", "megatron", "--stages", "1", "--budget", "1",
                              "--scheduler", address))
 
@@ -684,7 +684,7 @@ INTERRUPT_COMMANDS = {
                     "--stage", "1", "-o", "OUT", "--force"),
     "trace-vae-decode": ("tracing.vae_decode", "--part", "spatial", "--shape", "17_64_64",
                          "--config", "tiny", "-o", "OUT", "--force"),
-    "plan-search": ("tracing.plan_search_cli", "--config", "tiny", "--devices", "4", "--strategies",
+    "plan-search": ("planning.plan_search_cli", "--config", "tiny", "--devices", "4", "--strategies",
                     "megatron", "--stages", "1", "--budget", "1", "--jobs", "2"),
     "trace-module": ("tracing.module_cli", "models.zoo.gpt2:gpt2", "--input", "ids=4x16:int64",
                      "--strategy", "megatron", "--mesh", "2x2", "-o", "OUT", "--force"),
@@ -964,7 +964,7 @@ def _child_main(case: Case, workdir: Path) -> int:
     if case.kind in ("report", "report-csv"):
         return _run_report_case(case, workdir)
     if case.kind == "plan":
-        from tracing.plan_search_cli import plan_search_command
+        from planning.plan_search_cli import plan_search_command
 
         return run_click(plan_search_command, [*_in_workdir(case.options, workdir), "--work-dir",
                                                str(workdir / "work")])
@@ -989,7 +989,7 @@ def _load_trace_toml(kind: str, toml: Path) -> int:
 
             get_config(toml)
         else:
-            from tracing.config import load_config_file
+            from plans.config import load_config_file
 
             load_config_file(toml)
     except UsageError as error:
@@ -1037,7 +1037,7 @@ def _run_option_case(case: Case, workdir: Path) -> int:
         from tracing.cli import main as trace_main
 
         return run_click(trace_main, [*options, "-o", str(workdir / "out")])
-    from tracing.plan_search_cli import plan_search_command
+    from planning.plan_search_cli import plan_search_command
 
     return run_click(plan_search_command, [*options, "--work-dir", str(workdir / "work"),
                                            "-o", str(workdir / "best.toml")])
@@ -1107,7 +1107,7 @@ def _run_child(case: Case, workdir: Path, memory_bytes: int) -> int:
         if case.argv:  # a command in a fresh process, as a user starts it
             os.chdir(workdir)
             argv = _in_workdir(case.argv, workdir)
-            if argv[0] == "tracing.plan_search_cli":
+            if argv[0] == "planning.plan_search_cli":
                 argv += ["--work-dir", str(workdir / "work"), "-o", str(workdir / "best.toml")]
             if case.kind == "module":  # its own models, importable as fuzz_models
                 (workdir / "fuzz_models.py").write_bytes(case.content)
@@ -1233,7 +1233,7 @@ def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 30.0,
     """Run every case in a forked child, ``jobs`` at a time, each within ``timeout_s``."""
     import hlo_analyzer.cli  # noqa: F401 - imported once here, inherited by every fork
     import hlo_analyzer.mlir  # noqa: F401
-    import tracing.config  # noqa: F401
+    import plans.config  # noqa: F401
 
     tally = Tally()
     pending = list(cases)

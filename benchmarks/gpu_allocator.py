@@ -1,4 +1,4 @@
-"""The caching-allocator model (hardware/cuda_allocator.py) against PyTorch's own allocator on a
+"""The caching-allocator model (models/cuda_runtime.py) against PyTorch's own allocator on a
 CUDA GPU: the same synthetic allocation sequences replayed on both, the state compared at every
 mark. A check of the model, never a fit (it has no constant to fit: its rules are PyTorch's).
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cuda_allocator import synthetic_events  # noqa: E402  (the sibling benchmark's sequence)
 
-from hardware.cuda_allocator import AllocationTrace, Mark, PhaseMemory, replay  # noqa: E402
+from models.cuda_runtime import AllocationTrace, Mark, PhaseMemory, replay  # noqa: E402
 
 #: The statistics compared, as (PhaseMemory field, torch.cuda.memory_stats key).
 STATS = (("allocated", "allocated_bytes.all.current"), ("reserved", "reserved_bytes.all.current"),

@@ -14,7 +14,7 @@ For each phase it records the peak allocated and reserved bytes since the genera
 the device's used bytes (``cudaMemGetInfo``, the CUDA context included) at the phase's end; the
 context is the used bytes beyond the reserved ones before any weight is loaded. With the
 default allocator configuration it then records the same run on the ``meta`` device and replays
-it through ``hardware.cuda_allocator``, and prints the replayed peak reserve over the measured one
+it through ``models.cuda_runtime``, and prints the replayed peak reserve over the measured one
 (docs/gpu.md). It writes ``generation_<device>.md`` and ``.json`` to ``--out``.
 """
 
@@ -111,7 +111,7 @@ def generate(torch, models, shape: str, steps: int, device: str, context: int) -
 
 
 def replayed_reserves(shapes: list[str], steps: int, config_name: str) -> dict[str, int]:
-    """Each generation's peak reserve as ``hardware.cuda_allocator`` predicts it: the same run's
+    """Each generation's peak reserve as ``models.cuda_runtime`` predicts it: the same run's
     allocation sequence recorded on the ``meta`` device (``tracing.allocations``) and replayed."""
     from scripts.gpu_predictions import device_memory
     from tracing.allocations import record_generations

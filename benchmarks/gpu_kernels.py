@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chip = load_chip(args.hw)
     bandwidth, peak = chip.dram_bandwidth_bytes_per_s, chip.gemm_flops_per_s
     if args.quick:
-        from tracing.config import default_shape
+        from plans.config import default_shape
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         timings = [Timing(c.kind, c.name, time_case(torch, c, device, runs=1), c.bytes, c.flops)

@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["| shape | x strides | all pairs on that x (ms) | on a contiguous copy (ms) | layout's cost |",
               "|---|---|---:|---:|---:|"]
     if args.quick:
-        from tracing.config import default_shape
+        from plans.config import default_shape
 
         print("\n".join(["# gpu_layout --quick: the tiny config on the CPU (no measurement)", "", *header,
                          *measure(torch, default_shape("tiny"), "tiny", "cpu", runs=1, profile=False)]))

@@ -332,7 +332,7 @@ def quick(torch, hardware: str | None) -> int:  # noqa: ANN001
     """``--quick``: the whole path on one pair of the tiny config; prints the table, writes nothing."""
     from hlo_analyzer.mapping.apply import DIFFUSION_STEPS
     from models.opensora.config import get_config
-    from tracing.config import default_shape
+    from plans.config import default_shape
 
     on_gpu = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name(0) if on_gpu else "CPU"

@@ -1,7 +1,7 @@
 """Plan search speed: estimating 10,000 plans (issue 32), and tracing the tiny exhaustive space
 with ``--jobs 1`` and ``--jobs 2`` (issue 25).
 
-**Estimating.** The traced-kernel estimate (``tracing.plan_estimate``) of ``--plans`` plans (10,000)
+**Estimating.** The traced-kernel estimate (``planning.plan_estimate``) of ``--plans`` plans (10,000)
 of the full model at 204_640_360 on 8xh100: the space of ``plan-search`` with every pipeline's
 pairs split at random (seeded compositions of the 28 pairs; a split needs no calibration of its
 own), after the space's calibrations are traced (``--work``, cached: the first run traces them,
@@ -64,7 +64,7 @@ def many_plans(space, count: int, depth: int, seed: int = SPLIT_SEED) -> list:
     import dataclasses
     import random
 
-    from tracing.plan_search import Plan
+    from planning.plan_search import Plan
 
     rng = random.Random(seed)
     plans = []
@@ -88,8 +88,8 @@ def estimate_speed(work: Path, count: int, quick: bool) -> None:
     estimate of the same plans."""
     from hardware import load_system
     from models.opensora.config import get_config
-    from tracing.plan_estimate import KernelCosts
-    from tracing.plan_search import calibration_keys, enumerate_plans, estimate_plan
+    from planning.plan_estimate import KernelCosts
+    from planning.plan_search import calibration_keys, enumerate_plans, estimate_plan
 
     system = load_system(ESTIMATED["hardware"])
     options = ESTIMATED_QUICK if quick else {}
@@ -127,7 +127,7 @@ def confirm_speed() -> None:
     them with analyze-pipeline), into a fresh work directory. Run it alone (``flock
     /tmp/fulltrace.lock``): a full-size trace takes up to 4 GiB."""
     with tempfile.TemporaryDirectory(prefix="plan_confirm_") as tmp:
-        command = [sys.executable, "-m", "tracing.plan_search_cli", *CONFIRM, "--work-dir", str(Path(tmp) / "cache"),
+        command = [sys.executable, "-m", "planning.plan_search_cli", *CONFIRM, "--work-dir", str(Path(tmp) / "cache"),
                    "-o", str(Path(tmp) / "best.toml")]
         started = time.perf_counter()
         completed = subprocess.run(command, capture_output=True, text=True,
@@ -142,7 +142,7 @@ def confirm_speed() -> None:
 def run(arguments: list[str], jobs: int, work: Path) -> tuple[float, dict]:
     """One exhaustive search with ``jobs`` parallel plans; (wall seconds, its JSON result)."""
     result = work / "result.json"
-    command = [sys.executable, "-m", "tracing.plan_search_cli", *arguments, "--exhaustive", "--estimate", "ideal",
+    command = [sys.executable, "-m", "planning.plan_search_cli", *arguments, "--exhaustive", "--estimate", "ideal",
                "--jobs", str(jobs), "--work-dir", str(work / "cache"), "-o",
                str(work / "best.toml"), "--json", str(result)]
     started = time.perf_counter()

@@ -48,8 +48,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from hlo_trace.atomic import atomic_write  # noqa: E402
+from plans.config import build_config  # noqa: E402
 from tracing.cli import STEPS  # noqa: E402  (imports no torch)
-from tracing.config import build_config  # noqa: E402
 
 #: Issue 45's targets for the full case on the 2-core development machine (issue 26's were 15 s
 #: and 3 GiB).

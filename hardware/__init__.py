@@ -1,8 +1,8 @@
-"""hardware: hardware descriptions (TOML data), the collective model, mappers and the STDiT3 op builder.
+"""hardware: hardware descriptions (TOML data), the collective model and the mappers.
 
 Never imports torch or jax: only the standard library, numpy and ``hlo_trace.errors``.
 
-    from hardware import load_hardware, block_shapes_for, build_stdit_block_ops, map_block, inference_totals
+    from hardware import load_hardware, map_block, inference_totals
 """
 
 from hardware.block import (
@@ -16,7 +16,13 @@ from hardware.block import (
 from hardware.collectives import collective_time_s, per_device_bytes
 from hardware.flash_attention_mapper import flashatten_mapper
 from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper, gemm_exhaustive_search
-from hardware.mapping import FlashAttentionTiling, GemmTiling, KernelTiling, Mapping, VectorTiling
+from hardware.kernel_mapping import (
+    FlashAttentionTiling,
+    GemmTiling,
+    KernelTiling,
+    Mapping,
+    VectorTiling,
+)
 from hardware.model_info import ModelAssumptions, model_assumptions
 from hardware.ops import Op, OpType
 from hardware.spec import (
@@ -31,15 +37,12 @@ from hardware.spec import (
     load_hardware,
     load_system,
 )
-from hardware.stdit import BLOCK_SHAPE_KEYS, BlockShapes, block_shapes_for, build_stdit_block_ops
 from hardware.vector_mapper import MappingError, vector_mapper
 
 __all__ = [
-    "BLOCK_SHAPE_KEYS",
     "MEMORY_KERNEL_CLASSES",
     "ROW_KERNEL_CLASSES",
     "BlockMapping",
-    "BlockShapes",
     "ChipSpec",
     "FlashAttentionTiling",
     "GemmPreset",
@@ -55,8 +58,6 @@ __all__ = [
     "SystemSpec",
     "VectorTiling",
     "as_system",
-    "block_shapes_for",
-    "build_stdit_block_ops",
     "bundled_hardware_names",
     "collective_time_s",
     "comm_latency_s",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from hardware.collectives import collective_time_s
 from hardware.flash_attention_mapper import flashatten_mapper
 from hardware.gemm_mapper import GemmPreset, gemm_auto_opt_mapper
-from hardware.mapping import Mapping
+from hardware.kernel_mapping import Mapping
 from hardware.ops import Op, OpType
 from hardware.spec import ChipSpec, SystemSpec
 from hardware.vector_mapper import vector_mapper

@@ -37,8 +37,8 @@ import random
 from dataclasses import replace
 
 from hardware.gemm_mapper import ACCUMULATOR_BYTES
+from hardware.kernel_mapping import FlashAttentionTiling, Mapping, pipeline_chains
 from hardware.kernel_model import gpu_flash_attention_mapping
-from hardware.mapping import FlashAttentionTiling, Mapping, pipeline_chains
 from hardware.ops import Op, OpType, attention_dims
 from hardware.spec import ChipSpec
 from hardware.tiling import block_candidates, padded_extent, round_up, small_divisors, tile_factors

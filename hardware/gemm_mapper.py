@@ -34,7 +34,7 @@ the chip's DRAM bytes ``batch`` times)
       cache port; no forwarding, one hop.)
     * SRAM: ``stages * (tm*tk + tk*tn) * bytes + tm*tn*(ACCUMULATOR_BYTES + bytes)`` (multi-
       buffered operand blocks, an fp32 accumulator and an output staging block) must fit.
-    * latency: the chain model of :mod:`hardware.mapping` over ``bt*mb*nb*kb`` steps.
+    * latency: the chain model of :mod:`hardware.kernel_mapping` over ``bt*mb*nb*kb`` steps.
 
 Search (branch and bound, exact)
     The exhaustive loop (:func:`gemm_exhaustive_search`) visits every candidate. The mapper
@@ -69,8 +69,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from hardware.kernel_mapping import ChainTimes, GemmTiling, Mapping, chain_seconds
 from hardware.kernel_model import gpu_gemm_mapping
-from hardware.mapping import ChainTimes, GemmTiling, Mapping, chain_seconds
 from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec
 from hardware.tiled_gemm import tiled_gemm_mapping
@@ -220,7 +220,7 @@ class _Costed(NamedTuple):
     compute_s: float
     dram_bytes: float
     noc_s: float
-    chains: tuple[float, float, float, float]  # hardware.mapping.chain_seconds
+    chains: tuple[float, float, float, float]  # hardware.kernel_mapping.chain_seconds
 
 
 def _costed(problem: _Problem, chip: ChipSpec, placed: _Placed, tm: int, tk: int, tn: int,

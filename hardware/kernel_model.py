@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from hardware.mapping import KernelTiling, Mapping
+from hardware.kernel_mapping import KernelTiling, Mapping
 from hardware.ops import Op, OpType, attention_dims, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec, KernelModel
 from hardware.tiling import round_up

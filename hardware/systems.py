@@ -32,7 +32,28 @@ from hardware.spec import (
 )
 from hlo_trace.errors import UsageError
 
-__all__ = ["ResolvedSystem", "default_network", "near_square_grid", "resolve_system"]
+__all__ = ["Hardware", "ResolvedSystem", "default_network", "load_choice", "near_square_grid",
+           "resolve_system"]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A ``--hw`` choice loaded once: the name or path as the user gave it (the reports show it)
+    and its description."""
+
+    name: str
+    spec: HardwareSpec
+
+    @property
+    def chip(self) -> ChipSpec:
+        return self.spec.chip if isinstance(self.spec, SystemSpec) else self.spec
+
+
+def load_choice(name_or_path: str | Hardware) -> Hardware:
+    """``--hw name_or_path`` loaded (a :class:`Hardware` as is)."""
+    if isinstance(name_or_path, Hardware):
+        return name_or_path
+    return Hardware(str(name_or_path), load_hardware(name_or_path))
 
 
 @dataclass(frozen=True)
@@ -100,12 +121,13 @@ def _with_fidelity(spec: HardwareSpec, fidelity: str, name_or_path: str) -> Hard
     return replace(spec, chip=chip) if isinstance(spec, SystemSpec) else chip
 
 
-def resolve_system(name_or_path: str, devices: int, *, link_bandwidth_bytes_per_s: float | None = None,
+def resolve_system(hardware: str | Hardware, devices: int, *, link_bandwidth_bytes_per_s: float | None = None,
                    hop_latency_s: float | None = None, fidelity: str | None = None) -> ResolvedSystem:
-    """The system for a dump of ``devices`` devices on ``--hw name_or_path`` (module docstring);
+    """The system for a dump of ``devices`` devices on ``--hw hardware`` (module docstring);
     ``fidelity``: every GEMM at this math fidelity (a chip with a ``[tiled_model]`` only)."""
     devices = max(1, devices)
-    spec = load_hardware(name_or_path)
+    choice = load_choice(hardware)
+    name_or_path, spec = choice.name, choice.spec
     if fidelity is not None:
         spec = _with_fidelity(spec, fidelity, name_or_path)
     if isinstance(spec, SystemSpec):

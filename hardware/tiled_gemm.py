@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hardware.mapping import KernelTiling, Mapping
+from hardware.kernel_mapping import KernelTiling, Mapping
 from hardware.ops import Op, OpType, check_epilogue, gemm_dims
 from hardware.spec import ChipSpec, TiledModel
 

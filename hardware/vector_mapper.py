@@ -3,7 +3,7 @@
 The op's output rows (all leading dims: batch x sequence) are dealt to
 ``tiles = min(tile_count, rows)`` tiles in equal contiguous slices of ``ceil(rows / tiles)`` rows
 (every tile is charged the largest slice). A tile streams its slice through SRAM ``chunk_rows``
-rows at a time, multi-buffered (:mod:`hardware.mapping`). The vector unit does
+rows at a time, multi-buffered (:mod:`hardware.kernel_mapping`). The vector unit does
 ``flops / rows`` operations per row; every activation row is read from DRAM once and every
 output row written once; the weight (scale/shift/gate vectors) is read once and forwarded to the
 other tiles over the NoC. A vector op therefore runs at
@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hardware.kernel_mapping import Mapping, VectorTiling, pipeline_chains
 from hardware.kernel_model import gpu_vector_mapping
-from hardware.mapping import Mapping, VectorTiling, pipeline_chains
 from hardware.ops import Op, OpType
 from hardware.spec import ChipSpec
 

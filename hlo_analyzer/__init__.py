@@ -16,6 +16,8 @@
     report = analyze(example_dump())
     print(report.gemm_flops, report.comm_bytes_per_device)
 
+``analyze_dump(path, hardware, options)`` is the whole analysis of a dump on a hardware (its
+sidecar read once, the ops mapped): what ``analyze-hlo --hw`` and the plan search compute with.
 ``load_module`` takes a path, always; dump content held in memory goes through
 ``load_module_text``. See ``hlo_analyzer.visitor`` for the visitor manual.
 """
@@ -37,8 +39,10 @@ from hlo_trace.errors import InputFileError, UnsupportedIRError, UsageError
 if TYPE_CHECKING:
     from hlo_analyzer.comm import CommVisitor, RingLink
     from hlo_analyzer.flops import FlopsVisitor
+    from hlo_analyzer.mapping.analysis import Analysis, AnalysisOptions, analyze_dump
     from hlo_analyzer.mlir import load_module, load_module_text
     from hlo_analyzer.report import Report, analyze
+    from hlo_analyzer.sidecar import Sidecar, read_sidecar
     from hlo_analyzer.visitor import IRVisitor
 
 #: Where each name of the API lives. They are imported on first use (PEP 562), so that the
@@ -49,6 +53,9 @@ _HOMES = {
     "FlopsVisitor": "hlo_analyzer.flops", "load_module": "hlo_analyzer.mlir",
     "load_module_text": "hlo_analyzer.mlir", "Report": "hlo_analyzer.report",
     "analyze": "hlo_analyzer.report", "IRVisitor": "hlo_analyzer.visitor",
+    "Sidecar": "hlo_analyzer.sidecar", "read_sidecar": "hlo_analyzer.sidecar",
+    "Analysis": "hlo_analyzer.mapping.analysis", "AnalysisOptions": "hlo_analyzer.mapping.analysis",
+    "analyze_dump": "hlo_analyzer.mapping.analysis",
 }
 
 
@@ -65,15 +72,20 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOMES))
 
 __all__ = [
+    "Analysis",
+    "AnalysisOptions",
     "CommVisitor",
     "FlopsVisitor",
     "IRVisitor",
     "InputFileError",
     "Report",
     "RingLink",
+    "Sidecar",
     "UnsupportedIRError",
     "UsageError",
     "analyze",
+    "analyze_dump",
     "load_module",
     "load_module_text",
+    "read_sidecar",
 ]

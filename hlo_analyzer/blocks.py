@@ -16,7 +16,7 @@ How (all by data dependencies in the module's dataflow graph, never by line orde
    ones, so "first" means least in a topological order, which dependencies make unambiguous.
 
 Labels per block: qkv, scores, values, proj, cross_q, cross_kv, cross_scores, cross_values,
-cross_proj, fc1, fc2. The shape dictionary is a ``hardware.stdit.BlockShapes`` (its one home).
+cross_proj, fc1, fc2. The shape dictionary is a ``models.opensora.block_ops.BlockShapes`` (its one home).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import networkx as nx
 from jaxlib.mlir import ir
 
-from hardware.stdit import BlockShapes
 from hlo_analyzer.dataflow import (
     GEMM_OPS,
     SOFTMAX_SPAN_LIMIT,
@@ -40,6 +39,7 @@ from hlo_analyzer.dataflow import (
 )
 from hlo_analyzer.tensors import ELEMENT_BYTES
 from hlo_trace.errors import UsageError
+from models.opensora.block_ops import BlockShapes
 
 LABELS = ("qkv", "scores", "values", "proj", "cross_q", "cross_kv", "cross_scores",
           "cross_values", "cross_proj", "fc1", "fc2")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from hardware.systems import load_choice
 from hlo_trace.atomic import check_targets
 from hlo_trace.cli import (
     MAX_QUANTITY,
@@ -29,15 +30,18 @@ from hlo_trace.cli import (
     native_imports,
     run_click,
 )
-from hlo_trace.errors import UsageError
+from hlo_trace.errors import UnsupportedIRError, UsageError
 from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
 
 if TYPE_CHECKING:
     import networkx as nx
 
+    from hardware.systems import Hardware
+    from hlo_analyzer.mapping.analysis import AnalysisOptions
     from hlo_analyzer.mapping.results import MappingOptions
     from hlo_analyzer.mapping.sections import MappingSection
     from hlo_analyzer.report import Report
+    from hlo_analyzer.sidecar import Sidecar
 
 log = logging.getLogger("hlo_analyzer")
 
@@ -174,28 +178,25 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     _check_hw_options(hardware, by=by, link_bandwidth=link_bandwidth, hop_latency=hop_latency,
                       bruck=bruck, timeline=timeline, timeline_pair=timeline_pair, kernels=kernels,
                       fidelity=fidelity)
-    if hardware is not None:
-        from hardware import load_hardware
+    from hlo_analyzer.sidecar import read_sidecar, sidecar_for
 
-        load_hardware(hardware)  # a bad hardware file fails before the dump is parsed
-    if sidecar is not None:
-        from hlo_analyzer.sidecar import read_sidecar
-
-        read_sidecar(sidecar)  # likewise a bad sidecar (a device, a huge or malformed file)
+    # the hardware loaded once, before the dump is parsed (a bad file fails first)
+    choice = load_choice(hardware) if hardware is not None else None
+    sidecar_path = sidecar or sidecar_for(dump)
+    # read once; likewise a bad sidecar (a device, a huge or malformed file) fails first
+    read = read_sidecar(sidecar_path)
     from hlo_analyzer.control import parse_branch
 
     request = _Request(dump=dump, output_format=output_format, by=by, bruck=bruck,
                        branch=parse_branch(branch),
                        link_bandwidth=link_bandwidth, hop_latency=hop_latency,
-                       hardware=hardware, steps=steps, pairs=pairs, sidecar=sidecar,
+                       hardware=choice, steps=steps, pairs=pairs, sidecar=read,
                        execution=execution, dram_efficiency=dram_efficiency, fidelity=fidelity, exp_ops=exp_ops,
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
                        force=force, parallel=run_in_parallel(dump))
-    from hlo_analyzer.memory import sidecar_for
-
     check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force, inputs={  # before the work
-        "dump": dump, "sidecar": sidecar or sidecar_for(dump),
+        "dump": dump, "sidecar": sidecar_path,
         "hardware file": hardware if hardware is not None and os.path.isfile(hardware) else None})
     # Parse and measure in a forked child: jaxlib's parser kills its process on some malformed
     # inputs (SIGFPE, SIGABRT, SIGSEGV); the child's death becomes one Error: line here. The
@@ -216,10 +217,10 @@ class _Request:
     bruck: bool
     link_bandwidth: float | None
     hop_latency: float | None
-    hardware: str | None
+    hardware: Hardware | None  # the --hw choice, loaded
     steps: int | None
     pairs: int | None
-    sidecar: str | None
+    sidecar: Sidecar | None  # the dump's sidecar (--sidecar or the one beside it), read
     execution: str | None = None  # None: the hardware's default (mapping.results.default_execution)
     dram_efficiency: float = 1.0
     fidelity: str | None = None
@@ -246,20 +247,22 @@ def _render(request: _Request) -> str | None:
     dump = request.dump
     log.info("loading %s", dump)
     module = load_module(dump)
-    options = _mapping_options(request) if request.hardware is not None else None
-    log.info("counting FLOPs, collectives and memory")
-    report, graph = _measure(module, request, options)
+    sidecar = request.sidecar
+    analysis = _analysis_options(request)
+    options = None
     if request.hardware is not None:
-        from hlo_analyzer.mapping.apply import add_hardware_sections
+        from hlo_analyzer.mapping.analysis import mapping_options
 
-        log.info("mapping every op on %s", request.hardware)
-        with _as_usage_error(dump, f"cannot be mapped on {request.hardware}"):
-            add_hardware_sections(
-                report, module, request.hardware, steps=request.steps, pairs=request.pairs,
-                options=options, graph=graph,
-                link_bandwidth_bytes_per_s=None if request.link_bandwidth is None
-                else request.link_bandwidth * 1e9,
-                hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
+        options = mapping_options(sidecar, request.hardware.chip, analysis)
+    log.info("counting FLOPs, collectives and memory")
+    report, graph = _measure(module, request, sidecar, options)
+    if request.hardware is not None:
+        from hlo_analyzer.mapping.analysis import add_mapping
+
+        assert options is not None
+        log.info("mapping every op on %s", request.hardware.name)
+        with _as_usage_error(dump, f"cannot be mapped on {request.hardware.name}"):
+            add_mapping(report, module, request.hardware, options, analysis, graph)
     check_numbers(report)
     if request.timeline is not None:
         from hlo_analyzer.mapping.render import hardware_sections
@@ -290,41 +293,26 @@ def _render(request: _Request) -> str | None:
     return None
 
 
-def _mapping_options(request: _Request) -> MappingOptions:
-    """The ``--hw`` mapping's options: the request's, with the caption length and library calls
-    of the dump's sidecar and the hardware's default execution."""
-    from hardware import load_chip
-    from hlo_analyzer.mapping.apply import sidecar_caption_tokens
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions, sidecar_traced_pytorch
-    from hlo_analyzer.mapping.results import MappingOptions, default_execution
-    from hlo_analyzer.memory import read_sidecar, sidecar_for
+def _analysis_options(request: _Request) -> AnalysisOptions:
+    """The ``--hw`` options of the request, in the units of the mapping."""
+    from hlo_analyzer.mapping.analysis import AnalysisOptions
 
-    assert request.hardware is not None
-    sidecar = read_sidecar(request.sidecar or sidecar_for(request.dump))
-    caption_tokens = request.caption_tokens
-    if caption_tokens is None and request.cross_attention == "per-sample" and sidecar is not None:
-        caption_tokens = sidecar_caption_tokens(sidecar)
-    library_calls = sidecar_call_regions(sidecar)
-    execution = request.execution or default_execution(
-        load_chip(request.hardware), library_calls, traced_pytorch=sidecar_traced_pytorch(sidecar))
-    return MappingOptions(execution=execution,
-                          dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
-                          cross_attention=request.cross_attention,
-                          caption_tokens=caption_tokens, library_calls=library_calls, fidelity=request.fidelity)
+    return AnalysisOptions(
+        steps=request.steps, pairs=request.pairs, execution=request.execution,
+        dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
+        cross_attention=request.cross_attention, caption_tokens=request.caption_tokens,
+        fidelity=request.fidelity,
+        link_bandwidth_bytes_per_s=None if request.link_bandwidth is None else request.link_bandwidth * 1e9,
+        hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
 
 
-def _measure(module: Any, request: _Request,
+def _measure(module: Any, request: _Request, sidecar: Sidecar | None,
              options: MappingOptions | None = None) -> tuple[Report, nx.DiGraph | None]:
     """FLOPs, collectives and memory of ``module``: the memory in the same walk, or at the same
     time in a forked child (``request.parallel``); with ``--hw`` (``options``), the dataflow
     graph that the mapping needs, built in the same walk."""
     from hlo_analyzer.comm import RingLink
-    from hlo_analyzer.memory import (
-        MemoryVisitor,
-        add_memory_section,
-        chip_capacity,
-        sidecar_inputs,
-    )
+    from hlo_analyzer.memory import MemoryVisitor, add_memory_section, read_sidecar_inputs
     from hlo_analyzer.report import analyze
     from hlo_analyzer.tensors import TypeTable
 
@@ -334,8 +322,8 @@ def _measure(module: Any, request: _Request,
         link = RingLink(bandwidth_bytes_per_s=request.link_bandwidth * 1e9,
                         hop_latency_s=hop_latency * 1e-6, bruck=request.bruck)
     dump = request.dump
-    sidecar_path, inputs = sidecar_inputs(dump, request.sidecar)
-    capacity = chip_capacity(request.hardware)
+    inputs = read_sidecar_inputs(sidecar)
+    capacity = None if request.hardware is None else request.hardware.chip.dram_capacity_bytes
     types = TypeTable()
     task = _start_memory(module, inputs, capacity, dump) if request.parallel else None
     memory = MemoryVisitor(inputs, types) if task is None else None
@@ -359,18 +347,17 @@ def _measure(module: Any, request: _Request,
     finally:
         if task is not None:
             task.cancel()
-    add_memory_section(report, usage, sidecar_path)
-    if sidecar_path is not None:
-        from hlo_analyzer.memory import read_sidecar_section
+    add_memory_section(report, usage, sidecar)
+    if sidecar is not None:
         from hlo_analyzer.training import add_training_section
 
-        redundancy = read_sidecar_section(sidecar_path, "redundancy")
+        redundancy = sidecar.section("redundancy")
         warning = redundancy.get("warning") if isinstance(redundancy, dict) else None
         if isinstance(warning, str) and warning:  # trace-module's, about the plan it traced
             report.notes = (*report.notes, f"trace-module warned: {warning}")
 
         with _as_usage_error(dump, "its training step cannot be split"):
-            add_training_section(report, module, sidecar_path, dump)
+            add_training_section(report, module, sidecar, dump)
     return report, None if dataflow is None else dataflow.graph
 
 
@@ -400,7 +387,6 @@ def _start_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -
 
 def _measure_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -> Any:
     from hlo_analyzer.memory import measure_memory
-    from hlo_trace.errors import UnsupportedIRError
 
     with _as_usage_error(dump, "memory cannot be measured"):
         try:

@@ -34,8 +34,6 @@ hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device th
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -44,12 +42,9 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
-from hlo_analyzer.sidecar import SIDECAR_DTYPES, read_sidecar
+from hlo_analyzer.sidecar import Sidecar, as_sidecar
 from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
-
-#: The file descriptor of standard output (what a shell's ``>`` redirects).
-STDOUT_FD = 1
 
 log = logging.getLogger(__name__)
 
@@ -109,47 +104,13 @@ class MemoryUsage:
         }
 
 
-def read_sidecar_section(path: str | Path, section: str) -> Any:
-    """The ``section`` of a tracer sidecar (None when it has none)."""
-    document = read_sidecar(path)
-    return document.get(section) if document is not None else None
-
-
-def read_sidecar_inputs(path: str | Path) -> list[InputSignature] | None:
-    """The ``inputs`` of a tracer sidecar, or None if the file has no such section."""
-    path = Path(path)
-    inputs = read_sidecar_section(path, "inputs")
-    if not isinstance(inputs, dict):
+def read_sidecar_inputs(sidecar: Sidecar | str | Path | None) -> list[InputSignature] | None:
+    """The ``inputs`` of a tracer sidecar (or of the sidecar at that path), or None if it has
+    no such section."""
+    sidecar = as_sidecar(sidecar)
+    if sidecar is None or sidecar.inputs is None:
         return None
-    signatures = []
-    for name, entry in sorted(inputs.items()):  # checked by read_sidecar
-        signatures.append(InputSignature(name, tuple(entry["shape"]), SIDECAR_DTYPES[entry["dtype"]]))
-    return signatures
-
-
-def sidecar_for(dump: str | Path) -> Path | None:
-    """``dumps/x.mlir`` -> ``dumps/x.json`` when that file exists and is a sidecar: not empty,
-    and not the file this process's standard output writes (``analyze-hlo x.mlir --format json
-    > x.json``: the shell made ``x.json``, empty or with an earlier report under ``>>``, before
-    the command started)."""
-    candidate = Path(dump).with_suffix(".json")
-    try:
-        found = candidate.stat()
-    except (OSError, ValueError):  # absent, unreadable, or a name the OS refuses
-        return None
-    if not stat.S_ISREG(found.st_mode) or found.st_size == 0 or _is_standard_output(found):
-        return None
-    return candidate
-
-
-def _is_standard_output(found: os.stat_result) -> bool:
-    """Whether ``found`` is the file behind file descriptor 1 (this process's stdout, whatever
-    ``sys.stdout`` is replaced by)."""
-    try:
-        out = os.fstat(STDOUT_FD)
-    except OSError:  # stdout closed
-        return False
-    return (out.st_dev, out.st_ino) == (found.st_dev, found.st_ino)
+    return [InputSignature(t.name, t.shape, t.element_type) for t in sidecar.inputs]
 
 
 def global_shape(local: tuple[int, ...], sharding: str | None) -> tuple[int, ...]:
@@ -432,24 +393,8 @@ def measure_memory(module: ir.Module, inputs: Sequence[InputSignature] | None = 
     return visitor.result(capacity_bytes)
 
 
-def sidecar_inputs(dump: str, sidecar: str | None = None
-                   ) -> tuple[Path | None, list[InputSignature] | None]:
-    """The sidecar of ``dump`` (``sidecar`` if given, else ``sidecar_for(dump)``) and its inputs."""
-    sidecar_path = Path(sidecar) if sidecar else sidecar_for(dump)
-    return sidecar_path, read_sidecar_inputs(sidecar_path) if sidecar_path else None
-
-
-def chip_capacity(hardware: str | None) -> float | None:
-    """DRAM bytes of ``hardware``'s chip when the description gives one (None without --hw)."""
-    if hardware is None:
-        return None
-    from hardware import as_system, load_hardware
-
-    return as_system(load_hardware(hardware)).chip.dram_capacity_bytes
-
-
-def add_memory_section(report: Any, usage: MemoryUsage, sidecar_path: Path | None) -> None:
-    """Add the ``memory`` section (``usage``, measured with ``sidecar_path``'s inputs) to
+def add_memory_section(report: Any, usage: MemoryUsage, sidecar: Sidecar | None) -> None:
+    """Add the ``memory`` section (``usage``, measured with ``sidecar``'s inputs) to
     ``report``."""
     report.extra["memory"] = usage.to_dict() | {
-        "sidecar": str(sidecar_path) if sidecar_path else None}
+        "sidecar": str(sidecar.path) if sidecar else None}

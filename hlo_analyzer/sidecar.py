@@ -8,13 +8,24 @@ and checks the fields the analyzer computes with, where present: ``inputs`` and 
 ``SIDECAR_DTYPES``), ``mesh.global_device_ids`` (rows of device ids), ``blocks`` (``[first,
 last]``), ``stage``, ``pipefusion.patches`` and ``strategy.name``. A field of the wrong form is
 one ``InputFileError`` naming the file and the field, never a ``KeyError`` deep in the analysis.
+
+The result is a :class:`Sidecar`: the checked fields typed, the rest of the document kept for
+the sections that other modules read (``training``, ``library_calls``, ``redundancy``). It is the
+one reader: every command reads a dump's sidecar once and passes the ``Sidecar`` on.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from hlo_analyzer.tensors import ELEMENT_BYTES
 from hlo_trace.documents import load_json
 from hlo_trace.errors import InputFileError, shown
 
@@ -33,11 +44,106 @@ MAX_INDEX = 10**6
 
 #: What the error says a sidecar is.
 WHAT = "a tracer sidecar (JSON)"
+#: File descriptor of standard output (a sidecar is never the file the report goes to).
+STDOUT_FD = 1
 
 
-def read_sidecar(path: str | Path | None, *, required: tuple[str, ...] = ()) -> dict[str, Any] | None:
-    """The sidecar at ``path`` as a JSON object with its fields checked (None: no path). The
-    fields named in ``required`` (dotted: ``mesh.global_device_ids``) must be present."""
+@dataclass(frozen=True)
+class SidecarTensor:
+    """One tensor a sidecar records: its global shape and MLIR element type."""
+
+    name: str
+    shape: tuple[int, ...]
+    element_type: str  # MLIR spelling: bf16, f32, ...
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * ELEMENT_BYTES[self.element_type]
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A tracer sidecar, read once and checked (:func:`read_sidecar`). ``inputs`` is None when
+    the file has no ``inputs`` section; ``document`` is the whole JSON object (read-only), for
+    the sections typed by the modules that read them."""
+
+    path: Path
+    document: Mapping[str, Any]
+    inputs: tuple[SidecarTensor, ...] | None
+    outputs: tuple[SidecarTensor, ...]
+    device_ids: tuple[tuple[int, ...], ...] | None
+    blocks: tuple[int, int] | None
+    stage: int | None
+    patches: int
+    strategy: str
+
+    def section(self, name: str) -> Any:
+        """The top-level ``name`` section of the document (None when absent)."""
+        return self.document.get(name)
+
+    def input(self, name: str) -> SidecarTensor | None:
+        return next((t for t in self.inputs or () if t.name == name), None)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """Every device id of the mesh, row by row (empty when not recorded)."""
+        return tuple(d for row in self.device_ids or () for d in row)
+
+    @property
+    def caption_tokens(self) -> int | None:
+        """Caption tokens of one sample (the model's ``model_max_length``) from
+        ``pipeline.model``, or None if it has none."""
+        try:
+            tokens = self.document["pipeline"]["model"]["model_max_length"]
+        except (KeyError, TypeError):
+            return None
+        return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
+
+
+def sidecar_for(dump: str | Path) -> Path | None:
+    """``dumps/x.mlir`` -> ``dumps/x.json`` when that file exists and is a sidecar: not empty,
+    and not the file this process's standard output writes (``analyze-hlo x.mlir --format json
+    > x.json``: the shell made ``x.json``, empty or with an earlier report under ``>>``, before
+    the command started)."""
+    candidate = Path(dump).with_suffix(".json")
+    try:
+        found = candidate.stat()
+    except (OSError, ValueError):  # absent, unreadable, or a name the OS refuses
+        return None
+    if not stat.S_ISREG(found.st_mode) or found.st_size == 0 or _is_standard_output(found):
+        return None
+    return candidate
+
+
+def _is_standard_output(found: os.stat_result) -> bool:
+    """Whether ``found`` is the file behind file descriptor 1 (this process's stdout, whatever
+    ``sys.stdout`` is replaced by)."""
+    try:
+        out = os.fstat(STDOUT_FD)
+    except OSError:  # stdout closed
+        return False
+    return (out.st_dev, out.st_ino) == (found.st_dev, found.st_ino)
+
+
+def stage_sidecar(dump: str | Path, command: str) -> Sidecar:
+    """The sidecar beside a traced stage ``dump``, which ``command`` needs (with its mesh)."""
+    path = sidecar_for(dump)
+    if path is None:
+        raise InputFileError(f"{dump}: no sidecar {Path(dump).with_suffix('.json')}; "
+                             f"{command} needs the tracer's sidecar of every stage")
+    sidecar = read_sidecar(path, required=("mesh.global_device_ids",))
+    assert sidecar is not None
+    return sidecar
+
+
+def as_sidecar(sidecar: Sidecar | str | Path | None) -> Sidecar | None:
+    """``sidecar`` as is, or the sidecar read from that path."""
+    return sidecar if sidecar is None or isinstance(sidecar, Sidecar) else read_sidecar(sidecar)
+
+
+def read_sidecar(path: str | Path | None, *, required: tuple[str, ...] = ()) -> Sidecar | None:
+    """The sidecar at ``path``, its fields checked (None: no path). The fields named in
+    ``required`` (dotted: ``mesh.global_device_ids``) must be present."""
     if path is None:
         return None
     origin = shown(path)
@@ -53,7 +159,28 @@ def read_sidecar(path: str | Path | None, *, required: tuple[str, ...] = ()) -> 
             raise InputFileError(f"{origin}: field {dotted} is missing; expected {WHAT} that "
                                  "has it")
     check_sidecar(document, origin)
-    return document
+    return _typed(Path(path), document)
+
+
+def _tensors(section: Any) -> tuple[SidecarTensor, ...]:
+    return tuple(SidecarTensor(name, tuple(entry["shape"]), SIDECAR_DTYPES[entry["dtype"]])
+                 for name, entry in sorted(section.items()))
+
+
+def _typed(path: Path, document: dict[str, Any]) -> Sidecar:
+    """The checked ``document`` as a :class:`Sidecar`."""
+    mesh = document.get("mesh") or {}
+    rows = mesh.get("global_device_ids")
+    blocks = document.get("blocks")
+    return Sidecar(
+        path=path, document=MappingProxyType(document),
+        inputs=_tensors(document["inputs"]) if "inputs" in document else None,
+        outputs=_tensors(document.get("outputs", {})),
+        device_ids=None if rows is None else tuple(tuple(row) for row in rows),
+        blocks=None if blocks is None else (blocks[0], blocks[1]),
+        stage=document.get("stage"),
+        patches=int(document.get("pipefusion", {}).get("patches", 1)),
+        strategy=str(document.get("strategy", {}).get("name", "?")))
 
 
 def check_sidecar(document: dict[str, Any], origin: str) -> None:

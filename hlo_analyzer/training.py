@@ -50,12 +50,8 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CommVisitor
-from hlo_analyzer.memory import (
-    SIDECAR_DTYPES,
-    argument_shardings,
-    global_shape,
-    read_sidecar_section,
-)
+from hlo_analyzer.memory import argument_shardings, global_shape
+from hlo_analyzer.sidecar import SIDECAR_DTYPES, Sidecar, as_sidecar
 from hlo_analyzer.tensors import TypeTable, format_location
 from hlo_analyzer.visitor import symbol_name
 from hlo_trace.errors import InputFileError
@@ -127,10 +123,13 @@ class TrainingSplit:
                          for (p, t, k), (count, volume) in sorted(self.comm.items())]}
 
 
-def read_training_layout(path: str | Path) -> TrainingLayout | None:
-    """The ``training`` section of a sidecar, or None when it has none."""
-    path = Path(path)
-    section = read_sidecar_section(path, "training")
+def read_training_layout(sidecar: Sidecar | str | Path) -> TrainingLayout | None:
+    """The ``training`` section of a sidecar (or of the sidecar at that path), or None when it
+    has none."""
+    sidecar = as_sidecar(sidecar)
+    assert sidecar is not None
+    path = sidecar.path
+    section = sidecar.section("training")
     if not isinstance(section, dict):
         return None
 
@@ -308,8 +307,8 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
                          collective_classes=classes)
 
 
-def add_training_section(report: Any, module: ir.Module, sidecar_path: Path, origin: str) -> None:
+def add_training_section(report: Any, module: ir.Module, sidecar: Sidecar, origin: str) -> None:
     """Add the ``training`` section to ``report`` when the sidecar describes a training step."""
-    layout = read_training_layout(sidecar_path)
+    layout = read_training_layout(sidecar)
     if layout is not None:
         report.extra["training"] = measure_training(module, layout, origin).to_dict()

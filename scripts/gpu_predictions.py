@@ -17,7 +17,7 @@ decoder's call times the calls one sample takes. It prints:
 * the published table's twelve video points, time and peak memory, against ``h100-sxm``'s
   predicted time and two peak memories: the tensors a generation holds at its peak
   (``models.opensora.memory.generation_peak``), and the device memory the process holds then, the
-  CUDA context plus what PyTorch's caching allocator reserves (``hardware.cuda_allocator``
+  CUDA context plus what PyTorch's caching allocator reserves (``models.cuda_runtime``
   replaying the generation's eager allocation sequence, recorded on the ``meta`` device by
   ``tracing.allocations``: :data:`ALLOCATIONS`);
 * the kernels of one step by class at 204_640_360 (else the first shape), with each class's
@@ -51,11 +51,11 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
-from hardware.cuda_allocator import AllocationTrace, read_trace, replay  # noqa: E402
 from hlo_analyzer.mapping import kernel_list as kernel_list  # noqa: E402
 from hlo_trace.atomic import check_target  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
+from models.cuda_runtime import AllocationTrace, read_trace, replay  # noqa: E402
 from models.opensora.inputs import opensora_shape, parse_shape  # noqa: E402
 from models.opensora.memory import GENERATION_PHASES, GIB, generation_peak  # noqa: E402
 from models.opensora.vae_config import decode_plan  # noqa: E402
@@ -359,7 +359,7 @@ def main(out: Path, hardware: str, shapes: str | None, write_kernels: Path | Non
 
     if PUBLISHED_CARD in gpus and any(s in published for s in shape_list):
         if write_allocations is not None:
-            from hardware.cuda_allocator import write_trace
+            from models.cuda_runtime import write_trace
             from tracing.allocations import record_generations
 
             trace = record_generations(ALLOCATION_SHAPES, ALLOCATION_STEPS,

@@ -1,7 +1,7 @@
 """Strategy study: trace the full STDiT3 stage by stage for every shape x strategy, analyze each
 dump, map it on a hardware system, and write result tables (markdown + CSV) and plots.
 
-Every stage is one case step, run by ``tracing.runner`` as two subprocesses that are the
+Every stage is one case step, run by ``planning.runner`` as two subprocesses that are the
 project's own commands: ``python3 -m tracing.cli`` (one fresh process per stage: torch-xla fixes
 its device count per process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json``.
 Their outputs, kept in the work directory (``results/.cache`` by default), are the cache: a rerun
@@ -12,7 +12,7 @@ of its stage-0 dump (``--timeline``), made only when missing, from which
 cannot split a batch of 2 over 16 devices) is recorded with its one-line error, reported in the
 tables and skipped on later runs unless ``--retry-failed``.
 
-Beside the flat strategies, pipeline cases (``tracing.plans``): P stages of C chips
+Beside the flat strategies, pipeline cases (``plans.cases``): P stages of C chips
 on disjoint submeshes, a strategy inside each, PipeFusion with M patches; every stage traced on
 one patch (``trace-stage --pipeline``), the set analyzed by ``analyze-pipeline``.
 
@@ -41,15 +41,7 @@ from hlo_trace.cli import OneLineCommand  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
 from models.opensora.parallel import default_mesh  # noqa: E402
-from scripts.study_gantt import GanttCase, write_gantt_plots  # noqa: E402
-from scripts.study_tables import CaseResult, PipelineResult, write_results  # noqa: E402
-from tracing.plans import (  # noqa: E402
-    PipelineCase,
-    default_pipelines,
-    parse_pipelines,
-    split_pairs,
-)
-from tracing.runner import (  # noqa: E402
+from planning.runner import (  # noqa: E402
     Case,
     Paths,
     Progress,
@@ -58,6 +50,14 @@ from tracing.runner import (  # noqa: E402
     run_cases,
     stage_steps,
 )
+from plans.cases import (  # noqa: E402
+    PipelineCase,
+    default_pipelines,
+    parse_pipelines,
+    split_pairs,
+)
+from scripts.study_gantt import GanttCase, write_gantt_plots  # noqa: E402
+from scripts.study_tables import CaseResult, PipelineResult, write_results  # noqa: E402
 
 log = logging.getLogger("sweep")
 
@@ -141,7 +141,7 @@ def plan_pipelines(model_config: str, shapes: list[str], devices: int, pipelines
         counts = []
     if not counts or min(counts) < 1:
         raise UsageError(f"--patches {patch_counts!r}: expected positive integers, e.g. 2,4,8")
-    from tracing.config import PipelineConfigError
+    from plans.config import PipelineConfigError
     from tracing.pipefusion import patch_plan
 
     model = get_config(model_config)
@@ -195,7 +195,7 @@ def machine_description() -> dict:
 def sweep(cases: list[Case | PipelineCase], paths: Paths, settings: Settings, *, jobs: int,
           retry_failed: bool, progress: Progress,
           scheduler: str | None = None) -> list[CaseResult | PipelineResult]:
-    """Run every case not cached (``tracing.runner.run_cases``, on a Dask cluster given its
+    """Run every case not cached (``planning.runner.run_cases``, on a Dask cluster given its
     ``scheduler``), flat and pipeline alike; their results in the same order."""
     run_cases(cases, paths, settings, jobs=jobs, retry_failed=retry_failed, progress=progress,
               scheduler=scheduler)
@@ -257,7 +257,7 @@ def main(model_config: str, shapes: str, strategies: str, devices: int, stage_id
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     started = time.perf_counter()
     try:
-        from tracing.config import parse_stage_ids
+        from plans.config import parse_stage_ids
 
         stage_ids = stage_ids or default_stage_ids(model_config)
         num_stages = len(parse_stage_ids(stage_ids))

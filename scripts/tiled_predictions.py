@@ -73,7 +73,8 @@ TX8_PLAN = ("ds_ulysses", (2, 8))
 def tx8_before_after_text() -> str:
     import dataclasses
 
-    from hardware import block_shapes_for, build_stdit_block_ops, map_block
+    from hardware import map_block
+    from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
     from models.opensora.config import get_config
     from models.opensora.inputs import REFERENCE_SHAPES, geometry
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hardware.cuda_allocator import Mark, replay  # noqa: E402
+from models.cuda_runtime import Mark, replay  # noqa: E402
 from tracing.allocations import AllocationRecorder, record_generations  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def test_a_tiny_generation_frees_everything_it_allocates_after_the_weights():
 def test_the_committed_sequence_is_what_the_code_records():
     """The committed file's first three generations, recorded again (5 s; the whole file is
     ``scripts/gpu_predictions.py --write-allocations``'s 41 s): the same events and marks."""
-    from hardware.cuda_allocator import read_trace
+    from models.cuda_runtime import read_trace
     from scripts.gpu_predictions import ALLOCATION_SHAPES, ALLOCATION_STEPS, ALLOCATIONS
 
     shapes = ALLOCATION_SHAPES[:3]
@@ -80,7 +80,7 @@ def test_the_replay_counts_the_segments_of_the_measured_run():
     import json
     from pathlib import Path
 
-    from hardware.cuda_allocator import replay
+    from models.cuda_runtime import replay
 
     path = Path(__file__).resolve().parent.parent / "results" / "gpu_validation" / \
         "generation_allocator_default_NVIDIA_H100_80GB_HBM3.json"

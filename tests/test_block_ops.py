@@ -9,7 +9,12 @@ import pytest
 from hardware.block import comm_latency_s, inference_totals, map_block
 from hardware.ops import OpType
 from hardware.spec import load_chip, load_system
-from hardware.stdit import BLOCK_SHAPE_KEYS, BlockShapes, block_shapes_for, build_stdit_block_ops
+from models.opensora.block_ops import (
+    BLOCK_SHAPE_KEYS,
+    BlockShapes,
+    block_shapes_for,
+    build_stdit_block_ops,
+)
 
 # The brief's tiny config: hidden 64, 4 heads of 16, TOKEN 8; B = 2. Geometry T = 4, S = 16.
 TINY = SimpleNamespace(hidden_size=64, num_heads=4, mlp_ratio=4.0, model_max_length=8, depth=2)

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from tracing.plans import PipelineCase, PipelineShape  # noqa: E402
-from tracing.runner import Paths, Progress, Settings, run_cases  # noqa: E402
+from planning.runner import Paths, Progress, Settings, run_cases  # noqa: E402
+from plans.cases import PipelineCase, PipelineShape  # noqa: E402
 
 SETTINGS = Settings(stage_ids="", num_stages=0, hardware="tx8-16", steps=30, dialect="stablehlo")
 #: Two flat cases of the tiny model on 4 devices (one stage each, about 5 s to trace).
@@ -105,7 +105,7 @@ def test_a_worker_killed_mid_case_has_the_case_run_again(local_run, cluster, tmp
 def test_no_scheduler_is_one_line(tmp_path):
     from click.testing import CliRunner
 
-    from tracing.plan_search_cli import plan_search_command
+    from planning.plan_search_cli import plan_search_command
 
     result = CliRunner().invoke(plan_search_command, [
         "--config", "tiny", "--devices", "8", "--scheduler", "tcp://127.0.0.1:9",

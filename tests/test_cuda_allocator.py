@@ -1,4 +1,4 @@
-"""The model of PyTorch's CUDA caching allocator (hardware/cuda_allocator.py).
+"""The model of PyTorch's CUDA caching allocator (models/cuda_runtime.py).
 
 Every expected figure is derived by hand in the test from the allocator's rules (the module
 docstring; docs/sources.md says where each comes from): request rounding to 512 B, the small
@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.cuda_allocator import (
+from hlo_trace.errors import InputFileError, UsageError
+from models.cuda_runtime import (
     AllocationTrace,
     CachingAllocator,
     LinearFreeBlocks,
@@ -26,7 +27,6 @@ from hardware.cuda_allocator import (
     round_size,
     write_trace,
 )
-from hlo_trace.errors import InputFileError, UsageError
 
 KiB = 2**10
 MiB = 2**20

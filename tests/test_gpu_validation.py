@@ -16,7 +16,7 @@ GPU description is fitted to them (docs/gpu.md).
 * the generation on ``h100-sxm`` against every video point of OpenSora v1.2's published H100
   table (``results/gpu_validation/published_opensora_v12_h100.csv``): within 10%;
 * the generation's peak device memory (the CUDA context plus the caching allocator's peak reserve,
-  ``hardware.cuda_allocator`` replaying the eager allocation sequence committed in
+  ``models.cuda_runtime`` replaying the eager allocation sequence committed in
   ``results/gpu_validation/allocations_generation_2_steps.json.gz``) against the same table's peak
   memory, the README's "G" read as GiB: within 15%;
 * that replay against the run it models, one whole generation at each shape on one H100

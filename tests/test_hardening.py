@@ -257,7 +257,7 @@ def test_trace_sizes_and_malformed_shapes_are_refused_at_once(tmp_path, monkeypa
 
 
 def test_trace_size_limits_are_derived_from_the_geometry():
-    from tracing.config import (
+    from plans.config import (
         MAX_TENSOR_ELEMENTS,
         build_config,
         check_trace_size,
@@ -275,7 +275,7 @@ def test_trace_size_limits_are_derived_from_the_geometry():
     full = stage_tensor_elements(build_config(config="full").model, "102_1280_720", 2)
     # 2 x T 30 x 16 heads x (S = 45*80 = 3600)**2: the reference's largest tensor, ~90x below the limit
     assert max(full.values()) == 2 * 30 * 16 * 3600**2 < MAX_TENSOR_ELEMENTS / 80
-    from tracing.config import PipelineConfigError
+    from plans.config import PipelineConfigError
 
     with pytest.raises(PipelineConfigError, match="--shape 28_64_64: the stage's inputs and weights need"):
         check_trace_size(build_config(config="tiny"), memory_bytes=10**6)
@@ -295,7 +295,7 @@ STAGE_DUMPS = [PIPELINE / "tiny_28_64_64_megatron_2x2_stage0_pairs0-0.mlir",
 @pytest.mark.parametrize("entries", ["[1, \"x\", [2]]", "7", "[{\"key\": 1, \"stages\": 5}]"])
 def test_shape_cache_entries_that_are_not_objects_are_recomputed(tmp_path, entries):
     pytest.importorskip("torch")
-    from tracing.config import build_config
+    from plans.config import build_config
     from tracing.stages import boundary_shapes
 
     cache = tmp_path / "stage_shapes.json"
@@ -314,7 +314,7 @@ def test_the_shape_cache_tells_the_inference_paths_apart(tmp_path):
     stages take no t0 / x_mask, the official path's do; read from the other path's entry, a
     stage missed its inputs (an internal KeyError)."""
     pytest.importorskip("torch")
-    from tracing.config import build_config
+    from plans.config import build_config
     from tracing.stages import boundary_shapes
 
     cache = tmp_path / "stage_shapes.json"

@@ -111,7 +111,7 @@ def test_deep_trace_stage_toml_is_one_line(tmp_path, option):
 
 
 def test_deep_shape_cache_is_recomputed_not_a_crash(tmp_path):
-    from tracing.config import build_config
+    from plans.config import build_config
     from tracing.stages import _cache_entries
 
     cache = deep_json(tmp_path / "cache.json")
@@ -398,7 +398,7 @@ def test_trace_stage_numbers_are_one_line(tmp_path, args, fragments):
     (("--budget", "\u0663"), ("--budget", "ASCII digits")),
 ])
 def test_plan_search_numbers_are_one_line(tmp_path, capsys, args, fragments):
-    from tracing.plan_search_cli import plan_search_command
+    from planning.plan_search_cli import plan_search_command
 
     code = run_click(plan_search_command, ["--config", "tiny", *args, "-o", str(tmp_path / "p.toml"),
                                            "--work-dir", str(tmp_path / "work")])

@@ -22,13 +22,13 @@ from hlo_trace.errors import UsageError
 
 def plan_search(capsys, monkeypatch, tmp_path, *args) -> tuple[int, str]:
     """plan-search on the tiny config, refused before its search: the search must never start."""
-    import tracing.plan_search
-    import tracing.plan_search_cli as cli
+    import planning.plan_search
+    import planning.plan_search_cli as cli
 
     def no_search(*_args, **_kwargs):
         raise AssertionError("the search started")
 
-    monkeypatch.setattr(tracing.plan_search, "search", no_search)  # the command imports it when it runs
+    monkeypatch.setattr(planning.plan_search, "search", no_search)  # the command imports it when it runs
     code = run_click(cli.plan_search_command, ["--config", "tiny", "--devices", "4", "--strategies",
                                                "megatron", "--stages", "1", "--budget", "1",
                                                "--work-dir", str(tmp_path / "work"), *map(str, args)])
@@ -179,7 +179,7 @@ def test_analyze_pipeline_output_on_a_stage_dump_is_refused(tmp_path, capsys):
 ])
 def test_a_listener_that_is_no_scheduler_is_one_line_within_seconds(monkeypatch, reply, fragment):
     pytest.importorskip("distributed")
-    import tracing.runner as runner
+    import planning.runner as runner
 
     monkeypatch.setattr(runner, "SCHEDULER_TIMEOUT_S", 1)
     server = listener(reply)

@@ -58,7 +58,7 @@ def files_under(directory: Path) -> set[Path]:
 
 def test_sigterm_to_plan_search_ends_its_trace_steps(tmp_path):
     work = tmp_path / "work"
-    process = start("tracing.plan_search_cli", "--config", "tiny", "--hw", "tx8-16", "--devices", "8",
+    process = start("planning.plan_search_cli", "--config", "tiny", "--hw", "tx8-16", "--devices", "8",
                     "--strategies", "ds_ulysses,ring_attention", "--stages", "1", "--budget", "2",
                     "--jobs", "2", "--estimate", "ideal",  # no calibration traces: the plans' own
                     "--work-dir", work, "-o", tmp_path / "best.toml")
@@ -115,7 +115,7 @@ COMMANDS = {
     "analyze-pipeline": ("hlo_analyzer.pipeline_cli", PIPELINE_TOML, *STAGES),
     "trace-stage": ("tracing.cli", "--config", "tiny", "--mesh", "2x2", "--stage-ids", "0-0,1-1",
                     "--stage", "1"),
-    "plan-search": ("tracing.plan_search_cli", "--config", "tiny", "--devices", "4",
+    "plan-search": ("planning.plan_search_cli", "--config", "tiny", "--devices", "4",
                     "--strategies", "megatron",
                     "--stages", "1", "--budget", "1"),
     "trace-vae-decode": ("tracing.vae_decode", "--part", "spatial", "--shape", "17_64_64",

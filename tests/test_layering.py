@@ -21,10 +21,18 @@ ALLOWED = {
     # models.opensora.theory takes the ring volumes from their one home, hardware.collectives
     # (numpy + stdlib: no torch, no jaxlib).
     "models": {"hlo_trace", "hardware"},
-    "hlo_analyzer": {"hlo_trace", "hardware"},
-    # tracing.plan_search estimates plans with the hardware model (hardware sits below
+    # hlo_analyzer.mapping rebuilds an STDiT3 pair's ops from its shape dictionary with
+    # models.opensora.block_ops (torch-free, like every model module it may import).
+    "hlo_analyzer": {"hlo_trace", "hardware", "models"},
+    # planning.plan_search estimates plans with the hardware model (hardware sits below
     # hlo_analyzer, so this adds no circle).
-    "tracing": {"hlo_trace", "models", "hlo_analyzer", "hardware"},
+    # the plan vocabulary (configs, cases, module plans, calibration requests): torch-free,
+    # below the tracer and the search
+    "plans": {"hlo_trace", "models"},
+    "tracing": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware"},
+    # the plan search, its estimates and the study runner: on top of the tracer it drives and
+    # the analysis it reads (hlo_analyzer.analyze_dump).
+    "planning": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware", "tracing"},
     # hlo-report's pages are made from the commands' JSON and CSV files, never from their code:
     # rendering apart from computing.
     "hlo_report": {"hlo_trace"},
@@ -184,8 +192,10 @@ def test_design_md_lists_every_file_below_the_files_that_import_it():
     assert upward == []
 
 
-#: The analyzer's front ends: the commands and their text, on top of both of its layers.
-ANALYZER_FRONT_ENDS = frozenset({"hlo_analyzer.cli", "hlo_analyzer.pipeline_cli", "hlo_analyzer.table"})
+#: The analyzer's front ends: the commands and their text, and the package's API (its
+#: ``__init__``: ``analyze_dump`` among its names), on top of both of its layers.
+ANALYZER_FRONT_ENDS = frozenset({"hlo_analyzer", "hlo_analyzer.cli", "hlo_analyzer.pipeline_cli",
+                                 "hlo_analyzer.table"})
 
 
 def _measurement_uses_of_the_mapping(graph: dict[str, set[str]]) -> list[str]:
@@ -231,8 +241,16 @@ def test_hardware_imports_without_jax_jaxlib_or_torch():
 def test_the_torch_free_model_modules_import_without_torch_or_the_analyzer():
     completed = _import_with_blocked(
         ["models.opensora.config", "models.opensora.inputs", "models.opensora.flops",
-         "models.opensora.parallel", "models.opensora.theory"],
+         "models.opensora.parallel", "models.opensora.theory", "models.opensora.block_ops",
+         "models.cuda_runtime"],
         ["torch", "torch_xla", "jax", "jaxlib", "hlo_analyzer"])
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_the_plan_vocabulary_imports_without_torch_or_the_analyzer():
+    completed = _import_with_blocked(
+        ["plans", "plans.config", "plans.cases", "plans.module_plan", "plans.calibration"],
+        ["torch", "torch_xla", "jax", "jaxlib", "hlo_analyzer", "tracing"])
     assert completed.returncode == 0, completed.stderr
 
 
@@ -240,3 +258,184 @@ def test_the_blocking_is_real():
     # (the package itself imports its API lazily: the module that needs jaxlib)
     completed = _import_with_blocked(["hlo_analyzer.mlir"], ["jaxlib"])
     assert completed.returncode != 0 and "jaxlib" in completed.stderr
+
+
+# -- the imports themselves ------------------------------------------------------------------------
+# Three rules on top of the floors: (1) no file imports a private name (``_x``) of another
+# package; (2) an import inside a function reaches into another package only across the
+# documented native boundary: the imported module loads torch, torch-xla, jax or jaxlib when
+# imported (a command imports in milliseconds and loads those inside the command, where an
+# interrupt is one line: docs/design.md); any other import sits at the top of the file, where the
+# reader sees it; (3) no module starts a process (``python -m MODULE``) whose module imports the
+# starter back, directly or through others: a circle through a process is still a circle. (A
+# command that runs itself again in a fresh process starts no circle.)
+
+#: The native libraries behind the one boundary where imports may wait inside functions.
+NATIVE_LIBRARIES = frozenset({"torch", "torch_xla", "jax", "jaxlib"})
+
+
+def _modules_under(root: Path, packages) -> dict[str, Path]:
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports_at_top(path: Path) -> set[str]:
+    """Names imported when the file is imported: statements outside functions and classes'
+    methods, and outside ``if TYPE_CHECKING:``."""
+    names: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, (ast.Try, ast.With, ast.ClassDef)):
+                walk(node.body)
+                for handler in getattr(node, "handlers", []):
+                    walk(handler.body)
+
+    walk(ast.parse(path.read_text()).body)
+    return names
+
+
+def _loads_native(module: str, modules: dict[str, Path], seen: set[str] | None = None) -> bool:
+    """Whether importing ``module`` imports a native library (through the files it imports at
+    their top, or its package's ``__init__``)."""
+    seen = set() if seen is None else seen
+    if module in seen:
+        return False
+    seen.add(module)
+    parent = module.rpartition(".")[0]
+    if parent in modules and _loads_native(parent, modules, seen):
+        return True
+    for name in _imports_at_top(modules[module]):
+        if name.split(".")[0] in NATIVE_LIBRARIES:
+            return True
+        found = _deepest_module(name, modules)
+        if found is not None and found != module and _loads_native(found, modules, seen):
+            return True
+    return False
+
+
+def _import_nodes(path: Path):
+    """(node, inside a function) for every absolute import statement of the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lazy = {id(node) for function in ast.walk(tree)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(function)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.module
+                                            and not node.level):
+            yield node, id(node) in lazy
+
+
+def private_imports(root: Path, packages) -> list[str]:
+    """``file imports pkg._name`` for each private name a file takes from another package."""
+    found = []
+    for module, path in _modules_under(root, packages).items():
+        package = module.split(".")[0]
+        for node, _ in _import_nodes(path):
+            if isinstance(node, ast.ImportFrom):
+                named = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                named = [alias.name for alias in node.names]
+            for name in named:
+                if name.split(".")[0] in packages and name.split(".")[0] != package and \
+                        any(part.startswith("_") and not part.startswith("__") for part in name.split(".")):
+                    found.append(f"{module} imports {name}")
+    return sorted(found)
+
+
+def lazy_imports_across_packages(root: Path, packages) -> list[str]:
+    """``file imports module inside a function`` for each such import of another package's
+    module that loads no native library (rule 2 above)."""
+    modules = _modules_under(root, packages)
+    found = []
+    for module, path in modules.items():
+        for node, lazy in _import_nodes(path):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            for name in names:
+                target = _deepest_module(name, modules)
+                if lazy and target is not None and target.split(".")[0] != module.split(".")[0] \
+                        and not _loads_native(target, modules):
+                    found.append(f"{module} imports {target} inside a function")
+    return sorted(set(found))
+
+
+def _started_modules(path: Path) -> set[str]:
+    """Modules the file starts as processes: ``"-m", "pkg.mod"`` in a list or tuple."""
+    started = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            values = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            started |= {values[i + 1] for i in range(len(values) - 1)
+                        if values[i] == "-m" and isinstance(values[i + 1], str)}
+    return started
+
+
+def processes_importing_their_caller(root: Path, packages) -> list[str]:
+    """``starter starts child, which imports starter`` (rule 3 above)."""
+    modules = _modules_under(root, packages)
+    graph = {module: _file_imports(module, path, modules) for module, path in modules.items()}
+    found = []
+    for starter, path in modules.items():
+        for child in sorted(_started_modules(path) & set(modules) - {starter}):
+            reached, todo = set(), [child]
+            while todo:
+                module = todo.pop()
+                if module not in reached:
+                    reached.add(module)
+                    todo.extend(graph[module])
+            if starter in reached:
+                found.append(f"{starter} starts {child}, which imports {starter}")
+    return found
+
+
+def test_no_private_name_is_imported_across_packages():
+    assert private_imports(REPO_ROOT, ALLOWED) == []
+
+
+def test_imports_inside_functions_cross_packages_only_at_the_native_boundary():
+    assert lazy_imports_across_packages(REPO_ROOT, ALLOWED) == []
+
+
+def test_no_process_imports_the_module_that_starts_it():
+    assert processes_importing_their_caller(REPO_ROOT, ALLOWED) == []
+
+
+def _fake_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_each_rule_fails_on_an_injected_violation(tmp_path):
+    """A fake two-package tree, clean, then with one violation of each rule: each check names it."""
+    clean = {"low/__init__.py": "", "low/native.py": "import torch\n", "low/plain.py": "X = 1\n",
+             "high/__init__.py": "",
+             "high/a.py": "from low.plain import X\n\ndef f():\n    from low.native import torch\n"}
+    _fake_tree(tmp_path, clean)
+    packages = ("low", "high")
+    assert private_imports(tmp_path, packages) == []
+    assert lazy_imports_across_packages(tmp_path, packages) == []
+    assert processes_importing_their_caller(tmp_path, packages) == []
+    _fake_tree(tmp_path, {
+        "high/b.py": "from low.plain import _secret\n",
+        "high/c.py": "def g():\n    from low.plain import X\n",
+        "low/starter.py": "import subprocess, sys\n\n"
+                          "def run():\n    subprocess.run([sys.executable, '-m', 'high.child'])\n",
+        "high/child.py": "from low.starter import run\n"})
+    assert private_imports(tmp_path, packages) == ["high.b imports low.plain._secret"]
+    assert lazy_imports_across_packages(tmp_path, packages) == ["high.c imports low.plain inside a function"]
+    assert processes_importing_their_caller(tmp_path, packages) == [
+        "low.starter starts high.child, which imports low.starter"]

@@ -3,7 +3,7 @@
 TX8 numbers used by hand (hardware/data/tx8.toml): 16 tiles, 8e12 FLOP/s GEMM and 62.5e9 op/s
 vector per tile, DRAM 1e11 B/s shared, DRAM latency 0.1 us, NoC 128e9 B/s per link, hop 0.01 us,
 SRAM 3 MiB per tile, double buffering (stages = 2), granule 16. Latency = the longest of the four
-chains of hardware/mapping.py.
+chains of hardware/kernel_mapping.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hardware.gemm_mapper import (
     gemm_candidate_cost,
     gemm_exhaustive_search,
 )
-from hardware.mapping import GemmTiling
+from hardware.kernel_mapping import GemmTiling
 from hardware.ops import Op, OpType
 from hardware.spec import load_chip
 from hardware.vector_mapper import MappingError, vector_mapper

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hlo_trace.cli import run_click
-from tracing.module_cli import main as trace_module
-from tracing.module_plan import (
+from plans.module_plan import (
     PlanError,
     check_spec,
     dump_stem,
@@ -16,6 +15,7 @@ from tracing.module_plan import (
     resolve_spec,
     shorthand_rules,
 )
+from tracing.module_cli import main as trace_module
 
 
 def run(args, capsys):

@@ -1,7 +1,7 @@
 """analyze-hlo --hw maps every op of any dump: a JAX transformer block, the bundled example and the
 STDiT3 stage dumps; latencies derived by hand on TX8 (numbers of hardware/data/tx8.toml: 16 tiles,
 8e12 FLOP/s GEMM and 62.5e9 op/s vector per tile, DRAM 1e11 B/s shared, DRAM latency 0.1 us, NoC
-hop 0.01 us, double buffering; latency = the longest chain of hardware/mapping.py)."""
+hop 0.01 us, double buffering; latency = the longest chain of hardware/kernel_mapping.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pinned_cards import PINNED_A100, tx8_bound_toml
 
-from hardware import Op, OpType, build_stdit_block_ops, gemm_auto_opt_mapper, load_chip, map_block
+from hardware import Op, OpType, gemm_auto_opt_mapper, load_chip, map_block
 from hlo_analyzer.blocks import segment_blocks
 from hlo_analyzer.cli import analyze_command
 from hlo_analyzer.dataflow import build_dataflow
@@ -23,6 +23,7 @@ from hlo_analyzer.mlir import load_module
 from hlo_analyzer.pairs import pair_owners
 from hlo_trace.cli import run_click
 from hlo_trace.examples import example_dump
+from models.opensora.block_ops import build_stdit_block_ops
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = example_dump()

@@ -68,10 +68,10 @@ def _git(*args: str) -> subprocess.CompletedProcess:
 def test_what_the_commands_write_by_default_is_ignored_by_git_and_nothing_tracked_is():
     if shutil.which("git") is None or _git("rev-parse", "--is-inside-work-tree").returncode:
         pytest.skip("not a git work tree")
+    from planning.plan_search_cli import plan_search_command as plan_search
     from scripts.sweep import main as sweep
     from tracing.cli import main as trace_stage
     from tracing.module_cli import main as trace_module
-    from tracing.plan_search_cli import plan_search_command as plan_search
 
     dumps = _defaults(trace_stage)["out_dir"]
     search = _defaults(plan_search)

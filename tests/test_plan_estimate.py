@@ -1,4 +1,4 @@
-"""The plan search's traced-kernel estimate (issue 32, ``tracing.plan_estimate``): the two
+"""The plan search's traced-kernel estimate (issue 32, ``planning.plan_estimate``): the two
 calibration shapes and the rescaling of their integers, derived by hand; and, with the trace
 extra, the kernels of a calibration rescaled to a shape against the kernels a trace at that
 shape finds."""
@@ -14,7 +14,7 @@ from hardware import Op, OpType, load_system
 from hlo_analyzer.mapping.kernel_list import sources_document, sources_from_document
 from hlo_analyzer.mapping.results import KernelSource
 from models.opensora.config import get_config
-from tracing.plan_estimate import (
+from planning.plan_estimate import (
     KernelCosts,
     _Rescaler,
     calibration_shapes,
@@ -174,7 +174,7 @@ def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_p
     pytest.importorskip("torch_xla")
     from hlo_analyzer.mapping.program import map_kernels
     from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
-    from tracing.plan_estimate import GROUPS, analyze_calibration_stage, run_calibration_traces
+    from planning.plan_estimate import GROUPS, analyze_calibration_stage, run_calibration_traces
 
     system = load_system("8xh100")
     costs = KernelCosts(tmp_path)

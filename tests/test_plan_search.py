@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 from pinned_cards import tx8_bound_toml
 
-from hardware import build_stdit_block_ops, load_system, map_block
+from hardware import load_system, map_block
 from hardware.collectives import collective_time_s
-from hardware.stdit import block_shapes_for
+from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import get_config
 from models.opensora.flops import parameter_count
-from tracing.plan_search import (
+from planning.plan_search import (
     Plan,
     PlanOutcome,
     Space,
@@ -31,8 +31,8 @@ from tracing.plan_search import (
     spearman,
     stage_meshes,
 )
-from tracing.plan_search_cli import plan_search_command
-from tracing.plans import PipelineCase, PipelineShape
+from planning.plan_search_cli import plan_search_command
+from plans.cases import PipelineCase, PipelineShape
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = get_config("tiny")
@@ -138,7 +138,7 @@ def test_spearman_on_hand_ranked_sequences():
 
 
 def _outcome(latency: float, memory: float) -> PlanOutcome:
-    from tracing.plan_search import Estimate
+    from planning.plan_search import Estimate
 
     return PlanOutcome(_flat("none", (1, 1)), Estimate(1.0, 1.0, 1.0, 0.0, "x"), latency, memory)
 
@@ -232,7 +232,7 @@ def test_search_stops_when_the_bound_rules_out_every_untraced_plan(tmp_path):
     space = _space()
 
     def tracer(plans):  # every plan traces at exactly 2x its estimate
-        from tracing.plan_search import estimate_plan
+        from planning.plan_search import estimate_plan
 
         system = load_system(str(hardware))
         return [(2 * estimate_plan(p, system).latency_s, 1.0) for p in plans]
@@ -240,7 +240,7 @@ def test_search_stops_when_the_bound_rules_out_every_untraced_plan(tmp_path):
     result = search("tiny", "28_64_64", str(hardware), space, tracer, devices=8, budget=100)
     # the best traced is the first, 2 x e1; a plan of estimate e can trace no faster than
     # e x 2 / BOUND_MARGIN, so tracing goes on while e < BOUND_MARGIN x e1 and then stops
-    from tracing.plan_search import BOUND_MARGIN
+    from planning.plan_search import BOUND_MARGIN
 
     estimates = [o.estimate.latency_s for o in result.outcomes]
     expected = sum(1 for e in estimates if e * 2 / BOUND_MARGIN < 2 * estimates[0])
@@ -286,7 +286,7 @@ def test_an_existing_plan_file_is_not_overwritten_and_nothing_is_traced(tmp_path
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "tracing.plan_search_cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "planning.plan_search_cli", *args], cwd=cwd,
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
@@ -330,7 +330,7 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
     # the plan file is a pipeline TOML the tools read as is: analyze-pipeline on the cached
     # dumps of that plan gives the reported latency
     from hlo_analyzer.mapping.pipeline import analyze_pipeline, load_plan
-    from tracing.config import load_config_file
+    from plans.config import load_config_file
 
     best = tmp_path / "best.toml"
     config = load_config_file(best)
@@ -344,7 +344,7 @@ def test_search_finds_the_exhaustive_optimum_tracing_at_most_a_third(tmp_path):
 
 
 def test_the_report_says_why_plans_were_refused_and_ranks_no_fewer_than_three():
-    from tracing.plan_search_cli import render_report
+    from planning.plan_search_cli import render_report
 
     space = _space()
     reasons = {reason for _, reason in space.infeasible}
@@ -372,7 +372,7 @@ def test_the_report_says_why_plans_were_refused_and_ranks_no_fewer_than_three():
 def test_the_report_counts_the_untraced_plans_it_lists():
     """A space traced whole lists no untraced plan (it said "best 10 of 0"); a larger one lists
     at most 10, and says how many of how many."""
-    from tracing.plan_search_cli import render_report
+    from planning.plan_search_cli import render_report
 
     space = _space()
     accepted = len(space.plans)

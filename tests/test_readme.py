@@ -35,7 +35,7 @@ NOT_RUN = {
 
 #: The console scripts, run through their modules so that they resolve to this checkout.
 COMMANDS = {"analyze-hlo": "hlo_analyzer.cli", "trace-stage": "tracing.cli",
-            "plan-search": "tracing.plan_search_cli", "trace-module": "tracing.module_cli"}
+            "plan-search": "planning.plan_search_cli", "trace-module": "tracing.module_cli"}
 #: Commands that trace: they run in an empty directory (their outputs land there).
 TRACING_COMMANDS = ("trace-stage", "plan-search", "trace-module")
 

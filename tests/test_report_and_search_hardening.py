@@ -143,7 +143,7 @@ def test_ctrl_c_while_hlo_report_starts_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("option", [["--plot", "front.png"], ["-o", "best.toml"]])
 def test_a_training_search_refuses_outputs_it_would_not_write(tmp_path, option):
-    completed = _cli("tracing.plan_search_cli", "--config", "tiny", "--mode", "train", "--devices",
+    completed = _cli("planning.plan_search_cli", "--config", "tiny", "--mode", "train", "--devices",
                      "4", "--estimate", "ideal", "--no-confirm", "--work-dir", tmp_path / "work",
                      *option, cwd=tmp_path)
     _one_error(completed, option[0])
@@ -176,7 +176,7 @@ class _StopsWhileChecked:
 def test_a_step_started_as_a_search_is_stopped_is_stopped_too():
     """plan-search hung after Ctrl-C (the fuzz): a trace step started just as the search was
     stopped was missed by the stop, and the search waited for the whole trace."""
-    from tracing.runner import Interrupted, _Steps
+    from planning.runner import Interrupted, _Steps
 
     steps = _Steps()
     steps.stopping = _StopsWhileChecked(steps)
@@ -205,7 +205,7 @@ def test_a_search_with_no_answer_exits_3_not_the_internal_error_code(tmp_path):
     the exit code is plan-search's no-answer code, 3 (it was 1, the code of an internal error)."""
     pytest.importorskip("torch_xla")
     completed = subprocess.run(
-        [sys.executable, "-m", "tracing.plan_search_cli", "--config", "tiny", "--hw", "tx8-16",
+        [sys.executable, "-m", "planning.plan_search_cli", "--config", "tiny", "--hw", "tx8-16",
          "--devices", "8", "--memory-limit", "0.000001", "--budget", "1", "--stages", "1",
          "--strategies", "ds_ulysses", "--validate", "0", "--work-dir", str(tmp_path / "work")],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
@@ -220,7 +220,7 @@ def test_a_training_search_with_no_answer_exits_3():
     """No training plan fits a 1 B memory limit: exit 3 as every search with no answer (the fuzz
     found it exiting 1, the code of an internal error)."""
     completed = subprocess.run(
-        [sys.executable, "-m", "tracing.plan_search_cli", "--config", "tiny", "--mode", "train",
+        [sys.executable, "-m", "planning.plan_search_cli", "--config", "tiny", "--mode", "train",
          "--estimate", "ideal", "--no-confirm", "--devices", "4", "--batch", "3", "--memory-limit", "1e-9"],
         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 3, completed.stderr[-2000:]

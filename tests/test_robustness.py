@@ -301,8 +301,8 @@ def test_trace_stage_click_errors_are_one_line():
 
 
 def _sweep_with_step(tmp_path: Path, step: list[str]):
+    from planning import runner
     from scripts import sweep as sweep_module
-    from tracing import runner
 
     case = runner.Case("tiny", "28_64_64", "megatron", "1x4", "0-0,1-1")
     paths = runner.Paths(work=tmp_path)
@@ -344,7 +344,7 @@ def test_sweep_failed_step_is_recorded(tmp_path, monkeypatch):
 
 def test_sweep_stop_interrupts_a_running_step(tmp_path):
     # Ctrl-C delivered to the sweep alone: stop() sends SIGINT to the running step and waits.
-    from tracing import runner
+    from planning import runner
 
     steps = runner._Steps()
     outcome = []

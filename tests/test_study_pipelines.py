@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from hlo_trace.errors import UsageError
-from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
-from tracing.plans import (
+from plans.cases import (
     PipelineCase,
     PipelineShape,
     default_pipelines,
     parse_pipelines,
     split_pairs,
 )
+from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
 
 
 def test_split_pairs_is_even_with_the_longer_stages_first():
@@ -48,7 +48,7 @@ def test_the_pipeline_file_puts_each_stage_on_its_strategy_mesh_side_by_side():
 
 def test_the_tracer_and_analyze_pipeline_both_read_the_study_file(tmp_path):
     from hlo_analyzer.mapping.pipeline import load_plan
-    from tracing.config import load_config_file
+    from plans.config import load_config_file
 
     path = tmp_path / "case.toml"
     path.write_text(PipelineCase("full", "204_640_360", PipelineShape(16, 1, "none"), 8, 28).toml())

@@ -6,7 +6,7 @@ import pytest
 
 from models.opensora.config import get_config
 from models.opensora.token_order import FRAME_MAJOR, SPACE_MAJOR
-from tracing.config import build_config
+from plans.config import build_config
 from tracing.strategies.base import stage_token_order
 
 FULL = get_config("full")

@@ -25,7 +25,7 @@ TRACE = """
 import os, pickle, sys
 from pathlib import Path
 from tracing.cli import _trace_in_child
-from tracing.config import build_config
+from plans.config import build_config
 
 out = Path(sys.argv[1])
 config = build_config(config="tiny", shape="28_64_64", strategy="megatron", mesh="2x2",

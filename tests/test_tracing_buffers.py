@@ -34,7 +34,7 @@ from tracing import capture
 session = capture.prepare_process(4)
 capture.enable_spmd()
 import torch_xla
-from tracing.config import build_config
+from plans.config import build_config
 from tracing.stages import boundary_shapes, stage_parameters
 from tracing.tracer import compile_stage, prepare_stage, run_forward
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from plans.config import PipelineConfigError, build_config, parse_mesh, parse_stage_ids
 from tracing.cli import main
-from tracing.config import PipelineConfigError, build_config, parse_mesh, parse_stage_ids
 
 TINY = ["--config", "tiny", "--mesh", "2x2"]
 
@@ -113,7 +113,7 @@ def test_config_parsing():
 
 
 def test_pipeline_file(tmp_path):
-    from tracing.config import load_config_file
+    from plans.config import load_config_file
 
     path = tmp_path / "pipe.toml"
     path.write_text('config = "tiny"\nstrategy = "megatron"\nmesh_shape = [2, 4]\n'

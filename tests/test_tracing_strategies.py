@@ -292,7 +292,7 @@ def test_check_passes(name, dtype):
 NEGATIVE_CONTROL = """
 import sys
 from tracing.check import run_check
-from tracing.config import build_config
+from plans.config import build_config
 config = build_config(config="tiny", strategy="megatron", mesh="2x2", stage_ids="0-0,1-1",
                       dtype="float32")
 report = run_check(config, 1, reorder_weights=False)

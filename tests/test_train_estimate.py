@@ -1,4 +1,4 @@
-"""The training search's traced-kernel step (issue 32, item 1; ``tracing.train_estimate``): the
+"""The training search's traced-kernel step (issue 32, item 1; ``planning.train_estimate``): the
 1F1B composition by hand; and, with the trace extra, a traced pair's kernels split by when they
 run (against the analyzer's own totals and its collectives by phase and traffic) and the
 calibration's rescaled kernels against a trace at the plan's shape."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tracing.plan_estimate import GroupCost
-from tracing.train_estimate import PairKey, compose_step, pair_stage
+from planning.plan_estimate import GroupCost
+from planning.train_estimate import PairKey, compose_step, pair_stage
 
 SHAPE = "68_256_64"  # T = 20, W = 16: calibrations 41_768_64 and 123_3840_64
 
@@ -62,7 +62,7 @@ def test_a_traced_pair_splits_into_micro_batch_and_step_kernels_and_the_calibrat
     from hlo_analyzer import load_module
     from hlo_analyzer.mapping.kernel_list import sources_from_document
     from hlo_analyzer.training import measure_training, read_training_layout
-    from tracing.train_estimate import TrainKernels, analyze_pair, cost_groups
+    from planning.train_estimate import TrainKernels, analyze_pair, cost_groups
 
     config = "full"
     system = load_system("4x8xh100")

@@ -14,8 +14,8 @@ from models.opensora.config import get_config
 from models.opensora.inputs import geometry
 from models.opensora.theory import BlockDims
 from models.opensora.training_theory import layout_training_activations, training_buffer_bytes
-from tracing.sizing import size_inference, size_training
-from tracing.train_search import (
+from planning.sizing import size_inference, size_training
+from planning.train_search import (
     TrainPlan,
     enumerate_train_plans,
     estimate_train_plan,
@@ -104,7 +104,7 @@ def test_sizing_answers_the_smallest_count_that_meets_the_target():
     (["--target-latency", "1", "--max-devices", "99", "--hw", "8xh100"], "--max-devices 99"),
 ])
 def test_sizing_errors_are_one_line(args, fragment):
-    from tracing.plan_search_cli import plan_search_command
+    from planning.plan_search_cli import plan_search_command
 
     result = CliRunner().invoke(plan_search_command, ["--config", "tiny", "--no-confirm", *args])
     assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output
@@ -189,7 +189,7 @@ def test_sizing_traces_until_a_traced_plan_meets_the_target():
     traces every plan 3x its estimate: target 3 s. The estimate says 2 devices (4 s > 3, so 4
     devices at 2 s); traced 6 s, the scale becomes 3, so 8 devices (1 s x 3 = 3 s) next: traced
     3 s meets it. A budget of one trace answers nothing."""
-    from tracing.sizing import SizingPoint, SizingResult, confirm_inference
+    from planning.sizing import SizingPoint, SizingResult, confirm_inference
 
     curve = tuple(SizingPoint(n, 1, f"plan{n}", 8.0 / n, 1e9) for n in (1, 2, 4, 8))
     result = SizingResult("infer", "tiny", SHAPE, "x", 3.0, 2e9, curve, curve[2], "p4",
@@ -212,7 +212,7 @@ def test_sizing_scales_by_the_smallest_traced_ratio_so_far():
     traces 11 s (1.375x its estimate), then 4 devices (6 x 1.375 = 8.25 s) 24 s (4x). The
     smallest ratio, 1.375, rules next: 8 devices (3 x 1.375 = 4.1 s <= 10) is traced and meets
     it; the last ratio alone (3 x 4 = 12 s > 10) would have ruled every count out."""
-    from tracing.sizing import SizingPoint, SizingResult, confirm_inference
+    from planning.sizing import SizingPoint, SizingResult, confirm_inference
 
     seconds = {1: 24.0, 2: 12.0, 3: 8.0, 4: 6.0, 8: 3.0}
     curve = tuple(SizingPoint(n, 1, f"plan{n}", s, 1e9) for n, s in seconds.items())

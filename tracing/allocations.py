@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hardware.cuda_allocator import AllocationTrace, Mark
+from models.cuda_runtime import AllocationTrace, Mark
 
 #: Steps of the demo's sampling loop (``configs/opensora-v1-2/inference/sample.py``: 30 rflow steps).
 DEMO_STEPS = 30

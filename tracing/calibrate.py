@@ -1,9 +1,9 @@
 """``python -m tracing.calibrate REQUESTS.json``: trace the one-pair stages of the plan search's
-estimate calibrations (``tracing.plan_estimate``) in one process.
+estimate calibrations (``planning.plan_estimate``) in one process.
 
 ``REQUESTS.json`` lists ``{"config": MODEL_TOML, "shape", "strategy", "mesh": [nx, ny],
 "ring": int|null, "patches", "stage_ids": "0-2", "stages": [0], "out": DIR}`` (a training step,
-``tracing.train_estimate``, adds ``"batch"`` and ``"train": {"zero", "recompute", "label"}``); every stage of
+``planning.train_estimate``, adds ``"batch"`` and ``"train": {"zero", "recompute", "label"}``); every stage of
 ``stages`` whose dump is not in ``out`` yet is traced there. torch and torch-xla are imported once (op metadata on, as
 ``tracing.capture.prepare_process`` sets it);
 each stage is traced in a forked child (the device count is fixed per process, and a child
@@ -23,9 +23,9 @@ from pathlib import Path
 from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import die_with_parent
+from plans.calibration import FAILURE_FILE, dump_names, request_config
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import require_trace_extra, trace_to_dump
-from tracing.plan_estimate import FAILURE_FILE, dump_names, request_config
 
 __all__ = ["main", "trace_requests"]
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from models.opensora.inputs import make_inputs
+from plans.config import PipelineConfig
 from tracing import capture
-from tracing.config import PipelineConfig
 from tracing.stages import boundary_shapes, run_stage, stage_spec
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ def run_check(config: PipelineConfig, stage_index: int, progress=lambda step: No
         import torch
         import torch_xla
 
-        from models.opensora.inputs import make_inputs
         from models.opensora.stdit3 import STDiT3
         from tracing.tracer import trace_stage
 
@@ -110,7 +110,6 @@ def _run_train_check(config: PipelineConfig, stage_index: int, train, progress, 
         import torch
         import torch_xla
 
-        from models.opensora.inputs import make_inputs
         from models.opensora.stdit3 import STDiT3
         from tracing.stages import stage_parameters
         from tracing.training import (

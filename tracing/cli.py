@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from hlo_trace.atomic import check_target
+from hlo_trace.atomic import atomic_write, check_target
 from hlo_trace.cli import Count, OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child, child_environment, start_in_child
-from tracing.config import (
+from models.opensora.library_calls import call_regions
+from plans.config import (
     INFERENCE_PATHS,
     MAX_DEVICES,
     MAX_SIZE,
@@ -159,7 +160,6 @@ def capture_stage(config: PipelineConfig, stage: int, out_dir: Path, force: bool
     finally:
         capture.release(session)
     peaks["compile"] = capture.peak_rss_bytes()
-    from models.opensora.library_calls import call_regions
 
     sidecar = {
         "name": name,
@@ -299,7 +299,6 @@ def write_dump(mlir_path: Path, mlir_text: str, sidecar: dict, force: bool) -> l
     """Write a dump and its JSON sidecar (``mlir_path`` with ``.json``) atomically; a dump is
     never left without its sidecar, nor with a path of this machine in its locations
     (``portable_locations``). Returns the two paths."""
-    from hlo_trace.atomic import atomic_write
 
     mlir_text = portable_locations(mlir_text)
     if "mlir_bytes" in sidecar:  # (an ASCII text is its own UTF-8: not encoded just to count)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tracing.module_plan import (
+from plans.module_plan import (
     ATTENTION_IN_NAMES,
     ATTENTION_PARENTS,
     COLUMN_NAMES,

@@ -20,7 +20,7 @@ import click
 from hlo_trace.cli import OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child
-from tracing.module_plan import (
+from plans.module_plan import (
     MODEL_DTYPES,
     SHORTHANDS,
     InputSpec,

@@ -26,7 +26,7 @@ from typing import Any
 
 from hlo_trace.errors import UsageError
 from hlo_trace.numbers import brief
-from tracing.module_plan import (
+from plans.module_plan import (
     InputSpec,
     ModulePlan,
     PlanError,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from models.opensora.inputs import geometry, parse_shape
-from tracing.config import PipelineConfigError
+from plans.config import PipelineConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from hlo_trace.atomic import atomic_write
 from hlo_trace.documents import load_json
 from hlo_trace.errors import InputFileError, UsageError
-from models.opensora.inputs import geometry
-from tracing.config import PipelineConfig
+from models.opensora.inputs import geometry, make_inputs
+from plans.config import PipelineConfig
 from tracing.strategies.base import stage_token_order
 
 if TYPE_CHECKING:
@@ -146,7 +146,6 @@ def compute_boundary_shapes(config: PipelineConfig) -> list[dict]:
     """Run every stage on the ``meta`` device and record its input and output shapes/dtypes."""
     import torch
 
-    from models.opensora.inputs import make_inputs
     from models.opensora.stdit3 import STDiT3
 
     dtype = getattr(torch, config.dtype)

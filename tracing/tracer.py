@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plans.config import PipelineConfig
 from tracing import capture
-from tracing.config import PipelineConfig
 from tracing.stages import StageSpec, run_stage, stage_parameters, stage_spec
 from tracing.strategies import Strategy, get_strategy
 from tracing.strategies.base import stage_layout

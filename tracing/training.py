@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hlo_trace.errors import UsageError
-from tracing.config import PipelineConfig
+from plans.config import PipelineConfig
 
 if TYPE_CHECKING:
     import torch

@@ -25,6 +25,8 @@ import click
 
 from hlo_trace.cli import OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
+from models.opensora.library_calls import call_regions
+from models.opensora.vae_config import check_traceable, decode_plan, get_vae_config
 
 PARTS = ("temporal", "spatial")
 
@@ -39,7 +41,6 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
     """Trace one ``part`` call of the decode of ``shape`` and write its dump and sidecar; returns
     the written paths and the capture session (end the process with ``capture.end_process``:
     XLA may still compile in the background). Starts torch-xla's runtime: one trace a process."""
-    from models.opensora.vae_config import check_traceable, decode_plan, get_vae_config
     from tracing.cli import check_output, require_trace_extra, write_dump
 
     if part not in PARTS:
@@ -60,7 +61,6 @@ def trace_vae_call(part: str, config_name: str, shape: str, out_dir: Path, *, dt
         import torch
 
         from hlo_analyzer.mlir import hlo_text_to_mlir_text, load_native_libraries
-        from models.opensora.library_calls import call_regions
         from models.opensora.vae import SpatialDecoder, TemporalDecoder
         from tracing import capture
 

@@ -5,7 +5,7 @@
 2. Every op: ``hlo_analyzer.mapping.program.map_program`` on the dump's rows and dataflow graph, with
    the cross-attentions that ``hlo_analyzer.blocks.find_attentions`` finds (charged per sample
    when the options ask for it; the caption length of one sample comes from the options or the
-   tracer's sidecar, :func:`sidecar_caption_tokens`). The collectives' latencies go back into the
+   tracer's sidecar, ``Sidecar.caption_tokens``). The collectives' latencies go back into the
    report's rows, so the report's ``totals.comm_latency_s`` is the one communication figure (per
    step, on this system).
 3. If the dump is an STDiT3 stage (``hlo_analyzer.blocks``), every op is given to its block
@@ -19,13 +19,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import networkx as nx
 from jaxlib.mlir import ir
 
-from hardware import build_stdit_block_ops, map_block
-from hardware.systems import resolve_system
+from hardware import map_block
+from hardware.systems import Hardware, load_choice, resolve_system
 from hlo_analyzer.blocks import (
     Attention,
     NotSTDiTError,
@@ -61,6 +60,7 @@ from hlo_analyzer.transformer_blocks import (
     segment_transformer,
 )
 from hlo_trace.errors import UsageError
+from models.opensora.block_ops import build_stdit_block_ops
 
 log = logging.getLogger(__name__)
 
@@ -171,16 +171,6 @@ def _with_collective_latencies(report: Report, program: ProgramMapping) -> None:
                    for row in report.rows]
 
 
-def sidecar_caption_tokens(document: dict[str, Any]) -> int | None:
-    """Caption tokens of one sample (the model's ``model_max_length``) from a tracer sidecar's
-    ``pipeline.model``, or None if it has none."""
-    try:
-        tokens = document["pipeline"]["model"]["model_max_length"]
-    except (KeyError, TypeError):
-        return None
-    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
-
-
 def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
              attentions: list[Attention]) -> Segmentation | None:
     try:
@@ -192,7 +182,7 @@ def _segment(module: ir.Module, report: Report, graph: nx.DiGraph,
     return segmentation
 
 
-def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, steps: int | None = None,
+def add_hardware_sections(report: Report, module: ir.Module, hardware: str | Hardware, *, steps: int | None = None,
                           pairs: int | None = None, options: MappingOptions = DEFAULT_OPTIONS,
                           link_bandwidth_bytes_per_s: float | None = None,
                           hop_latency_s: float | None = None, graph: nx.DiGraph | None = None) -> None:
@@ -200,7 +190,8 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
     ``graph``: the module's dataflow graph if already built (a ``DataflowVisitor`` that followed
     the report's walk), else it is built here. ``steps``: runs of the program totalled; None: a
     diffusion inference (:data:`DIFFUSION_STEPS`) on an STDiT3 stage, else one run."""
-    resolved = resolve_system(hardware, report.num_devices or 1,
+    choice = load_choice(hardware)
+    resolved = resolve_system(choice, report.num_devices or 1,
                               link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
                               hop_latency_s=hop_latency_s, fidelity=options.fidelity)
     graph = build_dataflow(module) if graph is None else graph
@@ -238,7 +229,7 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
                                     pairs_total=pairs, peak_gemm_flops_per_s=resolved.system.chip.gemm_flops_per_s)
     block_of = tuple(b if (b := block_owner.get(op.position)) is not None and b < blocks_found
                      else None for op in program.ops) if blocks_found else ()
-    mapping = MappingSection(hardware, resolved, options, program, pair_of, groups, totals, reference,
+    mapping = MappingSection(choice.name, resolved, options, program, pair_of, groups, totals, reference,
                              program.kernel_classes(resolved.system.chip), block_of,
                              _pair_groups(program, block_of) if blocks_found else ())
     report.sections = HardwareSections(
@@ -248,4 +239,4 @@ def add_hardware_sections(report: Report, module: ir.Module, hardware: str, *, s
 
 
 __all__ = ["FLASH_KIND", "GEMM_KIND", "add_hardware_sections", "blocks_section", "program_totals",
-           "sidecar_caption_tokens", "stdit_block_owners", "transformer_section"]
+           "stdit_block_owners", "transformer_section"]

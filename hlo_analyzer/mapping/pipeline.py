@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs, sidecar_for
-from hlo_analyzer.sidecar import SIDECAR_DTYPES, read_sidecar
-from hlo_analyzer.tensors import ELEMENT_BYTES
+from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES, pipefusion_step, transfer_time_s
+from hardware.spec import as_system
+from hardware.systems import Hardware, load_choice
+from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs
+from hlo_analyzer.sidecar import Sidecar, stage_sidecar
 from hlo_trace.cli import MAX_COUNT
 from hlo_trace.documents import load_toml
 from hlo_trace.errors import InputFileError, UsageError, shown
@@ -84,6 +86,27 @@ class StageAnalysis:
 
 
 @dataclass(frozen=True)
+class PipelineTotals:
+    """The totals of a pipeline's analysis: the ``totals`` of ``analyze-pipeline --format json``,
+    read back with :meth:`from_json` where the result crosses a process."""
+
+    step_s: float
+    warmup_step_s: float
+    inference_s: float
+    memory_per_device_bytes: int
+    comm_bytes_per_device: float
+
+    @classmethod
+    def from_json(cls, text: str, origin: str) -> PipelineTotals:
+        """The totals of an ``analyze-pipeline`` JSON report (``origin`` names it in errors)."""
+        try:
+            totals = json.loads(text)["totals"]
+            return cls(**{f.name: totals[f.name] for f in dataclasses.fields(cls)})
+        except (ValueError, KeyError, TypeError) as error:
+            raise InputFileError(f"{origin}: not an analyze-pipeline JSON report ({error})") from None
+
+
+@dataclass(frozen=True)
 class PipelineAnalysis:
     plan: PipelinePlan
     hardware: str
@@ -112,19 +135,21 @@ class PipelineAnalysis:
             "stages": [dataclasses.asdict(s) | {"memory": s.memory.to_dict()} for s in self.stages],
             "return": {"full_bytes": self.return_full_bytes, "patch_bytes": self.return_patch_bytes,
                        "full_s": step.return_full_s, "patch_s": step.return_patch_s},
-            "totals": {
-                "step_s": step.step_s, "warmup_step_s": step.warmup_step_s,
-                "inference_s": step.inference_s,
-                "memory_per_device_bytes": self.memory_per_device_bytes,
-                "comm_bytes_per_device": self.comm_bytes_per_device,
-            },
+            "totals": dataclasses.asdict(self.totals),
         }
+
+    @property
+    def totals(self) -> PipelineTotals:
+        step = self.step
+        return PipelineTotals(step_s=step.step_s, warmup_step_s=step.warmup_step_s,
+                              inference_s=step.inference_s,
+                              memory_per_device_bytes=self.memory_per_device_bytes,
+                              comm_bytes_per_device=self.comm_bytes_per_device)
 
 
 def load_plan(path: str | Path) -> PipelinePlan:
     """Read ``stage_ids``, ``strategy`` (one name or one per stage), ``patches`` (default 1),
     ``warmup_steps`` (default 1) and ``schedule`` (default ``overlapped``) from a pipeline TOML."""
-    from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES
 
     source = Path(path)
     if not source.exists():
@@ -179,16 +204,16 @@ def _plan_submeshes(source: Path, submeshes: Any,
     return tuple(tuple(sub) for sub in submeshes)
 
 
-def _check_sidecars(plan: PipelinePlan, dumps: list[str], sidecars: list[dict[str, Any]]) -> None:
+def _check_sidecars(plan: PipelinePlan, dumps: list[str], sidecars: list[Sidecar]) -> None:
     """Each dump is the stage the plan says: its blocks, and the stage ids and submeshes it was
     traced with (the sidecar's ``pipeline``), are the plan's."""
     stage_ids = [list(pair) for pair in plan.stage_ids]
     for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
-        blocks = sidecar.get("blocks")
+        blocks = sidecar.blocks
         if stage_ids and blocks is not None and list(blocks) != stage_ids[index]:
-            raise UsageError(f"{dump}: holds block pairs {blocks}, but {plan.path} gives stage "
+            raise UsageError(f"{dump}: holds block pairs {list(blocks)}, but {plan.path} gives stage "
                              f"{index} the block pairs {stage_ids[index]}")
-        traced = sidecar.get("pipeline")
+        traced = sidecar.section("pipeline")
         if not isinstance(traced, dict):
             continue
         if stage_ids and traced.get("stage_ids") not in (None, stage_ids):
@@ -203,19 +228,18 @@ def _check_sidecars(plan: PipelinePlan, dumps: list[str], sidecars: list[dict[st
 def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
                      steps: int = 30, schedule: str | None = None) -> PipelineAnalysis:
     """``schedule`` (``overlapped`` or ``per-step``) overrides the plan's."""
-    from hardware import load_system
-    from hardware.pipeline import pipefusion_step, transfer_time_s
 
     if len(dumps) != plan.stage_count:
         raise UsageError(f"{plan.path} has {plan.stage_count} stages but {len(dumps)} dumps were "
                          "given: expected one dump per stage, in stage order")
-    system = load_system(hardware)
-    sidecars = [_read_sidecar(dump) for dump in dumps]
+    choice = load_choice(hardware)
+    system = as_system(choice.spec)
+    sidecars = [stage_sidecar(dump, "analyze-pipeline") for dump in dumps]
     _check_sidecars(plan, dumps, sidecars)
     stages = []
     for index, (dump, sidecar) in enumerate(zip(dumps, sidecars, strict=True)):
         following = sidecars[index + 1] if index + 1 < len(sidecars) else None
-        stages.append(_analyze_stage(index, dump, sidecar, following, plan, system, hardware))
+        stages.append(_analyze_stage(index, dump, sidecar, following, plan, system, choice))
     return_full, return_patch = _latent_bytes(sidecars[0], plan.patches)
     first, last = stages[0].devices, stages[-1].devices
     step = pipefusion_step(
@@ -228,56 +252,45 @@ def analyze_pipeline(plan: PipelinePlan, dumps: list[str], hardware: str, *,
     return PipelineAnalysis(plan, system.name, tuple(stages), step, return_full, return_patch)
 
 
-def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
-                   following: dict[str, Any] | None, plan: PipelinePlan,
-                   system: Any, hardware: str) -> StageAnalysis:
-    from hardware.pipeline import transfer_time_s
-    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
-    from hlo_analyzer.mapping.render import hardware_sections
-    from hlo_analyzer.mapping.results import MappingOptions, default_execution
-    from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.report import analyze
+def _analyze_stage(index: int, dump: str, sidecar: Sidecar, following: Sidecar | None,
+                   plan: PipelinePlan, system: Any, hardware: Hardware) -> StageAnalysis:
+    from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
 
-    strategy = str(sidecar.get("strategy", {}).get("name", "?"))
+    strategy = sidecar.strategy
     if plan.strategies is not None and plan.strategies[index] != strategy:
         raise UsageError(f"{dump}: traced with strategy {strategy}, but {plan.path} gives stage "
                          f"{index} the strategy {plan.strategies[index]}")
-    if sidecar.get("stage") not in (None, index):
-        raise UsageError(f"{dump}: is stage {sidecar.get('stage')}, given as stage {index}")
-    first, last = sidecar.get("blocks", [0, 0])
+    if sidecar.stage not in (None, index):
+        raise UsageError(f"{dump}: is stage {sidecar.stage}, given as stage {index}")
+    first, last = sidecar.blocks or (0, 0)
     pairs = int(last) - int(first) + 1
-    module = load_module(dump)
-    report = analyze(module, name=dump)
-    library_calls = sidecar_call_regions(sidecar)
-    options = MappingOptions(execution=default_execution(system.chip, library_calls),
-                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
-    add_hardware_sections(report, module, hardware, steps=1, pairs=pairs, options=options)
-    sections = hardware_sections(report)
-    assert sections.mapping is not None and sections.blocks is not None
-    totals = sections.mapping.totals
+    analysis = analyze_dump(dump, hardware, AnalysisOptions(steps=1, pairs=pairs), sidecar=sidecar)
+    module, report = analysis.module, analysis.report
+    blocks = analysis.blocks
+    assert blocks is not None
+    totals = analysis.mapping.totals
     compute_s, comm_s = totals.inference_compute_s, totals.inference_comm_s
-    traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
+    traced = sidecar.patches
     if traced not in (1, plan.patches):
         raise UsageError(f"{dump}: traced on one of {traced} patches, but {plan.path} has "
                          f"patches = {plan.patches}")
     own_s = compute_s + comm_s
     full_s, patch_s = ((own_s * plan.patches, own_s) if traced > 1
                        else (own_s, own_s / plan.patches))
-    devices = tuple(d for row in sidecar["mesh"]["global_device_ids"] for d in row)
+    devices = sidecar.devices
     full_bytes, patch_bytes = _boundary_bytes(sidecar, plan.patches)
     if following is None:
         full_bytes, patch_bytes, full_t, patch_t = 0, 0.0, 0.0, 0.0
     else:
-        receivers = [d for row in following["mesh"]["global_device_ids"] for d in row]
+        receivers = list(following.devices)
         _check_chips(dump, devices + tuple(receivers), system)
         full_t = transfer_time_s(full_bytes, devices, receivers, system)
         patch_t = transfer_time_s(patch_bytes, devices, receivers, system)
-    memory = measure_memory(module, read_sidecar_inputs(sidecar_for(dump)),
+    memory = measure_memory(module, read_sidecar_inputs(sidecar),
                             capacity_bytes=system.chip.dram_capacity_bytes)
     if plan.patches > 1:
         memory = dataclasses.replace(memory, stale_kv_bytes=_stale_kv_bytes(
-            sections.blocks.shapes.as_dict(), pairs))
+            blocks.shapes.as_dict(), pairs))
     return StageAnalysis(
         stage=index, dump=dump, strategy=strategy, devices=devices, block_pairs=pairs,
         traced_patches=traced, compute_s=compute_s, comm_s=comm_s,
@@ -287,14 +300,14 @@ def _analyze_stage(index: int, dump: str, sidecar: dict[str, Any],
         transfer_full_s=full_t, transfer_patch_s=patch_t, memory=memory)
 
 
-def _boundary_bytes(sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
+def _boundary_bytes(sidecar: Sidecar, patches: int) -> tuple[int, float]:
     """(full, per patch) bytes of a stage's outputs; the per-patch figure of a stage traced on
     one patch is already a patch, and its full figure is M patches of x."""
-    traced = int(sidecar.get("pipefusion", {}).get("patches", 1))
+    traced = sidecar.patches
     full, per_patch = 0, 0.0
-    for name, entry in sorted(sidecar.get("outputs", {}).items()):
-        nbytes = _tensor_bytes(entry)
-        if name == PATCHED_OUTPUT:
+    for tensor in sidecar.outputs:
+        nbytes = tensor.nbytes
+        if tensor.name == PATCHED_OUTPUT:
             full += nbytes * traced
             per_patch += nbytes * traced / patches
         else:
@@ -303,20 +316,14 @@ def _boundary_bytes(sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
     return full, per_patch
 
 
-def _latent_bytes(first_sidecar: dict[str, Any], patches: int) -> tuple[int, float]:
+def _latent_bytes(first_sidecar: Sidecar, patches: int) -> tuple[int, float]:
     """(full, per patch) bytes of the latent the last stage sends back to stage 0: stage 0's
     input ``z`` (a patch of it when stage 0 was traced on one patch); 0 when not recorded."""
-    entry = first_sidecar.get("inputs", {}).get(LATENT_INPUT)
+    entry = first_sidecar.input(LATENT_INPUT)
     if entry is None:
         return 0, 0.0
-    traced = int(first_sidecar.get("pipefusion", {}).get("patches", 1))
-    full = _tensor_bytes(entry) * traced
+    full = entry.nbytes * first_sidecar.patches
     return full, full / patches
-
-
-def _tensor_bytes(entry: dict[str, Any]) -> int:
-    """Bytes of a sidecar's tensor entry (its shape and dtype checked by read_sidecar)."""
-    return math.prod(entry["shape"]) * ELEMENT_BYTES[SIDECAR_DTYPES[entry["dtype"]]]
 
 
 def _stale_kv_bytes(config: dict[str, int], pairs: int) -> int:
@@ -329,13 +336,3 @@ def _check_chips(dump: str, devices: tuple[int, ...], system: Any) -> None:
     if max(devices) >= system.chip_count:
         raise UsageError(f"{dump}: the pipeline uses chip {max(devices)} but {system.name} has "
                          f"{system.chip_count} chips")
-
-
-def _read_sidecar(dump: str) -> dict[str, Any]:
-    path = sidecar_for(dump)
-    if path is None:
-        raise InputFileError(f"{dump}: no sidecar {Path(dump).with_suffix('.json')}; "
-                             "analyze-pipeline needs the tracer's sidecar of every stage")
-    document = read_sidecar(path, required=("mesh.global_device_ids",))
-    assert document is not None
-    return document

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware import BlockMapping
-from hardware.stdit import BlockShapes
 from hardware.systems import ResolvedSystem
 from hlo_analyzer.mapping.results import KernelClass, MappingOptions, ProgramMapping
+from models.opensora.block_ops import BlockShapes
 
 
 @dataclass(frozen=True)

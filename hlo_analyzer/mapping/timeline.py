@@ -7,7 +7,7 @@ thread (track) per kind of work:
 * ``GEMM``, ``vector``, ``flash-attention``: the kernel, for its whole latency;
 * ``DRAM`` and ``NoC``: the same kernel's busy time on the chip's DRAM interface and on the
   network on chip, starting with the kernel (they overlap its compute; the gap to the kernel's end
-  is its compute or latency chain, ``hardware.mapping``);
+  is its compute or latency chain, ``hardware.kernel_mapping``);
 * ``chip-to-chip network``: each collective, for its latency.
 
 Events are complete events (``"ph": "X"``) with ``ts``/``dur`` in microseconds, as the format

@@ -3,7 +3,7 @@ on one device: the models it keeps resident and the phases a generation goes thr
 
 Run on a GPU by ``benchmarks/gpu_generation.py`` (time and memory of each phase), and on the
 ``meta`` device by ``tracing.allocations`` (the order of every allocation and free, which
-``hardware.cuda_allocator`` replays). With random weights:
+``models.cuda_runtime`` replays). With random weights:
 
 * **weights** (:class:`DemoModels`), held for the whole run: the T5 v1.1 XXL encoder in float32
   (its parameter bytes as one tensor: text encoding is a few milliseconds of GEMMs on 300 tokens

@@ -46,7 +46,7 @@ def self_attention_is_flash(length: int, batch: int) -> bool:
     batch: only when the sequence is longer than the batch (its ``Attention.forward``: "flash attn
     is not memory efficient for small sequences"); otherwise the plain product, a float32 softmax
     and a copy. The one home of the rule: the model applies it, and the plan search's estimate
-    (``tracing.plan_estimate``) applies it at a plan's shape to trace its calibrations with the
+    (``planning.plan_estimate``) applies it at a plan's shape to trace its calibrations with the
     kernel the plan's trace will have."""
     return length > batch
 

@@ -30,7 +30,7 @@ from models.opensora.config import STDiT3Config
 from models.opensora.inputs import Geometry, geometry
 from models.opensora.parallel import STRATEGIES as STRATEGY_TABLE
 from models.opensora.token_order import FRAME_MAJOR, TokenOrder
-from tracing.config import MESH_AXES, PipelineConfig
+from plans.config import MESH_AXES, PipelineConfig
 
 if TYPE_CHECKING:
     import torch

@@ -97,7 +97,7 @@ class PipelineConfig:
     #: (spatial, temporal): run the self-attentions with (True) or without (False) the fused
     #: kernel whatever their sizes (``STDiT3.force_self_attention_flash``); None: OpenSora's
     #: rule at this shape. The plan search's calibrations trace a small shape with the choice
-    #: the rule makes at the plan's shape (``tracing.plan_estimate``).
+    #: the rule makes at the plan's shape (``planning.plan_estimate``).
     self_attention_flash: tuple[bool, bool] | None = None
     extra: dict = field(default_factory=dict, compare=False)
 

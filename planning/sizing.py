@@ -1,4 +1,4 @@
-"""Sizing (issue 32, item 4; ``plan-search --target-latency S --max-devices N``, and
+"""Sizing (``plan-search --target-latency S --max-devices N``, and
 ``--target-step-time S`` with ``--mode train``): the smallest device count whose best plan meets
 the target, and the curve of the best estimate against the device count.
 
@@ -6,9 +6,9 @@ For every device count ``n`` from 1 to ``--max-devices`` that the model can use 
 plan spaces accept), the plans of ``n`` devices are enumerated and estimated on the first ``n``
 chips of the ``--hw`` system (a multi-node system holds them node by node: ``n`` beyond one node
 crosses the NICs) with the estimates that ``plan-search`` ranks by:
-``tracing.plan_search.estimate_plan`` for inference (its ideal estimate: the traced-kernel one,
-``tracing.plan_estimate``, needs calibration traces of every mesh of up to ``--max-devices``,
-hours on a laptop-class machine), ``tracing.train_search.estimate_train_plan`` for training. The best
+``planning.plan_search.estimate_plan`` for inference (its ideal estimate: the traced-kernel one,
+``planning.plan_estimate``, needs calibration traces of every mesh of up to ``--max-devices``,
+hours on a laptop-class machine), ``planning.train_search.estimate_train_plan`` for training. The best
 plan of ``n`` is the fastest whose estimated memory per device fits. The answer is the smallest
 ``n`` whose best meets the target; ``confirm`` traces it (plan-search's tracer, or the training
 pair trace) so that the answer rests on a traced figure.
@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hardware import load_system
 from hardware.spec import SystemSpec
 from hlo_trace.errors import UsageError
 
@@ -99,7 +100,6 @@ def _check_devices(system: SystemSpec, max_devices: int, hardware: str) -> None:
 def _sizing_inputs(hardware: str, max_devices: int, memory_limit_bytes: float | None,
                    device_counts: Sequence[int] | None):
     """The system, the memory limit per device and the device counts to try (checked)."""
-    from hardware import load_system
 
     system = load_system(hardware)
     _check_devices(system, max_devices, hardware)
@@ -113,7 +113,7 @@ def size_inference(config: str, shape: str, hardware: str, target_s: float, max_
                    device_counts: Sequence[int] | None = None,
                    progress: Callable[[int, int], None] | None = None) -> SizingResult:
     """The inference sizing of the module doc."""
-    from tracing.plan_search import enumerate_plans, estimate_plan
+    from planning.plan_search import enumerate_plans, estimate_plan
 
     system, limit, counts = _sizing_inputs(hardware, max_devices, memory_limit_bytes, device_counts)
     curve, plans_of = [], {}
@@ -142,7 +142,7 @@ def size_training(config: str, shape: str, hardware: str, target_s: float, max_d
                   micro_batch_counts: Sequence[int] = (1, 2, 4, 8),
                   progress: Callable[[int, int], None] | None = None) -> SizingResult:
     """The training sizing of the module doc (the global ``batch`` fixed across counts)."""
-    from tracing.train_search import enumerate_train_plans, search_train
+    from planning.train_search import enumerate_train_plans, search_train
 
     system, limit, counts = _sizing_inputs(hardware, max_devices, memory_limit_bytes, device_counts)
     curve, plans_of = [], {}

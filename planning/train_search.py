@@ -1,4 +1,4 @@
-"""Training plan search (issue 32, item 2; ``plan-search --mode train``): the fastest training
+"""Training plan search (``plan-search --mode train``): the fastest training
 step that fits, estimated over every plan from the training formulas, the best confirmed by a
 trace of one block pair's step.
 
@@ -17,7 +17,7 @@ The global batch (``--batch``, default: the devices) is cut into m micro-batches
 micro-batch the layout cannot split evenly, or for which ``models.opensora.training_theory``
 has no formula (ZeRO for megatron / megatron_sp / ds_ulysses / ring_attention, recompute for
 megatron_sp and with ZeRO-3), or whose stage's pair the tracer's own checks refuse at the shape
-(``tracing.train_estimate.check_traceable``: no split of the sequence over y, ...) is listed
+(``planning.train_estimate.check_traceable``: no split of the sequence over y, ...) is listed
 as refused with the reason.
 
 The estimate (:func:`estimate_train_plan`), per device, one step:
@@ -49,11 +49,12 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hardware import block_shapes_for, build_stdit_block_ops, map_block
+from hardware import load_system, map_block
 from hardware.collectives import collective_time_s
 from hardware.pipeline import transfer_time_s
 from hardware.spec import SystemSpec
 from hlo_trace.errors import UsageError
+from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry
 from models.opensora.theory import BlockDims
@@ -63,8 +64,8 @@ from models.opensora.training_theory import (
     layout_training_collectives,
     training_buffer_bytes,
 )
-from tracing.plan_estimate import GroupCost
-from tracing.train_estimate import PairKey, TrainKernels, TrainStep, check_traceable, compose_step
+from planning.plan_estimate import GroupCost
+from planning.train_estimate import PairKey, TrainKernels, TrainStep, check_traceable, compose_step
 
 __all__ = ["TRAIN_STRATEGIES", "TrainEstimate", "TrainOutcome", "TrainPlan", "TrainSearchResult",
            "TrainSpace", "boundary_s", "enumerate_train_plans", "estimate_train_plan", "kernel_train_estimate",
@@ -143,7 +144,7 @@ class TrainEstimate:
     pair_step_s: float
     pair_memory: tuple[tuple[str, float], ...]
     #: How the step was estimated: the ideal per-device forward, or the traced kernels of the
-    #: pair's training step re-costed at the plan's shape (``tracing.train_estimate``).
+    #: pair's training step re-costed at the plan's shape (``planning.train_estimate``).
     basis: str = "ideal"
     #: The step's once-per-step part (optimizer, gradient sums; the kernel estimate's).
     update_s: float = 0.0
@@ -162,7 +163,7 @@ class TrainSpace:
 @dataclass(frozen=True)
 class TrainOutcome:
     """A plan with its estimate and, when traced, the traced step (its stage's one-pair trace
-    at the plan's shape composed as the estimate is, ``tracing.train_estimate``), the traced
+    at the plan's shape composed as the estimate is, ``planning.train_estimate``), the traced
     pair's memory classes, or the tracer's error."""
 
     plan: TrainPlan
@@ -209,7 +210,7 @@ class TrainSearchResult:
     def spearman(self) -> float | None:
         """The estimated steps' rank correlation with the traced ones (None under
         ``MIN_RANKED_PLANS`` traced plans)."""
-        from tracing.plan_search import MIN_RANKED_PLANS, spearman
+        from planning.plan_search import MIN_RANKED_PLANS, spearman
 
         traced = self.traced
         if len(traced) < MIN_RANKED_PLANS:
@@ -218,13 +219,13 @@ class TrainSearchResult:
 
     @property
     def within(self) -> tuple[int, int]:
-        from tracing.plan_search import within_tolerance
+        from planning.plan_search import within_tolerance
 
         return within_tolerance([o.ratio for o in self.traced if o.ratio])
 
     @property
     def worst_ratio(self) -> float | None:
-        from tracing.plan_search import worst_ratio
+        from planning.plan_search import worst_ratio
 
         return worst_ratio([o.ratio for o in self.traced if o.ratio])
 
@@ -351,7 +352,7 @@ def boundary_s(plan: TrainPlan, system: SystemSpec, model: STDiT3Config, geo) ->
 
 
 def pair_key(plan: TrainPlan, config: str) -> PairKey:
-    """The traced pair of the plan's stage (``tracing.train_estimate``)."""
+    """The traced pair of the plan's stage (``planning.train_estimate``)."""
     return PairKey(config, plan.strategy, plan.mesh, plan.ring, plan.zero, plan.recompute, plan.micro_batch)
 
 
@@ -365,7 +366,7 @@ def _compose(plan: TrainPlan, groups: dict[str, GroupCost], system: SystemSpec, 
 def kernel_train_estimate(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
                           kernels: TrainKernels) -> TrainEstimate:
     """The plan's step from its stage's traced pair at the two calibration shapes, re-costed at
-    the plan's shape and composed (``tracing.train_estimate``); the memory is the formulas'
+    the plan's shape and composed (``planning.train_estimate``); the memory is the formulas'
     (``estimate_train_plan``). Falls back to the ideal step, its basis saying why, when the
     calibration failed or its two programs differ."""
     ideal = estimate_train_plan(plan, system, config, shape)
@@ -448,8 +449,7 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
     or without traces the fastest estimated."""
     import random
 
-    from hardware import load_system
-    from tracing.plan_search import VALIDATION_SEED
+    from planning.plan_search import VALIDATION_SEED
 
     system = load_system(hardware)
     limit = system.chip.dram_capacity_bytes if memory_limit_bytes is None else memory_limit_bytes

@@ -1,4 +1,4 @@
-"""A training plan's step time from the traced program's own kernels (issue 32, item 1): the
+"""A training plan's step time from the traced program's own kernels: the
 training step of one block pair, traced at two small shapes, re-costed at the plan's shape.
 
 The traced figure of a training plan (``plan-search --mode train``) is the training step of one
@@ -21,7 +21,7 @@ accumulation, :func:`analyze_pair`):
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
 boundary (the hidden states forward, their gradient back) is the caller's.
 
-The estimate takes the same program at the two calibration shapes of ``tracing.plan_estimate``
+The estimate takes the same program at the two calibration shapes of ``planning.plan_estimate``
 (``(T0, W0)`` and ``(3 T0, 5 W0)``, the plan's height and micro-batch kept): the kernels line up
 one to one and every integer is rescaled to the plan's shape as there
 (``plan_estimate._Rescaler``), then costed with ``hlo_analyzer.mapping.program.map_kernels``; the
@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from hardware.spec import SystemSpec
+from hardware.systems import Hardware
+from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from models.opensora.config import get_config
-from tracing.plan_estimate import (
+from planning.plan_estimate import (
     FAILURE_FILE,
     GroupCost,
     _Rescaler,
@@ -58,6 +60,10 @@ from tracing.plan_estimate import (
     dump_names,
     run_calibration_traces,
 )
+from plans.calibration import request_config
+from tracing.strategies import get_strategy
+from tracing.strategies.base import stage_layout
+from tracing.training import TrainOptions
 
 __all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
            "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
@@ -99,7 +105,6 @@ class PairKey:
     @property
     def train_label(self) -> str:
         """``tracing.training.TrainOptions.label`` of the key (the dump name's suffix)."""
-        from tracing.training import TrainOptions
 
         return TrainOptions(zero=self.zero, recompute="full" if self.recompute else "none").label()
 
@@ -122,9 +127,6 @@ class PairKey:
 def check_traceable(key: PairKey, shape: str) -> None:
     """The tracer's own checks of the pair's stage at ``shape`` (configuration, strategy on the
     stage layout; no torch); UsageError with the tracer's message."""
-    from tracing.plan_estimate import request_config
-    from tracing.strategies import get_strategy
-    from tracing.strategies.base import stage_layout
 
     request = key.request(shape, Path("."))
     config = request_config(request)
@@ -172,28 +174,17 @@ def compose_step(groups: dict[str, GroupCost], *, pairs: int, stages: int, micro
 def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     """The kernels of a traced pair's training step on ``system``'s chip, by group (module doc),
     and its memory classes."""
-    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
-    from hlo_analyzer.mapping.pipeline import _read_sidecar
-    from hlo_analyzer.mapping.render import hardware_sections
-    from hlo_analyzer.mapping.results import MappingOptions, default_execution
-    from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.report import analyze
+    from hlo_analyzer.sidecar import stage_sidecar
     from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, measure_training, read_training_layout
 
-    sidecar = _read_sidecar(dump)
-    layout = read_training_layout(Path(dump).with_suffix(".json"))
+    sidecar = stage_sidecar(dump, "analyze-pipeline")
+    layout = read_training_layout(sidecar)
     if layout is None:
         raise UsageError(f"{dump}: not a training step (its sidecar has no training section)")
-    module = load_module(dump)
-    report = analyze(module, name=dump)
-    library_calls = sidecar_call_regions(sidecar)
-    options = MappingOptions(execution=default_execution(system.chip, library_calls),
-                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
-    add_hardware_sections(report, module, system.name, steps=1, options=options)
-    mapping = hardware_sections(report).mapping
-    assert mapping is not None
+    analysis = analyze_dump(dump, Hardware(system.name, system), AnalysisOptions(steps=1), sidecar=sidecar)
+    module, report, mapping, options = analysis.module, analysis.report, analysis.mapping, analysis.options
     split = measure_training(module, layout, dump, report.num_devices)
     location = {row.position: row.location for row in report.rows}
     groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
@@ -313,7 +304,6 @@ class TrainKernels:
     def program(self, key: PairKey, shape: str, system: SystemSpec) -> PairProgram | str:
         """The pair's program at ``shape`` analysed on ``system``'s chip, or the tracer's error
         line (traced when missing)."""
-        from hlo_trace.atomic import atomic_write
 
         kind = system.chip.name
         cached = self._programs.get((key, shape, kind))

@@ -1,4 +1,4 @@
-"""The plan search's estimate from the traced program's own kernels (issue 32): a traced pair at a
+"""The plan search's estimate from the traced program's own kernels: a traced pair at a
 small shape, re-costed at the plan's shape.
 
 A plan's traced latency (``analyze-pipeline``) is the sum of the kernels the analyzer finds in
@@ -49,10 +49,15 @@ from typing import Any
 
 from hardware.ops import OpType
 from hardware.spec import SystemSpec
+from hardware.systems import Hardware
+from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
+from hlo_trace.isolate import child_environment
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
 from models.opensora.library_calls import self_attention_is_flash
+from plans.calibration import FAILURE_FILE, dump_names, request_config
+from tracing.pipefusion import patch_plan
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +186,6 @@ def self_attention_flash(model: STDiT3Config, shape: str, patches: int) -> tuple
     geo = geometry(model, shape)
     tokens = geo.S
     if patches > 1:
-        from tracing.pipefusion import patch_plan
 
         tokens = patch_plan(model, shape, patches).S_patch
     return (self_attention_is_flash(tokens, GUIDANCE_BATCH * geo.T),
@@ -438,7 +442,6 @@ class KernelCosts:
         """Trace (``jobs`` processes of ``tracing.calibrate``) and analyze every calibration of
         ``keys`` not cached yet, and (``boundaries``: for pipelines) the boundary calibration of
         each (model, shapes, patches); the number of trace requests run."""
-        from hlo_trace.atomic import atomic_write
 
         kind = system.chip.name
         missing = list(dict.fromkeys(k for k in keys if not self._path(k, kind).exists()))
@@ -498,7 +501,6 @@ class KernelCosts:
         path = self.work / "models" / f"{Path(config).stem}_depth{depth}.toml"
         text = _model_toml(model, depth)
         if not path.exists() or path.read_text() != text:
-            from hlo_trace.atomic import atomic_write
 
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, text, force=True)
@@ -538,8 +540,6 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     import sys
     import tempfile
 
-    from hlo_trace.atomic import atomic_write
-    from hlo_trace.isolate import child_environment
 
     missing = [r for r in requests
                if not (Path(r["out"]) / FAILURE_FILE).exists()
@@ -582,29 +582,6 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     return len(missing)
 
 
-#: ``tracing.calibrate``'s record of a request the tracer refused (its one line).
-FAILURE_FILE = "failed.txt"
-
-
-def request_config(request: dict[str, Any]):
-    """The tracer's configuration of a calibration request (``tracing.calibrate`` traces it)."""
-    from tracing.config import build_config
-
-    ring, mesh = request["ring"], tuple(request["mesh"])
-    extra = {"batch": request["batch"]} if "batch" in request else {}
-    return build_config(config=request["config"], shape=request["shape"], strategy=request["strategy"],
-                        mesh=mesh, stage_ids=request["stage_ids"], patches=request["patches"], ring_degree=ring,
-                        ulysses_degree=None if ring is None else mesh[1] // ring,
-                        self_attention_flash=None if request.get("flash") is None else tuple(request["flash"]),
-                        **extra)
-
-
-def dump_names(request: dict[str, Any]) -> list[str]:
-    config = request_config(request)
-    suffix = f"_{request['train']['label']}" if "train" in request else ""
-    return [f"{config.dump_name(stage)}{suffix}.mlir" for stage in request["stages"]]
-
-
 def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: SystemSpec,
                    kind: str) -> Calibration:
     """The calibration of a key from its traced stage at both shapes (or the tracer's error)."""
@@ -618,35 +595,26 @@ def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: Syste
 
 
 def _boundary_of(dump: str) -> Boundary:
-    from hlo_analyzer.mapping.pipeline import LATENT_INPUT, _read_sidecar, _tensor_bytes
+    from hlo_analyzer.mapping.pipeline import LATENT_INPUT
+    from hlo_analyzer.sidecar import stage_sidecar
 
-    sidecar = _read_sidecar(dump)
-    outputs = {name: _tensor_bytes(entry) for name, entry in sorted(sidecar.get("outputs", {}).items())}
-    latent = sidecar.get("inputs", {}).get(LATENT_INPUT)
-    return Boundary(outputs, 0 if latent is None else _tensor_bytes(latent))
+    sidecar = stage_sidecar(dump, "analyze-pipeline")
+    outputs = {tensor.name: tensor.nbytes for tensor in sidecar.outputs}
+    latent = sidecar.input(LATENT_INPUT)
+    return Boundary(outputs, 0 if latent is None else latent.nbytes)
 
 
 def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
     """The kernels of a calibration stage as ``analyze-pipeline`` finds them on ``system``'s
     chip, by group (:class:`StagePart`)."""
-    from hlo_analyzer.mapping.apply import add_hardware_sections, sidecar_caption_tokens
+    from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
-    from hlo_analyzer.mapping.library_calls import sidecar_call_regions
-    from hlo_analyzer.mapping.pipeline import _read_sidecar
-    from hlo_analyzer.mapping.render import hardware_sections
-    from hlo_analyzer.mapping.results import MappingOptions, default_execution
-    from hlo_analyzer.mlir import load_module
-    from hlo_analyzer.report import analyze
+    from hlo_analyzer.sidecar import stage_sidecar
 
-    sidecar = _read_sidecar(dump)
-    module = load_module(dump)
-    report = analyze(module, name=dump)
-    library_calls = sidecar_call_regions(sidecar)
-    options = MappingOptions(execution=default_execution(system.chip, library_calls),
-                             caption_tokens=sidecar_caption_tokens(sidecar), library_calls=library_calls)
-    add_hardware_sections(report, module, system.name, steps=1, pairs=CALIBRATION_PAIRS, options=options)
-    mapping = hardware_sections(report).mapping
-    assert mapping is not None
+    analysis = analyze_dump(dump, Hardware(system.name, system),
+                            AnalysisOptions(steps=1, pairs=CALIBRATION_PAIRS),
+                            sidecar=stage_sidecar(dump, "analyze-pipeline"))
+    mapping, options = analysis.mapping, analysis.options
     if mapping.totals.pairs_found != CALIBRATION_PAIRS:
         raise UsageError(f"{dump}: a calibration stage must hold {CALIBRATION_PAIRS} block pairs, found "
                          f"{mapping.totals.pairs_found}")

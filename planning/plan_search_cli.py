@@ -1,5 +1,5 @@
 """``plan-search``: the fastest parallel plan that fits, estimated over the whole space and traced
-only where it matters (``tracing.plan_search``; docs/plan_search.md)."""
+only where it matters (``planning.plan_search``; docs/plan_search.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from hardware import load_system
+from hlo_trace.atomic import atomic_write, check_targets, write_png
 from hlo_trace.cli import (
     MAX_COUNT,
     MAX_QUANTITY,
@@ -22,6 +24,9 @@ from hlo_trace.cli import (
 )
 from hlo_trace.errors import UsageError
 from hlo_trace.numbers import brief, parse_int
+from models.opensora.parallel import STRATEGY_NAMES
+from planning import sizing, sizing_cli, train_search
+from plans.config import default_shape
 
 #: The exit code of a search that found no answer (no traced plan fits the memory limit, or no
 #: device count meets the target): its report says so; 1 stays an internal error, 2 bad input.
@@ -56,7 +61,7 @@ def _zero_list(text: str) -> list[int]:
 def render_report(result) -> str:
     """The search's report as text: the answer, the Pareto front, every traced plan's estimate
     beside its traced figures with the estimate's error, and how the space was cut."""
-    from tracing.plan_search import ESTIMATE_TOLERANCE, MIN_RANKED_PLANS
+    from planning.plan_search import ESTIMATE_TOLERANCE, MIN_RANKED_PLANS
 
     limit = result.memory_limit_bytes / GIGA
     lines = [f"plan-search: {result.config} at {result.shape} on {result.hardware} "
@@ -142,7 +147,7 @@ def refused_lines(infeasible: Sequence[tuple[str, str]]) -> list[str]:
 
 def result_document(result) -> dict:
     """The search's result as JSON-able data (``--json``)."""
-    from tracing.plan_search import ESTIMATE_TOLERANCE
+    from planning.plan_search import ESTIMATE_TOLERANCE
 
     def outcome(o) -> dict:
         return {"plan": o.plan.label, "case": o.plan.case.name,
@@ -186,7 +191,6 @@ def plot_front(result, path: str, *, force: bool) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hlo_trace.atomic import write_png
 
     traced = [o for o in result.traced]
     fig, axis = plt.subplots(figsize=(7.5, 4.8))
@@ -263,7 +267,7 @@ def plot_front(result, path: str, *, force: bool) -> None:
 @click.option("--estimate", "estimate_kind", type=click.Choice(["kernels", "ideal"]), default="kernels",
               show_default=True,
               help="How plans are estimated: kernels = the kernels of a one-pair trace at two small "
-                   "shapes re-costed at the plan's shape (tracing.plan_estimate; the calibration "
+                   "shapes re-costed at the plan's shape (planning.plan_estimate; the calibration "
                    "traces are cached in --work-dir); ideal = the ideal op list, no trace.")
 @click.option("--validate", type=click.IntRange(0, MAX_COUNT), default=10, show_default=True,
               help="Also trace this many plans drawn at random from the untraced rest, to "
@@ -304,11 +308,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     fits, the latency-memory Pareto front and the estimate's error on the traced plans.  The
     best plan is written as a pipeline TOML that trace-stage --pipeline and analyze-pipeline
     read as is.  Progress goes to stderr."""
-    from hardware import load_system
-    from hlo_trace.atomic import atomic_write, check_targets
-    from models.opensora.parallel import STRATEGY_NAMES
-    from tracing.config import default_shape
-    from tracing.plan_search import (
+    from planning.plan_search import (
         check_plan_inputs,
         enumerate_plans,
         plan_file_text,
@@ -349,7 +349,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     if plot_out:
         require_plot_extra()
     if scheduler is not None:
-        from tracing.runner import check_scheduler
+        from planning.runner import check_scheduler
 
         check_scheduler(scheduler)
     space = enumerate_plans(model_config, shape, devices, strategies=chosen,
@@ -363,7 +363,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler)
     kernels = None
     if estimate_kind == "kernels":
-        from tracing.plan_estimate import KernelCosts
+        from planning.plan_estimate import KernelCosts
 
         kernels = KernelCosts(Path(work_dir))
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
@@ -407,12 +407,10 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
                     force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0,
                     zero: Sequence[int] = (0, 1, 2, 3)) -> int:
-    """``--mode train`` and the sizing options (``tracing.train_search``, ``tracing.sizing``,
-    rendered by ``tracing.sizing_cli``)."""
+    """``--mode train`` and the sizing options (``planning.train_search``, ``planning.sizing``,
+    rendered by ``planning.sizing_cli``)."""
     from dataclasses import asdict
 
-    from hlo_trace.atomic import atomic_write, check_targets
-    from tracing import sizing, sizing_cli, train_search
 
     if target_latency is not None and mode == "train":
         raise UsageError("--target-latency: inference sizing; with --mode train pass --target-step-time")
@@ -458,7 +456,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     click.echo(f"estimating {len(space.plans)} training plans ({len(space.infeasible)} refused) ...", err=True)
     kernels = None
     if estimate_kind == "kernels":
-        from tracing.train_estimate import TrainKernels
+        from planning.train_estimate import TrainKernels
 
         kernels = TrainKernels(work, model_config, shape)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
@@ -474,7 +472,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
         refused[0] = "refused (no training formula, or no even split of the batch or the pairs), by reason (plans):"
     click.echo(sizing_cli.render_train_report(result, confirmation, refused), nl=False)
     if json_out:
-        from tracing.plan_search import ESTIMATE_TOLERANCE
+        from planning.plan_search import ESTIMATE_TOLERANCE
 
         within, count = result.within
         document = {"config": result.config, "shape": result.shape, "hardware": result.hardware,
@@ -498,9 +496,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
 
 def _confirm_training_sizing(result, model_config: str, shape: str, hardware: str, work: Path) -> str:
     """Trace the training sizing answer's block pair; one line with the traced figure."""
-    from hardware import load_system
-    from tracing import sizing_cli
-    from tracing.train_search import TrainOutcome, estimate_train_plan
+    from planning.train_search import TrainOutcome, estimate_train_plan
 
     plan = result.answer_plan
     outcome = TrainOutcome(plan, estimate_train_plan(plan, load_system(hardware), model_config, shape))
@@ -512,8 +508,8 @@ def _confirm_training_sizing(result, model_config: str, shape: str, hardware: st
 
 def _locked_tracer(work: Path, hardware: str, steps: int):
     """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
-    from tracing.plan_search import runner_tracer
-    from tracing.train_estimate import trace_lock
+    from planning.plan_search import runner_tracer
+    from planning.train_estimate import trace_lock
 
     tracer = runner_tracer(work, hardware, steps=steps)
 

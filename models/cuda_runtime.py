@@ -546,7 +546,7 @@ TRACE_VERSION = 1
 #: The largest trace file read, compressed or not: ~10x the ~2 million events (~25 MB of JSON)
 #: of a full OpenSora generation, far below what would strain memory.
 MAX_TRACE_BYTES = 256 * _MiB
-_WHAT = "a gzip'd JSON allocation trace (hardware.cuda_allocator.write_trace)"
+_WHAT = "a gzip'd JSON allocation trace (models.cuda_runtime.write_trace)"
 
 
 def write_trace(path: str | os.PathLike, trace: AllocationTrace, *, force: bool = False) -> None:

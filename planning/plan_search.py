@@ -1,7 +1,7 @@
-"""Plan search (issue 25, reference note 001): the fastest parallel plan that fits, found by
+"""Plan search (reference note 001): the fastest parallel plan that fits, found by
 estimating every plan and tracing only the most promising ones.
 
-The FlexFlow/Alpa idea on this simulator. A *plan* is a pipeline case (``tracing.plans``): P
+The FlexFlow/Alpa idea on this simulator. A *plan* is a pipeline case (``plans.cases``): P
 stages of C chips each, one strategy with one stage mesh ``nx x ny`` inside every stage, a split
 of the block pairs, M PipeFusion patches (and the ring degree of usp); a flat plan is one stage
 holding every pair (M = 1). The space (:func:`enumerate_plans`):
@@ -40,27 +40,30 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardware import block_shapes_for, build_stdit_block_ops, map_block
+from hardware import load_system, map_block
 from hardware.collectives import collective_time_s
 from hardware.pipeline import pipefusion_step, transfer_time_s
 from hardware.spec import SystemSpec
-from hlo_analyzer.mapping.pipeline import PATCHED_OUTPUT
+from hlo_analyzer.mapping.pipeline import PATCHED_OUTPUT, PipelineTotals
 from hlo_trace.errors import UsageError
+from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_breakdown
-from models.opensora.inputs import geometry
+from models.opensora.inputs import geometry, parse_shape
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
 from models.opensora.theory import BlockDims, final_layer_collectives, layout_collectives
-from tracing.config import PipelineConfigError, build_config
-from tracing.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
-from tracing.plans import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
+from planning.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
+from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
+from plans.config import PipelineConfigError, Submesh, build_config
+from tracing.pipefusion import patch_plan
+from tracing.strategies import get_strategy
+from tracing.strategies.base import stage_layout
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ _IDEAL_LAYOUTS: dict[str, tuple[tuple[str, str], ...]] = {
 _WEIGHT_SPLIT = {"megatron": "all", "two_dimension": "y", "megatron_sp": "y"}
 
 
-#: The estimate's error the report counts plans within: |estimate / traced - 1| (issue 32).
+#: The estimate's error the report counts plans within: |estimate / traced - 1|.
 ESTIMATE_TOLERANCE = 0.05
 #: Seed of the random draw of the plans traced to check the estimate (``validate``).
 VALIDATION_SEED = 32
@@ -148,7 +151,7 @@ class Estimate:
     #: Per-part seconds of one step of the slowest stage (full latent), by what they cost:
     #: the kernels outside the block pairs (embeddings, final layer), the pairs' compute, the
     #: pairs' collectives, the sends to the next stage; and how many of the kernels' integers
-    #: were no exact product of the calibration (``tracing.plan_estimate``), of how many.
+    #: were no exact product of the calibration (``planning.plan_estimate``), of how many.
     parts: tuple[tuple[str, float], ...] = ()
 
 
@@ -281,8 +284,6 @@ def pair_splits(depth: int, stages: int, count: int) -> list[tuple[tuple[int, in
 def _check_feasible(case: PipelineCase) -> None:
     """The tracer's own checks of every stage (config, strategy on the stage layout); raises
     UsageError with the tracer's message."""
-    from tracing.strategies import get_strategy
-    from tracing.strategies.base import stage_layout
 
     config = build_config(config=case.config, shape=case.shape, strategy=case.pipeline.strategy,
                           mesh=(case.stage_mesh[0], case.stage_mesh[1] * case.pipeline.stages),
@@ -292,7 +293,6 @@ def _check_feasible(case: PipelineCase) -> None:
                           ulysses_degree=None if case.ring is None
                           else case.stage_mesh[1] // case.ring)
     if case.patches > 1:
-        from tracing.pipefusion import patch_plan
 
         patch_plan(config.model, config.shape, case.patches)
     for stage in range(config.num_stages):
@@ -433,7 +433,7 @@ def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30,
                   kernels: KernelCosts | None = None) -> Estimate:
     """The plan's inference latency and memory per device, without tracing the plan.
 
-    With ``kernels`` (the traced-kernel estimate, ``tracing.plan_estimate``): the latency from
+    With ``kernels`` (the traced-kernel estimate, ``planning.plan_estimate``): the latency from
     the kernels of the plan's stages as a one-pair trace at two small shapes finds them,
     re-costed at the plan's shape on ``system`` and composed as ``analyze-pipeline`` composes
     the traced stages; the memory as below. Without: the ideal estimate (module doc): with
@@ -451,7 +451,7 @@ def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30,
 
 def kernel_estimate(plan: Plan, system: SystemSpec, kernels: KernelCosts, *, steps: int = 30,
                     memory_bytes: float = 0.0) -> Estimate:
-    """The traced-kernel latency of ``plan`` (``estimate_plan``; ``tracing.plan_estimate``): each
+    """The traced-kernel latency of ``plan`` (``estimate_plan``; ``planning.plan_estimate``): each
     stage is its role's kernels outside the pairs plus its pairs, on one patch when M > 1 (the
     calibration is traced on one patch), composed as ``analyze-pipeline`` composes stages."""
     case = plan.case
@@ -506,7 +506,6 @@ def ideal_estimate(plan: Plan, system: SystemSpec, *, steps: int = 30) -> Estima
     strategy, mesh = case.pipeline.strategy, case.stage_mesh
     T, S, kv_scale = full.T, full.S, 1.0
     if case.patches > 1:
-        from tracing.pipefusion import patch_plan
 
         patch = patch_plan(model, case.shape, case.patches)
         S, kv_scale = patch.S_patch, patch.S_full / patch.S_patch
@@ -566,7 +565,6 @@ def _pipeline_latency(case: PipelineCase, geo, model: STDiT3Config, stage_full: 
 
 def _stage_chips(case: PipelineCase) -> list[list[int]]:
     """Global chip ids of every stage (the tracer's submesh ids on the whole mesh)."""
-    from tracing.config import Submesh
 
     nx, ny = case.stage_mesh
     whole = (nx, ny * case.pipeline.stages)
@@ -635,7 +633,6 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
     plans it ranked first."""
     import random
 
-    from hardware import load_system
 
     system = load_system(hardware)
     limit = system.chip.dram_capacity_bytes if memory_limit_bytes is None else memory_limit_bytes
@@ -697,7 +694,7 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
 
 
 def calibration_keys(plans: Sequence[Plan], kernels: KernelCosts) -> list:
-    """The calibrations the traced-kernel estimate of ``plans`` needs (``tracing.plan_estimate``)."""
+    """The calibrations the traced-kernel estimate of ``plans`` needs (``planning.plan_estimate``)."""
     keys = {kernels.key(p.case.config, p.case.shape, p.case.pipeline.strategy, p.case.stage_mesh, p.case.ring,
                         p.case.patches) for p in plans}
     return sorted(keys, key=lambda k: k.name)
@@ -715,10 +712,10 @@ def _best(traced: dict, limit: float):
 
 def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
                   progress_stream=None, scheduler: str | None = None) -> Tracer:
-    """A tracer that runs each plan's case with ``tracing.runner`` in ``work`` (cached by
+    """A tracer that runs each plan's case with ``planning.runner`` in ``work`` (cached by
     content: a plan traced before is read back) and reads ``analyze-pipeline``'s totals;
     ``scheduler``: on the workers of that Dask scheduler."""
-    from tracing.runner import Paths, Progress, Settings, jobs_within_memory, run_cases
+    from planning.runner import Paths, Progress, Settings, jobs_within_memory, run_cases
 
     paths = Paths(work=work, hardware=hardware)
     settings = Settings(stage_ids="", num_stages=0, hardware=hardware, steps=steps,
@@ -736,8 +733,9 @@ def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
             if failure.exists():
                 results.append(failure.read_text().strip())
                 continue
-            totals = json.loads(paths.pipeline_analysis(case, steps).read_text())["totals"]
-            results.append((float(totals["inference_s"]), float(totals["memory_per_device_bytes"])))
+            report = paths.pipeline_analysis(case, steps)
+            totals = PipelineTotals.from_json(report.read_text(), str(report))
+            results.append((float(totals.inference_s), float(totals.memory_per_device_bytes)))
         return results
 
     return trace
@@ -757,7 +755,6 @@ def plan_file_text(outcome: PlanOutcome, result: SearchResult) -> str:
 
 def check_plan_inputs(config: str, shape: str) -> STDiT3Config:
     """The model and shape, checked (one-line errors) before any work."""
-    from models.opensora.inputs import parse_shape
 
     model = get_config(config)
     parse_shape(shape)

@@ -5,8 +5,8 @@ patches (docs/pipeline.md); the study's pipeline configurations and the plan sea
 A configuration is written ``PxC:STRATEGY`` (``2x8:ds_ulysses``: 2 stages of 8 chips, Ulysses
 inside each). This module only plans: the block pairs of every stage, the submesh each stage
 runs on, and the pipeline TOML that ``trace-stage --pipeline`` and ``analyze-pipeline`` read.
-The runner (``tracing.runner``) traces them for the sweep (``scripts/sweep.py``) and the plan
-search (``tracing.plan_search``); the tables (``scripts/study_tables.py``) read the results.
+The runner (``planning.runner``) traces them for the sweep (``scripts/sweep.py``) and the plan
+search (``planning.plan_search``); the tables (``scripts/study_tables.py``) read the results.
 No torch.
 
 Layout: a stage's submesh is the strategy's own mesh on C chips (``models.opensora.parallel``:
@@ -100,7 +100,7 @@ class PipelineCase:
         # a model file named in a pipeline file is read relative to that file: make it absolute
         config = str(Path(self.config).resolve()) if self.config.endswith(".toml") else self.config
         lines = [
-            f"# Pipeline plan {self.pipeline.label}, M = {self.patches} (tracing.plans)",
+            f"# Pipeline plan {self.pipeline.label}, M = {self.patches} (plans.cases)",
             f"config = {json.dumps(config)}",
             f'shape = "{self.shape}"',
             f'strategy = "{self.pipeline.strategy}"',

@@ -1,12 +1,14 @@
 """``plan-search --mode train`` and ``plan-search --target-latency / --target-step-time``: the
-report text, the sizing curve's plot, and the traced confirmation (``tracing.train_search``,
-``tracing.sizing``; docs/plan_search.md)."""
+report text, the sizing curve's plot, and the traced confirmation (``planning.train_search``,
+``planning.sizing``; docs/plan_search.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from hardware import load_system
+from hlo_trace.atomic import write_png
 from hlo_trace.errors import UsageError
 
 #: Bytes per GB as the reports print memory (decimal).
@@ -30,10 +32,9 @@ class PairConfirmation:
 
 def confirm_training_pair(outcome, config: str, shape: str, hardware: str, work: Path) -> PairConfirmation:
     """Trace one block pair of the plan's stage at the plan's shape and micro-batch (under
-    ``tracing.train_estimate.TRACE_LOCK``; cached in ``work``) and cost it on ``hardware``."""
-    from hardware import load_system
-    from tracing.train_estimate import TrainKernels
-    from tracing.train_search import pair_key
+    ``planning.train_estimate.TRACE_LOCK``; cached in ``work``) and cost it on ``hardware``."""
+    from planning.train_estimate import TrainKernels
+    from planning.train_search import pair_key
 
     key = pair_key(outcome.plan, config)
     value = TrainKernels(work, config, shape).full(key, load_system(hardware))
@@ -105,7 +106,7 @@ def render_train_report(result, confirmation: PairConfirmation | None, refused: 
 
 def _traced_lines(result) -> list[str]:
     """Every traced plan's estimated step beside the traced one, and the estimate's agreement."""
-    from tracing.plan_search import ESTIMATE_TOLERANCE, MIN_RANKED_PLANS
+    from planning.plan_search import ESTIMATE_TOLERANCE, MIN_RANKED_PLANS
 
     traced = [o for o in result.outcomes if o.traced or o.error is not None]
     if not traced:
@@ -179,7 +180,6 @@ def plot_sizing(result, path: str, *, force: bool) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hlo_trace.atomic import write_png
 
     points = [p for p in result.curve if p.seconds is not None]
     fig, axis = plt.subplots(figsize=(7, 4.5))

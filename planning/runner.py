@@ -3,7 +3,7 @@
 Every stage is one case step, run as two subprocesses that are the project's own commands:
 ``python3 -m tracing.cli`` (one fresh process per stage: torch-xla fixes its device count per
 process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json`` (a flat case's stages)
-or ``python3 -m hlo_analyzer.pipeline_cli`` (a pipeline case, ``tracing.plans``).  Their outputs,
+or ``python3 -m hlo_analyzer.pipeline_cli`` (a pipeline case, ``plans.cases``).  Their outputs,
 kept in a work directory (:class:`Paths`), are the cache: a rerun skips every stage whose
 analysis exists, so an interrupted run resumes where it stopped.  The files are named by what
 decides them (model, shape, strategy, mesh, pairs, patches; the pipeline file's content), so
@@ -12,7 +12,7 @@ fails is recorded with its one-line error and skipped on later runs unless asked
 Ctrl-C abandons the running steps (never recorded as failed) and leaves no half-written file
 (every output is written atomically by the commands).
 
-Used by ``scripts/sweep.py`` (the strategy study) and ``tracing.plan_search``.  No torch here:
+Used by ``scripts/sweep.py`` (the strategy study) and ``planning.plan_search``.  No torch here:
 the steps import it in their own processes.
 """
 
@@ -31,8 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hlo_trace.atomic import atomic_write
-from hlo_trace.isolate import child_environment
-from tracing.plans import PipelineCase
+from hlo_trace.errors import UsageError
+from hlo_trace.isolate import ChildLimitExceeded, call_in_child, child_environment
+from hlo_trace.numbers import brief
+from plans.cases import PipelineCase
+from plans.config import build_config, load_config_file
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +71,7 @@ class Case:
         return Case(self.config, self.shape, self.strategy, self.mesh, stage_ids)
 
     def stage_name(self, stage: int) -> str:
-        """The name trace-stage gives this stage's dump (tracing.config owns the format)."""
-        from tracing.config import build_config
+        """The name trace-stage gives this stage's dump (plans.config owns the format)."""
 
         return build_config(config=self.config, shape=self.shape, strategy=self.strategy,
                             mesh=self.mesh, stage_ids=self.stage_ids).dump_name(stage)
@@ -315,7 +317,6 @@ def run_pipeline_case(case: PipelineCase, paths: Paths, settings: Settings,
     the flat cases' stages) and analyze the set with ``analyze-pipeline``.  The steps run in the
     work directory on paths relative to it, so the analysis names the same files wherever the
     work directory is (a cluster's workers and a local run write the same bytes)."""
-    from tracing.config import load_config_file
 
     plan = paths.pipeline_file(case)
     plan.parent.mkdir(parents=True, exist_ok=True)
@@ -475,9 +476,6 @@ def check_scheduler(scheduler: str) -> None:
     no Dask scheduler answers there within ``SCHEDULER_TIMEOUT_S``. The handshake runs in a
     forked child with a time and memory limit: a listener that never answers, or answers as
     something else, would hang the client or make it allocate exabytes."""
-    from hlo_trace.errors import UsageError
-    from hlo_trace.isolate import ChildLimitExceeded, call_in_child
-    from hlo_trace.numbers import brief
 
     if not _SCHEDULER_ADDRESS.fullmatch(scheduler):
         raise UsageError(f"--scheduler {brief(scheduler)}: expected a Dask scheduler address "
@@ -504,7 +502,6 @@ def _close_client(scheduler: str) -> None:
 
 def _cluster_client(scheduler: str):
     """A client of the scheduler at ``scheduler``, or one line saying why not."""
-    from hlo_trace.errors import UsageError
 
     try:
         from distributed import Client

@@ -1,0 +1,113 @@
+"""One dump analysed on one hardware choice: the recipe every command shares.
+
+``analyze_dump(path, hardware, options)`` reads the dump's sidecar once (or takes the one the
+caller read), builds the mapping options from it (:func:`mapping_options`: the caption length
+of one sample, the library calls, the hardware's default execution), measures the program and
+maps every op (``hlo_analyzer.mapping.apply.add_hardware_sections``) on the hardware, loaded
+once by the command (``hardware.systems.Hardware``). The result is an :class:`Analysis`: the
+report with its typed sections, and what it was made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxlib.mlir import ir
+
+from hardware.spec import ChipSpec
+from hardware.systems import Hardware, load_choice
+from hlo_analyzer.mapping.apply import add_hardware_sections
+from hlo_analyzer.mapping.library_calls import sidecar_call_regions, sidecar_traced_pytorch
+from hlo_analyzer.mapping.render import hardware_sections
+from hlo_analyzer.mapping.results import MappingOptions, default_execution
+from hlo_analyzer.mapping.sections import BlocksSection, MappingSection
+from hlo_analyzer.mlir import load_module
+from hlo_analyzer.report import Report, analyze
+from hlo_analyzer.sidecar import Sidecar, read_sidecar, sidecar_for
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """What a command asks of the mapping. ``execution`` None: the hardware's default for the
+    dump (``default_execution``); ``caption_tokens`` None: the sidecar's when cross-attention is
+    charged per sample; ``steps``/``pairs``: as ``add_hardware_sections`` takes them."""
+
+    steps: int | None = None
+    pairs: int | None = None
+    execution: str | None = None
+    dram_efficiency: float = 1.0
+    exp_ops: int = 1
+    cross_attention: str = "per-sample"
+    caption_tokens: int | None = None
+    fidelity: str | None = None
+    link_bandwidth_bytes_per_s: float | None = None
+    hop_latency_s: float | None = None
+
+
+DEFAULT_ANALYSIS = AnalysisOptions()
+
+
+def mapping_options(sidecar: Sidecar | None, chip: ChipSpec, options: AnalysisOptions) -> MappingOptions:
+    """The mapping's options: ``options``, with the caption length and library calls of the
+    dump's ``sidecar`` and the ``chip``'s default execution."""
+    caption_tokens = options.caption_tokens
+    if caption_tokens is None and options.cross_attention == "per-sample" and sidecar is not None:
+        caption_tokens = sidecar.caption_tokens
+    document = None if sidecar is None else dict(sidecar.document)
+    library_calls = sidecar_call_regions(document)
+    execution = options.execution or default_execution(
+        chip, library_calls, traced_pytorch=sidecar_traced_pytorch(document))
+    return MappingOptions(execution=execution, dram_efficiency=options.dram_efficiency,
+                          exp_ops=options.exp_ops, cross_attention=options.cross_attention,
+                          caption_tokens=caption_tokens, library_calls=library_calls,
+                          fidelity=options.fidelity)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A dump measured and mapped: the ``report`` (its typed hardware sections below), the
+    parsed ``module``, the ``sidecar`` read for it and the mapping ``options`` used."""
+
+    path: str
+    report: Report
+    module: ir.Module
+    sidecar: Sidecar | None
+    options: MappingOptions
+
+    @property
+    def mapping(self) -> MappingSection:
+        mapping = hardware_sections(self.report).mapping
+        assert mapping is not None
+        return mapping
+
+    @property
+    def blocks(self) -> BlocksSection | None:
+        return hardware_sections(self.report).blocks
+
+
+def add_mapping(report: Report, module: ir.Module, hardware: Hardware, options: MappingOptions,
+                analysis: AnalysisOptions, graph: Any = None) -> None:
+    """Map ``report``'s ops on ``hardware`` with ``options`` (the sections go into ``report``)."""
+    add_hardware_sections(report, module, hardware, steps=analysis.steps, pairs=analysis.pairs,
+                          options=options, graph=graph,
+                          link_bandwidth_bytes_per_s=analysis.link_bandwidth_bytes_per_s,
+                          hop_latency_s=analysis.hop_latency_s)
+
+
+def analyze_dump(path: str, hardware: str | Hardware, options: AnalysisOptions = DEFAULT_ANALYSIS, *,
+                 sidecar: Sidecar | None = None) -> Analysis:
+    """``path`` measured and mapped on ``hardware`` (module docstring). ``sidecar``: the dump's
+    when the caller has read it; else the one beside the dump, if any."""
+    choice = load_choice(hardware)
+    if sidecar is None:
+        sidecar = read_sidecar(sidecar_for(path))
+    module = load_module(path)
+    report = analyze(module, name=path)
+    mapping = mapping_options(sidecar, choice.chip, options)
+    add_mapping(report, module, choice, mapping, options)
+    return Analysis(path, report, module, sidecar, mapping)
+
+
+__all__ = ["DEFAULT_ANALYSIS", "Analysis", "AnalysisOptions", "analyze_dump",
+           "mapping_options"]
