@@ -214,6 +214,9 @@ class TiledModel:
     unpack_bytes_per_noc_byte: tuple[tuple[str, float], ...]
     #: Fitted: cycles each tile product costs besides the engine's (sub-block bookkeeping).
     tile_overhead_cycles: float
+    #: Fitted: cycles per output tile to spill its partial sums to SRAM and reload them at each
+    #: K block after the first (the matmul kernel's intermediate buffer).
+    partial_reload_cycles: float
     #: Fitted: the share of its NoC interface a sender core's DRAM reads reach.
     sender_read_efficiency: float
     #: Fitted: host-to-device cost of one op, replayed from a trace and dispatched live, seconds.
@@ -672,6 +675,7 @@ _TILED_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "narrow_ratio": ("narrow_ratio", _positive_int),
     "unpack_bytes_per_noc_byte": ("unpack_bytes_per_noc_byte", _number_table),
     "tile_overhead_cycles": ("tile_overhead_cycles", _non_negative_number),
+    "partial_reload_cycles": ("partial_reload_cycles", _non_negative_number),
     "sender_read_efficiency": ("sender_read_efficiency", _fraction),
     "dispatch_trace": ("dispatch_trace_s", _time),
     "dispatch": ("dispatch_s", _time),
