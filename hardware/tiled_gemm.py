@@ -2,10 +2,12 @@
 
 The chip runs the vendor's default program for DRAM-resident operands; its time is made of:
 
-* **Best of candidate blockings.** Each core's output block is taken as the vendor's program
-  deals it, or padded up to a multiple of 2, 4 or 8 tiles (:data:`BLOCK_PADS`); the fastest of
-  these programs is the prediction (a compiler pads a block of few divisors rather than run it
-  in one-tile-wide sub-blocks).
+* **Best of candidate blockings** (``blocking = "best"``; "vendor" runs the vendor's program as
+  the published tables did). Each core's output block is taken as the vendor's program deals
+  it, or padded up to a multiple of 2, 4 or 8 tiles (:data:`BLOCK_PADS`), each with the vendor's
+  K block or the deepest that fits (:data:`MAX_K_BLOCK`); the fastest of these programs is the
+  prediction (a compiler pads a block of few divisors rather than run it in one-tile-wide
+  sub-blocks, and takes K blocks deep enough that partial sums are rarely reloaded).
 * **Tile granule.** Operands are stored and computed in ``tile_edge``-square tiles: M, K and N are
   rounded up to whole tiles (Mt, Kt, Nt).
 * **Program and wave quantisation.** The output's ``Mt x Nt`` tiles are dealt to the core grid:
@@ -56,6 +58,9 @@ PROBE_K_BLOCK = 2
 #: (1: the vendor's block as it is). Padding replaces a block of few divisors, such as a prime
 #: count of tiles, whose sub-blocks would be one tile wide.
 BLOCK_PADS = (1, 2, 4, 8)
+#: The deepest K block (tiles) the candidate programs try beside the vendor's: the largest
+#: divisor of Kt up to this, shrunk through its divisors until the blocks fit SRAM.
+MAX_K_BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -169,10 +174,11 @@ def engine_subblock(block_m: int, block_n: int, max_tiles: int) -> tuple[int, in
 
 
 def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, tile_bytes: float,
-                    pad: int = 1) -> TiledProgram:
+                    pad: int = 1, deep_k: bool = False) -> TiledProgram:
     """The vendor's default program for DRAM-resident operands on ``chip``'s grid; ``pad`` > 1
     rounds each core's output block up to a multiple of ``pad`` tiles (padding, as a compiler does
-    when a block has no good divisors, e.g. a prime count of tiles)."""
+    when a block has no good divisors, e.g. a prime count of tiles); ``deep_k`` starts from the
+    deepest K block up to :data:`MAX_K_BLOCK` tiles instead of the vendor's."""
     model = _model(chip)
     rows, cols = chip.tile_grid_rows, chip.tile_grid_cols
     cores = rows * cols
@@ -202,7 +208,10 @@ def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, ti
         blocks = output_blocks(m_tiles, n_tiles, -(-blocks.block_m // pad) * pad, -(-blocks.block_n // pad) * pad,
                                cores)
     k_block = (k_tiles // cols if k_tiles % cols == 0 else 1) if kind == "2d" else k_1d
-    out_m, out_n, k_block = sram_blocking(blocks.block_m, blocks.block_n, k_block, fits, shrink_k=kind == "2d")
+    if deep_k:
+        k_block = max(d for d in range(1, min(k_tiles, MAX_K_BLOCK) + 1) if k_tiles % d == 0)
+    out_m, out_n, k_block = sram_blocking(blocks.block_m, blocks.block_n, k_block, fits,
+                                          shrink_k=kind == "2d" or deep_k)
     return TiledProgram(kind, blocks, out_m, out_n, k_block, engine_subblock(out_m, out_n, model.max_subblock_tiles))
 
 
@@ -236,14 +245,18 @@ def _sender_and_dram_bytes(chip: ChipSpec, program: TiledProgram, tile_bytes: fl
 def tiled_gemm(chip: ChipSpec, m: int, k: int, n: int, dtype: str = "bf16", *,
                fidelity: str | None = None, trace: bool = True) -> TiledGemmEstimate:
     """The predicted time of one ``(m, k) x (k, n)`` GEMM of ``dtype`` on ``chip`` (which must have
-    a ``[tiled_model]``), under the fastest of its candidate blockings (:data:`BLOCK_PADS`);
+    a ``[tiled_model]``), under its model's ``blocking`` (the vendor's program, or the fastest
+    candidate);
     ``fidelity`` defaults to the dtype's; ``trace``: dispatched from a trace."""
     model = _model(chip)
     fidelity = model.fidelity_for(dtype, fidelity)
     tile_bytes = model.tile_bytes(dtype)
     mt, kt, nt = (tiles(x, model.tile_edge) for x in (m, k, n))
-    return min((_estimate(chip, m, k, n, dtype, fidelity, default_program(chip, mt, kt, nt, tile_bytes, pad), trace)
-                for pad in BLOCK_PADS), key=lambda estimate: estimate.seconds)
+    candidates = [(1, False)]
+    if model.blocking == "best":
+        candidates = [(pad, deep) for pad in BLOCK_PADS for deep in (False, True)]
+    return min((_estimate(chip, m, k, n, dtype, fidelity, default_program(chip, mt, kt, nt, tile_bytes, pad, deep), trace)
+                for pad, deep in candidates), key=lambda estimate: estimate.seconds)
 
 
 def _estimate(chip: ChipSpec, m: int, k: int, n: int, dtype: str, fidelity: str, program: TiledProgram,

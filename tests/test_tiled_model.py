@@ -192,12 +192,24 @@ def test_padding_a_block_of_prime_tiles():
     assert (plain.blocks.block_m, plain.subblock) == (7, (7, 1))
     assert (padded.blocks.block_m, padded.blocks.block_n, padded.blocks.count, padded.blocks.waves) == (8, 8, 49, 1)
     assert padded.subblock == (4, 2)
-    # TX8 (4 x 4 cores), 211 tile rows: the vendor's block of 53 rows (prime) runs in 1-wide
-    # sub-blocks at 1.58x the bound; padded to 54 rows it runs 27-row halves of (3, 2) sub-blocks,
-    # within 1.25x of the bound.
+    # TX8 (4 x 4 cores, blocking "best"), 211 tile rows: the vendor's block of 53 rows (prime)
+    # runs in 1-wide sub-blocks at 1.58x the bound; padded to 54 rows it runs 27-row halves of
+    # (3, 2) sub-blocks, within 1.25x of the bound.
     estimate = tiled_gemm(load_chip("tx8"), 211 * 32, 1152, 1152)
     assert estimate.program.blocks.block_m == 54 and estimate.program.subblock == (3, 2)
     assert estimate.seconds <= 1.25 * estimate.bound_s
+
+
+def test_best_blocking_takes_a_deeper_k_block():
+    # TX8, M = 216000 (6750 tiles), K = N = 1152 (36 tiles): one output side exceeds 8x the other,
+    # so a 1D program, whose vendor K block is 2 tiles (partial sums reloaded after every 2 tile
+    # products). The deepest K block up to 16 tiles that divides 36 is 12.
+    tx8 = load_chip("tx8")
+    vendor = dataclasses.replace(tx8, tiled_model=dataclasses.replace(tx8.tiled_model, blocking="vendor"))
+    best, default = tiled_gemm(tx8, 216000, 1152, 1152), tiled_gemm(vendor, 216000, 1152, 1152)
+    assert best.program.kind == default.program.kind == "1d_in1"
+    assert (default.program.k_block, best.program.k_block) == (2, 12)
+    assert best.seconds < default.seconds
 
 
 def test_unknown_dtype_and_fidelity_are_refused():
@@ -330,7 +342,7 @@ def test_tx8_before_after_recomputed():
 def test_every_tiled_constant_names_its_source(card):
     model = load_chip(card).tiled_model
     rows = tiled_model_constants(model)
-    assert len(rows) == 16 and all(source for _, _, source in rows), [key for key, _, source in rows if not source]
+    assert len(rows) == 17 and all(source for _, _, source in rows), [key for key, _, source in rows if not source]
 
 
 def test_analyze_hlo_tx8_predicts_gemms_beside_the_bound(tmp_path, capsys):
