@@ -65,6 +65,7 @@ def model_assumptions(system: SystemSpec) -> ModelAssumptions:
             "dispatch_trace_s": tiled_model.dispatch_trace_s,
             "unpack_bytes_per_noc_byte": dict(tiled_model.unpack_bytes_per_noc_byte),
             "tile_overhead_cycles": tiled_model.tile_overhead_cycles,
+            "partial_reload_cycles": tiled_model.partial_reload_cycles,
             "sender_read_efficiency": tiled_model.sender_read_efficiency,
             "provenance": dict(tiled_model.provenance),
         }

@@ -207,6 +207,10 @@ class TiledModel:
     sram_reserved_bytes: float
     #: Most output tiles the engine accumulates at once (its destination registers).
     max_subblock_tiles: int
+    #: "vendor": the vendor's default program as it deals the blocks (what the published tables
+    #: ran); "best": the fastest of candidate blockings (padded blocks, deeper K blocks), as a
+    #: compiler choosing its own blocking runs (:data:`hardware.tiled_gemm.BLOCK_PADS`).
+    blocking: str
     #: The default program takes a 1D layout when one output side exceeds this many times the other.
     narrow_ratio: int
     #: Fitted (scripts/calibrate_tiled.py), by dtype: operand bytes the unpacker streams per
@@ -214,6 +218,9 @@ class TiledModel:
     unpack_bytes_per_noc_byte: tuple[tuple[str, float], ...]
     #: Fitted: cycles each tile product costs besides the engine's (sub-block bookkeeping).
     tile_overhead_cycles: float
+    #: Fitted: cycles per output tile to spill its partial sums to SRAM and reload them at each
+    #: K block after the first (the matmul kernel's intermediate buffer).
+    partial_reload_cycles: float
     #: Fitted: the share of its NoC interface a sender core's DRAM reads reach.
     sender_read_efficiency: float
     #: Fitted: host-to-device cost of one op, replayed from a trace and dispatched live, seconds.
@@ -500,6 +507,16 @@ def _at_least_two(value: Any) -> int:
 # The [kernel_model] table of a GPU chip file (the costs that use it: hardware.kernel_model).
 
 
+#: The blockings a [tiled_model] may name (hardware.tiled_gemm).
+BLOCKINGS = ("vendor", "best")
+
+
+def _blocking(value: Any) -> str:
+    if value not in BLOCKINGS:
+        raise ValueError(f"expected one of {', '.join(map(repr, BLOCKINGS))}, got {value!r}")
+    return value
+
+
 def _fraction(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
         raise ValueError(f"expected a fraction in (0, 1], got {value!r}")
@@ -669,9 +686,11 @@ _TILED_MODEL_FIELDS: dict[str, tuple[str, Reader]] = {
     "bytes_per_element": ("bytes_per_element", _number_table),
     "sram_reserved": ("sram_reserved_bytes", _quantity(Dimension.BYTES)),
     "max_subblock_tiles": ("max_subblock_tiles", _positive_int),
+    "blocking": ("blocking", _blocking),
     "narrow_ratio": ("narrow_ratio", _positive_int),
     "unpack_bytes_per_noc_byte": ("unpack_bytes_per_noc_byte", _number_table),
     "tile_overhead_cycles": ("tile_overhead_cycles", _non_negative_number),
+    "partial_reload_cycles": ("partial_reload_cycles", _non_negative_number),
     "sender_read_efficiency": ("sender_read_efficiency", _fraction),
     "dispatch_trace": ("dispatch_trace_s", _time),
     "dispatch": ("dispatch_s", _time),

@@ -25,15 +25,15 @@ DTYPES = {"BFLOAT16": "bf16", "BFLOAT8_B": "bfp8", "BFLOAT4_B": "bfp4"}
 #: The [tiled_model] constants the fit sets, in the order of a parameter vector: the unpack rate
 #: of each dtype, then the scalar constants.
 UNPACK_DTYPES = ("bf16", "bfp8", "bfp4")
-SCALARS = ("tile_overhead_cycles", "sender_read_efficiency", "dispatch_trace_s", "dispatch_s")
+SCALARS = ("tile_overhead_cycles", "partial_reload_cycles", "sender_read_efficiency", "dispatch_trace_s", "dispatch_s")
 FITTED = tuple(f"unpack_bytes_per_noc_byte.{d}" for d in UNPACK_DTYPES) + SCALARS
 #: Dtypes no table measures take a measured one's unpack rate: fp32 (absent from the tables) bf16's.
 UNPACK_CARRIED = {"fp32": "bf16"}
 #: Where the search starts and the bounds it keeps to (an unpack rate at its upper bound never
 #: binds: the fidelity's cycles do).
-START = (1.0, 1.0, 4.0, 5.0, 0.3, 10e-6, 30e-6)
-LOWER = (0.1, 0.1, 0.1, 0.0, 0.01, 0.0, 0.0)
-UPPER = (20.0, 20.0, 20.0, 100.0, 1.0, 100e-6, 200e-6)
+START = (1.0, 1.0, 4.0, 5.0, 20.0, 0.3, 10e-6, 30e-6)
+LOWER = (0.1, 0.1, 0.1, 0.0, 0.0, 0.01, 0.0, 0.0)
+UPPER = (20.0, 20.0, 20.0, 100.0, 1000.0, 1.0, 100e-6, 200e-6)
 
 
 @dataclass(frozen=True)

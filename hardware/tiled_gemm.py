@@ -2,6 +2,12 @@
 
 The chip runs the vendor's default program for DRAM-resident operands; its time is made of:
 
+* **Best of candidate blockings** (``blocking = "best"``; "vendor" runs the vendor's program as
+  the published tables did). Each core's output block is taken as the vendor's program deals
+  it, or padded up to a multiple of 2, 4 or 8 tiles (:data:`BLOCK_PADS`), each with the vendor's
+  K block or the deepest that fits (:data:`MAX_K_BLOCK`); the fastest of these programs is the
+  prediction (a compiler pads a block of few divisors rather than run it in one-tile-wide
+  sub-blocks, and takes K blocks deep enough that partial sums are rarely reloaded).
 * **Tile granule.** Operands are stored and computed in ``tile_edge``-square tiles: M, K and N are
   rounded up to whole tiles (Mt, Kt, Nt).
 * **Program and wave quantisation.** The output's ``Mt x Nt`` tiles are dealt to the core grid:
@@ -22,6 +28,10 @@ The chip runs the vendor's default program for DRAM-resident operands; its time 
   when the unpacker cannot stream its operands that fast: an ``h x w`` output sub-block reads
   ``h + w`` tiles for ``h * w`` products, at ``unpack_bytes_per_noc_byte[dtype]`` times the NoC
   interface width per cycle; plus ``tile_overhead_cycles``.
+* **Partial-sum reload.** When K is cut into several K blocks, each output tile's partial sums
+  are packed to SRAM after a K block and unpacked again before the next one:
+  ``partial_reload_cycles`` per output tile per K block after the first (fewer, larger K blocks
+  pay it less often).
 * The chip's DRAM bandwidth bounds the whole op (operands read once, output written once).
 * **Dispatch** per op: ``dispatch_trace_s`` replayed from a trace, ``dispatch_s`` live.
 
@@ -44,6 +54,13 @@ SUBBLOCK_ORDER = ((4, 2), (2, 4), (8, 1), (1, 8), (7, 1), (1, 7), (3, 2), (2, 3)
 #: between a 1D and a 2D program; and the K block it tries them with.
 SQUARE_BLOCKS = (16, 8, 4, 2)
 PROBE_K_BLOCK = 2
+#: The multiples (tiles) a core's output block may be padded to; the fastest program is taken
+#: (1: the vendor's block as it is). Padding replaces a block of few divisors, such as a prime
+#: count of tiles, whose sub-blocks would be one tile wide.
+BLOCK_PADS = (1, 2, 4, 8)
+#: The deepest K block (tiles) the candidate programs try beside the vendor's: the largest
+#: divisor of Kt up to this, shrunk through its divisors until the blocks fit SRAM.
+MAX_K_BLOCK = 16
 
 
 @dataclass(frozen=True)
@@ -156,8 +173,12 @@ def engine_subblock(block_m: int, block_n: int, max_tiles: int) -> tuple[int, in
     return 1, 1
 
 
-def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, tile_bytes: float) -> TiledProgram:
-    """The vendor's default program for DRAM-resident operands on ``chip``'s grid."""
+def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, tile_bytes: float,
+                    pad: int = 1, deep_k: bool = False) -> TiledProgram:
+    """The vendor's default program for DRAM-resident operands on ``chip``'s grid; ``pad`` > 1
+    rounds each core's output block up to a multiple of ``pad`` tiles (padding, as a compiler does
+    when a block has no good divisors, e.g. a prime count of tiles); ``deep_k`` starts from the
+    deepest K block up to :data:`MAX_K_BLOCK` tiles instead of the vendor's."""
     model = _model(chip)
     rows, cols = chip.tile_grid_rows, chip.tile_grid_cols
     cores = rows * cols
@@ -183,8 +204,14 @@ def default_program(chip: ChipSpec, m_tiles: int, k_tiles: int, n_tiles: int, ti
         kind, blocks = "1d_in1", output_blocks(m_tiles, n_tiles, -(-m_tiles // cores), n_tiles, cores)
     else:
         kind, blocks = "2d", output_blocks(m_tiles, n_tiles, -(-m_tiles // rows), -(-n_tiles // cols), cores)
+    if pad > 1:
+        blocks = output_blocks(m_tiles, n_tiles, -(-blocks.block_m // pad) * pad, -(-blocks.block_n // pad) * pad,
+                               cores)
     k_block = (k_tiles // cols if k_tiles % cols == 0 else 1) if kind == "2d" else k_1d
-    out_m, out_n, k_block = sram_blocking(blocks.block_m, blocks.block_n, k_block, fits, shrink_k=kind == "2d")
+    if deep_k:
+        k_block = max(d for d in range(1, min(k_tiles, MAX_K_BLOCK) + 1) if k_tiles % d == 0)
+    out_m, out_n, k_block = sram_blocking(blocks.block_m, blocks.block_n, k_block, fits,
+                                          shrink_k=kind == "2d" or deep_k)
     return TiledProgram(kind, blocks, out_m, out_n, k_block, engine_subblock(out_m, out_n, model.max_subblock_tiles))
 
 
@@ -218,20 +245,36 @@ def _sender_and_dram_bytes(chip: ChipSpec, program: TiledProgram, tile_bytes: fl
 def tiled_gemm(chip: ChipSpec, m: int, k: int, n: int, dtype: str = "bf16", *,
                fidelity: str | None = None, trace: bool = True) -> TiledGemmEstimate:
     """The predicted time of one ``(m, k) x (k, n)`` GEMM of ``dtype`` on ``chip`` (which must have
-    a ``[tiled_model]``); ``fidelity`` defaults to the dtype's; ``trace``: dispatched from a trace."""
+    a ``[tiled_model]``), under its model's ``blocking`` (the vendor's program, or the fastest
+    candidate);
+    ``fidelity`` defaults to the dtype's; ``trace``: dispatched from a trace."""
     model = _model(chip)
     fidelity = model.fidelity_for(dtype, fidelity)
     tile_bytes = model.tile_bytes(dtype)
     mt, kt, nt = (tiles(x, model.tile_edge) for x in (m, k, n))
-    program = default_program(chip, mt, kt, nt, tile_bytes)
+    candidates = [(1, False)]
+    if model.blocking == "best":
+        candidates = [(pad, deep) for pad in BLOCK_PADS for deep in (False, True)]
+    return min((_estimate(chip, m, k, n, dtype, fidelity, default_program(chip, mt, kt, nt, tile_bytes, pad, deep), trace)
+                for pad, deep in candidates), key=lambda estimate: estimate.seconds)
+
+
+def _estimate(chip: ChipSpec, m: int, k: int, n: int, dtype: str, fidelity: str, program: TiledProgram,
+              trace: bool) -> TiledGemmEstimate:
+    """One GEMM's time under ``program``."""
+    model = _model(chip)
+    tile_bytes = model.tile_bytes(dtype)
+    mt, kt, nt = (tiles(x, model.tile_edge) for x in (m, k, n))
     cycles = cycles_per_tile_product(model, fidelity, dtype, program.subblock)
     port = model.noc_bytes_per_cycle * model.clock_hz * model.sender_read_efficiency
     sender_bytes, dram_bytes = _sender_and_dram_bytes(chip, program, tile_bytes)
-    compute = program.out_block_m * program.out_block_n * program.k_block * cycles / model.clock_hz
+    k_blocks = kt // program.k_block
+    reload = model.partial_reload_cycles * (k_blocks - 1) / k_blocks
+    compute = program.out_block_m * program.out_block_n * (program.k_block * cycles + reload) / model.clock_hz
     sender = sender_bytes / port
     dram = dram_bytes / chip.dram_bandwidth_bytes_per_s
     write = program.out_block_m * program.out_block_n * tile_bytes / port
-    steps = program.out_blocks_per_core * (kt // program.k_block) * program.blocks.waves
+    steps = program.out_blocks_per_core * k_blocks * program.blocks.waves
     dispatch = model.dispatch_trace_s if trace else model.dispatch_s
     moved = (m * k + k * n + m * n) * tile_bytes / model.tile_edge ** 2
     memory_bound = moved / chip.dram_bandwidth_bytes_per_s

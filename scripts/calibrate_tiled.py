@@ -43,6 +43,7 @@ CARDS = ("n150", "p150")
 #: How each fitted scalar is written: TOML key, unit scale, unit suffix.
 KEYS = {
     "tile_overhead_cycles": ("tile_overhead_cycles", 1.0, ""),
+    "partial_reload_cycles": ("partial_reload_cycles", 1.0, ""),
     "sender_read_efficiency": ("sender_read_efficiency", 1.0, ""),
     "dispatch_trace_s": ("dispatch_trace", 1e6, " us"),
     "dispatch_s": ("dispatch", 1e6, " us"),
