@@ -239,10 +239,12 @@ def test_sidecar_describes_the_dump(tiny_dumps):
     assert set(sidecar["versions"]) >= {"torch", "torch_xla", "jaxlib"}
     assert sidecar["peak_rss_bytes"] > 0 and sidecar["seconds"]["compile"] > 0
     peaks = sidecar["peak_rss_bytes_after"]  # the high-water mark at the end of each step
-    steps = ["build", "shard", "trace", "compile", "convert"]  # in their order (keys sorted)
-    assert set(peaks) == set(steps)
-    assert [peaks[step] for step in steps] == sorted(peaks.values())
-    assert 0 < peaks["convert"] <= sidecar["peak_rss_bytes"]
+    assert set(peaks) == {"build", "shard", "trace", "compile", "convert"}
+    # build to compile run in the trace's process: its high-water mark only rises. The
+    # conversion runs in a process of its own, forked before torch loads, so its mark is its own.
+    traced = [peaks[step] for step in ("build", "shard", "trace", "compile")]
+    assert traced == sorted(traced)
+    assert 0 < max(peaks.values()) <= sidecar["peak_rss_bytes"]
 
 
 @pytest.mark.trace
