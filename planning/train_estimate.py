@@ -61,9 +61,8 @@ from planning.plan_estimate import (
     run_calibration_traces,
 )
 from plans.calibration import request_config
-from tracing.strategies import get_strategy
-from tracing.strategies.base import stage_layout
-from tracing.training import TrainOptions
+from plans.feasibility import check_stage
+from plans.train_options import TrainOptions
 
 __all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
            "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
@@ -104,7 +103,7 @@ class PairKey:
 
     @property
     def train_label(self) -> str:
-        """``tracing.training.TrainOptions.label`` of the key (the dump name's suffix)."""
+        """``plans.train_options.TrainOptions.label`` of the key (the dump name's suffix)."""
 
         return TrainOptions(zero=self.zero, recompute="full" if self.recompute else "none").label()
 
@@ -130,7 +129,7 @@ def check_traceable(key: PairKey, shape: str) -> None:
 
     request = key.request(shape, Path("."))
     config = request_config(request)
-    get_strategy(config.strategy, stage_layout(config, request["stages"][0]))
+    check_stage(config, request["stages"][0])
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def plan_pipelines(model_config: str, shapes: list[str], devices: int, pipelines
     if not counts or min(counts) < 1:
         raise UsageError(f"--patches {patch_counts!r}: expected positive integers, e.g. 2,4,8")
     from plans.config import PipelineConfigError
-    from tracing.pipefusion import patch_plan
+    from plans.patches import patch_plan
 
     model = get_config(model_config)
     cases, skipped = [], []
