@@ -104,6 +104,18 @@ class MemoryUsage:
         }
 
 
+@dataclass(frozen=True)
+class MemorySection:
+    """A report's memory section: the ``usage`` of one device, measured with the inputs of the
+    ``sidecar`` at that path (None: without one, every argument counted as a weight)."""
+
+    usage: MemoryUsage
+    sidecar: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.usage.to_dict() | {"sidecar": self.sidecar}
+
+
 def read_sidecar_inputs(sidecar: Sidecar | str | Path | None) -> list[InputSignature] | None:
     """The ``inputs`` of a tracer sidecar (or of the sidecar at that path), or None if it has
     no such section."""
@@ -393,8 +405,3 @@ def measure_memory(module: ir.Module, inputs: Sequence[InputSignature] | None = 
     return visitor.result(capacity_bytes)
 
 
-def add_memory_section(report: Any, usage: MemoryUsage, sidecar: Sidecar | None) -> None:
-    """Add the ``memory`` section (``usage``, measured with ``sidecar``'s inputs) to
-    ``report``."""
-    report.extra["memory"] = usage.to_dict() | {
-        "sidecar": str(sidecar.path) if sidecar else None}

@@ -307,8 +307,3 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
                          collective_classes=classes)
 
 
-def add_training_section(report: Any, module: ir.Module, sidecar: Sidecar, origin: str) -> None:
-    """Add the ``training`` section to ``report`` when the sidecar describes a training step."""
-    layout = read_training_layout(sidecar)
-    if layout is not None:
-        report.extra["training"] = measure_training(module, layout, origin).to_dict()

@@ -176,15 +176,15 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, measure_training, read_training_layout
+    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, read_training_layout
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
     if layout is None:
         raise UsageError(f"{dump}: not a training step (its sidecar has no training section)")
     analysis = analyze_dump(dump, Hardware(system.name, system), AnalysisOptions(steps=1), sidecar=sidecar)
-    module, report, mapping, options = analysis.module, analysis.report, analysis.mapping, analysis.options
-    split = measure_training(module, layout, dump, report.num_devices)
+    report, mapping, options, split = analysis.report, analysis.mapping, analysis.options, analysis.training
+    assert split is not None and options is not None  # the sidecar's training section, a chip
     location = {row.position: row.location for row in report.rows}
     groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
     for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):
