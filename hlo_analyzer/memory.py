@@ -33,6 +33,7 @@ hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from jaxlib.mlir import ir
 from hlo_analyzer.sidecar import Sidecar, as_sidecar
 from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
+from hlo_trace.errors import InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,15 @@ class MemoryUsage:
             "exceeds_capacity": self.exceeds_capacity,
         }
 
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> MemoryUsage:
+        """The usage :meth:`to_dict` wrote, read back where a report crosses a process
+        (``origin`` names it in errors; the totals and the verdict are computed again)."""
+        try:
+            return cls(**{f.name: document[f.name] for f in dataclasses.fields(cls)})
+        except (KeyError, TypeError) as error:
+            raise InputFileError(f"{origin}: not a memory section ({error!r})") from None
+
 
 @dataclass(frozen=True)
 class MemorySection:
@@ -114,6 +125,12 @@ class MemorySection:
 
     def to_dict(self) -> dict[str, Any]:
         return self.usage.to_dict() | {"sidecar": self.sidecar}
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> MemorySection:
+        """The section :meth:`to_dict` wrote (a report's ``memory``), read back."""
+        usage = MemoryUsage.from_dict(document, origin)
+        return cls(usage, document.get("sidecar"))
 
 
 def read_sidecar_inputs(sidecar: Sidecar | str | Path | None) -> list[InputSignature] | None:

@@ -77,6 +77,12 @@ def test_the_command_prints_the_analysis_of_analyze_dump(tmp_path, hardware):
     # the chip's capacity is the verdict's (tx8: 16 GiB per chip), none without a chip
     capacity = analysis.memory.usage.capacity_bytes
     assert capacity == (None if hardware is None else load_hardware("tx8").dram_capacity_bytes)
+    # read back from the JSON in another process: the same section, field for field
+    written = json.loads(out.read_text())["memory"]
+    assert MemorySection.from_dict(written, str(out)) == analysis.memory
+    del written["peak_live_bytes"]
+    with pytest.raises(InputFileError, match=f"^{out}: not a memory section .*peak_live_bytes"):
+        MemorySection.from_dict(written, str(out))
 
 
 def test_the_hardware_is_the_one_loaded_not_reloaded_by_name(tmp_path):

@@ -93,3 +93,8 @@ def test_the_analysis_holds_the_training_step_typed(jax_step):
     # no stage inputs in its sidecar: every argument resident, P + OS + x, y = 198656 B
     assert analysis.memory.usage.weight_bytes == 65536 + 131072 + 2048
     assert analysis.memory.sidecar == str(jax_step.with_suffix(".json"))
+    # read back from analyze-hlo's JSON (another process): the same split but the positions
+    printed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(jax_step), "--format",
+                              "json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    read = TrainingSplit.from_dict(json.loads(printed.stdout)["training"], "stdout")
+    assert (read.memory, read.comm) == (analysis.training.memory, analysis.training.comm)
