@@ -33,7 +33,6 @@ from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child, keep_until_exit
 
 if TYPE_CHECKING:
-
     from hardware.systems import Hardware
     from hlo_analyzer.mapping.analysis import AnalysisOptions
     from hlo_analyzer.mapping.sections import MappingSection

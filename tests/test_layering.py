@@ -52,15 +52,26 @@ def _imported_packages(path: Path) -> set[str]:
     return names
 
 
+def floor_violations(root: Path, allowed: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    """File -> the project packages it imports that ``allowed`` does not let ``package`` import."""
+    offending = {}
+    for path in sorted((root / package).rglob("*.py")):
+        wrong = (_imported_packages(path) & set(allowed)) - allowed[package] - {package}
+        if wrong:
+            offending[str(path.relative_to(root))] = sorted(wrong)
+    return offending
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_package_imports_only_the_layers_below_it(package):
-    project = set(ALLOWED)
-    offending = {}
-    for path in sorted((REPO_ROOT / package).rglob("*.py")):
-        wrong = (_imported_packages(path) & project) - ALLOWED[package] - {package}
-        if wrong:
-            offending[str(path.relative_to(REPO_ROOT))] = sorted(wrong)
-    assert offending == {}
+    assert floor_violations(REPO_ROOT, ALLOWED, package) == {}
+
+
+def test_the_floor_check_names_an_upward_import(tmp_path):
+    """planning importing the tracer, even inside a function: the floor check names the file."""
+    (tmp_path / "planning").mkdir()
+    (tmp_path / "planning" / "a.py").write_text("def f():\n    from tracing.cli import main\n")
+    assert floor_violations(tmp_path, ALLOWED, "planning") == {"planning/a.py": ["tracing"]}
 
 
 # -- the file-level import graph -------------------------------------------------------------------
@@ -187,11 +198,22 @@ def test_design_md_lists_every_file_below_the_files_that_import_it():
     levels = _documented_levels()
     assert sorted(set(graph) - set(levels)) == [], "files missing from docs/design.md's file order"
     assert sorted(set(levels) - set(graph)) == [], "docs/design.md's file order names no such file"
-    upward = sorted(f"{module} (level {levels[module]}) imports {imported} (level {levels[imported]})"
-                    for module, imports in graph.items() for imported in imports
-                    if imported.split(".")[0] == module.split(".")[0]
-                    and levels[imported] >= levels[module])
-    assert upward == []
+    assert upward_imports(graph, levels) == []
+
+
+def upward_imports(graph: dict[str, set[str]], levels: dict[str, int]) -> list[str]:
+    """Each import of a file of the same package on the same or a higher documented level."""
+    return sorted(f"{module} (level {levels[module]}) imports {imported} (level {levels[imported]})"
+                  for module, imports in graph.items() for imported in imports
+                  if imported.split(".")[0] == module.split(".")[0]
+                  and levels[imported] >= levels[module])
+
+
+def test_the_file_order_check_names_an_import_of_a_file_on_its_level_or_above():
+    graph = {"pkg.low": set(), "pkg.high": {"pkg.low"}, "pkg.peer": {"pkg.high"}}
+    assert upward_imports(graph, {"pkg.low": 0, "pkg.high": 1, "pkg.peer": 2}) == []
+    assert upward_imports(graph, {"pkg.low": 0, "pkg.high": 1, "pkg.peer": 1}) == [
+        "pkg.peer (level 1) imports pkg.high (level 1)"]
 
 
 #: The analyzer's front ends: the commands and their text, and the package's API (its
