@@ -40,13 +40,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from hlo_analyzer.sidecar import read_sidecar  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from plans.config import build_config  # noqa: E402
 from tracing.cli import STEPS  # noqa: E402  (imports no torch)
@@ -190,9 +193,9 @@ def main() -> int:
                     return 1
                 runs[label].append(result)
                 print(f"run {run}, {label}: {result.line()}")
-                print("  " + _split(json.loads(sidecar_path.read_text())))
+                print("  " + _split(_sidecar(sidecar_path)))
         dump = out / f"{name}.mlir"
-        sidecar = json.loads((out / f"{name}.json").read_text())
+        sidecar = _sidecar(out / f"{name}.json")
         digest = hashlib.sha256(dump.read_bytes()).hexdigest()
         print(f"dump: {sidecar['mlir_bytes'] / 2**20:.1f} MiB, sha256 {digest}")
         if args.compare is not None:
@@ -229,7 +232,14 @@ def _best(runs: list[Run]) -> tuple[float, float, int]:
     return min(run.wall for run in runs), min(run.cpu for run in runs), min(run.peak for run in runs)
 
 
-def _split(sidecar: dict) -> str:
+def _sidecar(path: Path) -> Mapping[str, Any]:
+    """The sidecar's document, read by the one reader (its trace statistics are untyped)."""
+    sidecar = read_sidecar(path)
+    assert sidecar is not None
+    return sidecar.document
+
+
+def _split(sidecar: Mapping[str, Any]) -> str:
     """The per-step seconds of a sidecar and the peak RSS reached by the end of each step."""
     seconds, peaks = sidecar["seconds"], sidecar.get("peak_rss_bytes_after", {})
     steps = [step for step in STEPS if step in seconds or step in peaks]

@@ -17,7 +17,8 @@
     print(report.gemm_flops, report.comm_bytes_per_device)
 
 ``analyze_dump(path, hardware, options)`` is the whole analysis of a dump on a hardware (its
-sidecar read once, the ops mapped): what ``analyze-hlo --hw`` and the plan search compute with.
+sidecar read once, the program measured, the ops mapped; ``hardware`` None: measured only):
+what ``analyze-hlo``, ``analyze-pipeline`` and the plan search compute with.
 ``load_module`` takes a path, always; dump content held in memory goes through
 ``load_module_text``. See ``hlo_analyzer.visitor`` for the visitor manual.
 """

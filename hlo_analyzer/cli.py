@@ -11,8 +11,7 @@ import math
 import operator
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,15 +29,12 @@ from hlo_trace.cli import (
     native_imports,
     run_click,
 )
-from hlo_trace.errors import UnsupportedIRError, UsageError
-from hlo_trace.isolate import ChildTask, call_in_child, keep_until_exit, start_in_child
+from hlo_trace.errors import UsageError
+from hlo_trace.isolate import call_in_child, keep_until_exit
 
 if TYPE_CHECKING:
-    import networkx as nx
-
     from hardware.systems import Hardware
     from hlo_analyzer.mapping.analysis import AnalysisOptions
-    from hlo_analyzer.mapping.results import MappingOptions
     from hlo_analyzer.mapping.sections import MappingSection
     from hlo_analyzer.report import Report
     from hlo_analyzer.sidecar import Sidecar
@@ -186,15 +182,19 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
     # read once; likewise a bad sidecar (a device, a huge or malformed file) fails first
     read = read_sidecar(sidecar_path)
     from hlo_analyzer.control import parse_branch
+    from hlo_analyzer.mapping.analysis import AnalysisOptions
+    from hlo_analyzer.measurement import run_in_parallel
 
-    request = _Request(dump=dump, output_format=output_format, by=by, bruck=bruck,
-                       branch=parse_branch(branch),
-                       link_bandwidth=link_bandwidth, hop_latency=hop_latency,
-                       hardware=choice, steps=steps, pairs=pairs, sidecar=read,
-                       execution=execution, dram_efficiency=dram_efficiency, fidelity=fidelity, exp_ops=exp_ops,
-                       cross_attention=cross_attention, caption_tokens=caption_tokens,
-                       timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
-                       force=force, parallel=run_in_parallel(dump))
+    analysis = AnalysisOptions(
+        steps=steps, pairs=pairs, execution=execution, dram_efficiency=dram_efficiency,
+        exp_ops=exp_ops, cross_attention=cross_attention, caption_tokens=caption_tokens,
+        fidelity=fidelity,
+        link_bandwidth_bytes_per_s=None if link_bandwidth is None else link_bandwidth * 1e9,
+        hop_latency_s=None if hop_latency is None else hop_latency * 1e-6,
+        bruck=bruck, branch=parse_branch(branch), parallel_memory=run_in_parallel(dump))
+    request = _Request(dump=dump, output_format=output_format, by=by, hardware=choice,
+                       sidecar=read, analysis=analysis, timeline_pair=timeline_pair,
+                       timeline=timeline, kernels=kernels, output=output, force=force)
     check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force, inputs={  # before the work
         "dump": dump, "sidecar": sidecar_path,
         "hardware file": hardware if hardware is not None and os.path.isfile(hardware) else None})
@@ -214,68 +214,40 @@ class _Request:
     dump: str
     output_format: str
     by: str
-    bruck: bool
-    link_bandwidth: float | None
-    hop_latency: float | None
     hardware: Hardware | None  # the --hw choice, loaded
-    steps: int | None
-    pairs: int | None
     sidecar: Sidecar | None  # the dump's sidecar (--sidecar or the one beside it), read
-    execution: str | None = None  # None: the hardware's default (mapping.results.default_execution)
-    dram_efficiency: float = 1.0
-    fidelity: str | None = None
-    exp_ops: int = 1
-    cross_attention: str = "per-sample"
-    caption_tokens: int | None = None
+    analysis: AnalysisOptions
     timeline_pair: int | None = None
     timeline: str | None = None  # write the timeline there
     kernels: str | None = None  # write the kernel list there
     output: str | None = None  # write the report there (else it is returned)
     force: bool = False
-    branch: str | int = "max"
-    parallel: bool = False  # memory measured in a second process (run_in_parallel)
 
 
 def _render(request: _Request) -> str | None:
     """Load, measure, map and render (runs in the forked child): the report and the timeline
     are written to their files; the report's text is returned when it goes to stdout."""
-    from hlo_analyzer.mlir import load_module, use_fresh_context
+    from hlo_analyzer.mapping.analysis import analyze_dump
+    from hlo_analyzer.mlir import use_fresh_context
 
     # The parent's context (if any) has a thread pool that did not fork; this one has none, so
-    # that the module it parses can be read by a process forked from this one (_start_memory).
+    # that the module it parses can be read by a process forked from this one (the memory
+    # measured beside the rest: hlo_analyzer.measurement).
     use_fresh_context(threads=False)
     dump = request.dump
-    log.info("loading %s", dump)
-    module = load_module(dump)
-    sidecar = request.sidecar
-    analysis = _analysis_options(request)
-    options = None
-    if request.hardware is not None:
-        from hlo_analyzer.mapping.analysis import mapping_options
-
-        options = mapping_options(sidecar, request.hardware.chip, analysis)
-    log.info("counting FLOPs, collectives and memory")
-    report, graph = _measure(module, request, sidecar, options)
-    if request.hardware is not None:
-        from hlo_analyzer.mapping.analysis import add_mapping
-
-        assert options is not None
-        log.info("mapping every op on %s", request.hardware.name)
-        with _as_usage_error(dump, f"cannot be mapped on {request.hardware.name}"):
-            add_mapping(report, module, request.hardware, options, analysis, graph)
+    analysis = analyze_dump(dump, request.hardware, request.analysis, sidecar=request.sidecar)
+    report = analysis.report
     check_numbers(report)
     if request.timeline is not None:
-        from hlo_analyzer.mapping.render import hardware_sections
         from hlo_analyzer.mapping.timeline import timeline_json
 
-        mapping = hardware_sections(report).mapping
-        assert mapping is not None
-        emit(timeline_json(mapping, pair=request.timeline_pair),
+        emit(timeline_json(analysis.mapping, pair=request.timeline_pair),
              request.timeline, force=request.force)
     if request.kernels is not None:
         from hlo_analyzer.mapping import kernel_list as kernel_list
+        from hlo_analyzer.measurement import as_usage_error
 
-        with _as_usage_error(dump, "has no kernel list"):
+        with as_usage_error(dump, "has no kernel list"):
             listed = kernel_list.kernel_list(report)
         emit(kernel_list.dumps(listed), request.kernels, force=request.force)
     if request.output_format == "json":
@@ -286,113 +258,11 @@ def _render(request: _Request) -> str | None:
         from hlo_analyzer.table import render_report_table
 
         text = render_report_table(report, request.by)
-    keep_until_exit(module, report, graph)  # not freed: the child ends next
+    keep_until_exit(analysis)  # not freed: the child ends next
     if request.output is None:
         return text if isinstance(text, str) else "".join(text)
     emit(text, request.output, force=request.force)
     return None
-
-
-def _analysis_options(request: _Request) -> AnalysisOptions:
-    """The ``--hw`` options of the request, in the units of the mapping."""
-    from hlo_analyzer.mapping.analysis import AnalysisOptions
-
-    return AnalysisOptions(
-        steps=request.steps, pairs=request.pairs, execution=request.execution,
-        dram_efficiency=request.dram_efficiency, exp_ops=request.exp_ops,
-        cross_attention=request.cross_attention, caption_tokens=request.caption_tokens,
-        fidelity=request.fidelity,
-        link_bandwidth_bytes_per_s=None if request.link_bandwidth is None else request.link_bandwidth * 1e9,
-        hop_latency_s=None if request.hop_latency is None else request.hop_latency * 1e-6)
-
-
-def _measure(module: Any, request: _Request, sidecar: Sidecar | None,
-             options: MappingOptions | None = None) -> tuple[Report, nx.DiGraph | None]:
-    """FLOPs, collectives and memory of ``module``: the memory in the same walk, or at the same
-    time in a forked child (``request.parallel``); with ``--hw`` (``options``), the dataflow
-    graph that the mapping needs, built in the same walk."""
-    from hlo_analyzer.comm import RingLink
-    from hlo_analyzer.memory import MemoryVisitor, add_memory_section, read_sidecar_inputs
-    from hlo_analyzer.report import analyze
-    from hlo_analyzer.tensors import TypeTable
-
-    link: Callable | None = None
-    if request.link_bandwidth is not None and request.hardware is None:
-        hop_latency = 1.0 if request.hop_latency is None else request.hop_latency
-        link = RingLink(bandwidth_bytes_per_s=request.link_bandwidth * 1e9,
-                        hop_latency_s=hop_latency * 1e-6, bruck=request.bruck)
-    dump = request.dump
-    inputs = read_sidecar_inputs(sidecar)
-    capacity = None if request.hardware is None else request.hardware.chip.dram_capacity_bytes
-    types = TypeTable()
-    task = _start_memory(module, inputs, capacity, dump) if request.parallel else None
-    memory = MemoryVisitor(inputs, types) if task is None else None
-    dataflow = None
-    if options is not None:
-        from hlo_analyzer.dataflow import DataflowVisitor
-
-        # the ops' locations only where --exec torch reads them
-        dataflow = DataflowVisitor(types, locations=options.execution == "torch")
-    try:
-        with _as_usage_error(dump, "cannot be measured"):
-            report = analyze(module, collective_time=link, bruck=request.bruck, name=dump,
-                             branch=request.branch, types=types,
-                             followers=tuple(v for v in (memory, dataflow) if v is not None))
-        if task is not None:
-            usage = task.result()
-        else:
-            assert memory is not None
-            with _as_usage_error(dump, "memory cannot be measured"):
-                usage = memory.result(capacity)
-    finally:
-        if task is not None:
-            task.cancel()
-    add_memory_section(report, usage, sidecar)
-    if sidecar is not None:
-        from hlo_analyzer.training import add_training_section
-
-        redundancy = sidecar.section("redundancy")
-        warning = redundancy.get("warning") if isinstance(redundancy, dict) else None
-        if isinstance(warning, str) and warning:  # trace-module's, about the plan it traced
-            report.notes = (*report.notes, f"trace-module warned: {warning}")
-
-        with _as_usage_error(dump, "its training step cannot be split"):
-            add_training_section(report, module, sidecar, dump)
-    return report, None if dataflow is None else dataflow.graph
-
-
-#: Dumps from this size up have their memory measured in a second process, beside the rest
-#: of the analysis, when the machine has a second core: the liveness walk is a third of the
-#: analysis, the fork ~5 ms (benchmarks/analyze_speed.py). ~10k ops of StableHLO text.
-PARALLEL_MIN_BYTES = 1_000_000
-
-
-def run_in_parallel(dump: str) -> bool:
-    """Whether to measure ``dump``'s memory in a second process (``PARALLEL_MIN_BYTES``)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    try:
-        return cores >= 2 and os.path.getsize(dump) >= PARALLEL_MIN_BYTES
-    except OSError:  # the loader says what is wrong with the file
-        return False
-
-
-def _start_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -> ChildTask:
-    """The memory of ``module`` measured in a forked child (it shares the parsed module)."""
-    return start_in_child(_measure_memory, module, inputs, capacity, dump, origin=dump,
-                          what="measuring its memory")
-
-
-def _measure_memory(module: Any, inputs: Any, capacity: float | None, dump: str) -> Any:
-    from hlo_analyzer.memory import measure_memory
-
-    with _as_usage_error(dump, "memory cannot be measured"):
-        try:
-            return measure_memory(module, inputs, capacity_bytes=capacity)
-        except UnsupportedIRError as exc:
-            raise UnsupportedIRError(f"{dump}: {exc}") from None
 
 
 #: The measures of an op row that must be finite and non-negative.
@@ -461,20 +331,6 @@ def _is_in_range(value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return True
     return not (value < 0 or (isinstance(value, float) and not math.isfinite(value)))
-
-
-@contextmanager
-def _as_usage_error(dump: str, what: str) -> Iterator[None]:
-    """Numbers the input makes impossible (a zero group, an overflow, a shape no tiling fits,
-    nesting beyond the interpreter's stack) are the input's fault: one line naming the dump.
-    Other exceptions stay internal errors (bugs)."""
-    try:
-        yield
-    except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
-        reason = "out of memory" if isinstance(exc, MemoryError) else (
-            "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
-        first_line = (reason.strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(f"{dump}: {what}: {first_line}") from None
 
 
 def _check_hw_options(hardware: str | None, *, by: str, link_bandwidth: float | None,

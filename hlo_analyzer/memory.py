@@ -33,6 +33,7 @@ hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from jaxlib.mlir import ir
 from hlo_analyzer.sidecar import Sidecar, as_sidecar
 from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
+from hlo_trace.errors import InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,33 @@ class MemoryUsage:
             "total_bytes": self.total_bytes, "capacity_bytes": self.capacity_bytes,
             "exceeds_capacity": self.exceeds_capacity,
         }
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> MemoryUsage:
+        """The usage :meth:`to_dict` wrote, read back where a report crosses a process
+        (``origin`` names it in errors; the totals and the verdict are computed again)."""
+        try:
+            return cls(**{f.name: document[f.name] for f in dataclasses.fields(cls)})
+        except (KeyError, TypeError) as error:
+            raise InputFileError(f"{origin}: not a memory section ({error!r})") from None
+
+
+@dataclass(frozen=True)
+class MemorySection:
+    """A report's memory section: the ``usage`` of one device, measured with the inputs of the
+    ``sidecar`` at that path (None: without one, every argument counted as a weight)."""
+
+    usage: MemoryUsage
+    sidecar: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.usage.to_dict() | {"sidecar": self.sidecar}
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> MemorySection:
+        """The section :meth:`to_dict` wrote (a report's ``memory``), read back."""
+        usage = MemoryUsage.from_dict(document, origin)
+        return cls(usage, document.get("sidecar"))
 
 
 def read_sidecar_inputs(sidecar: Sidecar | str | Path | None) -> list[InputSignature] | None:
@@ -393,8 +422,3 @@ def measure_memory(module: ir.Module, inputs: Sequence[InputSignature] | None = 
     return visitor.result(capacity_bytes)
 
 
-def add_memory_section(report: Any, usage: MemoryUsage, sidecar: Sidecar | None) -> None:
-    """Add the ``memory`` section (``usage``, measured with ``sidecar``'s inputs) to
-    ``report``."""
-    report.extra["memory"] = usage.to_dict() | {
-        "sidecar": str(sidecar.path) if sidecar else None}

@@ -18,9 +18,11 @@ from jaxlib.mlir import ir
 from hlo_analyzer.comm import CollectiveTime, CommVisitor, _module_num_partitions
 from hlo_analyzer.control import ConditionalInfo, Cost, LoopInfo, resolve
 from hlo_analyzer.flops import FlopsVisitor
+from hlo_analyzer.memory import MemorySection
 from hlo_analyzer.mlir import load_module
 from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import TypeTable, splits_tensor
+from hlo_analyzer.training import TrainingSplit
 from hlo_analyzer.visitor import IRVisitor
 from hlo_trace.errors import UnsupportedIRError, UsageError
 
@@ -106,7 +108,10 @@ class Report:
     unhandled: dict[str, int]
     op_counts: dict[str, int]
     sections: Sections = field(default_factory=NoSections)
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: One device's memory (``hlo_analyzer.measurement`` adds it) and a training step's split
+    #: by class, phase and traffic (when the sidecar describes one).
+    memory: MemorySection | None = None
+    training: TrainingSplit | None = None
     program: str = PER_DEVICE  # or GLOBAL: a pre-partition module
     loops: tuple[LoopInfo, ...] = ()
     conditionals: tuple[ConditionalInfo, ...] = ()
@@ -218,11 +223,16 @@ class Report:
         return document
 
     def _later_sections(self, with_kernels: bool = True) -> dict[str, Any]:
-        """The memory section (hlo_analyzer.memory) and the sections added from above."""
-        return self.extra | self.sections.json_sections(kernels=with_kernels)
+        """The memory and training sections and the sections added from above."""
+        later: dict[str, Any] = {}
+        if self.memory is not None:
+            later["memory"] = self.memory.to_dict()
+        if self.training is not None:
+            later["training"] = self.training.to_dict()
+        return later | self.sections.json_sections(kernels=with_kernels)
 
     def _summary_dict(self) -> dict[str, Any]:
-        """Every section but ``ops`` and ``extra``."""
+        """Every section but ``ops`` and the later ones."""
         sums = self._category_sums()
         return {
             "source": self.source,

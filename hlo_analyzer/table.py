@@ -11,7 +11,9 @@ from hardware.spec import tiled_model_constants
 from hlo_analyzer.mapping.render import HardwareSections, block_time_records, hardware_sections
 from hlo_analyzer.mapping.results import NO_CROSS_ATTENTION
 from hlo_analyzer.mapping.sections import BlocksSection, MappingSection, TransformerSection
+from hlo_analyzer.memory import FROM_SIDECAR, MemorySection
 from hlo_analyzer.report import Report
+from hlo_analyzer.training import TrainingSplit
 
 
 def si(value: float | None, unit: str) -> str:
@@ -123,10 +125,10 @@ def render_report_table(report: Report, by: str = "summary") -> str:
         )
     lines += _control_lines(report)
     lines += sections_lines(hardware_sections(report))
-    if "memory" in report.extra:
-        lines += _memory_lines(report.extra["memory"], training="training" in report.extra)
-    if "training" in report.extra:
-        lines += _training_lines(report.extra["training"])
+    if report.memory is not None:
+        lines += _memory_lines(report.memory, training=report.training is not None)
+    if report.training is not None:
+        lines += _training_lines(report.training)
     if report.unhandled:
         listed = ", ".join(f"{name} x{count}" for name, count in report.unhandled.items())
         lines.append(f"Unhandled ops (not measured): {listed}")
@@ -157,11 +159,11 @@ def headline_lines(report: Report) -> list[str]:
     lines = ["", f"  {seconds(step.inference_latency_s)} on {mapping.system.system.name} "
                  f"({mapping.options.execution}), {step.total_text}",
              f"  one step {seconds(step.step_latency_s)}: {where or 'no work'}", work]
-    memory = report.extra.get("memory")
-    if memory is not None and memory["capacity_bytes"] is not None:
-        verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
-        lines.append(f"  memory per device {memory_size(memory['total_bytes'])} of "
-                     f"{memory_size(memory['capacity_bytes'])}: {verdict}")
+    memory = None if report.memory is None else report.memory.usage
+    if memory is not None and memory.capacity_bytes is not None:
+        verdict = "EXCEEDS the chip's memory" if memory.exceeds_capacity else "fits"
+        lines.append(f"  memory per device {memory_size(memory.total_bytes)} of "
+                     f"{memory_size(memory.capacity_bytes)}: {verdict}")
     heaviest = mapping.heaviest(HEADLINE_KERNELS)
     if heaviest:
         rows = [[g.name[:40], g.kind, g.shapes[:48], str(g.kernels), seconds(g.seconds),
@@ -228,10 +230,11 @@ def model_lines(model: dict[str, Any]) -> list[str]:
     return [f"  model: {execution}", f"  collectives: {network}"]
 
 
-def _memory_lines(memory: dict[str, Any], *, training: bool = False) -> list[str]:
+def _memory_lines(section: MemorySection, *, training: bool = False) -> list[str]:
     """The memory section; in a training step the resident arguments are the parameters and the
     optimizer states (master weights, moments), split in the training section that follows."""
-    told_apart = memory["weights_source"] == "sidecar"
+    memory = section.usage
+    told_apart = memory.weights_source == FROM_SIDECAR
     source = ("stage inputs told apart by the sidecar" if told_apart
               else "no sidecar: every argument counted as a weight")
     resident = "weights (resident)    "
@@ -241,24 +244,24 @@ def _memory_lines(memory: dict[str, Any], *, training: bool = False) -> list[str
         resident = "arguments (resident)  "
         source = "no inputs in the sidecar: P, OS and stage inputs, split below"
     lines = ["", "Memory per device:",
-             f"  {resident}{memory_size(memory['weight_bytes']):>12}  "
-             f"in {memory['weight_arguments']} arguments ({source})",
-             f"  stage inputs          {memory_size(memory['input_bytes']):>12}  "
-             f"in {memory['input_arguments']} arguments (part of the live activations)",
-             f"  peak live activations {memory_size(memory['peak_live_bytes']):>12}  "
-             f"at op {memory['peak_position']} ({memory['peak_op'].split('.', 1)[-1]})"]
-    if memory["stale_kv_bytes"]:
-        lines.append(f"  stale K/V buffers     {memory_size(memory['stale_kv_bytes']):>12}")
-    lines.append(f"  total                 {memory_size(memory['total_bytes']):>12}")
-    if memory["capacity_bytes"] is not None:
-        verdict = "EXCEEDS the chip's memory" if memory["exceeds_capacity"] else "fits"
-        lines.append(f"  capacity              {memory_size(memory['capacity_bytes']):>12}  {verdict}")
+             f"  {resident}{memory_size(memory.weight_bytes):>12}  "
+             f"in {memory.weight_arguments} arguments ({source})",
+             f"  stage inputs          {memory_size(memory.input_bytes):>12}  "
+             f"in {memory.input_arguments} arguments (part of the live activations)",
+             f"  peak live activations {memory_size(memory.peak_live_bytes):>12}  "
+             f"at op {memory.peak_position} ({memory.peak_op.split('.', 1)[-1]})"]
+    if memory.stale_kv_bytes:
+        lines.append(f"  stale K/V buffers     {memory_size(memory.stale_kv_bytes):>12}")
+    lines.append(f"  total                 {memory_size(memory.total_bytes):>12}")
+    if memory.capacity_bytes is not None:
+        verdict = "EXCEEDS the chip's memory" if memory.exceeds_capacity else "fits"
+        lines.append(f"  capacity              {memory_size(memory.capacity_bytes):>12}  {verdict}")
     return lines
 
 
-def _training_lines(training: dict[str, Any]) -> list[str]:
+def _training_lines(training: TrainingSplit) -> list[str]:
     """The training step's memory by class and its traffic by phase and kind."""
-    memory = training["memory_bytes"]
+    memory = training.memory
     lines = ["", "Training step, memory per device (hlo_analyzer.training):"]
     for key, label in (("param", "parameters (P)"), ("grad", "gradients (G)"),
                        ("optimizer_state", "optimizer states (OS)"),
@@ -266,9 +269,8 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
                        ("input", "stage inputs")):
         lines.append(f"  {label:<40} {memory_size(memory[key]):>12}")
     lines.append("Training step, collectives per device by phase, traffic and kind:")
-    for row in training["comm"]:
-        lines.append(f"  {row['phase']:<9} {row['traffic']:<10} {row['kind']:<18} "
-                     f"x{row['count']:<5} {si(row['bytes_per_device'], 'B'):>12}")
+    for (phase, traffic, kind), (count, volume) in sorted(training.comm.items()):
+        lines.append(f"  {phase:<9} {traffic:<10} {kind:<18} x{count:<5} {si(volume, 'B'):>12}")
     return lines
 
 

@@ -122,6 +122,18 @@ class TrainingSplit:
                           "bytes_per_device": volume}
                          for (p, t, k), (count, volume) in sorted(self.comm.items())]}
 
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> TrainingSplit:
+        """The split :meth:`to_dict` wrote (a report's ``training``), read back where a report
+        crosses a process (``origin`` names it in errors). The collectives' positions are not
+        written: ``collective_classes`` comes back empty."""
+        try:
+            return cls(memory=dict(document["memory_bytes"]),
+                       comm={(row["phase"], row["traffic"], row["kind"]):
+                             (row["count"], row["bytes_per_device"]) for row in document["comm"]})
+        except (KeyError, TypeError, ValueError) as error:
+            raise InputFileError(f"{origin}: not a training section ({error!r})") from None
+
 
 def read_training_layout(sidecar: Sidecar | str | Path) -> TrainingLayout | None:
     """The ``training`` section of a sidecar (or of the sidecar at that path), or None when it
@@ -307,8 +319,3 @@ def measure_training(module: ir.Module, layout: TrainingLayout, origin: str = "d
                          collective_classes=classes)
 
 
-def add_training_section(report: Any, module: ir.Module, sidecar: Sidecar, origin: str) -> None:
-    """Add the ``training`` section to ``report`` when the sidecar describes a training step."""
-    layout = read_training_layout(sidecar)
-    if layout is not None:
-        report.extra["training"] = measure_training(module, layout, origin).to_dict()

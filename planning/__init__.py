@@ -1,6 +1,7 @@
 """planning: the plan search, its estimates, sizing, the calibration traces it orders, the study
-runner and their commands (``plan-search``). Above ``tracing/`` (which it drives through
-``python -m tracing.calibrate`` and ``tracing.cli``) and ``hlo_analyzer/`` (``analyze_dump``)."""
+runner and their commands (``plan-search``). Above ``hlo_analyzer/`` (``analyze_dump``) and the
+plan vocabulary (``plans``); the tracer it starts in processes of its own, through one protocol
+(``planning.trace_process``), and never imports."""
 
 try:
     import hlo_trace  # noqa: F401 - first: Ctrl-C while the command imports is one line (quiet_interrupts)

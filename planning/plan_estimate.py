@@ -56,8 +56,9 @@ from hlo_trace.isolate import child_environment
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
 from models.opensora.library_calls import self_attention_is_flash
+from planning.trace_process import CalibrationTrace
 from plans.calibration import FAILURE_FILE, dump_names, request_config
-from tracing.pipefusion import patch_plan
+from plans.patches import patch_plan
 
 log = logging.getLogger(__name__)
 
@@ -537,7 +538,6 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     requests run. UsageError with the tracer's last line when one fails as a whole."""
     import os
     import subprocess
-    import sys
     import tempfile
 
 
@@ -558,7 +558,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
             atomic_write(listing, json.dumps(missing[job::jobs]), force=True)
             listings.append(listing)
             logs.append(tempfile.TemporaryFile("w+"))  # a pipe would fill with the traces' progress
-            processes.append(subprocess.Popen([sys.executable, "-m", "tracing.calibrate", str(listing)],
+            processes.append(subprocess.Popen(CalibrationTrace(listing).command(),
                                               stdout=subprocess.DEVNULL, stderr=logs[-1], text=True,
                                               env=environment))
         codes = [process.wait() for process in processes]

@@ -13,7 +13,7 @@ holding every pair (M = 1). The space (:func:`enumerate_plans`):
   pairs) with up to ``splits`` splits of the pairs (the even one first, then the first stage one
   pair lighter, ...) and each patch count M (those the latent's height can be cut in).
 
-A plan the tracer would refuse (its strategy's own checks, ``tracing.strategies``, on the stage
+A plan the tracer would refuse (its strategy's own checks, ``plans.feasibility``, on the stage
 layout) is *infeasible*: listed with its reason, never estimated or traced.
 
 The estimate (:func:`estimate_plan`, no tracing): per block pair, the ideal per-device op list
@@ -61,9 +61,8 @@ from models.opensora.theory import BlockDims, final_layer_collectives, layout_co
 from planning.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
 from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 from plans.config import PipelineConfigError, Submesh, build_config
-from tracing.pipefusion import patch_plan
-from tracing.strategies import get_strategy
-from tracing.strategies.base import stage_layout
+from plans.feasibility import check_stage
+from plans.patches import patch_plan
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +295,7 @@ def _check_feasible(case: PipelineCase) -> None:
 
         patch_plan(config.model, config.shape, case.patches)
     for stage in range(config.num_stages):
-        get_strategy(config.strategy, stage_layout(config, stage))
+        check_stage(config, stage)
 
 
 def enumerate_plans(config: str, shape: str, devices: int, *,

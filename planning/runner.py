@@ -1,8 +1,8 @@
 """Run the cases of a study or a plan search: trace every stage, analyze it, cache both.
 
 Every stage is one case step, run as two subprocesses that are the project's own commands:
-``python3 -m tracing.cli`` (one fresh process per stage: torch-xla fixes its device count per
-process) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json`` (a flat case's stages)
+``trace-stage`` (one fresh process per stage: torch-xla fixes its device count per process;
+``planning.trace_process``) and ``python3 -m hlo_analyzer.cli --hw SYSTEM --format json`` (a flat case's stages)
 or ``python3 -m hlo_analyzer.pipeline_cli`` (a pipeline case, ``plans.cases``).  Their outputs,
 kept in a work directory (:class:`Paths`), are the cache: a rerun skips every stage whose
 analysis exists, so an interrupted run resumes where it stopped.  The files are named by what
@@ -34,6 +34,7 @@ from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import ChildLimitExceeded, call_in_child, child_environment
 from hlo_trace.numbers import brief
+from planning.trace_process import CaseStageTrace, PipelineStageTrace
 from plans.cases import PipelineCase
 from plans.config import build_config, load_config_file
 
@@ -298,10 +299,9 @@ def _run_stage(case: Case, stage: int, paths: Paths, settings: Settings,
         return
     if not (dump.exists() and paths.sidecar(case, stage).exists()):
         progress.show(f"{label}: tracing")
-        _run([sys.executable, "-m", "tracing.cli", "--config", case.config,
-              "--shape", case.shape, "--strategy", case.strategy, "--mesh", case.mesh,
-              "--stage-ids", case.stage_ids, "--stage", str(stage),
-              "--dialect", settings.dialect, "-o", str(paths.dumps), "--force"],
+        _run(CaseStageTrace(config=case.config, shape=case.shape, strategy=case.strategy,
+                            mesh=case.mesh, stage_ids=case.stage_ids, stage=stage,
+                            dialect=settings.dialect, out=str(paths.dumps)).command(),
              f"trace stage {stage}")
     progress.show(f"{label}: analyzing")
     _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", settings.hardware,
@@ -336,9 +336,8 @@ def run_pipeline_case(case: PipelineCase, paths: Paths, settings: Settings,
             continue
         progress.show(f"{label} stage {stage}: tracing")
         try:
-            _run([sys.executable, "-m", "tracing.cli", "--pipeline", here(plan),
-                  "--stage", str(stage), "--dialect", settings.dialect, "-o", here(dump_dir),
-                  "--force"], f"trace stage {stage}", cwd=paths.work)
+            _run(PipelineStageTrace(pipeline=here(plan), stage=stage, dialect=settings.dialect,
+                                    out=here(dump_dir)).command(), f"trace stage {stage}", cwd=paths.work)
         except CaseFailed:
             progress.show(f"{label}: failed", advance=case.pipeline.stages - stage)
             raise

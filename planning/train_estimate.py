@@ -61,9 +61,8 @@ from planning.plan_estimate import (
     run_calibration_traces,
 )
 from plans.calibration import request_config
-from tracing.strategies import get_strategy
-from tracing.strategies.base import stage_layout
-from tracing.training import TrainOptions
+from plans.feasibility import check_stage
+from plans.train_options import TrainOptions
 
 __all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
            "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
@@ -104,7 +103,7 @@ class PairKey:
 
     @property
     def train_label(self) -> str:
-        """``tracing.training.TrainOptions.label`` of the key (the dump name's suffix)."""
+        """``plans.train_options.TrainOptions.label`` of the key (the dump name's suffix)."""
 
         return TrainOptions(zero=self.zero, recompute="full" if self.recompute else "none").label()
 
@@ -130,7 +129,7 @@ def check_traceable(key: PairKey, shape: str) -> None:
 
     request = key.request(shape, Path("."))
     config = request_config(request)
-    get_strategy(config.strategy, stage_layout(config, request["stages"][0]))
+    check_stage(config, request["stages"][0])
 
 
 @dataclass(frozen=True)
@@ -177,15 +176,15 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, measure_training, read_training_layout
+    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, read_training_layout
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
     if layout is None:
         raise UsageError(f"{dump}: not a training step (its sidecar has no training section)")
     analysis = analyze_dump(dump, Hardware(system.name, system), AnalysisOptions(steps=1), sidecar=sidecar)
-    module, report, mapping, options = analysis.module, analysis.report, analysis.mapping, analysis.options
-    split = measure_training(module, layout, dump, report.num_devices)
+    report, mapping, options, split = analysis.report, analysis.mapping, analysis.options, analysis.training
+    assert split is not None and options is not None  # the sidecar's training section, a chip
     location = {row.position: row.location for row in report.rows}
     groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
     for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware.collectives import COLLECTIVE_KINDS as ALL_COLLECTIVE_KINDS
+from hlo_analyzer.memory import MemorySection
 from hlo_trace.atomic import atomic_write, write_png
 from models.opensora.parallel import STRATEGIES
 
@@ -100,11 +101,13 @@ class CaseResult(_Outcome):
     @property
     def memory(self) -> dict[str, float]:
         """Bytes per device over the whole model (module doc): weights, peak live, total."""
-        sections = [stage["analysis"]["memory"] for stage in self.stages]
-        weights = sum(section["weight_bytes"] for section in sections)
-        live = max(section["total_bytes"] - section["weight_bytes"] for section in sections)
+        usages = [MemorySection.from_dict(stage["analysis"]["memory"],
+                                          f"{self.shape} {self.strategy} stage {index}").usage
+                  for index, stage in enumerate(self.stages)]
+        weights = sum(usage.weight_bytes for usage in usages)
+        live = max(usage.total_bytes - usage.weight_bytes for usage in usages)
         return {"weight_bytes": weights, "live_bytes": live, "total_bytes": weights + live,
-                "capacity_bytes": sections[0]["capacity_bytes"]}
+                "capacity_bytes": usages[0].capacity_bytes}
 
     @property
     def trace_seconds(self) -> float:

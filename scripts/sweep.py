@@ -37,6 +37,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
+from hlo_analyzer.sidecar import read_sidecar  # noqa: E402
 from hlo_trace.cli import OneLineCommand  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
@@ -96,7 +97,8 @@ def load_case(case: Case, paths: Paths, settings: Settings) -> CaseResult:
                           error=failure.read_text().strip())
     stages = []
     for stage in range(settings.num_stages):
-        stages.append({"sidecar": json.loads(paths.sidecar(case, stage).read_text()),
+        # the one reader of a sidecar; its trace statistics are read from the document
+        stages.append({"sidecar": read_sidecar(paths.sidecar(case, stage)).document,
                        "analysis": json.loads(paths.analysis(case, stage).read_text())})
     one_pair = None
     if settings.one_pair_ids is not None:
@@ -142,7 +144,7 @@ def plan_pipelines(model_config: str, shapes: list[str], devices: int, pipelines
     if not counts or min(counts) < 1:
         raise UsageError(f"--patches {patch_counts!r}: expected positive integers, e.g. 2,4,8")
     from plans.config import PipelineConfigError
-    from tracing.pipefusion import patch_plan
+    from plans.patches import patch_plan
 
     model = get_config(model_config)
     cases, skipped = [], []

@@ -58,6 +58,33 @@ def test_analyze_dump_gives_what_the_command_prints(tmp_path):
     assert analysis.blocks is not None and analysis.blocks.pairs == 1
 
 
+@pytest.mark.parametrize("hardware", [None, "tx8"])
+def test_the_command_prints_the_analysis_of_analyze_dump(tmp_path, hardware):
+    """``analyze-hlo`` analyses through ``analyze_dump``, with or without ``--hw``: the JSON it
+    writes is the Analysis' report, byte for byte, and the memory section is typed."""
+    from hlo_analyzer.memory import MemorySection
+
+    out = tmp_path / "report.json"
+    with pytest.raises(SystemExit) as ended:
+        analyze_main([str(STAGE0), *(["--hw", hardware] if hardware else []), "--format", "json",
+                      "-o", str(out)])
+    assert ended.value.code == 0
+    analysis = analyze_dump(str(STAGE0), hardware)
+    assert "".join(analysis.report.json_pieces()) == out.read_text()
+    assert isinstance(analysis.memory, MemorySection)
+    assert analysis.memory.sidecar == str(STAGE0.with_suffix(".json"))
+    assert analysis.training is None  # an inference stage
+    # the chip's capacity is the verdict's (tx8: 16 GiB per chip), none without a chip
+    capacity = analysis.memory.usage.capacity_bytes
+    assert capacity == (None if hardware is None else load_hardware("tx8").dram_capacity_bytes)
+    # read back from the JSON in another process: the same section, field for field
+    written = json.loads(out.read_text())["memory"]
+    assert MemorySection.from_dict(written, str(out)) == analysis.memory
+    del written["peak_live_bytes"]
+    with pytest.raises(InputFileError, match=f"^{out}: not a memory section .*peak_live_bytes"):
+        MemorySection.from_dict(written, str(out))
+
+
 def test_the_hardware_is_the_one_loaded_not_reloaded_by_name(tmp_path):
     """A description loaded from a file whose name is no bundled name: the mapping uses the
     loaded one (loading it again by its name would fail)."""

@@ -26,13 +26,15 @@ ALLOWED = {
     "hlo_analyzer": {"hlo_trace", "hardware", "models"},
     # planning.plan_search estimates plans with the hardware model (hardware sits below
     # hlo_analyzer, so this adds no circle).
-    # the plan vocabulary (configs, cases, module plans, calibration requests): torch-free,
-    # below the tracer and the search
+    # the plan vocabulary (configs, cases, module plans, calibration requests, the strategies'
+    # feasibility rules, PipeFusion's patches, training options): torch-free, below the tracer
+    # and the search
     "plans": {"hlo_trace", "models"},
     "tracing": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware"},
-    # the plan search, its estimates and the study runner: on top of the tracer it drives and
-    # the analysis it reads (hlo_analyzer.analyze_dump).
-    "planning": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware", "tracing"},
+    # the plan search, its estimates and the study runner: on top of the analysis it reads
+    # (hlo_analyzer.analyze_dump); the tracer it starts in processes of its own through one
+    # protocol (TRACER_PROTOCOL below), never imported.
+    "planning": {"hlo_trace", "models", "plans", "hlo_analyzer", "hardware"},
     # hlo-report's pages are made from the commands' JSON and CSV files, never from their code:
     # rendering apart from computing.
     "hlo_report": {"hlo_trace"},
@@ -50,15 +52,26 @@ def _imported_packages(path: Path) -> set[str]:
     return names
 
 
+def floor_violations(root: Path, allowed: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    """File -> the project packages it imports that ``allowed`` does not let ``package`` import."""
+    offending = {}
+    for path in sorted((root / package).rglob("*.py")):
+        wrong = (_imported_packages(path) & set(allowed)) - allowed[package] - {package}
+        if wrong:
+            offending[str(path.relative_to(root))] = sorted(wrong)
+    return offending
+
+
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_package_imports_only_the_layers_below_it(package):
-    project = set(ALLOWED)
-    offending = {}
-    for path in sorted((REPO_ROOT / package).rglob("*.py")):
-        wrong = (_imported_packages(path) & project) - ALLOWED[package] - {package}
-        if wrong:
-            offending[str(path.relative_to(REPO_ROOT))] = sorted(wrong)
-    assert offending == {}
+    assert floor_violations(REPO_ROOT, ALLOWED, package) == {}
+
+
+def test_the_floor_check_names_an_upward_import(tmp_path):
+    """planning importing the tracer, even inside a function: the floor check names the file."""
+    (tmp_path / "planning").mkdir()
+    (tmp_path / "planning" / "a.py").write_text("def f():\n    from tracing.cli import main\n")
+    assert floor_violations(tmp_path, ALLOWED, "planning") == {"planning/a.py": ["tracing"]}
 
 
 # -- the file-level import graph -------------------------------------------------------------------
@@ -185,11 +198,22 @@ def test_design_md_lists_every_file_below_the_files_that_import_it():
     levels = _documented_levels()
     assert sorted(set(graph) - set(levels)) == [], "files missing from docs/design.md's file order"
     assert sorted(set(levels) - set(graph)) == [], "docs/design.md's file order names no such file"
-    upward = sorted(f"{module} (level {levels[module]}) imports {imported} (level {levels[imported]})"
-                    for module, imports in graph.items() for imported in imports
-                    if imported.split(".")[0] == module.split(".")[0]
-                    and levels[imported] >= levels[module])
-    assert upward == []
+    assert upward_imports(graph, levels) == []
+
+
+def upward_imports(graph: dict[str, set[str]], levels: dict[str, int]) -> list[str]:
+    """Each import of a file of the same package on the same or a higher documented level."""
+    return sorted(f"{module} (level {levels[module]}) imports {imported} (level {levels[imported]})"
+                  for module, imports in graph.items() for imported in imports
+                  if imported.split(".")[0] == module.split(".")[0]
+                  and levels[imported] >= levels[module])
+
+
+def test_the_file_order_check_names_an_import_of_a_file_on_its_level_or_above():
+    graph = {"pkg.low": set(), "pkg.high": {"pkg.low"}, "pkg.peer": {"pkg.high"}}
+    assert upward_imports(graph, {"pkg.low": 0, "pkg.high": 1, "pkg.peer": 2}) == []
+    assert upward_imports(graph, {"pkg.low": 0, "pkg.high": 1, "pkg.peer": 1}) == [
+        "pkg.peer (level 1) imports pkg.high (level 1)"]
 
 
 #: The analyzer's front ends: the commands and their text, and the package's API (its
@@ -249,7 +273,8 @@ def test_the_torch_free_model_modules_import_without_torch_or_the_analyzer():
 
 def test_the_plan_vocabulary_imports_without_torch_or_the_analyzer():
     completed = _import_with_blocked(
-        ["plans", "plans.config", "plans.cases", "plans.module_plan", "plans.calibration"],
+        ["plans", "plans.config", "plans.cases", "plans.module_plan", "plans.calibration",
+         "plans.feasibility", "plans.patches", "plans.train_options"],
         ["torch", "torch_xla", "jax", "jaxlib", "hlo_analyzer", "tracing"])
     assert completed.returncode == 0, completed.stderr
 
@@ -261,14 +286,16 @@ def test_the_blocking_is_real():
 
 
 # -- the imports themselves ------------------------------------------------------------------------
-# Three rules on top of the floors: (1) no file imports a private name (``_x``) of another
+# Four rules on top of the floors: (1) no file imports a private name (``_x``) of another
 # package; (2) an import inside a function reaches into another package only across the
 # documented native boundary: the imported module loads torch, torch-xla, jax or jaxlib when
 # imported (a command imports in milliseconds and loads those inside the command, where an
 # interrupt is one line: docs/design.md); any other import sits at the top of the file, where the
 # reader sees it; (3) no module starts a process (``python -m MODULE``) whose module imports the
 # starter back, directly or through others: a circle through a process is still a circle. (A
-# command that runs itself again in a fresh process starts no circle.)
+# command that runs itself again in a fresh process starts no circle.) (4) planning reaches the
+# tracer through one protocol only: no file of planning imports tracing, and only the protocol's
+# file starts one of its modules as a process.
 
 #: The native libraries behind the one boundary where imports may wait inside functions.
 NATIVE_LIBRARIES = frozenset({"torch", "torch_xla", "jax", "jaxlib"})
@@ -400,6 +427,27 @@ def processes_importing_their_caller(root: Path, packages) -> list[str]:
     return found
 
 
+#: (caller, tracer, the caller's one module that starts the tracer) of rule 4.
+TRACER_PROTOCOL = ("planning", "tracing", "planning.trace_process")
+
+
+def tracer_reached_outside_the_protocol(root: Path, packages, caller: str, tracer: str,
+                                        protocol: str) -> list[str]:
+    """``file imports tracer.x`` for each import of the tracer by a file of ``caller``, and
+    ``file starts tracer.x`` for each process of it started elsewhere than ``protocol`` (rule 4)."""
+    found = []
+    for module, path in _modules_under(root, packages).items():
+        if module.split(".")[0] != caller:
+            continue
+        for node, _ in _import_nodes(path):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found += [f"{module} imports {name}" for name in names if name.split(".")[0] == tracer]
+        if module != protocol:
+            found += [f"{module} starts {child}" for child in sorted(_started_modules(path))
+                      if child.split(".")[0] == tracer]
+    return sorted(found)
+
+
 def test_no_private_name_is_imported_across_packages():
     assert private_imports(REPO_ROOT, ALLOWED) == []
 
@@ -412,6 +460,13 @@ def test_no_process_imports_the_module_that_starts_it():
     assert processes_importing_their_caller(REPO_ROOT, ALLOWED) == []
 
 
+def test_planning_reaches_the_tracer_only_through_its_protocol():
+    assert tracer_reached_outside_the_protocol(REPO_ROOT, ALLOWED, *TRACER_PROTOCOL) == []
+    caller, tracer, protocol = TRACER_PROTOCOL
+    started = (REPO_ROOT / protocol.replace(".", "/")).with_suffix(".py")
+    assert {m.split(".")[0] for m in _started_modules(started)} == {tracer}  # the check sees them
+
+
 def _fake_tree(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name
@@ -420,15 +475,20 @@ def _fake_tree(root: Path, files: dict[str, str]) -> None:
 
 
 def test_each_rule_fails_on_an_injected_violation(tmp_path):
-    """A fake two-package tree, clean, then with one violation of each rule: each check names it."""
+    """A fake tree of three packages, clean, then with one violation of each rule: each check
+    names it. ``high`` reaches the tracer ``engine`` through ``high.protocol`` only."""
     clean = {"low/__init__.py": "", "low/native.py": "import torch\n", "low/plain.py": "X = 1\n",
              "high/__init__.py": "",
-             "high/a.py": "from low.plain import X\n\ndef f():\n    from low.native import torch\n"}
+             "high/a.py": "from low.plain import X\n\ndef f():\n    from low.native import torch\n",
+             "high/protocol.py": "import sys\n\ndef start():\n    return [sys.executable, '-m', 'engine.run']\n",
+             "engine/__init__.py": "", "engine/run.py": "from low.plain import X\n"}
     _fake_tree(tmp_path, clean)
-    packages = ("low", "high")
+    packages = ("low", "high", "engine")
+    protocol = ("high", "engine", "high.protocol")
     assert private_imports(tmp_path, packages) == []
     assert lazy_imports_across_packages(tmp_path, packages) == []
     assert processes_importing_their_caller(tmp_path, packages) == []
+    assert tracer_reached_outside_the_protocol(tmp_path, packages, *protocol) == []
     _fake_tree(tmp_path, {
         "high/b.py": "from low.plain import _secret\n",
         "high/c.py": "def g():\n    from low.plain import X\n",
@@ -439,3 +499,8 @@ def test_each_rule_fails_on_an_injected_violation(tmp_path):
     assert lazy_imports_across_packages(tmp_path, packages) == ["high.c imports low.plain inside a function"]
     assert processes_importing_their_caller(tmp_path, packages) == [
         "low.starter starts high.child, which imports low.starter"]
+    assert tracer_reached_outside_the_protocol(tmp_path, packages, *protocol) == []
+    _fake_tree(tmp_path, {"high/d.py": "def h():\n    from engine.run import X\n",
+                          "high/e.py": "import sys\nCOMMAND = (sys.executable, '-m', 'engine.run')\n"})
+    assert tracer_reached_outside_the_protocol(tmp_path, packages, *protocol) == [
+        "high.d imports engine.run", "high.e starts engine.run"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import hlo_analyzer.cli as cli
+import hlo_analyzer.measurement as measurement
 from hlo_trace.cli import run_click
 from hlo_trace.errors import InputFileError
 from hlo_trace.examples import example_dump
@@ -114,9 +115,9 @@ def test_a_child_keeps_what_it_is_told_until_it_ends_and_frees_nothing_one_by_on
 def test_memory_in_a_second_process_gives_the_report_of_the_one_walk(dump, tmp_path, monkeypatch):
     one_walk, beside = tmp_path / "one.json", tmp_path / "beside.json"
     assert run_click(cli.analyze_command, [str(dump), "--format", "json", "-o", str(one_walk)]) == 0
-    monkeypatch.setattr(cli, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(measurement, "PARALLEL_MIN_BYTES", 0)
     if _cores() >= 2:
-        assert cli.run_in_parallel(str(dump))
+        assert measurement.run_in_parallel(str(dump))
     assert run_click(cli.analyze_command, [str(dump), "--format", "json", "-o", str(beside)]) == 0
     assert beside.read_text() == one_walk.read_text()
     assert '"peak_live_bytes": ' in beside.read_text()
@@ -124,11 +125,11 @@ def test_memory_in_a_second_process_gives_the_report_of_the_one_walk(dump, tmp_p
 
 def test_small_dumps_and_one_core_keep_the_one_walk(monkeypatch):
     dump = str(example_dump())
-    assert os.path.getsize(dump) < cli.PARALLEL_MIN_BYTES
-    assert not cli.run_in_parallel(dump)
-    monkeypatch.setattr(cli, "PARALLEL_MIN_BYTES", 0)
+    assert os.path.getsize(dump) < measurement.PARALLEL_MIN_BYTES
+    assert not measurement.run_in_parallel(dump)
+    monkeypatch.setattr(measurement, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert not cli.run_in_parallel(dump)
+    assert not measurement.run_in_parallel(dump)
 
 
 def test_existing_output_is_refused_before_any_work(tmp_path, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hlo_analyzer.memory import MemoryUsage
 from hlo_trace.errors import UsageError
 from plans.cases import (
     PipelineCase,
@@ -74,8 +75,11 @@ def test_pipeline_specs_are_checked():
 
 
 def _memory(weights: int, live: int, stale: int = 0) -> dict:
-    return {"weight_bytes": weights, "peak_live_bytes": live, "stale_kv_bytes": stale,
-            "scalar_bytes": 0, "total_bytes": weights + live + stale, "capacity_bytes": 10e9}
+    """A memory section as analyze-hlo writes it (MemoryUsage.to_dict: total = the sum)."""
+    return MemoryUsage(weight_bytes=weights, weight_arguments=1, input_bytes=0, input_arguments=0,
+                       scalar_bytes=0, weights_source="sidecar", peak_live_bytes=live,
+                       peak_position=0, peak_op="stablehlo.add", stale_kv_bytes=stale,
+                       capacity_bytes=10e9).to_dict()
 
 
 def test_flat_memory_keeps_every_stage_weights_and_one_stage_live_values():

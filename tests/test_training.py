@@ -501,7 +501,7 @@ def test_train_check_passes_for_every_strategy(strategy, mesh, options):
 NEGATIVE_CONTROL = """
 from tracing.check import run_check
 from plans.config import build_config
-from tracing.training import TrainOptions
+from plans.train_options import TrainOptions
 config = build_config(config="tiny", strategy="megatron", mesh="2x2", dtype="float32")
 report = run_check(config, 0, reorder_weights=False, train=TrainOptions())
 print(report.errors["grads"], report.passed)

@@ -76,3 +76,25 @@ def test_the_memory_section_of_a_training_step_does_not_call_its_arguments_weigh
     [resident] = [line for line in memory.splitlines() if "(resident)" in line]
     assert resident.split()[:4] == ["arguments", "(resident)", "194.00", "KiB"], resident
     assert "P, OS and stage inputs, split below" in resident
+
+
+def test_the_analysis_holds_the_training_step_typed(jax_step):
+    """``analyze_dump`` (what analyze-hlo prints from) gives the split as a TrainingSplit and the
+    memory as a MemorySection: the hand counts of the module docstring, read as fields."""
+    from hlo_analyzer import analyze_dump
+    from hlo_analyzer.memory import MemorySection
+    from hlo_analyzer.training import TrainingSplit
+
+    analysis = analyze_dump(str(jax_step), None)
+    assert isinstance(analysis.training, TrainingSplit) and isinstance(analysis.memory, MemorySection)
+    assert analysis.training.memory["optimizer_state"] == 131072
+    assert analysis.training.memory["activation"] == 6144
+    assert analysis.training.comm_bytes(phase="backward", traffic="param_grad") == 114688.0
+    # no stage inputs in its sidecar: every argument resident, P + OS + x, y = 198656 B
+    assert analysis.memory.usage.weight_bytes == 65536 + 131072 + 2048
+    assert analysis.memory.sidecar == str(jax_step.with_suffix(".json"))
+    # read back from analyze-hlo's JSON (another process): the same split but the positions
+    printed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(jax_step), "--format",
+                              "json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    read = TrainingSplit.from_dict(json.loads(printed.stdout)["training"], "stdout")
+    assert (read.memory, read.comm) == (analysis.training.memory, analysis.training.comm)

@@ -24,6 +24,7 @@ from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import die_with_parent
 from plans.calibration import FAILURE_FILE, dump_names, request_config
+from plans.train_options import TrainOptions
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import require_trace_extra, trace_to_dump
 
@@ -57,8 +58,6 @@ def _trace_request(request: dict) -> int:
     config = request_config(request)
     train = None
     if "train" in request:
-        from tracing.training import TrainOptions
-
         train = TrainOptions(zero=request["train"]["zero"], recompute=request["train"]["recompute"])
     out = Path(request["out"])
     out.mkdir(parents=True, exist_ok=True)

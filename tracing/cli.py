@@ -36,10 +36,11 @@ from plans.config import (
     check_trace_size,
     load_config_file,
 )
+from plans.patches import patch_plan
+from plans.train_options import TrainOptions
 
 if TYPE_CHECKING:
     from tracing.capture import CaptureSession
-    from tracing.training import TrainOptions
 
 log = logging.getLogger("tracing")
 
@@ -128,7 +129,7 @@ def capture_stage(config: PipelineConfig, stage: int, out_dir: Path, force: bool
     if config.patches > 1:
         import dataclasses
 
-        from tracing.pipefusion import patch_plan, stale_buffer_shapes
+        from tracing.pipefusion import stale_buffer_shapes
 
         plan = patch_plan(config.model, config.shape, config.patches)
         traced_config = dataclasses.replace(config, shape=plan.patch_shape, patches=1)
@@ -434,8 +435,6 @@ def main(stage: int, strategy: str, shape: str | None, mesh: str, stage_ids: str
         out = Path(out_dir)
         train = None
         if mode == "train":
-            from tracing.training import TrainOptions
-
             train = TrainOptions(zero=zero, recompute=recompute)
         elif zero or recompute != "none":
             raise UsageError("--zero and --recompute apply to --mode train only")

@@ -24,12 +24,7 @@ full latent's rows, shapes and FLOPs do not.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from models.opensora.inputs import geometry, parse_shape
-from plans.config import PipelineConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,43 +33,10 @@ if TYPE_CHECKING:
 
     from models.opensora.config import STDiT3Config
     from models.opensora.stdit3 import STDiT3
+    from plans.patches import PatchPlan
     from tracing.stages import StageSpec
 
 STALE_PREFIX = "stale_"
-
-
-@dataclass(frozen=True)
-class PatchPlan:
-    """One patch of M along the latent height."""
-
-    patches: int
-    full_shape: str
-    patch_shape: str  # the video shape whose latent is one patch high
-    rows: int  # patch-token rows in a patch
-    S_full: int
-    S_patch: int
-    T: int
-
-    def to_dict(self) -> dict:
-        return {"patches": self.patches, "full_shape": self.full_shape,
-                "patch_shape": self.patch_shape, "rows": self.rows, "S_full": self.S_full,
-                "S_patch": self.S_patch, "T": self.T}
-
-
-def patch_plan(model: STDiT3Config, shape: str, patches: int) -> PatchPlan:
-    """The patch of ``shape`` cut in ``patches`` along the latent height."""
-    full = geometry(model, shape)
-    if patches < 1 or patches > full.H_patches:
-        raise PipelineConfigError(
-            f"patches = {patches}: expected 1..{full.H_patches} (the latent of {shape} is "
-            f"{full.H_patches} patch rows high)")
-    rows = math.ceil(full.H_patches / patches)
-    video = parse_shape(shape)
-    _, ph, _ = model.patch_size
-    patch_shape = f"{video.frames}_{video.width}_{rows * ph * model.vae_downsample}"
-    patch = geometry(model, patch_shape)
-    return PatchPlan(patches=patches, full_shape=str(video), patch_shape=patch_shape, rows=rows,
-                     S_full=full.S, S_patch=patch.S, T=full.T)
 
 
 def stale_buffer_shapes(model: STDiT3Config, plan: PatchPlan, stage: StageSpec,

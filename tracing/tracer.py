@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plans.config import PipelineConfig
+from plans.feasibility import stage_layout
 from tracing import capture
 from tracing.stages import StageSpec, run_stage, stage_parameters, stage_spec
 from tracing.strategies import Strategy, get_strategy
-from tracing.strategies.base import stage_layout
 
 if TYPE_CHECKING:
     import torch

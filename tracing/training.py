@@ -56,15 +56,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hlo_trace.errors import UsageError
 from plans.config import PipelineConfig
+from plans.train_options import TrainOptions
 
 if TYPE_CHECKING:
     import torch
 
 MODES = ("infer", "train")
-ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE = ("none", "full")
 
 #: IR scopes of the forward (with the loss) and of the optimizer; the backward has none.
 FORWARD_SCOPE = "hlo_trace_forward"
@@ -81,30 +79,6 @@ STEP = 1  # the first step: bias corrections 1 - beta^1
 
 #: Buffer classes of the sidecar's ``training.arguments`` / ``training.outputs``.
 PARAM, GRAD, OPTIMIZER_STATE, INPUT, OUTPUT = "param", "grad", "optimizer_state", "input", "output"
-
-
-class TrainingError(UsageError):
-    """Training options that cannot be traced."""
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    zero: int = 0
-    recompute: str = "none"
-
-    def validate(self) -> None:
-        if self.zero not in ZERO_STAGES:
-            raise TrainingError(f"--zero {self.zero}: expected one of 0, 1, 2, 3")
-        if self.recompute not in RECOMPUTE:
-            raise TrainingError(f"--recompute {self.recompute}: expected none or full")
-
-    def label(self) -> str:
-        """Suffix of the dump name: ``train``, ``train_zero2``, ``train_zero3_recompute``."""
-        return ("train" + (f"_zero{self.zero}" if self.zero else "")
-                + ("_recompute" if self.recompute == "full" else ""))
-
-    def to_dict(self) -> dict:
-        return {"zero": self.zero, "recompute": self.recompute}
 
 
 def optimizer_bytes_per_parameter(dtype: str) -> dict[str, int]:

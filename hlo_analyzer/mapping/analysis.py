@@ -2,14 +2,17 @@
 
 ``analyze_dump(path, hardware, options)`` reads the dump's sidecar once (or takes the one the
 caller read), builds the mapping options from it (:func:`mapping_options`: the caption length
-of one sample, the library calls, the hardware's default execution), measures the program and
-maps every op (``hlo_analyzer.mapping.apply.add_hardware_sections``) on the hardware, loaded
-once by the command (``hardware.systems.Hardware``). The result is an :class:`Analysis`: the
-report with its typed sections, and what it was made from.
+of one sample, the library calls, the hardware's default execution), measures the program
+(``hlo_analyzer.measurement``: FLOPs, collectives, memory, a training step's split) and maps
+every op (``hlo_analyzer.mapping.apply.add_hardware_sections``) on the hardware, loaded once by
+the command (``hardware.systems.Hardware``; None: measured only). The result is an
+:class:`Analysis`: the report with its typed sections, and what it was made from.
+``analyze-hlo``, ``analyze-pipeline`` and the plan search's estimates all analyse through it.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,21 +20,34 @@ from jaxlib.mlir import ir
 
 from hardware.spec import ChipSpec
 from hardware.systems import Hardware, load_choice
+from hlo_analyzer.comm import RingLink
 from hlo_analyzer.mapping.apply import add_hardware_sections
 from hlo_analyzer.mapping.library_calls import sidecar_call_regions, sidecar_traced_pytorch
 from hlo_analyzer.mapping.render import hardware_sections
 from hlo_analyzer.mapping.results import MappingOptions, default_execution
 from hlo_analyzer.mapping.sections import BlocksSection, MappingSection
+from hlo_analyzer.measurement import MeasureOptions, as_usage_error, measure
+from hlo_analyzer.memory import MemorySection
 from hlo_analyzer.mlir import load_module
-from hlo_analyzer.report import Report, analyze
+from hlo_analyzer.report import Report
 from hlo_analyzer.sidecar import Sidecar, read_sidecar, sidecar_for
+from hlo_analyzer.training import TrainingSplit
+
+log = logging.getLogger(__name__)
+
+#: The hop latency of ``--link-bandwidth`` without ``--hop-latency`` (no ``--hw``): 1 us, the
+#: order of one NVLink or ICI hop.
+DEFAULT_HOP_LATENCY_S = 1e-6
 
 
 @dataclass(frozen=True)
 class AnalysisOptions:
     """What a command asks of the mapping. ``execution`` None: the hardware's default for the
     dump (``default_execution``); ``caption_tokens`` None: the sidecar's when cross-attention is
-    charged per sample; ``steps``/``pairs``: as ``add_hardware_sections`` takes them."""
+    charged per sample; ``steps``/``pairs``: as ``add_hardware_sections`` takes them. Without
+    a hardware: ``link_bandwidth_bytes_per_s`` (and ``hop_latency_s``, ``bruck``) time the
+    collectives on a plain ring. ``branch``: the conditional branch counted; ``parallel_memory``:
+    the memory measured in a forked child (``hlo_analyzer.measurement.run_in_parallel``)."""
 
     steps: int | None = None
     pairs: int | None = None
@@ -43,6 +59,9 @@ class AnalysisOptions:
     fidelity: str | None = None
     link_bandwidth_bytes_per_s: float | None = None
     hop_latency_s: float | None = None
+    bruck: bool = False
+    branch: str | int = "max"
+    parallel_memory: bool = False
 
 
 DEFAULT_ANALYSIS = AnalysisOptions()
@@ -66,14 +85,26 @@ def mapping_options(sidecar: Sidecar | None, chip: ChipSpec, options: AnalysisOp
 
 @dataclass(frozen=True)
 class Analysis:
-    """A dump measured and mapped: the ``report`` (its typed hardware sections below), the
-    parsed ``module``, the ``sidecar`` read for it and the mapping ``options`` used."""
+    """A dump measured and mapped: the ``report`` (its typed sections below), the parsed
+    ``module``, the ``sidecar`` read for it, the mapping ``options`` used (None: measured on no
+    hardware) and the dataflow ``graph`` the mapping walked."""
 
     path: str
     report: Report
     module: ir.Module
     sidecar: Sidecar | None
-    options: MappingOptions
+    options: MappingOptions | None
+    graph: Any = None
+
+    @property
+    def memory(self) -> MemorySection:
+        memory = self.report.memory
+        assert memory is not None
+        return memory
+
+    @property
+    def training(self) -> TrainingSplit | None:
+        return self.report.training
 
     @property
     def mapping(self) -> MappingSection:
@@ -95,18 +126,39 @@ def add_mapping(report: Report, module: ir.Module, hardware: Hardware, options: 
                           hop_latency_s=analysis.hop_latency_s)
 
 
-def analyze_dump(path: str, hardware: str | Hardware, options: AnalysisOptions = DEFAULT_ANALYSIS, *,
+def analyze_dump(path: str, hardware: str | Hardware | None,
+                 options: AnalysisOptions = DEFAULT_ANALYSIS, *,
                  sidecar: Sidecar | None = None) -> Analysis:
-    """``path`` measured and mapped on ``hardware`` (module docstring). ``sidecar``: the dump's
-    when the caller has read it; else the one beside the dump, if any."""
-    choice = load_choice(hardware)
+    """``path`` measured and mapped on ``hardware`` (module docstring; None: measured only).
+    ``sidecar``: the dump's when the caller has read it; else the one beside the dump, if any."""
+    choice = None if hardware is None else load_choice(hardware)
     if sidecar is None:
         sidecar = read_sidecar(sidecar_for(path))
+    log.info("loading %s", path)
     module = load_module(path)
-    report = analyze(module, name=path)
-    mapping = mapping_options(sidecar, choice.chip, options)
-    add_mapping(report, module, choice, mapping, options)
-    return Analysis(path, report, module, sidecar, mapping)
+    mapping = None if choice is None else mapping_options(sidecar, choice.chip, options)
+    log.info("counting FLOPs, collectives and memory")
+    measured = measure(module, path, sidecar, MeasureOptions(
+        collective_time=None if choice is not None else _plain_ring(options),
+        bruck=options.bruck, branch=options.branch,
+        capacity_bytes=None if choice is None else choice.chip.dram_capacity_bytes,
+        parallel=options.parallel_memory, dataflow=mapping is not None,
+        locations=mapping is not None and mapping.execution == "torch"))
+    if choice is not None:
+        assert mapping is not None
+        log.info("mapping every op on %s", choice.name)
+        with as_usage_error(path, f"cannot be mapped on {choice.name}"):
+            add_mapping(measured.report, module, choice, mapping, options, measured.graph)
+    return Analysis(path, measured.report, module, sidecar, mapping, measured.graph)
+
+
+def _plain_ring(options: AnalysisOptions) -> RingLink | None:
+    """The collectives' time on a plain ring of ``link_bandwidth_bytes_per_s`` (None: none)."""
+    if options.link_bandwidth_bytes_per_s is None:
+        return None
+    hop = DEFAULT_HOP_LATENCY_S if options.hop_latency_s is None else options.hop_latency_s
+    return RingLink(bandwidth_bytes_per_s=options.link_bandwidth_bytes_per_s, hop_latency_s=hop,
+                    bruck=options.bruck)
 
 
 __all__ = ["DEFAULT_ANALYSIS", "Analysis", "AnalysisOptions", "analyze_dump",

@@ -88,11 +88,10 @@ def kernel_list(report: Report) -> KernelList:
     if any(op.kind == NETWORK_KIND for op in program.ops):
         raise ValueError(f"{report.source}: the program has collectives; a kernel list holds one device's kernels")
     totals = mapping.totals
-    memory = report.extra.get("memory") or {}
     return KernelList(source=Path(report.source).name, hardware=mapping.hardware, execution=program.execution,
                       kernels=program.sources, pair_of=mapping.pair_of, steps=totals.steps,
                       pairs_found=totals.pairs_found, pairs_total=totals.pairs_total,
-                      peak_live_bytes=memory.get("peak_live_bytes"), dram_efficiency=mapping.options.dram_efficiency)
+                      peak_live_bytes=None if report.memory is None else report.memory.usage.peak_live_bytes, dram_efficiency=mapping.options.dram_efficiency)
 
 
 def cost(kernels: KernelList, hardware: str) -> MappingTotals:

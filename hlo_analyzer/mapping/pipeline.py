@@ -31,7 +31,7 @@ from typing import Any
 from hardware.pipeline import DEFAULT_SCHEDULE, SCHEDULES, pipefusion_step, transfer_time_s
 from hardware.spec import as_system
 from hardware.systems import Hardware, load_choice
-from hlo_analyzer.memory import MemoryUsage, measure_memory, read_sidecar_inputs
+from hlo_analyzer.memory import MemoryUsage
 from hlo_analyzer.sidecar import Sidecar, stage_sidecar
 from hlo_trace.cli import MAX_COUNT
 from hlo_trace.documents import load_toml
@@ -265,7 +265,7 @@ def _analyze_stage(index: int, dump: str, sidecar: Sidecar, following: Sidecar |
     first, last = sidecar.blocks or (0, 0)
     pairs = int(last) - int(first) + 1
     analysis = analyze_dump(dump, hardware, AnalysisOptions(steps=1, pairs=pairs), sidecar=sidecar)
-    module, report = analysis.module, analysis.report
+    report = analysis.report
     blocks = analysis.blocks
     assert blocks is not None
     totals = analysis.mapping.totals
@@ -286,8 +286,7 @@ def _analyze_stage(index: int, dump: str, sidecar: Sidecar, following: Sidecar |
         _check_chips(dump, devices + tuple(receivers), system)
         full_t = transfer_time_s(full_bytes, devices, receivers, system)
         patch_t = transfer_time_s(patch_bytes, devices, receivers, system)
-    memory = measure_memory(module, read_sidecar_inputs(sidecar),
-                            capacity_bytes=system.chip.dram_capacity_bytes)
+    memory = analysis.memory.usage
     if plan.patches > 1:
         memory = dataclasses.replace(memory, stale_kv_bytes=_stale_kv_bytes(
             blocks.shapes.as_dict(), pairs))

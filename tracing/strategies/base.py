@@ -25,12 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from hlo_trace.errors import UsageError
-from models.opensora.config import STDiT3Config
-from models.opensora.inputs import Geometry, geometry
 from models.opensora.parallel import STRATEGIES as STRATEGY_TABLE
-from models.opensora.token_order import FRAME_MAJOR, TokenOrder
+from models.opensora.token_order import TokenOrder
 from plans.config import MESH_AXES, PipelineConfig
+from plans.feasibility import Layout, check_layout, rule, stage_layout, token_order
 
 if TYPE_CHECKING:
     import torch
@@ -43,29 +41,6 @@ Spec = tuple  # tuple[str | tuple[str, ...] | None, ...]
 ALL_DEVICES = ("x", "y")  # a 1-D strategy splits over the whole mesh, both axes together
 
 _REGISTRY: dict[str, type[Strategy]] = {}
-
-
-class StrategyError(UsageError):
-    """A strategy that cannot run on the given model, shape, batch or mesh."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The facts a strategy needs to decide shardings and to check that they divide."""
-
-    model: STDiT3Config
-    geometry: Geometry
-    batch: int
-    mesh_shape: tuple[int, int]
-    ring_degree: int | None = None  # usp only: ring x Ulysses degrees over mesh axis y
-    ulysses_degree: int | None = None
-    #: Traced for a training step (forward, backward, optimizer): a strategy may lay out the
-    #: forward differently where the backward makes another layout the cheaper one (dp).
-    training: bool = False
-
-    @property
-    def num_devices(self) -> int:
-        return self.mesh_shape[0] * self.mesh_shape[1]
 
 
 @dataclass(frozen=True)
@@ -108,20 +83,16 @@ class Strategy:
 
     @classmethod
     def choose_token_order(cls, layout: Layout) -> TokenOrder:
-        """Order of the T*S tokens of a sample in x on this layout.  Never raises: a layout
-        that no order fits is ``validate``'s to reject."""
-        return FRAME_MAJOR
+        """Order of the T*S tokens of a sample in x on this layout (``plans.feasibility``).
+        Never raises: a layout that no order fits is ``validate``'s to reject."""
+        return token_order(cls.name, layout)
 
     # Checks ---------------------------------------------------------------------------------
 
     def validate(self) -> None:
-        """Raise StrategyError when the mesh does not fit the model (heads, batch, sequence)."""
-
-    def require_divisible(self, what: str, size: int, parts: int, axis: str) -> None:
-        if size % parts:
-            raise StrategyError(
-                f"strategy {self.name}: {what} = {size} is not divisible by the {parts} devices "
-                f"of mesh {axis} (mesh {self.layout.mesh_shape[0]}x{self.layout.mesh_shape[1]})")
+        """Raise StrategyError when the mesh does not fit the model (heads, batch, sequence):
+        the strategy's rule in ``plans.feasibility``, which the plan search applies too."""
+        check_layout(self.name, self.layout)
 
     # Shardings ------------------------------------------------------------------------------
 
@@ -333,6 +304,7 @@ def register(cls: type[Strategy]) -> type[Strategy]:
         raise ValueError(f"{cls.__name__} has no name")
     if cls.name not in STRATEGY_TABLE:  # one table of strategies: models.opensora.parallel
         raise ValueError(f"strategy {cls.name!r} is not in models.opensora.parallel.STRATEGIES")
+    rule(cls.name)  # its feasibility rule: plans.feasibility.RULES
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls
@@ -345,11 +317,8 @@ def strategy_names() -> list[str]:
 
 def strategy_class(name: str) -> type[Strategy]:
     """The strategy class registered as ``name``; a one-line error for an unknown name."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise StrategyError(
-            f"unknown strategy {name!r}: expected one of {', '.join(strategy_names())}") from None
+    rule(name)  # the unknown name's error
+    return _REGISTRY[name]
 
 
 def get_strategy(name: str, layout: Layout) -> Strategy:
@@ -359,18 +328,9 @@ def get_strategy(name: str, layout: Layout) -> Strategy:
     return strategy
 
 
-def stage_layout(config: PipelineConfig, stage_index: int, training: bool = False) -> Layout:
-    """The layout of stage ``stage_index``: the model, the shape and the stage's submesh
-    (``training``: traced for a training step)."""
-    return Layout(model=config.model, geometry=geometry(config.model, config.shape),
-                  batch=config.batch, mesh_shape=config.submesh(stage_index).shape,
-                  ring_degree=config.ring_degree, ulysses_degree=config.ulysses_degree,
-                  training=training)
-
-
 def stage_token_order(config: PipelineConfig, stage_index: int) -> TokenOrder:
     """Token order in which stage ``stage_index`` of ``config`` runs its blocks (no validation)."""
-    return strategy_class(config.strategy).choose_token_order(stage_layout(config, stage_index))
+    return token_order(config.strategy, stage_layout(config, stage_index))
 
 
 # Helpers shared by the Megatron-like strategies ------------------------------------------------

@@ -32,9 +32,6 @@ class DataParallel(Strategy):
     name = "dp"
     summary = "data parallel: batch split over all devices, weights replicated; no collectives in the blocks"
 
-    def validate(self) -> None:
-        self.require_divisible("batch", self.layout.batch, self.layout.num_devices, "x*y")
-
     def input_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
         if name in ("z", "t", "x", "t_mlp"):  # batch-major inputs
             return (A,) + (None,) * (len(shape) - 1)

@@ -41,14 +41,12 @@ A = bytes of the whole (B, N, h) activation a pair moves 8 * A/(X*Y) * (Y-1)/Y p
 
 from __future__ import annotations
 
-from models.opensora.token_order import FRAME_MAJOR, SPACE_MAJOR, TokenOrder, major_axis_is_temporal
+from models.opensora.token_order import major_axis_is_temporal
 from tracing.strategies.base import (
-    Layout,
     ReplicatedCopy,
     Reshard,
     Spec,
     Strategy,
-    StrategyError,
     register,
 )
 from tracing.strategies.kernels import einsum_attention
@@ -74,25 +72,6 @@ class SequenceParallel(Strategy):
     def x_seq(self) -> Spec:
         """(B, N, h), and (B*minor, major, h) of the split attention."""
         return ("x", self.seq, None)
-
-    @classmethod
-    def choose_token_order(cls, layout: Layout) -> TokenOrder:
-        """Split T (frame-major) when axis y divides it, else S (space-major) when y divides
-        that; frame-major when neither, which ``validate`` rejects."""
-        y_devices = layout.mesh_shape[1]
-        if layout.geometry.T % y_devices and not layout.geometry.S % y_devices:
-            return SPACE_MAJOR
-        return FRAME_MAJOR
-
-    def validate(self) -> None:
-        x_devices, y_devices = self.layout.mesh_shape
-        self.require_divisible("batch", self.layout.batch, x_devices, "axis x")
-        T, S = self.layout.geometry.T, self.layout.geometry.S
-        if T % y_devices and S % y_devices:
-            raise StrategyError(
-                f"strategy {self.name}: neither the temporal tokens T = {T} nor the spatial "
-                f"tokens S = {S} are divisible by the {y_devices} devices of mesh axis y "
-                f"(mesh {x_devices}x{y_devices}); the sequence split needs one of them")
 
     def sequence_split(self, temporal: bool) -> bool:
         """Whether the self-attention of a temporal (else spatial) block has its sequence split
@@ -181,11 +160,6 @@ class DeepSpeedUlysses(SequenceParallel):
     summary = ("sequence parallel (batch on x, T or S on y); all-to-all to heads around the "
                "split self-attention and the cross-attention")
     batch_apart = True
-
-    def validate(self) -> None:
-        super().validate()
-        self.require_divisible("heads", self.layout.model.num_heads, self.layout.mesh_shape[1],
-                               "axis y")
 
     def activation_spec(self, point: str, shape: tuple[int, ...],
                         temporal: bool) -> Spec | Reshard | ReplicatedCopy | None:

@@ -22,11 +22,6 @@ class Megatron(Strategy):
     name = "megatron"
     summary = "1-D tensor parallel: column-split qkv/q/kv/fc1, row-split proj/fc2; 6 all-reduces per block pair"
 
-    def validate(self) -> None:
-        n = self.layout.num_devices
-        self.require_divisible("heads", self.layout.model.num_heads, n, "x*y")
-        self.require_divisible("mlp hidden", self.layout.model.mlp_hidden, n, "x*y")
-
     def block_parameter_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
         return linear_spec(name, ALL_DEVICES)
 

@@ -28,12 +28,6 @@ class MegatronSP(SequenceParallel):
     summary = ("Megatron tensor parallel over y with the residual stream split on tokens: "
                "all-gather before, reduce-scatter after each attention / MLP")
 
-    def validate(self) -> None:
-        super().validate()
-        y_devices = self.layout.mesh_shape[1]
-        self.require_divisible("heads", self.layout.model.num_heads, y_devices, "axis y")
-        self.require_divisible("mlp hidden", self.layout.model.mlp_hidden, y_devices, "axis y")
-
     def block_parameter_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
         return linear_spec(name, "y")
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from tracing.strategies.base import Strategy, StrategyError, register
+from tracing.strategies.base import Strategy, register
 
 
 @register
 class NoParallelism(Strategy):
     name = "none"
     summary = "one device, nothing split (baseline); needs --mesh 1x1"
-
-    def validate(self) -> None:
-        if self.layout.num_devices != 1:
-            x, y = self.layout.mesh_shape
-            raise StrategyError(f"strategy none runs on one device: use --mesh 1x1, not {x}x{y}")

@@ -35,8 +35,7 @@ OpenSora embeds every patch on each device and then slices, the traced embedding
 
 from __future__ import annotations
 
-from models.opensora.token_order import SPACE_MAJOR, TokenOrder
-from tracing.strategies.base import Layout, Reshard, Spec, register
+from tracing.strategies.base import Reshard, Spec, register
 from tracing.strategies.ds_ulysses import SequenceParallel
 from tracing.strategies.kernels import einsum_attention
 
@@ -47,16 +46,6 @@ class OpenSoraSequenceParallel(SequenceParallel):
     summary = ("OpenSora v1.2's sequence parallelism: S split over y (batch on x); all-to-all to "
                "heads around the spatial self- and cross-attention, temporal blocks local")
     batch_apart = True
-
-    @classmethod
-    def choose_token_order(cls, layout: Layout) -> TokenOrder:
-        return SPACE_MAJOR  # OpenSora cuts S: each device holds every frame of its positions
-
-    def validate(self) -> None:
-        x_devices, y_devices = self.layout.mesh_shape
-        self.require_divisible("batch", self.layout.batch, x_devices, "axis x")
-        self.require_divisible("spatial tokens S", self.layout.geometry.S, y_devices, "axis y")
-        self.require_divisible("heads", self.layout.model.num_heads, y_devices, "axis y")
 
     def activation_spec(self, point: str, shape: tuple[int, ...], temporal: bool) -> Spec | Reshard | None:
         if point == "final_in":  # gather_forward_split_backward(x, dim=2): S gathered before it

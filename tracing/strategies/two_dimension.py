@@ -29,12 +29,6 @@ class TwoDimension(Strategy):
     name = "two_dimension"
     summary = "2-D tensor parallel: batch on x, hidden on y; all-gather + reduce-scatter per attention/MLP"
 
-    def validate(self) -> None:
-        x_devices, y_devices = self.layout.mesh_shape
-        self.require_divisible("batch", self.layout.batch, x_devices, "axis x")
-        self.require_divisible("heads", self.layout.model.num_heads, y_devices, "axis y")
-        self.require_divisible("hidden", self.layout.model.hidden_size, y_devices, "axis y")
-
     def block_parameter_spec(self, name: str, shape: tuple[int, ...]) -> Spec | None:
         return linear_spec(name, "y")
 

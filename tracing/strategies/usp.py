@@ -43,11 +43,6 @@ class UnifiedSequenceParallel(SequenceParallel):
         self.ring, self.ulysses = usp_degrees(layout.mesh_shape[1], layout.ring_degree,
                                               layout.ulysses_degree)
 
-    def validate(self) -> None:
-        super().validate()
-        self.require_divisible("heads", self.layout.model.num_heads, self.ulysses,
-                               f"the Ulysses groups (ulysses degree {self.ulysses})")
-
     def make_mesh(self):
         import numpy as np
         import torch_xla.distributed.spmd as xs
