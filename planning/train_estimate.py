@@ -17,6 +17,26 @@ accumulation, :func:`analyze_pair`):
   all-reduce or reduce-scatter moving parameters or gradients by ``hlo_analyzer.training``'s
   traffic classes; a ZeRO-3 gather of a weight stays per micro-batch).
 
+The ``micro`` group is cached as its two phases, ``forward`` (the forward scope's kernels and
+collectives) and ``backward`` (the rest: the backward, a recomputed forward among it).
+
+**Recompute as a function of the pair without it.** Full recompute
+(``torch.utils.checkpoint`` around each block) runs the block's forward again inside the
+backward, its activation collectives included, and changes nothing else that runs: so a
+recompute plan's per-micro-batch kernels are the same pair's without recompute plus its
+``forward`` group once more (:func:`step_groups`), and :class:`TrainKernels` calibrates a
+recompute key with the traces of its twin without recompute (``derive_recompute``; one
+calibration serves both, halving the keys). Checked on traces it was not built from
+(``tests/test_train_generalise.py``): on tiny one-pair steps the derived micro-batch is
+within :data:`RECOMPUTE_TOLERANCE` of the traced recompute program: -2.9% (ds_ulysses 2x2)
+and -2.2% (usp 2x4, ring 2) on the middle pair of the 3-pair tiny model, -0.3% to -1.3% on
+the last stage of the 2-pair one (dp, megatron, ring_attention, usp, ds_ulysses on tx8-16).
+The residual is element-wise work: the rerun inside the backward (behind the checkpoint's
+optimization barrier) runs about 20 element-wise kernels on their own that the first forward
+fuses into its GEMMs' epilogues. Also left out: a stage whose forward group holds more than
+the blocks (the loss and final layer of a last stage are not recomputed; the traced pair of a
+model of 3 or more pairs is a middle stage and has neither).
+
 :func:`compose_step` composes a pipeline of P stages of n pairs each with 1F1B over m
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
 boundary (the hidden states forward, their gradient back) is the caller's.
@@ -39,6 +59,7 @@ and per chip kind each program's kernel groups as JSON); every trace holds
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 from collections.abc import Iterator, Sequence
@@ -65,18 +86,25 @@ from tracing.strategies import get_strategy
 from tracing.strategies.base import stage_layout
 from tracing.training import TrainOptions
 
-__all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
-           "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
+__all__ = ["GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "TRACE_LOCK", "PairKey", "PairProgram",
+           "TrainKernels", "TrainStep", "analyze_pair", "check_traceable", "compose_step", "cost_groups",
+           "pair_stage", "step_groups"]
 
 #: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
 GROUPS = ("micro", "update")
+#: The groups cached per traced program: the micro-batch's forward and backward, the step's update.
+PROGRAM_GROUPS = ("forward", "backward", "update")
+#: How far a recompute pair derived from its twin without recompute may be from its trace
+#: (module doc; tests/test_train_generalise.py).
+RECOMPUTE_TOLERANCE = 0.05
 #: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
 GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
 #: Held (``flock``) while a trace runs: one full-size or training trace at a time here
 #: (scripts/training_study.py and plan-search's confirmations hold the same file).
 TRACE_LOCK = "/tmp/fulltrace.lock"
-#: Format of the cached analyses (bumped when what they hold changes).
-CACHE_VERSION = 1
+#: Format of the cached analyses (bumped when what they hold changes; an older analysis is
+#: redone from its cached dump).
+CACHE_VERSION = 2
 
 
 def pair_stage(depth: int) -> tuple[str, int]:
@@ -177,7 +205,13 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, measure_training, read_training_layout
+    from hlo_analyzer.training import (
+        FORWARD,
+        OPTIMIZER,
+        PARAM_GRAD,
+        measure_training,
+        read_training_layout,
+    )
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
@@ -187,7 +221,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     module, report, mapping, options = analysis.module, analysis.report, analysis.mapping, analysis.options
     split = measure_training(module, layout, dump, report.num_devices)
     location = {row.position: row.location for row in report.rows}
-    groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
+    groups: dict[str, list[Any]] = {name: [] for name in PROGRAM_GROUPS}
     for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):
         if source.collective is not None:
             if op.position not in split.collective_classes:
@@ -195,27 +229,38 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
             phase, traffic = split.collective_classes[op.position]
             once = phase == OPTIMIZER or (traffic == PARAM_GRAD and source.collective[0] in GRADIENT_SUM_KINDS)
         else:
-            once = layout.phase(location.get(op.position, "")) == OPTIMIZER
-        groups["update" if once else "micro"].append(source)
+            phase = layout.phase(location.get(op.position, ""))
+            once = phase == OPTIMIZER
+        groups["update" if once else "forward" if phase == FORWARD else "backward"].append(source)
     memory = {key: int(split.memory.get(key, 0)) for key in ("param", "grad", "optimizer_state", "activation")}
     return PairProgram({name: sources_document(kernels, options.execution) for name, kernels in groups.items()},
                        memory)
 
 
 def cost_groups(groups: dict[str, dict[str, Any]], system: SystemSpec) -> dict[str, GroupCost]:
-    """Each group's kernels and collectives costed on ``system`` (``map_kernels``, as
-    ``analyze-hlo --hw`` costs them)."""
+    """Each group of a program (:data:`PROGRAM_GROUPS`) costed on ``system`` (``map_kernels``,
+    as ``analyze-hlo --hw`` costs them: kernel by kernel, so the groups add up to the program)."""
     from hlo_analyzer.mapping.kernel_list import sources_from_document
     from hlo_analyzer.mapping.program import map_kernels
     from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
 
     costs = {}
-    for name in GROUPS:
+    for name in PROGRAM_GROUPS:
         sources, execution = sources_from_document(groups[name])
         program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
         comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
         costs[name] = GroupCost(program.latency_s - comm, comm)
     return costs
+
+
+def step_groups(costs: dict[str, GroupCost], *, rerun_forward: bool = False) -> dict[str, GroupCost]:
+    """A pair's :data:`GROUPS` from its program's costed groups: ``micro`` = forward + backward
+    (+ the forward once more: ``rerun_forward``, a recompute pair derived from its twin without
+    recompute, module doc), ``update`` as it is."""
+    micro = costs["forward"] + costs["backward"]
+    if rerun_forward:
+        micro = micro + costs["forward"]
+    return {"micro": micro, "update": costs["update"]}
 
 
 @contextmanager
@@ -236,11 +281,15 @@ class TrainKernels:
     """The traced pairs of training plans at one shape: the two calibration programs of each
     key (the estimate) and the full-size program (the traced figure), traced on demand under
     :data:`TRACE_LOCK` (``lock``; None: none, for tiny traces), analysed per chip kind and
-    cached under ``work/train_calibrations``."""
+    cached under ``work/train_calibrations``. ``derive_recompute``: a recompute key is
+    calibrated with its twin without recompute (module doc); False traces it as its own (the
+    per-family calibration, the baseline of ``benchmarks/plan_search.py``)."""
 
-    def __init__(self, work: Path, config: str, shape: str, *, lock: str | None = TRACE_LOCK) -> None:
+    def __init__(self, work: Path, config: str, shape: str, *, lock: str | None = TRACE_LOCK,
+                 derive_recompute: bool = True) -> None:
         self.work = Path(work) / "train_calibrations"
         self.lock = lock
+        self.derive_recompute = derive_recompute
         self._holding = False
         self._lock_context: Any = None
         self.config, self.shape = config, shape
@@ -287,10 +336,21 @@ class TrainKernels:
     def _analysis_path(self, key: PairKey, shape: str, kind: str) -> Path:
         return self.work / kind / f"{key.name(shape)}.json"
 
+    def calibration_key(self, key: PairKey) -> PairKey:
+        """The key whose traces calibrate ``key``'s estimate: its twin without recompute
+        (``derive_recompute``), else itself."""
+        return dataclasses.replace(key, recompute=False) if self.derive_recompute else key
+
+    def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
+        """The distinct keys traced to calibrate ``keys``, in their order."""
+        return list(dict.fromkeys(self.calibration_key(key) for key in keys))
+
     def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> int:
-        """Trace every program of ``keys`` not traced yet: the two calibration shapes, or
-        (``full``) the plan's shape; the number traced."""
+        """Trace every program of ``keys`` not traced yet: the two calibration shapes of their
+        calibration keys, or (``full``) the keys' own programs at the plan's shape; the number
+        traced."""
         shapes = (self.shape,) if full else (self.base_shape, self.scaled_shape)
+        keys = list(keys) if full else self.calibration_keys(keys)
         kind = system.chip.name
         requests = [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys) for shape in shapes
                     if not self._analysis_path(key, shape, kind).exists()]
@@ -325,27 +385,31 @@ class TrainKernels:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps(document) + "\n", force=True)
         document = json.loads(path.read_text())
-        if document.get("version") != CACHE_VERSION:
-            raise UsageError(f"{path}: cache version {document.get('version')!r}; expected {CACHE_VERSION} "
-                             "(delete the file to analyse it again)")
+        if document.get("version") != CACHE_VERSION:  # an older analysis: redone from the dump
+            path.unlink()
+            return self.program(key, shape, system)
         value = document["error"] if "error" in document else PairProgram(document["groups"], document["memory"])
         self._programs[(key, shape, kind)] = value
         return value
 
     def estimate(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], str]:
         """The pair's groups at the plan's shape from the two calibration programs, costed on
-        ``system``, and the basis (ValueError when a calibration failed or the two differ)."""
-        base = self.program(key, self.base_shape, system)
-        scaled = self.program(key, self.scaled_shape, system)
+        ``system``, and the basis (ValueError when a calibration failed or the two differ). A
+        recompute key of ``derive_recompute`` takes its twin's programs, the forward once more."""
+        calibrated = self.calibration_key(key)
+        base = self.program(calibrated, self.base_shape, system)
+        scaled = self.program(calibrated, self.scaled_shape, system)
         for value in (base, scaled):
             if isinstance(value, str):
                 raise ValueError(f"calibration not traced: {value}")
         assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
         rescaler = _Rescaler(self.t_ratio, self.w_ratio)
-        groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in GROUPS}
+        groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in PROGRAM_GROUPS}
+        derived = calibrated != key
         basis = (f"traced kernels ({self.base_shape}, {self.scaled_shape}; {rescaler.inexact} of "
-                 f"{rescaler.values} integers inexact)")
-        return cost_groups(groups, system), basis
+                 f"{rescaler.values} integers inexact"
+                 f"{'; recompute: the pair without it, its forward once more' if derived else ''})")
+        return step_groups(cost_groups(groups, system), rerun_forward=derived), basis
 
     def full(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], dict[str, int]] | str:
         """The pair's own program at the plan's shape, costed on ``system``, and its memory
@@ -353,5 +417,5 @@ class TrainKernels:
         value = self.program(key, self.shape, system)
         if isinstance(value, str):
             return value
-        return cost_groups(value.groups, system), dict(value.memory)
+        return step_groups(cost_groups(value.groups, system)), dict(value.memory)
 

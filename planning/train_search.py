@@ -464,7 +464,7 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
             infeasible.append((plan.label, str(error)))
     if kernels is not None:  # the plans that fit get the traced-kernel step
         fit = [o for o in outcomes if o.estimate.memory_bytes <= limit]
-        keys = list(dict.fromkeys(pair_key(o.plan, config) for o in fit))
+        keys = kernels.calibration_keys([pair_key(o.plan, config) for o in fit])
         with kernels.held():  # one hold for the calibrations of the search
             for start in range(0, len(keys), CALIBRATIONS_PER_PROCESS):
                 kernels.prepare(keys[start:start + CALIBRATIONS_PER_PROCESS], system)
