@@ -17,7 +17,7 @@ give the same answer; the script says so or fails.  Needs the trace extra (torch
 flat ds_ulysses plan on 8xh100: one stage of 28 pairs traced, then ``analyze-pipeline``).
 
     python3 benchmarks/plan_search.py [--work DIR] [--plans 10000]  # estimate + tiny space (minutes)
-    flock /tmp/fulltrace.lock python3 benchmarks/plan_search.py --part confirm
+    flock "$(python3 -m hlo_trace.cache --lock)" python3 benchmarks/plan_search.py --part confirm
     python3 benchmarks/plan_search.py --quick    # 200 plans of two calibrations; two flat tiny plans traced
 
 Last measured (the shared 2-core machine under a load of about 3, after issue 32's regenerated
@@ -125,7 +125,7 @@ CONFIRM = ["--config", "full", "--shape", "204_640_360", "--hw", "8xh100", "--st
 def confirm_speed() -> None:
     """Print the wall time of one traced confirmation at full size (trace every stage, analyze
     them with analyze-pipeline), into a fresh work directory. Run it alone (``flock
-    /tmp/fulltrace.lock``): a full-size trace takes up to 4 GiB."""
+    "$(python3 -m hlo_trace.cache --lock)"``): a full-size trace takes up to 4 GiB."""
     with tempfile.TemporaryDirectory(prefix="plan_confirm_") as tmp:
         command = [sys.executable, "-m", "planning.plan_search_cli", *CONFIRM, "--work-dir", str(Path(tmp) / "cache"),
                    "-o", str(Path(tmp) / "best.toml")]
@@ -162,7 +162,8 @@ def main() -> int:
     parser.add_argument("--plans", type=int, default=10_000, help="plans estimated")
     parser.add_argument("--part", choices=("both", "estimate", "trace", "confirm"), default="both",
                         help="estimate 10,000 plans, trace the tiny space, both, or time one traced "
-                             "confirmation at full size (run that alone: flock /tmp/fulltrace.lock)")
+                             "confirmation at full size (run that alone, under the trace lock: "
+                             "flock \"$(python3 -m hlo_trace.cache --lock)\")")
     parser.add_argument("--work", default=None,
                         help="calibration cache (default: a temporary directory, traced anew)")
     args = parser.parse_args()

@@ -250,9 +250,14 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="Trace on the workers of this Dask distributed scheduler (the cluster "
                    "extra; --work-dir must be on a filesystem every worker sees at the same "
                    "path).  [default: a local process pool of --jobs]")
-@click.option("--work-dir", default="plan-search", show_default=True,
-              type=click.Path(file_okay=False),
-              help="Cache of dumps and analyses (shared with other runs: keyed by content).")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False),
+              help="Cache of dumps, calibrations and analyses (shared with other runs: keyed by "
+                   "content).  [default: plan-search/ in the cache directory]")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="The user's cache directory of this run: the default --work-dir and the trace "
+                   "lock live there (as $HLO_TRACE_CACHE; $HLO_TRACE_LOCK names the lock file).  "
+                   "[default: $HLO_TRACE_CACHE, else $XDG_CACHE_HOME/hlo-trace, else "
+                   "~/.cache/hlo-trace]")
 @click.option("-o", "--plan-out", default="best_plan.toml", show_default=True,
               type=click.Path(dir_okay=False),
               help="Where the best plan is written, as a pipeline TOML.")
@@ -296,7 +301,8 @@ def plot_front(result, path: str, *, force: bool) -> None:
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
                         memory_limit_gb: float | None, budget: int, strategies: str | None,
                         stage_counts: str | None, splits: int, patch_counts: str, steps: int,
-                        jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
+                        jobs: int, scheduler: str | None, work_dir: str | None, cache_dir: str | None,
+                        plan_out: str,
                         json_out: str | None, plot_out: str | None,
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
                         train_batch: int | None, micro_batch_counts: str, zero_stages: str,
@@ -318,6 +324,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    work_dir = _work_dir(work_dir, cache_dir)
     shape = shape or default_shape(model_config)
     check_plan_inputs(model_config, shape)
     system = load_system(hardware)
@@ -504,6 +511,18 @@ def _confirm_training_sizing(result, model_config: str, shape: str, hardware: st
     return (f"traced confirmation: one block pair of its stage steps in {pair.traced_step_s * 1e3:.4g} ms "
             f"(estimate {pair.estimated_step_s * 1e3:.4g} ms, ratio "
             f"{pair.estimated_step_s / pair.traced_step_s:.3f})")
+
+
+def _work_dir(work_dir: str | None, cache_dir: str | None) -> str:
+    """``--work-dir``, by default ``plan-search/`` in the cache directory; ``--cache-dir`` is set
+    as ``$HLO_TRACE_CACHE`` for the run (the trace lock and the children read it there)."""
+    import os
+
+    from hlo_trace import cache
+
+    if cache_dir is not None:
+        os.environ[cache.CACHE_ENV] = str(Path(cache_dir).expanduser().resolve())
+    return work_dir if work_dir is not None else str(cache.cache_dir() / "plan-search")
 
 
 def _locked_tracer(work: Path, hardware: str, steps: int):

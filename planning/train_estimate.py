@@ -54,7 +54,9 @@ the first stage's chips run them).
 
 Traces and analyses are cached under the work directory (``train_calibrations/``: the dumps,
 and per chip kind each program's kernel groups as JSON); every trace holds
-:data:`TRACE_LOCK` while it runs (one full-size or training trace at a time on the machine).
+the user's trace lock while it runs (``hlo_trace.cache.trace_lock_path``: one full-size trace
+at a time on the machine; a model of fewer than :data:`UNLOCKED_PARAMETERS` parameters, the tiny
+config, traces without it).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ from tracing.strategies import get_strategy
 from tracing.strategies.base import stage_layout
 from tracing.training import TrainOptions
 
-__all__ = ["GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "TRACE_LOCK", "PairKey", "PairProgram",
+__all__ = ["GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairKey", "PairProgram",
            "TrainKernels", "TrainStep", "analyze_pair", "check_traceable", "compose_step", "cost_groups",
            "pair_stage", "step_groups"]
 
@@ -99,9 +101,14 @@ PROGRAM_GROUPS = ("forward", "backward", "update")
 RECOMPUTE_TOLERANCE = 0.05
 #: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
 GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
-#: Held (``flock``) while a trace runs: one full-size or training trace at a time here
-#: (scripts/training_study.py and plan-search's confirmations hold the same file).
-TRACE_LOCK = "/tmp/fulltrace.lock"
+#: ``lock`` of :func:`trace_lock` and :class:`TrainKernels`: the user's trace lock
+#: (``hlo_trace.cache.trace_lock_path()``, resolved when it is taken), held (``flock``) while a
+#: trace runs: one full-size trace at a time on the machine (``scripts/training_study.py`` and
+#: plan-search's confirmations hold the same file).
+USER_LOCK = "user"
+#: A model with fewer parameters traces without the lock (the tiny config, 0.34 M: its traces
+#: take well under a GiB; the full model, 1.2 G, a few GiB at full size).
+UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump).
 CACHE_VERSION = 2
@@ -264,12 +271,17 @@ def step_groups(costs: dict[str, GroupCost], *, rerun_forward: bool = False) -> 
 
 
 @contextmanager
-def trace_lock(path: str | None = TRACE_LOCK) -> Iterator[None]:
-    """Hold :data:`TRACE_LOCK` (``flock``) while tracing (``None``: no lock)."""
+def trace_lock(path: str | Path | None = USER_LOCK) -> Iterator[None]:
+    """Hold the trace lock ``path`` (``flock``; :data:`USER_LOCK`: the user's) while tracing
+    (``None``: no lock)."""
     if path is None:
         yield
         return
-    with open(path, "a") as handle:
+    from hlo_trace.cache import trace_lock_path
+
+    lock = trace_lock_path() if path == USER_LOCK else Path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -280,15 +292,19 @@ def trace_lock(path: str | None = TRACE_LOCK) -> Iterator[None]:
 class TrainKernels:
     """The traced pairs of training plans at one shape: the two calibration programs of each
     key (the estimate) and the full-size program (the traced figure), traced on demand under
-    :data:`TRACE_LOCK` (``lock``; None: none, for tiny traces), analysed per chip kind and
+    the trace lock (``lock``: :data:`USER_LOCK`, the user's for a model of
+    :data:`UNLOCKED_PARAMETERS` or more; a path; None: none), analysed per chip kind and
     cached under ``work/train_calibrations``. ``derive_recompute``: a recompute key is
     calibrated with its twin without recompute (module doc); False traces it as its own (the
     per-family calibration, the baseline of ``benchmarks/plan_search.py``)."""
 
-    def __init__(self, work: Path, config: str, shape: str, *, lock: str | None = TRACE_LOCK,
+    def __init__(self, work: Path, config: str, shape: str, *, lock: str | Path | None = USER_LOCK,
                  derive_recompute: bool = True) -> None:
+        from models.opensora.flops import parameter_count
+
         self.work = Path(work) / "train_calibrations"
-        self.lock = lock
+        small = parameter_count(get_config(config)) < UNLOCKED_PARAMETERS
+        self.lock = None if lock == USER_LOCK and small else lock
         self.derive_recompute = derive_recompute
         self._holding = False
         self._lock_context: Any = None
