@@ -245,7 +245,8 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="Sampling steps of one inference.")
 @click.option("-j", "--jobs", type=Count(), default=1,
               show_default=True,
-              help="Plans traced at once (clamped to the memory available, ~4 GiB a trace).")
+              help="Plans traced at once (clamped to the memory available, ~4 GiB a trace); "
+                   "--mode train: tracing processes of the calibrations and the plans' pairs.")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
               help="Trace on the workers of this Dask distributed scheduler (the cluster "
                    "extra; --work-dir must be on a filesystem every worker sees at the same "
@@ -349,7 +350,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                                target_step_time=target_step_time, max_devices=max_devices,
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
-                               force=force, budget=budget, estimate_kind=estimate_kind, validate=validate)
+                               force=force, budget=budget, estimate_kind=estimate_kind, validate=validate,
+                               jobs=jobs)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -376,7 +378,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
                     memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
                     budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive, kernels=kernels,
-                    validate=0 if exhaustive else validate)
+                    validate=0 if exhaustive else validate,
+                    progress=lambda line: click.echo(f"  {line}", err=True))
     click.echo(render_report(result), nl=False)
     if json_out:
         atomic_write(json_out, json.dumps(result_document(result), indent=1) + "\n", force=force)
@@ -413,7 +416,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
                     force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0,
-                    zero: Sequence[int] = (0, 1, 2, 3)) -> int:
+                    zero: Sequence[int] = (0, 1, 2, 3), jobs: int = 1) -> int:
     """``--mode train`` and the sizing options (``planning.train_search``, ``planning.sizing``,
     rendered by ``planning.sizing_cli``)."""
     from dataclasses import asdict
@@ -465,7 +468,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     if estimate_kind == "kernels":
         from planning.train_estimate import TrainKernels
 
-        kernels = TrainKernels(work, model_config, shape)
+        kernels = TrainKernels(work, model_config, shape, jobs=jobs)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
                                        memory_limit_bytes=limit, kernels=kernels,
                                        budget=budget if confirm else 0, validate=validate if confirm else 0,

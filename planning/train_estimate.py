@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,15 +294,17 @@ class TrainKernels:
     key (the estimate) and the full-size program (the traced figure), traced on demand under
     the trace lock (``lock``: :data:`USER_LOCK`, the user's for a model of
     :data:`UNLOCKED_PARAMETERS` or more; a path; None: none), analysed per chip kind and
-    cached under ``work/train_calibrations``. ``derive_recompute``: a recompute key is
+    cached under ``work/train_calibrations``; ``jobs`` tracing processes at once.
+    ``derive_recompute``: a recompute key is
     calibrated with its twin without recompute (module doc); False traces it as its own (the
     per-family calibration, the baseline of ``benchmarks/plan_search.py``)."""
 
     def __init__(self, work: Path, config: str, shape: str, *, lock: str | Path | None = USER_LOCK,
-                 derive_recompute: bool = True) -> None:
+                 derive_recompute: bool = True, jobs: int = 1) -> None:
         from models.opensora.flops import parameter_count
 
         self.work = Path(work) / "train_calibrations"
+        self.jobs = jobs
         small = parameter_count(get_config(config)) < UNLOCKED_PARAMETERS
         self.lock = None if lock == USER_LOCK and small else lock
         self.derive_recompute = derive_recompute
@@ -361,19 +363,26 @@ class TrainKernels:
         """The distinct keys traced to calibrate ``keys``, in their order."""
         return list(dict.fromkeys(self.calibration_key(key) for key in keys))
 
-    def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> int:
-        """Trace every program of ``keys`` not traced yet: the two calibration shapes of their
-        calibration keys, or (``full``) the keys' own programs at the plan's shape; the number
-        traced."""
+    def requests(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> list[dict[str, Any]]:
+        """The trace requests of :meth:`prepare` whose programs are not analysed yet (some may
+        be traced already: ``run_calibration_traces`` skips those)."""
         shapes = (self.shape,) if full else (self.base_shape, self.scaled_shape)
         keys = list(keys) if full else self.calibration_keys(keys)
         kind = system.chip.name
-        requests = [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys) for shape in shapes
-                    if not self._analysis_path(key, shape, kind).exists()]
+        return [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys) for shape in shapes
+                if not self._analysis_path(key, shape, kind).exists()]
+
+    def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> int:
+        """Trace every program of ``keys`` not traced yet, in ``jobs`` processes that load
+        torch once each: the two calibration shapes of their calibration keys, or (``full``)
+        the keys' own programs at the plan's shape; the number traced. ``progress(done,
+        total)`` as the traces are written (``run_calibration_traces``)."""
+        requests = self.requests(keys, system, full=full)
         if not requests:
             return 0
         with self._tracing():
-            traced = run_calibration_traces(requests, self.work, jobs=1)
+            traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
         self.traced += traced
         return traced
 
