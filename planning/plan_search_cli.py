@@ -288,6 +288,10 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="--mode train: micro-batch counts of the pipelines, comma-separated.")
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True,
               help="--mode train: ZeRO stages of the plans, comma-separated.")
+@click.option("--derived-calibrations/--per-key-calibrations", "derive_recompute", default=True, show_default=True,
+              help="--mode train: calibrate a recompute plan with the traces of its twin without recompute, "
+                   "the forward's kernels once more (docs/plan_search.md), or trace every key's own "
+                   "(twice the calibration traces; the reference the derived ones are measured against).")
 @click.option("--target-latency", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
               help="Sizing: the smallest device count (up to --max-devices) whose best inference "
                    "plan meets this latency in seconds, and the curve.")
@@ -306,7 +310,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         plan_out: str,
                         json_out: str | None, plot_out: str | None,
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
-                        train_batch: int | None, micro_batch_counts: str, zero_stages: str,
+                        train_batch: int | None, micro_batch_counts: str, zero_stages: str, derive_recompute: bool,
                         target_latency: float | None, target_step_time: float | None,
                         max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
@@ -351,7 +355,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
                                force=force, budget=budget, estimate_kind=estimate_kind, validate=validate,
-                               jobs=jobs)
+                               jobs=jobs, derive_recompute=derive_recompute)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -416,7 +420,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
                     force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0,
-                    zero: Sequence[int] = (0, 1, 2, 3), jobs: int = 1) -> int:
+                    zero: Sequence[int] = (0, 1, 2, 3), jobs: int = 1, derive_recompute: bool = True) -> int:
     """``--mode train`` and the sizing options (``planning.train_search``, ``planning.sizing``,
     rendered by ``planning.sizing_cli``)."""
     from dataclasses import asdict
@@ -468,7 +472,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     if estimate_kind == "kernels":
         from planning.train_estimate import TrainKernels
 
-        kernels = TrainKernels(work, model_config, shape, jobs=jobs)
+        kernels = TrainKernels(work, model_config, shape, jobs=jobs, derive_recompute=derive_recompute)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
                                        memory_limit_bytes=limit, kernels=kernels,
                                        budget=budget if confirm else 0, validate=validate if confirm else 0,
