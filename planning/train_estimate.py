@@ -67,6 +67,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +312,6 @@ class TrainKernels:
         self._holding = False
         self._lock_context: Any = None
         self.config, self.shape = config, shape
-        self.base_shape, self.scaled_shape, self.t_ratio, self.w_ratio = calibration_shapes(get_config(config), shape)
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self.traced = 0
 
@@ -354,6 +354,14 @@ class TrainKernels:
     def _analysis_path(self, key: PairKey, shape: str, kind: str) -> Path:
         return self.work / kind / f"{key.name(shape)}.json"
 
+    def shapes(self, key: PairKey) -> tuple[str, str, Fraction, Fraction]:
+        """``key``'s two calibration shapes and the factors ``T / T0``, ``W / W0`` to the plan's
+        (``plan_estimate.calibration_shapes`` on the stage's chips: the frames' power of two
+        capped at the largest power of two of the mesh, so shapes of one size that differ by a
+        power of two of frames share the traces, as the inference calibrations do)."""
+        nx, ny = key.mesh
+        return calibration_shapes(get_config(self.config), self.shape, nx * ny)
+
     def calibration_key(self, key: PairKey) -> PairKey:
         """The key whose traces calibrate ``key``'s estimate: its twin without recompute
         (``derive_recompute``), else itself."""
@@ -366,10 +374,10 @@ class TrainKernels:
     def requests(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> list[dict[str, Any]]:
         """The trace requests of :meth:`prepare` whose programs are not analysed yet (some may
         be traced already: ``run_calibration_traces`` skips those)."""
-        shapes = (self.shape,) if full else (self.base_shape, self.scaled_shape)
         keys = list(keys) if full else self.calibration_keys(keys)
         kind = system.chip.name
-        return [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys) for shape in shapes
+        return [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys)
+                for shape in ((self.shape,) if full else self.shapes(key)[:2])
                 if not self._analysis_path(key, shape, kind).exists()]
 
     def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False,
@@ -422,16 +430,17 @@ class TrainKernels:
         ``system``, and the basis (ValueError when a calibration failed or the two differ). A
         recompute key of ``derive_recompute`` takes its twin's programs, the forward once more."""
         calibrated = self.calibration_key(key)
-        base = self.program(calibrated, self.base_shape, system)
-        scaled = self.program(calibrated, self.scaled_shape, system)
+        base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
+        base = self.program(calibrated, base_shape, system)
+        scaled = self.program(calibrated, scaled_shape, system)
         for value in (base, scaled):
             if isinstance(value, str):
                 raise ValueError(f"calibration not traced: {value}")
         assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
-        rescaler = _Rescaler(self.t_ratio, self.w_ratio)
+        rescaler = _Rescaler(t_ratio, w_ratio)
         groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in PROGRAM_GROUPS}
         derived = calibrated != key
-        basis = (f"traced kernels ({self.base_shape}, {self.scaled_shape}; {rescaler.inexact} of "
+        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
                  f"{rescaler.values} integers inexact"
                  f"{'; recompute: the pair without it, its forward once more' if derived else ''})")
         return step_groups(cost_groups(groups, system), rerun_forward=derived), basis
