@@ -20,8 +20,8 @@ overhead (difference) against 2 s and, for ``--dump``, the whole command against
 
 The mission dump (issue 32: ``analyze-hlo --hw tx8`` on it under 2 s) is the full-size mission
 trace, ``trace-stage --stage 0 --strategy megatron`` (the full model at 204_640_360 on 2x8, one
-stage of all 28 pairs, 37k ops, 104 MB of which 99 MB are 56 index constants; under ``flock
-/tmp/fulltrace.lock``); ``--dump`` times it in place of the synthetic module, with its sidecar
+stage of all 28 pairs, 37k ops, 104 MB of which 99 MB are 56 index constants; under the user's
+trace lock, ``flock "$(python3 -m hlo_trace.cache --lock)"``); ``--dump`` times it in place of the synthetic module, with its sidecar
 (so the mapping is the one ``analyze-hlo --hw tx8`` does).
 
 Last measured on the mission dump (the shared 2-core machine at a load of about 3, best of 5,

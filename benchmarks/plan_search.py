@@ -13,12 +13,21 @@ tiny config at 28_64_64 on 8 devices of tx8-16, twice, each into a fresh work di
 cache), and prints both wall times and their ratio (baseline: ``--jobs 1``).  Both runs must
 give the same answer; the script says so or fails.  Needs the trace extra (torch, torch-xla).
 
+**Training search, cold cache** (``--part train``): ``plan-search --config tiny --mode train --hw
+tx8-16 --devices 8 --budget 2`` (issue 42's first Done-when: under 2 minutes) into a fresh
+work directory, its wall time and the calibration traces it ran (dumps counted on disk), against
+a baseline run in the same invocation into another fresh directory: ``--baseline DIR`` runs the
+same command from the checkout at DIR (``git worktree add DIR COMMIT``: the old per-family
+path), else this checkout's ``--per-key-calibrations`` (every recompute key traced as its own).
+``--quick``: one device, ZeRO 0 (12 calibration traces; a minute for both runs).
+
 **Confirming.** ``--part confirm``: the wall time of one traced confirmation at full size (the
 flat ds_ulysses plan on 8xh100: one stage of 28 pairs traced, then ``analyze-pipeline``).
 
     python3 benchmarks/plan_search.py [--work DIR] [--plans 10000]  # estimate + tiny space (minutes)
-    flock /tmp/fulltrace.lock python3 benchmarks/plan_search.py --part confirm
+    flock "$(python3 -m hlo_trace.cache --lock)" python3 benchmarks/plan_search.py --part confirm
     python3 benchmarks/plan_search.py --quick    # 200 plans of two calibrations; two flat tiny plans traced
+    python3 benchmarks/plan_search.py --part train [--baseline DIR] [--quick]   # the tiny training search
 
 Last measured (the shared 2-core machine under a load of about 3, after issue 32's regenerated
 searches): 10,000 plans estimated in 11.9 s (the ideal estimate of the same plans: 1.8 s; the
@@ -125,7 +134,7 @@ CONFIRM = ["--config", "full", "--shape", "204_640_360", "--hw", "8xh100", "--st
 def confirm_speed() -> None:
     """Print the wall time of one traced confirmation at full size (trace every stage, analyze
     them with analyze-pipeline), into a fresh work directory. Run it alone (``flock
-    /tmp/fulltrace.lock``): a full-size trace takes up to 4 GiB."""
+    "$(python3 -m hlo_trace.cache --lock)"``): a full-size trace takes up to 4 GiB."""
     with tempfile.TemporaryDirectory(prefix="plan_confirm_") as tmp:
         command = [sys.executable, "-m", "planning.plan_search_cli", *CONFIRM, "--work-dir", str(Path(tmp) / "cache"),
                    "-o", str(Path(tmp) / "best.toml")]
@@ -137,6 +146,51 @@ def confirm_speed() -> None:
         sys.exit(f"plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
     print(f"one traced confirmation at full size ({' '.join(CONFIRM[:6])}, 1x8:ds_ulysses@2x4, one stage of "
           f"28 pairs): {wall:.1f} s")
+
+
+#: The tiny training search of the Done-when, and its quick cut (one device, ZeRO 0).
+TRAIN = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "8", "--budget", "2"]
+TRAIN_QUICK = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "1", "--zero", "0",
+               "--budget", "1", "--validate", "0"]
+#: The Done-when's target for the tiny training search, seconds.
+TRAIN_TARGET_S = 120
+#: The plan's shape of the tiny config (its pairs traced at the plan's shape are no calibration).
+TINY_SHAPE = "28_64_64"
+
+
+def train_run(root: Path, arguments: list[str], work: Path) -> tuple[float, int, int, str]:
+    """One training search from the checkout at ``root`` into ``work`` (fresh): wall seconds,
+    calibration traces and traces at the plan's shape written (dumps on disk), the best plan."""
+    command = [sys.executable, "-m", "planning.plan_search_cli", *arguments, "--work-dir", str(work)]
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=root,
+                               env={**os.environ, "PYTHONPATH": str(root)})
+    wall = time.perf_counter() - started
+    if completed.returncode:
+        sys.exit(f"{root}: plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
+    dumps = list((work / "train_calibrations" / "dumps").glob("*/*.mlir"))
+    at_shape = sum(1 for dump in dumps if f"_{TINY_SHAPE}_" in dump.parent.name)
+    best = next((line for line in completed.stdout.splitlines() if line.startswith("best plan")), "no best plan")
+    return wall, len(dumps) - at_shape, at_shape, best
+
+
+def train_speed(quick: bool, baseline: Path | None) -> None:
+    """Print the tiny training search's wall time from a cold cache and its calibration traces,
+    beside the baseline's (module doc)."""
+    arguments = TRAIN_QUICK if quick else TRAIN
+    named = f"checkout {baseline}" if baseline else "--per-key-calibrations"
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="plan_train_") as tmp:
+        runs["this"] = train_run(REPO_ROOT, arguments, Path(tmp) / "this")
+        runs["base"] = train_run(baseline or REPO_ROOT, arguments if baseline else
+                                 [*arguments, "--per-key-calibrations"], Path(tmp) / "base")
+    print(f"plan-search {' '.join(arguments)}, cold cache:")
+    for label, (wall, calibrations, at_shape, best) in (("baseline: " + named, runs["base"]), ("this checkout", runs["this"])):
+        print(f"  {label:40s} {wall:7.1f} s   {calibrations:4d} calibration traces, {at_shape} at the plan's shape;"
+              f" {best}")
+    wall, base = runs["this"][0], runs["base"][0]
+    print(f"  ratio this / baseline: {wall / base:.2f}; target < {TRAIN_TARGET_S} s"
+          f"{'' if quick else (': meets' if wall < TRAIN_TARGET_S else ': MISSES')}")
 
 
 def run(arguments: list[str], jobs: int, work: Path) -> tuple[float, dict]:
@@ -160,14 +214,21 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="200 plans of one calibration, two flat tiny plans traced (a minute)")
     parser.add_argument("--plans", type=int, default=10_000, help="plans estimated")
-    parser.add_argument("--part", choices=("both", "estimate", "trace", "confirm"), default="both",
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="--part train: the checkout whose plan-search is the baseline (default: this "
+                             "checkout with --per-key-calibrations)")
+    parser.add_argument("--part", choices=("both", "estimate", "trace", "confirm", "train"), default="both",
                         help="estimate 10,000 plans, trace the tiny space, both, or time one traced "
-                             "confirmation at full size (run that alone: flock /tmp/fulltrace.lock)")
+                             "confirmation at full size (run that alone, under the trace lock: "
+                             "flock \"$(python3 -m hlo_trace.cache --lock)\")")
     parser.add_argument("--work", default=None,
                         help="calibration cache (default: a temporary directory, traced anew)")
     args = parser.parse_args()
     if args.part == "confirm":
         confirm_speed()
+        return 0
+    if args.part == "train":
+        train_speed(args.quick, args.baseline)
         return 0
     if args.part != "trace":
         with tempfile.TemporaryDirectory(prefix="plan_estimate_") as tmp:

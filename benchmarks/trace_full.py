@@ -14,7 +14,8 @@ whether the dump is byte-identical to an older one and, if not, whether the prog
 without locations) and how many locations differ.  ``--baseline DIR`` also traces with the code
 of another checkout (e.g. ``git worktree add DIR main``), alternating with this one run by run,
 and prints the ratios of the best figures (this checkout over the baseline) and the comparison
-of the two dumps.  Never run two of these at once (``flock /tmp/fulltrace.lock``).
+of the two dumps.  Never run two of these at once (``flock "$(python3 -m hlo_trace.cache --lock)"``,
+the user's trace lock, ``hlo_trace.cache``).
 
     python3 benchmarks/trace_full.py [--repeat 3] [--keep DIR] [--compare OLD.mlir] [--baseline DIR]
     python3 benchmarks/trace_full.py --quick     # the tiny config once (seconds): what CI runs

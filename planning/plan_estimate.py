@@ -41,7 +41,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -439,10 +439,12 @@ class KernelCosts:
             cached = self._calibrations[(key, kind)] = _read_calibration(self._path(key, kind), key, kind)
         return cached
 
-    def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec, *, boundaries: bool = True) -> int:
+    def prepare(self, keys: Sequence[CalibrationKey], system: SystemSpec, *, boundaries: bool = True,
+                progress: Callable[[int, int], None] | None = None) -> int:
         """Trace (``jobs`` processes of ``tracing.calibrate``) and analyze every calibration of
         ``keys`` not cached yet, and (``boundaries``: for pipelines) the boundary calibration of
-        each (model, shapes, patches); the number of trace requests run."""
+        each (model, shapes, patches); the number of trace requests run. ``progress(done,
+        total)`` as the traces are written."""
 
         kind = system.chip.name
         missing = list(dict.fromkeys(k for k in keys if not self._path(k, kind).exists()))
@@ -451,7 +453,7 @@ class KernelCosts:
         requests += [r for key in boundaries for r in self._requests(key, stages=(0,), boundary=True)[1]]
         if not requests:
             return 0
-        traced = run_calibration_traces(requests, self.work, jobs=self.jobs)
+        traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
         self.traced += traced
         analyze = functools.partial(_calibrate_key, system=system, kind=kind)
         work = [(key, self._requests(key, stages=(0,))[0]) for key in missing]
@@ -532,18 +534,19 @@ class KernelCosts:
         return cached
 
 
-def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jobs: int = 1) -> int:
+def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jobs: int = 1,
+                           progress: Callable[[int, int], None] | None = None) -> int:
     """Trace the stages of ``requests`` with ``python -m tracing.calibrate`` (``jobs``
     processes, each loading torch once and taking every ``jobs``-th request); the number of
-    requests run. UsageError with the tracer's last line when one fails as a whole."""
+    requests run. ``progress(done, total)``: called while they run, each time another request's
+    dumps are written (a dump and its sidecar, each written whole: an interrupted run leaves
+    none half written, and the next one traces only what is missing). UsageError with the
+    tracer's last line when one fails as a whole."""
     import os
     import subprocess
     import tempfile
 
-
-    missing = [r for r in requests
-               if not (Path(r["out"]) / FAILURE_FILE).exists()
-               and not all((Path(r["out"]) / name).exists() for name in dump_names(r))]
+    missing = [r for r in requests if not _request_done(_request_files(r))]
     if not missing:
         return 0
     work.mkdir(parents=True, exist_ok=True)
@@ -561,7 +564,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
             processes.append(subprocess.Popen(CalibrationTrace(listing).command(),
                                               stdout=subprocess.DEVNULL, stderr=logs[-1], text=True,
                                               env=environment))
-        codes = [process.wait() for process in processes]
+        codes = _wait_reporting(processes, [_request_files(r) for r in missing], progress)
         errors = []
         for code, stream in zip(codes, logs, strict=True):
             stream.seek(0)
@@ -580,6 +583,40 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
                 stderr.strip().splitlines()[-1:] or [f"exit code {code}"]
             raise UsageError(f"calibration trace failed: {lines[-1].removeprefix('Error: ')}")
     return len(missing)
+
+
+#: Seconds between two looks at the calibration traces written so far (``progress``).
+PROGRESS_POLL_S = 0.5
+
+
+def _request_files(request: dict[str, Any]) -> tuple[Path, list[Path]]:
+    """A request's failure record and the files of its traced stages (each dump and sidecar)."""
+    out = Path(request["out"])
+    dumps = [out / name for name in dump_names(request)]
+    return out / FAILURE_FILE, [*dumps, *(dump.with_suffix(".json") for dump in dumps)]
+
+
+def _request_done(files: tuple[Path, list[Path]]) -> bool:
+    failure, written = files
+    return failure.exists() or all(path.exists() for path in written)
+
+
+def _wait_reporting(processes: Sequence[Any], files: Sequence[tuple[Path, list[Path]]],
+                    progress: Callable[[int, int], None] | None) -> list[int]:
+    """Wait for ``processes``; meanwhile ``progress(done, total)`` as requests' files appear."""
+    import time
+
+    pending, done = list(files), 0
+    while True:
+        running = any(process.poll() is None for process in processes)
+        if progress is not None:
+            left = [item for item in pending if not _request_done(item)]
+            done += len(pending) - len(left)
+            pending = left
+            progress(done, len(files))
+        if not running:
+            return [process.wait() for process in processes]
+        time.sleep(PROGRESS_POLL_S)
 
 
 def _calibrate_key(item: tuple[CalibrationKey, dict[str, str]], *, system: SystemSpec,

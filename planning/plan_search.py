@@ -622,25 +622,35 @@ Tracer = Callable[[Sequence[Plan]], list[tuple[float, float] | str]]
 def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer, *,
            devices: int, memory_limit_bytes: float | None = None, budget: int = 12,
            jobs: int = 1, steps: int = 30, exhaustive: bool = False,
-           kernels: KernelCosts | None = None, validate: int = 0) -> SearchResult:
+           kernels: KernelCosts | None = None, validate: int = 0,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
     """Estimate every plan of ``space``, trace the most promising (module doc) with
     ``tracer``, ``jobs`` plans per round, at most ``budget`` plans in all. ``exhaustive``:
     trace every plan (no budget, no bound, no memory cut): the reference a search is
     measured against. ``kernels``: estimate from the traced kernels (``estimate_plan``),
     else the ideal estimate. ``validate``: then also trace that many plans drawn at random
     (seed ``VALIDATION_SEED``) from the untraced rest, to measure the estimate beyond the
-    plans it ranked first."""
+    plans it ranked first. ``progress``: lines of what it does (calibrating k of n traces,
+    estimating) with the time left (the traces of the plans report on the tracer's bar)."""
     import random
+
+    from planning.eta import EtaReporter
 
 
     system = load_system(hardware)
     limit = system.chip.dram_capacity_bytes if memory_limit_bytes is None else memory_limit_bytes
     if limit is None:
         raise UsageError(f"--hw {hardware}: the chip has no memory capacity; pass --memory-limit")
+    echo = progress or (lambda line: None)
     if kernels is not None:
         kernels.prepare(calibration_keys(space.plans, kernels), system,
-                        boundaries=any(p.case.pipeline.stages > 1 for p in space.plans))
-    estimates = {plan: estimate_plan(plan, system, steps=steps, kernels=kernels) for plan in space.plans}
+                        boundaries=any(p.case.pipeline.stages > 1 for p in space.plans),
+                        progress=EtaReporter("calibrating:", 0, echo, unit="traces"))
+    estimating = EtaReporter("estimating", len(space.plans), echo, unit="plans")
+    estimates = {}
+    for plan in space.plans:
+        estimates[plan] = estimate_plan(plan, system, steps=steps, kernels=kernels)
+        estimating(len(estimates))
     order = sorted(space.plans, key=lambda p: (estimates[p].latency_s, p.label))
     candidates = [p for p in order
                   if exhaustive or estimates[p].memory_bytes <= MEMORY_SLACK * limit]

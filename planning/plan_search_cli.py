@@ -245,14 +245,20 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="Sampling steps of one inference.")
 @click.option("-j", "--jobs", type=Count(), default=1,
               show_default=True,
-              help="Plans traced at once (clamped to the memory available, ~4 GiB a trace).")
+              help="Plans traced at once (clamped to the memory available, ~4 GiB a trace); "
+                   "--mode train: tracing processes of the calibrations and the plans' pairs.")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
               help="Trace on the workers of this Dask distributed scheduler (the cluster "
                    "extra; --work-dir must be on a filesystem every worker sees at the same "
                    "path).  [default: a local process pool of --jobs]")
-@click.option("--work-dir", default="plan-search", show_default=True,
-              type=click.Path(file_okay=False),
-              help="Cache of dumps and analyses (shared with other runs: keyed by content).")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False),
+              help="Cache of dumps, calibrations and analyses (shared with other runs: keyed by "
+                   "content).  [default: plan-search/ in the cache directory]")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="The user's cache directory of this run: the default --work-dir and the trace "
+                   "lock live there (as $HLO_TRACE_CACHE; $HLO_TRACE_LOCK names the lock file).  "
+                   "[default: $HLO_TRACE_CACHE, else $XDG_CACHE_HOME/hlo-trace, else "
+                   "~/.cache/hlo-trace]")
 @click.option("-o", "--plan-out", default="best_plan.toml", show_default=True,
               type=click.Path(dir_okay=False),
               help="Where the best plan is written, as a pipeline TOML.")
@@ -282,6 +288,10 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="--mode train: micro-batch counts of the pipelines, comma-separated.")
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True,
               help="--mode train: ZeRO stages of the plans, comma-separated.")
+@click.option("--derived-calibrations/--per-key-calibrations", "derive_recompute", default=True, show_default=True,
+              help="--mode train: calibrate a recompute plan with the traces of its twin without recompute, "
+                   "the forward's kernels once more (docs/plan_search.md), or trace every key's own "
+                   "(twice the calibration traces; the reference the derived ones are measured against).")
 @click.option("--target-latency", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
               help="Sizing: the smallest device count (up to --max-devices) whose best inference "
                    "plan meets this latency in seconds, and the curve.")
@@ -296,10 +306,11 @@ def plot_front(result, path: str, *, force: bool) -> None:
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
                         memory_limit_gb: float | None, budget: int, strategies: str | None,
                         stage_counts: str | None, splits: int, patch_counts: str, steps: int,
-                        jobs: int, scheduler: str | None, work_dir: str, plan_out: str,
+                        jobs: int, scheduler: str | None, work_dir: str | None, cache_dir: str | None,
+                        plan_out: str,
                         json_out: str | None, plot_out: str | None,
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
-                        train_batch: int | None, micro_batch_counts: str, zero_stages: str,
+                        train_batch: int | None, micro_batch_counts: str, zero_stages: str, derive_recompute: bool,
                         target_latency: float | None, target_step_time: float | None,
                         max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
@@ -318,6 +329,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    work_dir = _work_dir(work_dir, cache_dir)
     shape = shape or default_shape(model_config)
     check_plan_inputs(model_config, shape)
     system = load_system(hardware)
@@ -342,7 +354,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                                target_step_time=target_step_time, max_devices=max_devices,
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
-                               force=force, budget=budget, estimate_kind=estimate_kind, validate=validate)
+                               force=force, budget=budget, estimate_kind=estimate_kind, validate=validate,
+                               jobs=jobs, derive_recompute=derive_recompute)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -369,7 +382,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
                     memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
                     budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive, kernels=kernels,
-                    validate=0 if exhaustive else validate)
+                    validate=0 if exhaustive else validate,
+                    progress=lambda line: click.echo(f"  {line}", err=True))
     click.echo(render_report(result), nl=False)
     if json_out:
         atomic_write(json_out, json.dumps(result_document(result), indent=1) + "\n", force=force)
@@ -406,7 +420,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
                     force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0,
-                    zero: Sequence[int] = (0, 1, 2, 3)) -> int:
+                    zero: Sequence[int] = (0, 1, 2, 3), jobs: int = 1, derive_recompute: bool = True) -> int:
     """``--mode train`` and the sizing options (``planning.train_search``, ``planning.sizing``,
     rendered by ``planning.sizing_cli``)."""
     from dataclasses import asdict
@@ -458,7 +472,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     if estimate_kind == "kernels":
         from planning.train_estimate import TrainKernels
 
-        kernels = TrainKernels(work, model_config, shape)
+        kernels = TrainKernels(work, model_config, shape, jobs=jobs, derive_recompute=derive_recompute)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
                                        memory_limit_bytes=limit, kernels=kernels,
                                        budget=budget if confirm else 0, validate=validate if confirm else 0,
@@ -504,6 +518,18 @@ def _confirm_training_sizing(result, model_config: str, shape: str, hardware: st
     return (f"traced confirmation: one block pair of its stage steps in {pair.traced_step_s * 1e3:.4g} ms "
             f"(estimate {pair.estimated_step_s * 1e3:.4g} ms, ratio "
             f"{pair.estimated_step_s / pair.traced_step_s:.3f})")
+
+
+def _work_dir(work_dir: str | None, cache_dir: str | None) -> str:
+    """``--work-dir``, by default ``plan-search/`` in the cache directory; ``--cache-dir`` is set
+    as ``$HLO_TRACE_CACHE`` for the run (the trace lock and the children read it there)."""
+    import os
+
+    from hlo_trace import cache
+
+    if cache_dir is not None:
+        os.environ[cache.CACHE_ENV] = str(Path(cache_dir).expanduser().resolve())
+    return work_dir if work_dir is not None else str(cache.cache_dir() / "plan-search")
 
 
 def _locked_tracer(work: Path, hardware: str, steps: int):

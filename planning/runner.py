@@ -153,9 +153,13 @@ class Progress:
         self.done += advance
         width = 24
         filled = width * self.done // max(self.total, 1)
+        from planning.eta import duration_text
+
         elapsed = time.perf_counter() - self.started
+        left = (f", ETA {duration_text(elapsed / self.done * (self.total - self.done))}"
+                if 0 < self.done < self.total else "")
         line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} stages "
-                f"{elapsed:6.0f} s  {text}")
+                f"{elapsed:6.0f} s{left}  {text}")
         if self.tty:
             self.stream.write("\r\033[K" + line)
         else:

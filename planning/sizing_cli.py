@@ -32,7 +32,7 @@ class PairConfirmation:
 
 def confirm_training_pair(outcome, config: str, shape: str, hardware: str, work: Path) -> PairConfirmation:
     """Trace one block pair of the plan's stage at the plan's shape and micro-batch (under
-    ``planning.train_estimate.TRACE_LOCK``; cached in ``work``) and cost it on ``hardware``."""
+    the user's trace lock, ``planning.train_estimate.trace_lock``; cached in ``work``) and cost it on ``hardware``."""
     from planning.train_estimate import TrainKernels
     from planning.train_search import pair_key
 

@@ -17,6 +17,26 @@ accumulation, :func:`analyze_pair`):
   all-reduce or reduce-scatter moving parameters or gradients by ``hlo_analyzer.training``'s
   traffic classes; a ZeRO-3 gather of a weight stays per micro-batch).
 
+The ``micro`` group is cached as its two phases, ``forward`` (the forward scope's kernels and
+collectives) and ``backward`` (the rest: the backward, a recomputed forward among it).
+
+**Recompute as a function of the pair without it.** Full recompute
+(``torch.utils.checkpoint`` around each block) runs the block's forward again inside the
+backward, its activation collectives included, and changes nothing else that runs: so a
+recompute plan's per-micro-batch kernels are the same pair's without recompute plus its
+``forward`` group once more (:func:`step_groups`), and :class:`TrainKernels` calibrates a
+recompute key with the traces of its twin without recompute (``derive_recompute``; one
+calibration serves both, halving the keys). Checked on traces it was not built from
+(``tests/test_train_generalise.py``): on tiny one-pair steps the derived micro-batch is
+within :data:`RECOMPUTE_TOLERANCE` of the traced recompute program: -2.9% (ds_ulysses 2x2)
+and -2.2% (usp 2x4, ring 2) on the middle pair of the 3-pair tiny model, -0.3% to -1.3% on
+the last stage of the 2-pair one (dp, megatron, ring_attention, usp, ds_ulysses on tx8-16).
+The residual is element-wise work: the rerun inside the backward (behind the checkpoint's
+optimization barrier) runs about 20 element-wise kernels on their own that the first forward
+fuses into its GEMMs' epilogues. Also left out: a stage whose forward group holds more than
+the blocks (the loss and final layer of a last stage are not recomputed; the traced pair of a
+model of 3 or more pairs is a middle stage and has neither).
+
 :func:`compose_step` composes a pipeline of P stages of n pairs each with 1F1B over m
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
 boundary (the hidden states forward, their gradient back) is the caller's.
@@ -34,16 +54,20 @@ the first stage's chips run them).
 
 Traces and analyses are cached under the work directory (``train_calibrations/``: the dumps,
 and per chip kind each program's kernel groups as JSON); every trace holds
-:data:`TRACE_LOCK` while it runs (one full-size or training trace at a time on the machine).
+the user's trace lock while it runs (``hlo_trace.cache.trace_lock_path``: one full-size trace
+at a time on the machine; a model of fewer than :data:`UNLOCKED_PARAMETERS` parameters, the tiny
+config, traces without it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +88,30 @@ from plans.calibration import request_config
 from plans.feasibility import check_stage
 from plans.train_options import TrainOptions
 
-__all__ = ["GROUPS", "TRACE_LOCK", "PairKey", "PairProgram", "TrainKernels", "TrainStep",
-           "analyze_pair", "check_traceable", "compose_step", "cost_groups", "pair_stage"]
+__all__ = ["GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairKey", "PairProgram",
+           "TrainKernels", "TrainStep", "analyze_pair", "check_traceable", "compose_step", "cost_groups",
+           "pair_stage", "step_groups"]
 
 #: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
 GROUPS = ("micro", "update")
+#: The groups cached per traced program: the micro-batch's forward and backward, the step's update.
+PROGRAM_GROUPS = ("forward", "backward", "update")
+#: How far a recompute pair derived from its twin without recompute may be from its trace
+#: (module doc; tests/test_train_generalise.py).
+RECOMPUTE_TOLERANCE = 0.05
 #: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
 GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
-#: Held (``flock``) while a trace runs: one full-size or training trace at a time here
-#: (scripts/training_study.py and plan-search's confirmations hold the same file).
-TRACE_LOCK = "/tmp/fulltrace.lock"
-#: Format of the cached analyses (bumped when what they hold changes).
-CACHE_VERSION = 1
+#: ``lock`` of :func:`trace_lock` and :class:`TrainKernels`: the user's trace lock
+#: (``hlo_trace.cache.trace_lock_path()``, resolved when it is taken), held (``flock``) while a
+#: trace runs: one full-size trace at a time on the machine (``scripts/training_study.py`` and
+#: plan-search's confirmations hold the same file).
+USER_LOCK = "user"
+#: A model with fewer parameters traces without the lock (the tiny config, 0.34 M: its traces
+#: take well under a GiB; the full model, 1.2 G, a few GiB at full size).
+UNLOCKED_PARAMETERS = 10**8
+#: Format of the cached analyses (bumped when what they hold changes; an older analysis is
+#: redone from its cached dump).
+CACHE_VERSION = 2
 
 
 def pair_stage(depth: int) -> tuple[str, int]:
@@ -176,7 +212,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import OPTIMIZER, PARAM_GRAD, read_training_layout
+    from hlo_analyzer.training import FORWARD, OPTIMIZER, PARAM_GRAD, read_training_layout
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
@@ -186,7 +222,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     report, mapping, options, split = analysis.report, analysis.mapping, analysis.options, analysis.training
     assert split is not None and options is not None  # the sidecar's training section, a chip
     location = {row.position: row.location for row in report.rows}
-    groups: dict[str, list[Any]] = {name: [] for name in GROUPS}
+    groups: dict[str, list[Any]] = {name: [] for name in PROGRAM_GROUPS}
     for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):
         if source.collective is not None:
             if op.position not in split.collective_classes:
@@ -194,22 +230,23 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
             phase, traffic = split.collective_classes[op.position]
             once = phase == OPTIMIZER or (traffic == PARAM_GRAD and source.collective[0] in GRADIENT_SUM_KINDS)
         else:
-            once = layout.phase(location.get(op.position, "")) == OPTIMIZER
-        groups["update" if once else "micro"].append(source)
+            phase = layout.phase(location.get(op.position, ""))
+            once = phase == OPTIMIZER
+        groups["update" if once else "forward" if phase == FORWARD else "backward"].append(source)
     memory = {key: int(split.memory.get(key, 0)) for key in ("param", "grad", "optimizer_state", "activation")}
     return PairProgram({name: sources_document(kernels, options.execution) for name, kernels in groups.items()},
                        memory)
 
 
 def cost_groups(groups: dict[str, dict[str, Any]], system: SystemSpec) -> dict[str, GroupCost]:
-    """Each group's kernels and collectives costed on ``system`` (``map_kernels``, as
-    ``analyze-hlo --hw`` costs them)."""
+    """Each group of a program (:data:`PROGRAM_GROUPS`) costed on ``system`` (``map_kernels``,
+    as ``analyze-hlo --hw`` costs them: kernel by kernel, so the groups add up to the program)."""
     from hlo_analyzer.mapping.kernel_list import sources_from_document
     from hlo_analyzer.mapping.program import map_kernels
     from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
 
     costs = {}
-    for name in GROUPS:
+    for name in PROGRAM_GROUPS:
         sources, execution = sources_from_document(groups[name])
         program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
         comm = sum(op.latency_s for op in program.ops if op.kind == NETWORK_KIND)
@@ -217,13 +254,28 @@ def cost_groups(groups: dict[str, dict[str, Any]], system: SystemSpec) -> dict[s
     return costs
 
 
+def step_groups(costs: dict[str, GroupCost], *, rerun_forward: bool = False) -> dict[str, GroupCost]:
+    """A pair's :data:`GROUPS` from its program's costed groups: ``micro`` = forward + backward
+    (+ the forward once more: ``rerun_forward``, a recompute pair derived from its twin without
+    recompute, module doc), ``update`` as it is."""
+    micro = costs["forward"] + costs["backward"]
+    if rerun_forward:
+        micro = micro + costs["forward"]
+    return {"micro": micro, "update": costs["update"]}
+
+
 @contextmanager
-def trace_lock(path: str | None = TRACE_LOCK) -> Iterator[None]:
-    """Hold :data:`TRACE_LOCK` (``flock``) while tracing (``None``: no lock)."""
+def trace_lock(path: str | Path | None = USER_LOCK) -> Iterator[None]:
+    """Hold the trace lock ``path`` (``flock``; :data:`USER_LOCK`: the user's) while tracing
+    (``None``: no lock)."""
     if path is None:
         yield
         return
-    with open(path, "a") as handle:
+    from hlo_trace.cache import trace_lock_path
+
+    lock = trace_lock_path() if path == USER_LOCK else Path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -234,16 +286,25 @@ def trace_lock(path: str | None = TRACE_LOCK) -> Iterator[None]:
 class TrainKernels:
     """The traced pairs of training plans at one shape: the two calibration programs of each
     key (the estimate) and the full-size program (the traced figure), traced on demand under
-    :data:`TRACE_LOCK` (``lock``; None: none, for tiny traces), analysed per chip kind and
-    cached under ``work/train_calibrations``."""
+    the trace lock (``lock``: :data:`USER_LOCK`, the user's for a model of
+    :data:`UNLOCKED_PARAMETERS` or more; a path; None: none), analysed per chip kind and
+    cached under ``work/train_calibrations``; ``jobs`` tracing processes at once.
+    ``derive_recompute``: a recompute key is
+    calibrated with its twin without recompute (module doc); False traces it as its own (the
+    per-family calibration, the baseline of ``benchmarks/plan_search.py``)."""
 
-    def __init__(self, work: Path, config: str, shape: str, *, lock: str | None = TRACE_LOCK) -> None:
+    def __init__(self, work: Path, config: str, shape: str, *, lock: str | Path | None = USER_LOCK,
+                 derive_recompute: bool = True, jobs: int = 1) -> None:
+        from models.opensora.flops import parameter_count
+
         self.work = Path(work) / "train_calibrations"
-        self.lock = lock
+        self.jobs = jobs
+        small = parameter_count(get_config(config)) < UNLOCKED_PARAMETERS
+        self.lock = None if lock == USER_LOCK and small else lock
+        self.derive_recompute = derive_recompute
         self._holding = False
         self._lock_context: Any = None
         self.config, self.shape = config, shape
-        self.base_shape, self.scaled_shape, self.t_ratio, self.w_ratio = calibration_shapes(get_config(config), shape)
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self.traced = 0
 
@@ -286,17 +347,43 @@ class TrainKernels:
     def _analysis_path(self, key: PairKey, shape: str, kind: str) -> Path:
         return self.work / kind / f"{key.name(shape)}.json"
 
-    def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> int:
-        """Trace every program of ``keys`` not traced yet: the two calibration shapes, or
-        (``full``) the plan's shape; the number traced."""
-        shapes = (self.shape,) if full else (self.base_shape, self.scaled_shape)
+    def shapes(self, key: PairKey) -> tuple[str, str, Fraction, Fraction]:
+        """``key``'s two calibration shapes and the factors ``T / T0``, ``W / W0`` to the plan's
+        (``plan_estimate.calibration_shapes`` on the stage's chips: the frames' power of two
+        capped at the largest power of two of the mesh, so shapes of one size that differ by a
+        power of two of frames share the traces, as the inference calibrations do)."""
+        nx, ny = key.mesh
+        return calibration_shapes(get_config(self.config), self.shape, nx * ny)
+
+    def calibration_key(self, key: PairKey) -> PairKey:
+        """The key whose traces calibrate ``key``'s estimate: its twin without recompute
+        (``derive_recompute``), else itself."""
+        return dataclasses.replace(key, recompute=False) if self.derive_recompute else key
+
+    def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
+        """The distinct keys traced to calibrate ``keys``, in their order."""
+        return list(dict.fromkeys(self.calibration_key(key) for key in keys))
+
+    def requests(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> list[dict[str, Any]]:
+        """The trace requests of :meth:`prepare` whose programs are not analysed yet (some may
+        be traced already: ``run_calibration_traces`` skips those)."""
+        keys = list(keys) if full else self.calibration_keys(keys)
         kind = system.chip.name
-        requests = [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys) for shape in shapes
-                    if not self._analysis_path(key, shape, kind).exists()]
+        return [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys)
+                for shape in ((self.shape,) if full else self.shapes(key)[:2])
+                if not self._analysis_path(key, shape, kind).exists()]
+
+    def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> int:
+        """Trace every program of ``keys`` not traced yet, in ``jobs`` processes that load
+        torch once each: the two calibration shapes of their calibration keys, or (``full``)
+        the keys' own programs at the plan's shape; the number traced. ``progress(done,
+        total)`` as the traces are written (``run_calibration_traces``)."""
+        requests = self.requests(keys, system, full=full)
         if not requests:
             return 0
         with self._tracing():
-            traced = run_calibration_traces(requests, self.work, jobs=1)
+            traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
         self.traced += traced
         return traced
 
@@ -324,27 +411,32 @@ class TrainKernels:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps(document) + "\n", force=True)
         document = json.loads(path.read_text())
-        if document.get("version") != CACHE_VERSION:
-            raise UsageError(f"{path}: cache version {document.get('version')!r}; expected {CACHE_VERSION} "
-                             "(delete the file to analyse it again)")
+        if document.get("version") != CACHE_VERSION:  # an older analysis: redone from the dump
+            path.unlink()
+            return self.program(key, shape, system)
         value = document["error"] if "error" in document else PairProgram(document["groups"], document["memory"])
         self._programs[(key, shape, kind)] = value
         return value
 
     def estimate(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], str]:
         """The pair's groups at the plan's shape from the two calibration programs, costed on
-        ``system``, and the basis (ValueError when a calibration failed or the two differ)."""
-        base = self.program(key, self.base_shape, system)
-        scaled = self.program(key, self.scaled_shape, system)
+        ``system``, and the basis (ValueError when a calibration failed or the two differ). A
+        recompute key of ``derive_recompute`` takes its twin's programs, the forward once more."""
+        calibrated = self.calibration_key(key)
+        base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
+        base = self.program(calibrated, base_shape, system)
+        scaled = self.program(calibrated, scaled_shape, system)
         for value in (base, scaled):
             if isinstance(value, str):
                 raise ValueError(f"calibration not traced: {value}")
         assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
-        rescaler = _Rescaler(self.t_ratio, self.w_ratio)
-        groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in GROUPS}
-        basis = (f"traced kernels ({self.base_shape}, {self.scaled_shape}; {rescaler.inexact} of "
-                 f"{rescaler.values} integers inexact)")
-        return cost_groups(groups, system), basis
+        rescaler = _Rescaler(t_ratio, w_ratio)
+        groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in PROGRAM_GROUPS}
+        derived = calibrated != key
+        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
+                 f"{rescaler.values} integers inexact"
+                 f"{'; recompute: the pair without it, its forward once more' if derived else ''})")
+        return step_groups(cost_groups(groups, system), rerun_forward=derived), basis
 
     def full(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], dict[str, int]] | str:
         """The pair's own program at the plan's shape, costed on ``system``, and its memory
@@ -352,5 +444,5 @@ class TrainKernels:
         value = self.program(key, self.shape, system)
         if isinstance(value, str):
             return value
-        return cost_groups(value.groups, system), dict(value.memory)
+        return step_groups(cost_groups(value.groups, system)), dict(value.memory)
 

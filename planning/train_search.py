@@ -79,8 +79,6 @@ BYTES_PER_ELEMENT = 2
 #: traced step's GEMM work is 3.000x the forward's, docs/training.md); 4 with full recompute.
 STEP_OVER_FORWARD = 3
 RECOMPUTE_STEP_OVER_FORWARD = 4
-#: Calibration keys traced per tracing process (each loads torch once for them).
-CALIBRATIONS_PER_PROCESS = 4
 #: The per-device view each layout's forward runs (``hardware.block_shapes_for``): (ideal
 #: strategy, which mesh): "mesh" the plan's, "y" the Y axis with the batch split over X.
 _IDEAL = {"dp": ("dp", "mesh"), "megatron": ("megatron", "mesh"),
@@ -464,14 +462,12 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
             infeasible.append((plan.label, str(error)))
     if kernels is not None:  # the plans that fit get the traced-kernel step
         fit = [o for o in outcomes if o.estimate.memory_bytes <= limit]
-        keys = list(dict.fromkeys(pair_key(o.plan, config) for o in fit))
-        with kernels.held():  # one hold for the calibrations of the search
-            for start in range(0, len(keys), CALIBRATIONS_PER_PROCESS):
-                kernels.prepare(keys[start:start + CALIBRATIONS_PER_PROCESS], system)
-                if progress is not None:
-                    progress(f"calibrated {min(start + CALIBRATIONS_PER_PROCESS, len(keys))} of {len(keys)} "
-                             "traced pairs")
-        better = {o.plan: kernel_train_estimate(o.plan, system, config, shape, kernels) for o in fit}
+        _trace_reporting(kernels, [pair_key(o.plan, config) for o in fit], system, "calibrating", progress)
+        estimating = _reporter("estimating", len(fit), "plans", progress)
+        better = {}
+        for index, o in enumerate(fit):
+            better[o.plan] = kernel_train_estimate(o.plan, system, config, shape, kernels)
+            estimating(index + 1)
         outcomes = [TrainOutcome(o.plan, better.get(o.plan, o.estimate)) for o in outcomes]
     outcomes.sort(key=lambda o: (o.estimate.step_s, o.plan.label))
     fitting = [o for o in outcomes if o.estimate.memory_bytes <= limit]
@@ -483,13 +479,8 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
     traced = {}
     if chosen or drawn:
         assert kernels is not None
-        missing = [pair_key(p, config) for p in chosen + drawn]
-        with kernels.held():  # one hold for the search's full-size pairs
-            for start in range(0, len(missing), CALIBRATIONS_PER_PROCESS):
-                kernels.prepare(missing[start:start + CALIBRATIONS_PER_PROCESS], system, full=True)
-                if progress is not None:
-                    progress(f"traced {min(start + CALIBRATIONS_PER_PROCESS, len(missing))} of {len(missing)} "
-                             "plans' pairs at the plan's shape")
+        _trace_reporting(kernels, [pair_key(p, config) for p in chosen + drawn], system,
+                         "tracing the plans' pairs at the plan's shape:", progress, full=True)
     for plan in chosen + drawn:
         traced[plan] = traced_train_step(plan, system, config, shape, kernels)
     done = []
@@ -508,6 +499,22 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
     space = TrainSpace(tuple(o.plan for o in done), tuple(infeasible))
     return TrainSearchResult(config, shape, hardware, devices, limit, space, tuple(done), best,
                              tuple(drawn), budget)
+
+
+def _reporter(what: str, total: int, unit: str, progress: Callable[[str], None] | None) -> Callable[..., None]:
+    """``progress``'s lines with the time left (``planning.eta``); a no-op without ``progress``."""
+    from planning.eta import EtaReporter
+
+    return (lambda *_: None) if progress is None else EtaReporter(what, total, progress, unit=unit)
+
+
+def _trace_reporting(kernels: TrainKernels, keys: Sequence[PairKey], system: SystemSpec, what: str,
+                     progress: Callable[[str], None] | None, *, full: bool = False) -> None:
+    """``kernels.prepare`` (every trace in one run of ``kernels.jobs`` processes, under one
+    hold of the trace lock) with ``what k of n traces`` and the time left."""
+    report = _reporter(what, len(kernels.requests(keys, system, full=full)), "traces", progress)
+    with kernels.held():
+        kernels.prepare(keys, system, full=full, progress=report)
 
 
 def throughput_label(outcome: TrainOutcome) -> str:

@@ -9,7 +9,7 @@ Each row of the notes is one case: ``trace-stage --mode train`` of stage 1 of ``
 (``results/.cache/training`` by default, with the dumps), are the cache: a rerun only rebuilds the
 tables (seconds); an analysis made by other analyzer or cost-model sources is made again from
 the cached dump. Traces run one at a time
-under ``flock /tmp/fulltrace.lock`` (a full-size trace takes tens of seconds and gigabytes).
+under the user's trace lock (``flock``, ``hlo_trace.cache.trace_lock_path``) (a full-size trace takes tens of seconds and gigabytes).
 
     python3 scripts/training_study.py                 # -> results/training.md, .csv, .png
     python3 scripts/training_study.py --only TP,DP    # a subset of the rows
@@ -33,6 +33,7 @@ if str(REPO_ROOT) not in sys.path:
 import click  # noqa: E402
 
 from hlo_trace.atomic import atomic_write  # noqa: E402
+from hlo_trace.cache import trace_lock_path  # noqa: E402
 from models.opensora.config import get_config  # noqa: E402
 from models.opensora.theory import activation_per_device, block_dims, block_gemm_flops  # noqa: E402
 from models.opensora.training_theory import (  # noqa: E402
@@ -113,7 +114,9 @@ def analyze_row(row: Row, work: Path, version: str) -> dict | None:
             return kept
     dump = work / "dumps" / dump_name(row)
     if not dump.is_file():
-        result = subprocess.run(["flock", "/tmp/fulltrace.lock", sys.executable, "-m",
+        lock = trace_lock_path()
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(["flock", str(lock), sys.executable, "-m",
                                  "tracing.cli", *STAGE, *row.options(), "-o", str(dump.parent),
                                  "--force"], cwd=REPO_ROOT, capture_output=True, text=True)
         if result.returncode:

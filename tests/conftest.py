@@ -18,3 +18,20 @@ def _no_jax_backend_in_the_test_process(request):
         bridge._backends.clear()  # one failure, not one per later test
         pytest.fail(f"{request.node.nodeid} started a JAX backend in the test process: run that "
                     "JAX work in a child (tests/jax_child.py)", pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _the_cache_directory_is_the_test_runs(tmp_path_factory):
+    """A command that a test runs without ``--work-dir`` caches in the user's cache directory
+    (``hlo_trace.cache``): here a directory of the test run, never the user's own."""
+    import os
+
+    from hlo_trace.cache import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before

@@ -62,7 +62,7 @@ def test_a_traced_pair_splits_into_micro_batch_and_step_kernels_and_the_calibrat
     from hlo_analyzer import load_module
     from hlo_analyzer.mapping.kernel_list import sources_from_document
     from hlo_analyzer.training import measure_training, read_training_layout
-    from planning.train_estimate import TrainKernels, analyze_pair, cost_groups
+    from planning.train_estimate import TrainKernels, analyze_pair, cost_groups, step_groups
 
     config = "full"
     system = load_system("4x8xh100")
@@ -84,14 +84,14 @@ def test_a_traced_pair_splits_into_micro_batch_and_step_kernels_and_the_calibrat
     once = sum(count for (phase, traffic, kind), (count, _) in split.comm.items()
                if phase == "optimizer" or (traffic == "param_grad" and kind in ("all_reduce", "reduce_scatter")))
     update, _ = sources_from_document(program.groups["update"])
-    micro, _ = sources_from_document(program.groups["micro"])
+    micro = [k for name in ("forward", "backward") for k in sources_from_document(program.groups[name])[0]]
     assert once > 0 and sum(1 for k in update if k.collective is not None) == once
     assert sum(1 for k in micro if k.collective is not None) == sum(c for c, _ in split.comm.values()) - once
     assert memory == {k: split.memory[k] for k in ("param", "grad", "optimizer_state", "activation")}
 
     estimate, basis = kernels.estimate(key, system)
     assert basis.startswith("traced kernels")
-    direct = cost_groups(program.groups, system)
+    direct = step_groups(cost_groups(program.groups, system))
     for name in ("micro", "update"):
         assert estimate[name].compute_s == pytest.approx(direct[name].compute_s, rel=0.05), name
         assert estimate[name].comm_s == pytest.approx(direct[name].comm_s, rel=0.05, abs=1e-12), name
