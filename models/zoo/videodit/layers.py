@@ -126,6 +126,7 @@ def rope_3d(x: Tensor, grid: tuple[int, int, int], dims: tuple[int, int, int],
         angle = (position[:, None] * inverse[None]).view(shape)
         angles.append(angle.expand(*grid, dim // 2))
     angle = torch.cat(angles, dim=-1).reshape(math.prod(grid), 1, sum(dims) // 2)
+    angle = F.pad(angle, (0, 0, 0, 0, 0, x.shape[1] - math.prod(grid)))  # padding: angle 0
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     pairs = x.unflatten(-1, (-1, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
@@ -182,6 +183,14 @@ class AttentionCore(nn.Module):
             state = self.ring_max(maximum), self.ring_sum(total), self.ring_out(out)
         _, total, out = state
         return (out / total.transpose(2, 3)[..., None]).to(v.dtype).flatten(1, 2)
+
+
+def pad_tokens(x: Tensor, multiple: int) -> Tensor:
+    """(B, L, ...) padded with zero tokens at the end to a multiple of ``multiple`` tokens (a
+    sequence-parallel degree that does not divide L; the padded tokens are attended unmasked:
+    at most ``multiple - 1`` more tokens of work)."""
+    extra = -x.shape[1] % multiple
+    return x if extra == 0 else torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
 
 
 def heads(x: Tensor, count: int) -> Tensor:
