@@ -41,14 +41,14 @@ import click  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 from models.zoo.videodit.configs import (  # noqa: E402
+    BASE,
     COGVIDEOX_5B,
     HUNYUAN_VIDEO,
     MODELS,
-    BASE,
     WAN21_14B,
     VideoDiT,
-    parts,
     part_kwargs,
+    parts,
     peak,
     scaled,
 )

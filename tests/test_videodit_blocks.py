@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch_xla")
 
-from models.zoo.videodit.configs import parts, part_kwargs, peak, scaled  # noqa: E402
+from models.zoo.videodit.configs import part_kwargs, parts, peak, scaled  # noqa: E402
 from scripts.videodit import Layout, report, step_seconds, trace, trace_command, traced  # noqa: E402
 
 WHOLE = "whole"
