@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,3 +423,37 @@ def walk_until(graph: nx.DiGraph, starts: Iterable[int | None], *, backward: boo
             return set(), passed
         frontier.extend(neighbours(node))
     return reached, passed
+
+
+def attention_probabilities(graph: nx.DiGraph, value_gemm: int,
+                            is_gemm: Collection[int]) -> tuple[int, set[int], set[int]] | None:
+    """(operand index of the probabilities, score GEMMs, softmax ops) of an attention's value
+    GEMM, or None when no softmax over GEMM scores feeds it: walking back from the operand
+    until GEMMs (nothing reached beyond ``SOFTMAX_SPAN_LIMIT`` ops), an ``exponential`` passed."""
+    softmax_outputs = after_exponential(graph)
+    for index in (0, 1):
+        start = graph.nodes[value_gemm]["operands"][index]
+        if start not in softmax_outputs:
+            continue
+        scores, passed = walk_until(graph, [start], backward=True, stop=is_gemm.__contains__,
+                                    limit=SOFTMAX_SPAN_LIMIT)
+        if scores and any(graph.nodes[p]["name"] == "exponential" for p in passed):
+            return index, scores, passed
+    return None
+
+
+def attention_internals(graph: nx.DiGraph) -> frozenset[int]:
+    """The ops whose results a fused (flash) attention kernel keeps in on-chip tiles and never
+    writes to memory: of every attention (a value GEMM fed by a softmax of score GEMMs), the
+    score GEMMs and the softmax's ops; the value GEMM's result is the kernel's output."""
+    nodes = graph.nodes
+    is_gemm = {node for node, name in nodes(data="name") if name in GEMM_OPS}
+    softmax_outputs = after_exponential(graph)
+    internal: set[int] = set()
+    for node in sorted(is_gemm):
+        if not softmax_outputs.intersection(nodes[node]["operands"][:2]):
+            continue
+        found = attention_probabilities(graph, node, is_gemm)
+        if found is not None:
+            internal |= found[1] | found[2]
+    return frozenset(internal)

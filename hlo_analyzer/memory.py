@@ -27,6 +27,11 @@ Two parts, per device (a partitioned dump is one device's program, its shapes ar
   ``reshape``/``bitcast`` results, no fusion): the figure is the unfused program's peak, an upper
   bound of what XLA's buffer assignment would allocate.
 
+**Fused attention** (``held_in_tiles``; ``hlo_analyzer.attention_memory``): the ops whose results
+a fused kernel keeps in on-chip tiles (a flash attention's scores and softmax) take no memory, so
+a program traced with attention written out is charged what flash-attention's tiling holds: its
+q, k, v and output, no (heads x S_Q x S_KV) score buffer.
+
 ``total_bytes = weight_bytes + scalar_bytes + stale_kv_bytes + peak_live_bytes``. With a chip capacity (the
 hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device that does not fit.
 """
@@ -202,9 +207,12 @@ class MemoryVisitor(IRVisitor):
     skip_scalar_bodies = True
 
     def __init__(self, inputs: Sequence[InputSignature] | None = None,
-                 types: TypeTable | None = None) -> None:
+                 types: TypeTable | None = None, *,
+                 held_in_tiles: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self.inputs = list(inputs) if inputs is not None else None
+        #: walk positions of ops whose results a fused kernel keeps on chip: no memory
+        self.held_in_tiles = held_in_tiles
         self.types = types if types is not None else TypeTable()
         self.types.reads_values = True  # liveness reads every op's values
         self._type_bytes: dict[ir.Type, int] = {}
@@ -280,11 +288,12 @@ class MemoryVisitor(IRVisitor):
             elif record[2] < index:
                 record[2] = index
         type_bytes = self._type_bytes
+        tiled = self.position in self.held_in_tiles
         for value, value_type in zip(facts.results, facts.result_types):
             nbytes = type_bytes.get(value_type)
             if nbytes is None:
                 nbytes = self._bytes(value_type, node)
-            values[hash(value)] = [nbytes, index, index]
+            values[hash(value)] = [0 if tiled else nbytes, index, index]
         table.names.append(self.op_name)
         table.index = index + 1
         table.last_position = self.position
@@ -416,8 +425,11 @@ def argument_shardings(function: Any) -> list[str | None]:
 
 
 def measure_memory(module: ir.Module, inputs: Sequence[InputSignature] | None = None, *,
-                   capacity_bytes: float | None = None) -> MemoryUsage:
-    visitor = MemoryVisitor(inputs)
+                   capacity_bytes: float | None = None,
+                   held_in_tiles: frozenset[int] = frozenset()) -> MemoryUsage:
+    """The memory of ``module``; ``held_in_tiles``: walk positions (``OpRow.position``) of ops
+    whose results take no memory (a fused kernel keeps them on chip)."""
+    visitor = MemoryVisitor(inputs, held_in_tiles=held_in_tiles)
     visitor.visit(module)
     return visitor.result(capacity_bytes)
 

@@ -276,3 +276,27 @@ def test_full_size_hand_count_equals_a_one_block_trace(tmp_path, name):
     tokens = config.video_tokens(5, 128, 128)  # 2 latent frames of 16 x 16 -> 128 tokens
     count = count_of(batch, tokens, config.text_tokens, **hand)
     assert json.loads(analysis.stdout)["totals"]["gemm_flops"] == count.total
+
+
+def test_the_official_library_calls_are_one_kernel_each(tmp_path):
+    """Under ``--exec torch`` (eager PyTorch, one kernel per library call) the attention of every
+    block is one flash-attention kernel, as the official code calls it, and each LayerNorm one
+    kernel: the model marks them (``layers.attend``, ``layer_norm``) and trace-module's sidecar
+    lists their source lines. Tiny Wan in bfloat16, 2 blocks: a self- and a cross-attention and
+    two LayerNorms without affine each, and the cross-attention's norm3 with it."""
+    factory, inputs, *_ = MODELS["wan21"]
+    args = [sys.executable, "-m", "tracing.module_cli", factory, "--strategy", "dp", "--mesh", "1x1",
+            "--dtype", "bfloat16", "--name", "wan", "-o", str(tmp_path)]
+    for spec in inputs:
+        args += ["--input", spec.replace("float32", "bfloat16")]
+    traced = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert traced.returncode == 0, traced.stderr
+    analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(tmp_path / "wan.mlir"),
+                               "--hw", "h100-sxm", "--format", "json"], env=_env(), capture_output=True,
+                              text=True, timeout=300)
+    assert analysis.returncode == 0, analysis.stderr
+    mapping = json.loads(analysis.stdout)["mapping"]
+    assert mapping["execution"] == "torch"
+    kernels = {entry["class"]: entry["kernels"] for entry in mapping["classes"]}
+    assert kernels["flash_attention"] == 2 * 2
+    assert kernels["layer_norm"] == 2 * 3 + 1  # and the head's

@@ -20,6 +20,7 @@ import click
 from hlo_trace.cli import OneLineCommand, native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child
+from models.opensora.library_calls import call_regions
 from plans.module_plan import (
     MODEL_DTYPES,
     SHORTHANDS,
@@ -167,6 +168,8 @@ def _trace_in_child(model: str, kwargs: dict[str, Any], inputs: list[InputSpec],
         "seconds_total": round(time.perf_counter() - started, 3),
         "peak_rss_bytes": capture.peak_rss_bytes(),
         "mlir_bytes": len(mlir_text.encode()),
+        # the functions the model marks as one library kernel (none unless it marks some)
+        "library_calls": [region.to_dict() for region in call_regions()],
     }
     if redundancy is not None:
         sidecar["redundancy"] = redundancy

@@ -248,28 +248,36 @@ _READBACKS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float_
 @contextmanager
 def _no_readback(what: str) -> Iterator[None]:
     """Within: a read-back (:data:`_READBACKS`) is a one-line error naming it; any other
-    execution torch-xla would start (``.to("cpu")``) raises torch-xla's own RuntimeError."""
+    execution torch-xla would start (``.to("cpu")``) raises torch-xla's own RuntimeError.
+
+    The read-backs are replaced on ``torch.Tensor`` while the forward runs, not intercepted by a
+    ``TorchFunctionMode``: a mode's Python frame would be the innermost frame of every op, and
+    torch-xla writes that frame as the op's source location (``XLA_HLO_DEBUG``), where the
+    analysis reads the model's library calls (``hlo_analyzer.mapping.library_calls``)."""
     import torch
     import torch_xla
-    from torch.overrides import TorchFunctionMode
 
-    readbacks = {getattr(torch.Tensor, name): name for name in _READBACKS}
+    def refuse(name: str):
+        def readback(*args: Any, **kwargs: Any) -> Any:
+            raise PlanError(f"{what} calls Tensor.{name}(), which reads a value "
+                            "of the program; a trace compiles the program and never runs it: "
+                            "compute without reading values (no .item(), print or Python "
+                            "branch on a tensor)")
+        return readback
 
-    class NoReadback(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in readbacks:
-                raise PlanError(f"{what} calls Tensor.{readbacks[func]}(), which reads a value "
-                                "of the program; a trace compiles the program and never runs it: "
-                                "compute without reading values (no .item(), print or Python "
-                                "branch on a tensor)")
-            return func(*args, **(kwargs or {}))
-
+    own = {name: torch.Tensor.__dict__[name] for name in _READBACKS if name in torch.Tensor.__dict__}
     allowed = torch_xla._XLAC._get_allow_execution()
     torch_xla._XLAC._set_allow_execution(False)
     try:
-        with NoReadback():
-            yield
+        for name in _READBACKS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
     finally:
+        for name in _READBACKS:
+            if name in own:
+                setattr(torch.Tensor, name, own[name])
+            else:
+                delattr(torch.Tensor, name)
         torch_xla._XLAC._set_allow_execution(allowed)
 
 

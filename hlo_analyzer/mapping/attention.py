@@ -24,33 +24,20 @@ from collections.abc import Collection
 import networkx as nx
 
 from hardware import Op, OpType
-from hlo_analyzer.dataflow import SOFTMAX_SPAN_LIMIT, after_exponential, walk_until
+from hlo_analyzer.dataflow import (
+    SOFTMAX_SPAN_LIMIT,
+    after_exponential,
+    attention_probabilities,
+    walk_until,
+)
 from hlo_analyzer.mapping.results import FLASH_KIND, MappingOptions
 from hlo_analyzer.mapping.works import Work, behind_views, dtype_bytes, element_count, vector_flops
 from hlo_analyzer.rows import COMM, VECTOR, OpRow
 
 
-def _softmax_path(graph: nx.DiGraph, start: int | None, is_gemm: set[int]) -> tuple[set[int], set[int]]:
-    """(GEMMs reached, non-GEMM ops passed) walking back from ``start`` until GEMMs; nothing
-    reached beyond ``SOFTMAX_SPAN_LIMIT`` ops."""
-    return walk_until(graph, [start], backward=True, stop=is_gemm.__contains__, limit=SOFTMAX_SPAN_LIMIT)
-
-
-def _probabilities(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int]) -> tuple[int, set[int], set[int]] | None:
-    """(operand index of the probabilities, score GEMMs, softmax ops) of a value GEMM, or None."""
-    softmax_outputs = after_exponential(graph)
-    for index in (0, 1):
-        if graph.nodes[value_gemm]["operands"][index] not in softmax_outputs:
-            continue
-        scores, passed = _softmax_path(graph, graph.nodes[value_gemm]["operands"][index], is_gemm)
-        if scores and any(graph.nodes[p]["name"] == "exponential" for p in passed):
-            return index, scores, passed
-    return None
-
-
 def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows: dict[int, OpRow],
                     claimed: set[int], exp_ops: int) -> Work | None:
-    found = _probabilities(graph, value_gemm, is_gemm)
+    found = attention_probabilities(graph, value_gemm, is_gemm)
     if found is None:
         return None
     side, scores, passed = found
@@ -133,7 +120,7 @@ def inside_fused_attentions(graph: nx.DiGraph, attentions: list[Work], is_gemm: 
     inside: set[int] = set()
     nodes = graph.nodes
     for work in attentions:
-        found = _probabilities(graph, work.position, is_gemm)
+        found = attention_probabilities(graph, work.position, is_gemm)
         if found is None:
             continue
         _, scores, passed = found

@@ -32,6 +32,7 @@ from models.zoo.videodit.layers import (
     join,
     layer_norm,
     modulate,
+    pad_tokens,
     rope_3d,
     sinusoidal,
     unjoin,
@@ -117,8 +118,11 @@ class CogVideoX(nn.Module):
         batch, frames = latents.shape[:2]
         x = self.patch_embed(latents.flatten(0, 1))  # (B * T, h, H / p, W / p)
         grid = (frames, *x.shape[2:])
-        video = self.tokens(x.unflatten(0, (batch, frames)).permute(0, 1, 3, 4, 2).flatten(1, 3))
-        context = self.text_tokens(self.text_proj(text))
+        video = x.unflatten(0, (batch, frames)).permute(0, 1, 3, 4, 2).flatten(1, 3)
+        # each token set padded to a multiple of the sequence-parallel degree (17,550 video
+        # tokens at 49 x 480 x 720 and 226 text tokens split over 4 or 8 devices)
+        video = self.tokens(pad_tokens(video, self.chunks))
+        context = self.text_tokens(pad_tokens(self.text_proj(text), self.chunks))
         time = self.time_embedding(sinusoidal(t, self.dim).to(video.dtype))
         for block in self.blocks:
             video, context = block(video, context, time, grid)

@@ -7,6 +7,12 @@
   tokens into one dimension; docs/tracing.md).
 * attention on (batch, tokens, heads, head_dim), ``softmax(q k^T / sqrt(d)) v`` written out, and
   the 3-D rotary embedding of video tokens over (frames, height, width).
+
+The official code runs some of these as one library kernel each, and says so to the analysis
+(``models.opensora.library_calls``; ``analyze-hlo --exec torch`` charges one kernel per call):
+``Linear`` (a GEMM with its bias in the epilogue), ``layer_norm`` (``nn.LayerNorm``) and
+``attend`` (flash-attn, or PyTorch's SDPA in CogVideoX). RMSNorm, RoPE and modulation are
+written out in the official code too: eager kernels, one per tensor op.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.online_softmax import fold
+from models.opensora.library_calls import library_call
 
 
 class Mark(nn.Identity):
@@ -27,6 +34,7 @@ class Mark(nn.Identity):
 class Linear(nn.Linear):
     """``nn.Linear`` that keeps (batch, tokens) apart on 3-D inputs."""
 
+    @library_call("linear")
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 3:
             return super().forward(x)
@@ -34,10 +42,14 @@ class Linear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
-def layer_norm(x: Tensor, eps: float) -> Tensor:
-    """LayerNorm over the last dimension without affine parameters, written out (rsqrt)."""
+@library_call("layer_norm")
+def layer_norm(x: Tensor, eps: float, weight: Tensor | None = None,
+               bias: Tensor | None = None) -> Tensor:
+    """LayerNorm over the last dimension, written out (rsqrt); one kernel in the official code
+    (``nn.LayerNorm``), its affine parameters applied in it."""
     centred = x - x.mean(-1, keepdim=True)
-    return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    out = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    return out if weight is None else out * weight + bias
 
 
 class LayerNorm(nn.Module):
@@ -50,8 +62,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
-        out = layer_norm(x, self.eps)
-        return out if self.weight is None else out * self.weight + self.bias
+        return layer_norm(x, self.eps, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -115,10 +126,22 @@ def rope_3d(x: Tensor, grid: tuple[int, int, int], dims: tuple[int, int, int],
         angle = (position[:, None] * inverse[None]).view(shape)
         angles.append(angle.expand(*grid, dim // 2))
     angle = torch.cat(angles, dim=-1).reshape(math.prod(grid), 1, sum(dims) // 2)
+    angle = F.pad(angle, (0, 0, 0, 0, 0, x.shape[1] - math.prod(grid)))  # padding: angle 0
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     pairs = x.unflatten(-1, (-1, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+@library_call("flash_attention")
+def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v on (B, L, heads, D): one fused kernel in the official code
+    (flash-attn in HunyuanVideo and Wan, PyTorch's SDPA in CogVideoX). ``einsum``'s ops carry
+    the frame of torch's Python wrapper; the transpose of the output carries this function's
+    line, where the analysis finds the fused kernel (the result of the attention reaches it)."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
+    probs = scores.float().softmax(dim=-1).to(v.dtype)
+    return torch.einsum("bhqk,bkhd->bhqd", probs, v).transpose(1, 2)
 
 
 class AttentionCore(nn.Module):
@@ -143,11 +166,7 @@ class AttentionCore(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = self.q_in(q), self.k_in(k), self.v_in(v)
-        if self.ring > 1:
-            return self.out(self._ring(q, k, v))
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
-        probs = scores.float().softmax(dim=-1).to(v.dtype)
-        return self.out(torch.einsum("bhqk,bkhd->bqhd", probs, v))
+        return self.out(self._ring(q, k, v) if self.ring > 1 else attend(q, k, v))
 
     def _ring(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = (x.unflatten(1, (self.ring, -1)) for x in (q, k, v))  # (B, R, C, H, D)
@@ -164,6 +183,14 @@ class AttentionCore(nn.Module):
             state = self.ring_max(maximum), self.ring_sum(total), self.ring_out(out)
         _, total, out = state
         return (out / total.transpose(2, 3)[..., None]).to(v.dtype).flatten(1, 2)
+
+
+def pad_tokens(x: Tensor, multiple: int) -> Tensor:
+    """(B, L, ...) padded with zero tokens at the end to a multiple of ``multiple`` tokens (a
+    sequence-parallel degree that does not divide L; the padded tokens are attended unmasked:
+    at most ``multiple - 1`` more tokens of work)."""
+    extra = -x.shape[1] % multiple
+    return x if extra == 0 else torch.cat([x, x.new_zeros(x.shape[0], extra, *x.shape[2:])], dim=1)
 
 
 def heads(x: Tensor, count: int) -> Tensor:

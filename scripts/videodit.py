@@ -1,0 +1,359 @@
+"""Predicted sampling loops of today's video DiTs on GPUs: HunyuanVideo, Wan 2.1 14B and
+CogVideoX-5B at their standard resolutions under xDiT's strategies (docs/videodit.md).
+
+Each model is traced by parts (``models.zoo.videodit.configs``: one block of each kind, and
+one more of each kind) at full resolution and in bfloat16, under the strategy's plan
+(``models.zoo.videodit.plans``); each part's dump is analyzed with ``analyze-hlo --hw SYSTEM``
+(``--exec torch``: one kernel per library call of the official code, flash attention one
+kernel; the system's collectives on its links) and its memory with the attentions fused
+(``hlo_analyzer.attention_memory``). The whole model is the parts scaled by the layer counts
+(``configs.scaled``); a step is one call of the transformer (both CFG branches), the loop
+``steps`` of them. Nothing here is fitted: the GPU descriptions' constants are the
+microbenchmark ones (docs/gpu.md), and the published timings of these runs are held out.
+
+    python3 scripts/videodit.py [--work DIR] [--out results/videodit] [--only MODEL] [--force]
+    python3 scripts/videodit.py --render-only     # the page again from the CSV
+
+Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` empty: the VAEs are not
+traced) and the page ``OUT/latency.md`` rendered from it. The dumps and the reports are kept in
+``--work`` and reused: a rerun analyzes again without tracing. Every full-size trace runs under
+``flock /tmp/fulltrace.lock nice -n 19`` with its virtual memory capped. Progress on stderr.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import click  # noqa: E402
+
+from hlo_trace.atomic import atomic_write  # noqa: E402
+from hlo_trace.cli import run_click  # noqa: E402
+from models.zoo.videodit.configs import (  # noqa: E402
+    BASE,
+    COGVIDEOX_5B,
+    HUNYUAN_VIDEO,
+    MODELS,
+    WAN21_14B,
+    VideoDiT,
+    part_kwargs,
+    parts,
+    peak,
+    scaled,
+)
+from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E402
+
+COLUMNS = ("model", "frames", "height", "width", "steps", "hw", "devices", "strategy", "degrees",
+           "loop_s", "decode_s", "memory_gb")
+GB = 1e9  # memory_gb in the unit of the descriptions' capacities (an "80 GB" H100: 80e9 bytes)
+DTYPE = "bfloat16"
+#: One device: no plan (trace-module's dp shorthand on a 1 x 1 mesh).
+SINGLE = "none"
+#: The lock every full-size trace of this machine takes (never two at once), and the cap on a
+#: trace's virtual memory (KiB): a full-size block trace holds a few GiB.
+TRACE_LOCK = "/tmp/fulltrace.lock"
+TRACE_VMEM_KIB = 24 * 1024 * 1024
+DEFAULT_WORK = REPO_ROOT / "results" / ".cache" / "videodit"
+DEFAULT_OUT = REPO_ROOT / "results" / "videodit"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A strategy at a degree (per CFG branch), or one device (``SINGLE``)."""
+
+    strategy: str
+    degree: int = 1
+
+    @property
+    def devices(self) -> int:
+        return 1 if self.strategy == SINGLE else math.prod(mesh(self.strategy, self.degree))
+
+    @property
+    def degrees(self) -> str:
+        """The degree of each parallelism, as the CSV writes it."""
+        if self.strategy == SINGLE:
+            return ""
+        if self.strategy == "cfg_ulysses":
+            return f"cfg=2 ulysses={self.degree}"
+        if self.strategy == "usp":
+            return f"ring=2 ulysses={self.degree // 2}"
+        return "cfg=2" if self.strategy == "cfg" else f"{self.strategy}={self.degree}"
+
+    @property
+    def tag(self) -> str:
+        return SINGLE if self.strategy == SINGLE else f"{self.strategy}{self.degree}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One prediction: a model at a video shape under a layout on a system."""
+
+    config: VideoDiT
+    frames: int
+    height: int
+    width: int
+    layout: Layout
+    hw: str
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What one dump measures on any hardware (one device's program)."""
+
+    gemm_flops: int
+    total_flops: int
+    comm_bytes: Mapping[str, float]   # bytes sent per device by collective kind
+    comm_counts: Mapping[str, int]
+    weight_bytes: int
+    input_bytes: int
+    scalar_bytes: int
+    peak_live_bytes: int              # with the attentions fused (flash-attention's tiling)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    case: Case
+    step_s: float
+    memory_bytes: float
+    capacity_bytes: float
+
+    @property
+    def loop_s(self) -> float:
+        return self.case.config.steps * self.step_s
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+
+# -- the cases of the issue --------------------------------------------------------------------------
+def cases() -> list[Case]:
+    """HunyuanVideo 129 x 720 x 1280 on 1-8 H100 and A100 (Ulysses); Wan 2.1 14B at 480p and
+    720p, 81 frames, on 1 and 8 H100 and H200 (Ulysses, and CFG parallel x Ulysses);
+    CogVideoX-5B 49 x 480 x 720 on 1-8 A100 (Ulysses over every degree that divides its 48
+    heads)."""
+    def ulysses(n: int) -> Layout:
+        return Layout(SINGLE) if n == 1 else Layout("ulysses", n)
+
+    found = [Case(HUNYUAN_VIDEO, 129, 720, 1280, ulysses(n), hw)
+             for hw in ("8xh100", "8xa100") for n in (1, 2, 4, 8)]
+    found += [Case(WAN21_14B, 81, h, w, layout, hw) for h, w in ((480, 832), (720, 1280))
+              for hw in ("8xh100", "8xh200")
+              for layout in (Layout(SINGLE), Layout("ulysses", 8), Layout("cfg_ulysses", 4))]
+    found += [Case(COGVIDEOX_5B, 49, 480, 720, ulysses(n), "8xa100") for n in (1, 2, 3, 4, 6, 8)]
+    return found
+
+
+# -- tracing and analysis ----------------------------------------------------------------------------
+def dump_name(config: VideoDiT, frames: int, height: int, width: int, layout: Layout, part: str) -> str:
+    return f"{config.name}_{frames}x{height}x{width}_{layout.tag}_{part}"
+
+
+def _toml(values: Mapping[str, object]) -> str:
+    return "".join(f"{key} = {list(value) if isinstance(value, tuple) else value}\n"
+                   for key, value in values.items())
+
+
+def trace_command(factory: str, kwargs: Mapping[str, object], inputs: Sequence[str], layout: Layout,
+                  model: str, name: str, out: Path, dtype: str) -> list[str]:
+    """trace-module's command line for one dump (the plan and keyword files written to ``out``)."""
+    layered = dict(kwargs)
+    args = [sys.executable, "-m", "tracing.module_cli", factory, "--dtype", dtype, "--name", name,
+            "-o", str(out), "--force"]
+    if layout.strategy == SINGLE:
+        args += ["--strategy", "dp", "--mesh", "1x1"]
+    else:
+        plan = out / f"{name}.plan.toml"
+        plan.write_text(plan_toml(model, layout.strategy, layout.degree))
+        args += ["--plan", str(plan)]
+        layered.update(factory_kwargs(layout.strategy, layout.degree))
+        if model == "wan21":  # cross-attention to the text: no joint sequence to order
+            layered.pop("chunks")
+    keywords = out / f"{name}.kwargs.toml"
+    keywords.write_text(_toml(layered))
+    args += ["--kwargs", str(keywords)]
+    for spec in inputs:
+        args += ["--input", spec]
+    return args
+
+
+def trace(command: list[str], dump: Path, *, full_size: bool) -> Path:
+    """Run a trace unless its dump exists; a full-size one under the machine's trace lock, at
+    the lowest priority, its virtual memory capped."""
+    if dump.exists() and dump.with_suffix(".json").exists():
+        return dump
+    click.echo(f"tracing {dump.name}", err=True)
+    if full_size:
+        quoted = " ".join(f"'{part}'" for part in command)
+        command = ["bash", "-c", f"ulimit -v {TRACE_VMEM_KIB} && exec flock {TRACE_LOCK} nice -n 19 {quoted}"]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise click.ClickException(f"tracing {dump.name} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return dump
+
+
+def report(dump: Path, hw: str) -> dict:
+    """``analyze-hlo DUMP --hw hw --format json``, kept beside the dump and reused."""
+    target = dump.with_name(f"{dump.stem}.{hw}.report.json")
+    if not target.exists():
+        click.echo(f"analyzing {dump.name} on {hw}", err=True)
+        subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--format", "json",
+                        "-o", str(target), "--force"], check=True, cwd=REPO_ROOT, capture_output=True, text=True)
+    return json.loads(target.read_text())
+
+
+def step_seconds(document: dict) -> float:
+    """One run of the dump's program on the report's system: kernels and collectives."""
+    return float(document["mapping"]["totals"]["inference_latency_s"])
+
+
+def traced(dump: Path, document: dict) -> Traced:
+    """The dump's counts (from its report) and its memory with the attentions fused, kept
+    beside the dump."""
+    memory_file = dump.with_name(f"{dump.stem}.flash_memory.json")
+    if not memory_file.exists():
+        from hlo_analyzer.attention_memory import flash_memory
+        from hlo_analyzer.memory import read_sidecar_inputs
+        from hlo_analyzer.mlir import load_module
+
+        usage = flash_memory(load_module(str(dump)), read_sidecar_inputs(dump.with_suffix(".json")))
+        memory_file.write_text(json.dumps(usage.to_dict()))
+    memory = json.loads(memory_file.read_text())
+    comm = document["comm_by_kind"]
+    return Traced(gemm_flops=document["totals"]["gemm_flops"], total_flops=document["totals"]["total_flops"],
+                  comm_bytes={kind: entry["bytes_per_device"] for kind, entry in comm.items()},
+                  comm_counts={kind: entry["count"] for kind, entry in comm.items()},
+                  weight_bytes=memory["weight_bytes"], input_bytes=memory["input_bytes"],
+                  scalar_bytes=memory["scalar_bytes"], peak_live_bytes=memory["peak_live_bytes"])
+
+
+def memory_bytes(parts_traced: Mapping[str, Traced], counts: Mapping[str, int]) -> float:
+    """One device's memory of the whole model: its weights scaled from the parts, the inputs and
+    scalars of one call, and the largest peak of live activations among the parts."""
+    base = parts_traced[BASE]
+    weights = scaled({part: t.weight_bytes for part, t in parts_traced.items()}, counts)
+    return (weights + base.input_bytes + base.scalar_bytes
+            + peak({part: t.peak_live_bytes for part, t in parts_traced.items()}))
+
+
+def capacity(hw: str, devices: int) -> float:
+    from hardware.systems import resolve_system
+
+    return resolve_system(hw, devices).system.chip.dram_capacity_bytes
+
+
+def predict(case: Case, work: Path) -> Prediction:
+    config, layout = case.config, case.layout
+    work.mkdir(parents=True, exist_ok=True)
+    inputs = config.inputs(case.frames, case.height, case.width, DTYPE)
+    seconds, measured = {}, {}
+    for part in parts(config.blocks):
+        name = dump_name(config, case.frames, case.height, case.width, layout, part)
+        command = trace_command(config.factory, part_kwargs(config.kwargs, config.blocks, part), inputs,
+                                layout, config.model, name, work, DTYPE)
+        dump = trace(command, work / f"{name}.mlir", full_size=True)
+        document = report(dump, case.hw)
+        seconds[part] = step_seconds(document)
+        measured[part] = traced(dump, document)
+    counts = config.counts()
+    return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
+                      capacity(case.hw, layout.devices))
+
+
+# -- the CSV and the page ------------------------------------------------------------------------------
+def csv_text(predictions: Sequence[Prediction]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for p in predictions:
+        c = p.case
+        writer.writerow([c.config.name, c.frames, c.height, c.width, c.config.steps, c.hw, c.layout.devices,
+                         c.layout.strategy, c.layout.degrees, f"{p.loop_s:.1f}", "",
+                         f"{p.memory_bytes / GB:.1f}"])
+    return buffer.getvalue()
+
+
+def page(rows: Sequence[Mapping[str, str]]) -> str:
+    """The report page (markdown) of the CSV's rows: the loops, the memory per device, which rows
+    do not fit, and what is outside the loop."""
+    from hardware.systems import resolve_system
+
+    lines = ["# Today's video DiTs: predicted sampling loops on GPUs", "",
+             "Predictions of `scripts/videodit.py` (docs/videodit.md): each model traced by parts "
+             "(one block of each kind and the rest) at full resolution in bfloat16, analyzed on the "
+             "system (`analyze-hlo --hw`, `--exec torch`: the official code's kernels, flash attention "
+             "one kernel) and scaled by the layer counts. Nothing is fitted on these models: the GPU "
+             "constants are the microbenchmark ones, and the published timings of these runs are held "
+             "out for checking. `loop_s`: the transformer's steps (both CFG branches), text encoders and "
+             "VAE decode not included (`decode_s` empty: the VAEs are not traced). `memory_gb`: one "
+             "device's weights, inputs and peak live activations with flash-attention's tiling "
+             "(the analyzer's memory model: an unfused program's liveness, an upper bound), in GB "
+             "(1e9 bytes), against the chip's capacity.", "",
+             "| model | video (frames x height x width) | steps | system | devices | strategy | "
+             "loop (s) | per step (s) | memory per device (GB) | fits |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        devices = int(row["devices"])
+        chip = resolve_system(row["hw"], devices).system.chip
+        cap = chip.dram_capacity_bytes / GB
+        fits = "yes" if float(row["memory_gb"]) <= cap else f"**no** (capacity {cap:.0f} GB)"
+        strategy = row["strategy"] + (f" ({row['degrees']})" if row["degrees"] else "")
+        lines.append(f"| {row['model']} | {row['frames']} x {row['height']} x {row['width']} | {row['steps']} | "
+                     f"{row['hw']} ({chip.name}) | {devices} | {strategy} | {float(row['loop_s']):.1f} | "
+                     f"{float(row['loop_s']) / int(row['steps']):.2f} | {row['memory_gb']} | {fits} |")
+    lines += ["", "Outside the loop (not traced, not in `loop_s`): the text encoders (HunyuanVideo: an LLM "
+              "and CLIP; Wan 2.1 and CogVideoX: T5) run once per video, and the VAE decode once per "
+              "video; docs/videodit.md lists them.", ""]
+    return "\n".join(lines)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@click.command()
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_WORK,
+              show_default=True, help="Where the dumps and reports are kept and reused.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+              show_default=True, help="Where latency.csv and latency.md are written.")
+@click.option("--only", type=click.Choice(sorted(MODELS)), default=None,
+              help="One model's rows only (printed; the CSV is written only for all of them).")
+@click.option("--render-only", is_flag=True, help="Render latency.md from the existing latency.csv.")
+@click.option("--force", is_flag=True, help="Overwrite latency.csv and latency.md.")
+def main(work: Path, out: Path, only: str | None, render_only: bool, force: bool) -> None:
+    """Predict the loops of the video DiTs and write the CSV and its page."""
+    table = out / "latency.csv"
+    if not render_only:
+        chosen = [c for c in cases() if only is None or c.config.name == only]
+        predictions = []
+        for case in chosen:
+            prediction = predict(case, work)
+            predictions.append(prediction)
+            click.echo(f"{case.config.name} {case.frames}x{case.height}x{case.width} {case.hw} "
+                       f"{case.layout.tag}: loop {prediction.loop_s:.1f} s, "
+                       f"{prediction.memory_bytes / GB:.1f} GB per device"
+                       + ("" if prediction.fits else " (does not fit)"), err=True)
+        text = csv_text(predictions)
+        if only is not None:
+            click.echo(text, nl=False)
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(table, text, force=force)
+    atomic_write(out / "latency.md", page(read_rows(table)), force=force or render_only)
+    click.echo(f"wrote {out / 'latency.md'}", err=True)
+
+
+if __name__ == "__main__":
+    sys.exit(run_click(main))
