@@ -17,7 +17,8 @@ microbenchmark ones (docs/gpu.md), and the published timings of these runs are h
 Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` empty: the VAEs are not
 traced) and the page ``OUT/latency.md`` rendered from it. The dumps and the reports are kept in
 ``--work`` and reused: a rerun analyzes again without tracing. Every full-size trace runs under
-``flock /tmp/fulltrace.lock nice -n 19`` with its virtual memory capped. Progress on stderr.
+``flock`` on the user's trace lock (``python -m hlo_trace.cache --lock``) at ``nice -n 19``
+with its virtual memory capped. Progress on stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import csv
 import io
 import json
 import math
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -39,6 +41,7 @@ if str(REPO_ROOT) not in sys.path:
 import click  # noqa: E402
 
 from hlo_trace.atomic import atomic_write  # noqa: E402
+from hlo_trace.cache import trace_lock_path  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
 from models.zoo.videodit.configs import (  # noqa: E402
     BASE,
@@ -60,9 +63,8 @@ GB = 1e9  # memory_gb in the unit of the descriptions' capacities (an "80 GB" H1
 DTYPE = "bfloat16"
 #: One device: no plan (trace-module's dp shorthand on a 1 x 1 mesh).
 SINGLE = "none"
-#: The lock every full-size trace of this machine takes (never two at once), and the cap on a
-#: trace's virtual memory (KiB): a full-size block trace holds a few GiB.
-TRACE_LOCK = "/tmp/fulltrace.lock"
+#: The cap on a trace's virtual memory (KiB): a full-size block trace holds a few GiB. Every
+#: full-size trace takes the user's trace lock (never two at once: hlo_trace.cache).
 TRACE_VMEM_KIB = 24 * 1024 * 1024
 DEFAULT_WORK = REPO_ROOT / "results" / ".cache" / "videodit"
 DEFAULT_OUT = REPO_ROOT / "results" / "videodit"
@@ -195,8 +197,10 @@ def trace(command: list[str], dump: Path, *, full_size: bool) -> Path:
         return dump
     click.echo(f"tracing {dump.name}", err=True)
     if full_size:
-        quoted = " ".join(f"'{part}'" for part in command)
-        command = ["bash", "-c", f"ulimit -v {TRACE_VMEM_KIB} && exec flock {TRACE_LOCK} nice -n 19 {quoted}"]
+        lock = trace_lock_path()
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        command = ["bash", "-c", f"ulimit -v {TRACE_VMEM_KIB} && exec flock {shlex.quote(str(lock))} "
+                   f"nice -n 19 {shlex.join(command)}"]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise click.ClickException(f"tracing {dump.name} failed: {done.stderr.strip().splitlines()[-1:]}")
