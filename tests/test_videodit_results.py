@@ -7,7 +7,17 @@ from pathlib import Path
 
 from hardware.systems import resolve_system
 from models.zoo.videodit.configs import HUNYUAN_VIDEO
-from scripts.videodit import COLUMNS, GB, SINGLE, Case, Layout, Prediction, csv_text, page, read_rows
+from scripts.videodit import (
+    COLUMNS,
+    GB,
+    SINGLE,
+    Case,
+    Layout,
+    Prediction,
+    csv_text,
+    page,
+    read_rows,
+)
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "videodit"
 REQUIRED_COLUMNS = ("model, frames, height, width, steps, hw, devices, strategy, degrees, loop_s, "
