@@ -26,6 +26,7 @@ import csv
 import io
 import json
 import math
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -198,12 +199,17 @@ def trace(command: list[str], dump: Path, *, full_size: bool) -> Path:
         return dump
     click.echo(f"tracing {dump.name}", err=True)
     if full_size:
-        quoted = " ".join(f"'{part}'" for part in command)
-        command = ["bash", "-c", f"ulimit -v {TRACE_VMEM_KIB} && exec flock {TRACE_LOCK} nice -n 19 {quoted}"]
+        command = ["bash", "-c", f"ulimit -v {TRACE_VMEM_KIB} && exec flock {TRACE_LOCK} nice -n 19 "
+                   + shlex.join(command)]
+    _run(command, f"tracing {dump.name}")
+    return dump
+
+
+def _run(command: list[str], what: str) -> None:
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
-        raise click.ClickException(f"tracing {dump.name} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return dump
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise click.ClickException(f"{what} failed (exit {done.returncode}): {last}")
 
 
 def report(dump: Path, hw: str) -> dict:
@@ -211,8 +217,8 @@ def report(dump: Path, hw: str) -> dict:
     target = dump.with_name(f"{dump.stem}.{hw}.report.json")
     if not target.exists():
         click.echo(f"analyzing {dump.name} on {hw}", err=True)
-        subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--format", "json",
-                        "-o", str(target), "--force"], check=True, cwd=REPO_ROOT, capture_output=True, text=True)
+        _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--format", "json",
+              "-o", str(target), "--force"], f"analyzing {dump.name} on {hw}")
     return json.loads(target.read_text())
 
 
