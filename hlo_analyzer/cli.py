@@ -138,6 +138,11 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
               help="Write the mapped kernels of one device (each kernel's Op: shapes, FLOPs, bytes) "
                    "with their block pairs as a kernel list JSON, to cost them again on any GPU "
                    "description without the dump (hlo_analyzer/mapping/kernel_list.py; with --hw).")
+@click.option("--attention-memory", type=click.Choice(["written", "fused"]), default="written",
+              show_default=True,
+              help="Memory of the attentions: written = as the program writes them (their (heads x "
+                   "S_Q x S_KV) scores live); fused = as a fused flash-attention kernel holds them "
+                   "(scores and softmax in on-chip tiles: hlo_analyzer/attention_memory.py).")
 @click.option("--sidecar", type=click.Path(dir_okay=False, exists=True, path_type=str),
               default=None, metavar="FILE",
               help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
@@ -154,8 +159,8 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                     hardware: str | None, steps: int | None, pairs: int | None, execution: str | None,
                     dram_efficiency: float, fidelity: str | None, exp_ops: int, cross_attention: str,
                     caption_tokens: int | None, timeline: str | None,
-                    timeline_pair: int | None, kernels: str | None, sidecar: str | None, branch: str,
-                    verbose: bool) -> int:
+                    timeline_pair: int | None, kernels: str | None, attention_memory: str,
+                    sidecar: str | None, branch: str, verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
     Prints a summary: FLOPs and bytes per category, per-device and whole-mesh totals,
@@ -194,7 +199,8 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                        execution=execution, dram_efficiency=dram_efficiency, fidelity=fidelity, exp_ops=exp_ops,
                        cross_attention=cross_attention, caption_tokens=caption_tokens,
                        timeline_pair=timeline_pair, timeline=timeline, kernels=kernels, output=output,
-                       force=force, parallel=run_in_parallel(dump))
+                       force=force, attention_memory=attention_memory,
+                       parallel=run_in_parallel(dump) and attention_memory == "written")
     check_targets({"--timeline": timeline, "--kernels": kernels, "-o": output}, force=force, inputs={  # before the work
         "dump": dump, "sidecar": sidecar_path,
         "hardware file": hardware if hardware is not None and os.path.isfile(hardware) else None})
@@ -233,6 +239,7 @@ class _Request:
     output: str | None = None  # write the report there (else it is returned)
     force: bool = False
     branch: str | int = "max"
+    attention_memory: str = "written"  # or fused: the attentions' scores held in tiles
     parallel: bool = False  # memory measured in a second process (run_in_parallel)
 
 
@@ -347,7 +354,12 @@ def _measure(module: Any, request: _Request, sidecar: Sidecar | None,
     finally:
         if task is not None:
             task.cancel()
+    if request.attention_memory == "fused":
+        usage = _fused_attention_memory(module, inputs, capacity, dump,
+                                        None if dataflow is None else dataflow.graph)
     add_memory_section(report, usage, sidecar)
+    if request.attention_memory == "fused":
+        report.extra["memory"]["attention"] = "fused"
     if sidecar is not None:
         from hlo_analyzer.training import add_training_section
 
@@ -359,6 +371,15 @@ def _measure(module: Any, request: _Request, sidecar: Sidecar | None,
         with _as_usage_error(dump, "its training step cannot be split"):
             add_training_section(report, module, sidecar, dump)
     return report, None if dataflow is None else dataflow.graph
+
+
+def _fused_attention_memory(module: Any, inputs: Any, capacity: float | None, dump: str,
+                            graph: nx.DiGraph | None) -> Any:
+    """``--attention-memory fused``: every attention's scores and softmax held in tiles."""
+    from hlo_analyzer.attention_memory import flash_memory
+
+    with _as_usage_error(dump, "memory cannot be measured"):
+        return flash_memory(module, inputs, capacity_bytes=capacity, graph=graph)
 
 
 #: Dumps from this size up have their memory measured in a second process, beside the rest

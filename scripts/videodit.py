@@ -5,8 +5,8 @@ Each model is traced by parts (``models.zoo.videodit.configs``: one block of eac
 one more of each kind) at full resolution and in bfloat16, under the strategy's plan
 (``models.zoo.videodit.plans``); each part's dump is analyzed with ``analyze-hlo --hw SYSTEM``
 (``--exec torch``: one kernel per library call of the official code, flash attention one
-kernel; the system's collectives on its links) and its memory with the attentions fused
-(``hlo_analyzer.attention_memory``). The whole model is the parts scaled by the layer counts
+kernel; the system's collectives on its links; ``--attention-memory fused``: the memory with
+flash-attention's tiling, ``hlo_analyzer.attention_memory``). The whole model is the parts scaled by the layer counts
 (``configs.scaled``); a step is one call of the transformer (both CFG branches), the loop
 ``steps`` of them. Nothing here is fitted: the GPU descriptions' constants are the
 microbenchmark ones (docs/gpu.md), and the published timings of these runs are held out.
@@ -213,12 +213,13 @@ def _run(command: list[str], what: str) -> None:
 
 
 def report(dump: Path, hw: str) -> dict:
-    """``analyze-hlo DUMP --hw hw --format json``, kept beside the dump and reused."""
+    """``analyze-hlo DUMP --hw hw --attention-memory fused --format json``, kept beside the dump
+    and reused."""
     target = dump.with_name(f"{dump.stem}.{hw}.report.json")
     if not target.exists():
         click.echo(f"analyzing {dump.name} on {hw}", err=True)
-        _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--format", "json",
-              "-o", str(target), "--force"], f"analyzing {dump.name} on {hw}")
+        _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--attention-memory", "fused",
+              "--format", "json", "-o", str(target), "--force"], f"analyzing {dump.name} on {hw}")
     return json.loads(target.read_text())
 
 
@@ -227,19 +228,9 @@ def step_seconds(document: dict) -> float:
     return float(document["mapping"]["totals"]["inference_latency_s"])
 
 
-def traced(dump: Path, document: dict) -> Traced:
-    """The dump's counts (from its report) and its memory with the attentions fused, kept
-    beside the dump."""
-    memory_file = dump.with_name(f"{dump.stem}.flash_memory.json")
-    if not memory_file.exists():
-        from hlo_analyzer.attention_memory import flash_memory
-        from hlo_analyzer.memory import read_sidecar_inputs
-        from hlo_analyzer.mlir import load_module
-
-        usage = flash_memory(load_module(str(dump)), read_sidecar_inputs(dump.with_suffix(".json")))
-        memory_file.write_text(json.dumps(usage.to_dict()))
-    memory = json.loads(memory_file.read_text())
-    comm = document["comm_by_kind"]
+def traced(document: dict) -> Traced:
+    """The dump's counts and its memory with the attentions fused, from its report."""
+    memory, comm = document["memory"], document["comm_by_kind"]
     return Traced(gemm_flops=document["totals"]["gemm_flops"], total_flops=document["totals"]["total_flops"],
                   comm_bytes={kind: entry["bytes_per_device"] for kind, entry in comm.items()},
                   comm_counts={kind: entry["count"] for kind, entry in comm.items()},
@@ -274,7 +265,7 @@ def predict(case: Case, work: Path) -> Prediction:
         dump = trace(command, work / f"{name}.mlir", full_size=True)
         document = report(dump, case.hw)
         seconds[part] = step_seconds(document)
-        measured[part] = traced(dump, document)
+        measured[part] = traced(document)
     counts = config.counts()
     return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
                       capacity(case.hw, layout.devices))
