@@ -134,6 +134,11 @@ def without_cycle_collection(function: Callable[..., int]) -> Callable[..., int]
               help="Write the mapped kernels of one device (each kernel's Op: shapes, FLOPs, bytes) "
                    "with their block pairs as a kernel list JSON, to cost them again on any GPU "
                    "description without the dump (hlo_analyzer/mapping/kernel_list.py; with --hw).")
+@click.option("--attention-memory", type=click.Choice(["written", "fused"]), default="written",
+              show_default=True,
+              help="Memory of the attentions: written = as the program writes them (their (heads x "
+                   "S_Q x S_KV) scores live); fused = as a fused flash-attention kernel holds them "
+                   "(scores and softmax in on-chip tiles: hlo_analyzer/attention_memory.py).")
 @click.option("--sidecar", type=click.Path(dir_okay=False, exists=True, path_type=str),
               default=None, metavar="FILE",
               help="The tracer's JSON sidecar, whose 'inputs' tell stage inputs from weights in "
@@ -150,7 +155,8 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
                     hardware: str | None, steps: int | None, pairs: int | None, execution: str | None,
                     dram_efficiency: float, fidelity: str | None, exp_ops: int, cross_attention: str,
                     caption_tokens: int | None, timeline: str | None,
-                    timeline_pair: int | None, kernels: str | None, sidecar: str | None, branch: str,
+                    timeline_pair: int | None, kernels: str | None, attention_memory: str,
+                    sidecar: str | None, branch: str,
                     verbose: bool) -> int:
     """Analyze DUMP, a partitioned program as StableHLO/MHLO text or bytecode, or HLO text.
 
@@ -191,7 +197,8 @@ def analyze_command(dump: str, output_format: str, by: str, output: str | None, 
         fidelity=fidelity,
         link_bandwidth_bytes_per_s=None if link_bandwidth is None else link_bandwidth * 1e9,
         hop_latency_s=None if hop_latency is None else hop_latency * 1e-6,
-        bruck=bruck, branch=parse_branch(branch), parallel_memory=run_in_parallel(dump))
+        bruck=bruck, branch=parse_branch(branch), attention_memory=attention_memory,
+        parallel_memory=run_in_parallel(dump) and attention_memory == "written")
     request = _Request(dump=dump, output_format=output_format, by=by, hardware=choice,
                        sidecar=read, analysis=analysis, timeline_pair=timeline_pair,
                        timeline=timeline, kernels=kernels, output=output, force=force)

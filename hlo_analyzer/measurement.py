@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
+from hlo_analyzer.attention_memory import flash_memory
 from hlo_analyzer.comm import CollectiveTime
 from hlo_analyzer.dataflow import DataflowVisitor
 from hlo_analyzer.memory import (
@@ -54,13 +55,16 @@ class MeasureOptions:
     """How to measure: ``collective_time`` a link model for the collectives' time (None: none),
     ``bruck`` and ``branch`` as ``analyze`` takes them, ``capacity_bytes`` the chip's memory the
     verdict compares with, ``parallel`` the memory in a forked child, ``dataflow`` the graph the
-    mapping needs (with the ops' ``locations`` where ``--exec torch`` reads them)."""
+    mapping needs (with the ops' ``locations`` where ``--exec torch`` reads them),
+    ``attention_memory`` ``written`` (the memory as the program is written) or ``fused`` (every
+    attention's scores and softmax held in tiles: :mod:`hlo_analyzer.attention_memory`)."""
 
     collective_time: CollectiveTime | None = None
     bruck: bool = False
     branch: str | int = "max"
     capacity_bytes: float | None = None
     parallel: bool = False
+    attention_memory: str = "written"
     dataflow: bool = False
     locations: bool = False
 
@@ -79,8 +83,10 @@ def measure(module: ir.Module, name: str, sidecar: Sidecar | None,
     (the dump ``name``; its ``sidecar``, if any); see the module docstring."""
     inputs = read_sidecar_inputs(sidecar)
     types = TypeTable()
-    task = _start_memory(module, inputs, options.capacity_bytes, name) if options.parallel else None
-    memory = MemoryVisitor(inputs, types) if task is None else None
+    fused = options.attention_memory == "fused"
+    task = (_start_memory(module, inputs, options.capacity_bytes, name)
+            if options.parallel and not fused else None)
+    memory = MemoryVisitor(inputs, types) if task is None and not fused else None
     dataflow = DataflowVisitor(types, locations=options.locations) if options.dataflow else None
     try:
         with as_usage_error(name, "cannot be measured"):
@@ -89,14 +95,18 @@ def measure(module: ir.Module, name: str, sidecar: Sidecar | None,
                              followers=tuple(v for v in (memory, dataflow) if v is not None))
         if task is not None:
             usage = task.result()
-        else:
-            assert memory is not None
+        elif memory is not None:
             with as_usage_error(name, "memory cannot be measured"):
                 usage = memory.result(options.capacity_bytes)
+        else:
+            with as_usage_error(name, "memory cannot be measured"):
+                usage = flash_memory(module, inputs, capacity_bytes=options.capacity_bytes,
+                                     graph=None if dataflow is None else dataflow.graph)
     finally:
         if task is not None:
             task.cancel()
-    report.memory = MemorySection(usage, None if sidecar is None else str(sidecar.path))
+    report.memory = MemorySection(usage, None if sidecar is None else str(sidecar.path),
+                                  attention=options.attention_memory)
     if sidecar is not None:
         _add_sidecar_sections(report, module, sidecar, name)
     return Measurement(report, None if dataflow is None else dataflow.graph)

@@ -123,19 +123,26 @@ class MemoryUsage:
 @dataclass(frozen=True)
 class MemorySection:
     """A report's memory section: the ``usage`` of one device, measured with the inputs of the
-    ``sidecar`` at that path (None: without one, every argument counted as a weight)."""
+    ``sidecar`` at that path (None: without one, every argument counted as a weight), with the
+    attentions ``written`` as the program holds them or ``fused`` (held in tiles:
+    ``hlo_analyzer.attention_memory``; only then does the section name it)."""
 
     usage: MemoryUsage
     sidecar: str | None
+    attention: str = "written"
 
     def to_dict(self) -> dict[str, Any]:
-        return self.usage.to_dict() | {"sidecar": self.sidecar}
+        fused = {"attention": "fused"} if self.attention == "fused" else {}
+        return self.usage.to_dict() | {"sidecar": self.sidecar} | fused
 
     @classmethod
     def from_dict(cls, document: Any, origin: str) -> MemorySection:
         """The section :meth:`to_dict` wrote (a report's ``memory``), read back."""
         usage = MemoryUsage.from_dict(document, origin)
-        return cls(usage, document.get("sidecar"))
+        attention = document.get("attention", "written")
+        if attention not in ("written", "fused"):
+            raise InputFileError(f"{origin}: memory.attention is {attention!r}: expected 'written' or 'fused'")
+        return cls(usage, document.get("sidecar"), attention)
 
 
 def read_sidecar_inputs(sidecar: Sidecar | str | Path | None) -> list[InputSignature] | None:

@@ -5,8 +5,8 @@ Each model is traced by parts (``models.zoo.videodit.configs``: one block of eac
 one more of each kind) at full resolution and in bfloat16, under the strategy's plan
 (``models.zoo.videodit.plans``); each part's dump is analyzed with ``analyze-hlo --hw SYSTEM``
 (``--exec torch``: one kernel per library call of the official code, flash attention one
-kernel; the system's collectives on its links) and its memory with the attentions fused
-(``hlo_analyzer.attention_memory``). The whole model is the parts scaled by the layer counts
+kernel; the system's collectives on its links; ``--attention-memory fused``: the memory with
+flash-attention's tiling, ``hlo_analyzer.attention_memory``). The whole model is the parts scaled by the layer counts
 (``configs.scaled``); a step is one call of the transformer (both CFG branches), the loop
 ``steps`` of them. Nothing here is fitted: the GPU descriptions' constants are the
 microbenchmark ones (docs/gpu.md), and the published timings of these runs are held out.
@@ -85,7 +85,7 @@ class Layout:
     def degrees(self) -> str:
         """The degree of each parallelism, as the CSV writes it."""
         if self.strategy == SINGLE:
-            return ""
+            return "1"
         if self.strategy == "cfg_ulysses":
             return f"cfg=2 ulysses={self.degree}"
         if self.strategy == "usp":
@@ -141,7 +141,8 @@ class Prediction:
 
 # -- the cases of the issue --------------------------------------------------------------------------
 def cases() -> list[Case]:
-    """HunyuanVideo 129 x 720 x 1280 on 1-8 H100 and A100 (Ulysses); Wan 2.1 14B at 480p and
+    """HunyuanVideo 129 x 720 x 1280 on 1-8 H100 and A100 (Ulysses), and on one A100 40GB;
+    Wan 2.1 14B at 480p and
     720p, 81 frames, on 1 and 8 H100 and H200 (Ulysses, and CFG parallel x Ulysses);
     CogVideoX-5B 49 x 480 x 720 on 1-8 A100 (Ulysses over every degree that divides its 48
     heads)."""
@@ -150,6 +151,8 @@ def cases() -> list[Case]:
 
     found = [Case(HUNYUAN_VIDEO, 129, 720, 1280, ulysses(n), hw)
              for hw in ("8xh100", "8xa100") for n in (1, 2, 4, 8)]
+    # one device of 40 GB: the model and its activations do not fit (the page says so)
+    found.append(Case(HUNYUAN_VIDEO, 129, 720, 1280, Layout(SINGLE), "8xa100-40gb"))
     found += [Case(WAN21_14B, 81, h, w, layout, hw) for h, w in ((480, 832), (720, 1280))
               for hw in ("8xh100", "8xh200")
               for layout in (Layout(SINGLE), Layout("ulysses", 8), Layout("cfg_ulysses", 4))]
@@ -201,19 +204,25 @@ def trace(command: list[str], dump: Path, *, full_size: bool) -> Path:
         lock.parent.mkdir(parents=True, exist_ok=True)
         command = ["bash", "-c", f"ulimit -v {TRACE_VMEM_KIB} && exec flock {shlex.quote(str(lock))} "
                    f"nice -n 19 {shlex.join(command)}"]
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise click.ClickException(f"tracing {dump.name} failed: {done.stderr.strip().splitlines()[-1:]}")
+    _run(command, f"tracing {dump.name}")
     return dump
 
 
+def _run(command: list[str], what: str) -> None:
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise click.ClickException(f"{what} failed (exit {done.returncode}): {last}")
+
+
 def report(dump: Path, hw: str) -> dict:
-    """``analyze-hlo DUMP --hw hw --format json``, kept beside the dump and reused."""
+    """``analyze-hlo DUMP --hw hw --attention-memory fused --format json``, kept beside the dump
+    and reused."""
     target = dump.with_name(f"{dump.stem}.{hw}.report.json")
     if not target.exists():
         click.echo(f"analyzing {dump.name} on {hw}", err=True)
-        subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--format", "json",
-                        "-o", str(target), "--force"], check=True, cwd=REPO_ROOT, capture_output=True, text=True)
+        _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--attention-memory", "fused",
+              "--format", "json", "-o", str(target), "--force"], f"analyzing {dump.name} on {hw}")
     return json.loads(target.read_text())
 
 
@@ -222,19 +231,9 @@ def step_seconds(document: dict) -> float:
     return float(document["mapping"]["totals"]["inference_latency_s"])
 
 
-def traced(dump: Path, document: dict) -> Traced:
-    """The dump's counts (from its report) and its memory with the attentions fused, kept
-    beside the dump."""
-    memory_file = dump.with_name(f"{dump.stem}.flash_memory.json")
-    if not memory_file.exists():
-        from hlo_analyzer.attention_memory import flash_memory
-        from hlo_analyzer.memory import read_sidecar_inputs
-        from hlo_analyzer.mlir import load_module
-
-        usage = flash_memory(load_module(str(dump)), read_sidecar_inputs(dump.with_suffix(".json")))
-        memory_file.write_text(json.dumps(usage.to_dict()))
-    memory = json.loads(memory_file.read_text())
-    comm = document["comm_by_kind"]
+def traced(document: dict) -> Traced:
+    """The dump's counts and its memory with the attentions fused, from its report."""
+    memory, comm = document["memory"], document["comm_by_kind"]
     return Traced(gemm_flops=document["totals"]["gemm_flops"], total_flops=document["totals"]["total_flops"],
                   comm_bytes={kind: entry["bytes_per_device"] for kind, entry in comm.items()},
                   comm_counts={kind: entry["count"] for kind, entry in comm.items()},
@@ -269,7 +268,7 @@ def predict(case: Case, work: Path) -> Prediction:
         dump = trace(command, work / f"{name}.mlir", full_size=True)
         document = report(dump, case.hw)
         seconds[part] = step_seconds(document)
-        measured[part] = traced(dump, document)
+        measured[part] = traced(document)
     counts = config.counts()
     return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
                       capacity(case.hw, layout.devices))
@@ -295,7 +294,7 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
 
     lines = ["# Today's video DiTs: predicted sampling loops on GPUs", "",
              "Predictions of `scripts/videodit.py` (docs/videodit.md): each model traced by parts "
-             "(one block of each kind and the rest) at full resolution in bfloat16, analyzed on the "
+             "(one block of each kind, and one more of each) at full resolution in bfloat16, analyzed on the "
              "system (`analyze-hlo --hw`, `--exec torch`: the official code's kernels, flash attention "
              "one kernel) and scaled by the layer counts. Nothing is fitted on these models: the GPU "
              "constants are the microbenchmark ones, and the published timings of these runs are held "
@@ -316,9 +315,9 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
         lines.append(f"| {row['model']} | {row['frames']} x {row['height']} x {row['width']} | {row['steps']} | "
                      f"{row['hw']} ({chip.name}) | {devices} | {strategy} | {float(row['loop_s']):.1f} | "
                      f"{float(row['loop_s']) / int(row['steps']):.2f} | {row['memory_gb']} | {fits} |")
-    lines += ["", "Outside the loop (not traced, not in `loop_s`): the text encoders (HunyuanVideo: an LLM "
-              "and CLIP; Wan 2.1 and CogVideoX: T5) run once per video, and the VAE decode once per "
-              "video; docs/videodit.md lists them.", ""]
+    lines += ["", "Outside the loop, not traced and not in `loop_s`: the text encoders (HunyuanVideo: an "
+              "LLM and CLIP; Wan 2.1 and CogVideoX: T5), run once per video, and the VAE decode, once "
+              "per video.", ""]
     return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ def _measure(tmp_path, model: str, name: str, kwargs: dict):
     command = trace_command(factory, kwargs, inputs, LAYOUT, model, name, tmp_path, "float32")
     dump = trace(command, tmp_path / f"{name}.mlir", full_size=False)
     document = report(dump, HW)
-    return step_seconds(document), traced(dump, document)
+    return step_seconds(document), traced(document)
 
 
 @pytest.mark.slow

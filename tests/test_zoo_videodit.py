@@ -278,6 +278,8 @@ def test_full_size_hand_count_equals_a_one_block_trace(tmp_path, name):
     assert json.loads(analysis.stdout)["totals"]["gemm_flops"] == count.total
 
 
+@pytest.mark.slow
+@pytest.mark.trace
 def test_the_official_library_calls_are_one_kernel_each(tmp_path):
     """Under ``--exec torch`` (eager PyTorch, one kernel per library call) the attention of every
     block is one flash-attention kernel, as the official code calls it, and each LayerNorm one

@@ -46,8 +46,10 @@ class AnalysisOptions:
     dump (``default_execution``); ``caption_tokens`` None: the sidecar's when cross-attention is
     charged per sample; ``steps``/``pairs``: as ``add_hardware_sections`` takes them. Without
     a hardware: ``link_bandwidth_bytes_per_s`` (and ``hop_latency_s``, ``bruck``) time the
-    collectives on a plain ring. ``branch``: the conditional branch counted; ``parallel_memory``:
-    the memory measured in a forked child (``hlo_analyzer.measurement.run_in_parallel``)."""
+    collectives on a plain ring. ``branch``: the conditional branch counted; ``attention_memory``:
+    ``written`` (the program as written) or ``fused`` (every attention held in tiles, as a fused
+    flash-attention kernel holds it); ``parallel_memory``: the memory measured in a forked child
+    (``hlo_analyzer.measurement.run_in_parallel``)."""
 
     steps: int | None = None
     pairs: int | None = None
@@ -61,6 +63,7 @@ class AnalysisOptions:
     hop_latency_s: float | None = None
     bruck: bool = False
     branch: str | int = "max"
+    attention_memory: str = "written"
     parallel_memory: bool = False
 
 
@@ -142,7 +145,8 @@ def analyze_dump(path: str, hardware: str | Hardware | None,
         collective_time=None if choice is not None else _plain_ring(options),
         bruck=options.bruck, branch=options.branch,
         capacity_bytes=None if choice is None else choice.chip.dram_capacity_bytes,
-        parallel=options.parallel_memory, dataflow=mapping is not None,
+        parallel=options.parallel_memory, attention_memory=options.attention_memory,
+        dataflow=mapping is not None,
         locations=mapping is not None and mapping.execution == "torch"))
     if choice is not None:
         assert mapping is not None

@@ -1,7 +1,7 @@
 """The released sizes of the three video DiTs and how their official samplers run them (every
 value's source: docs/sources.md, "Video DiTs"). Torch-free: the factories' keyword arguments,
 the latent shape of a video, the tokens it makes, the sampler's batch, steps and text, and how a
-whole model is put together from traces of its parts (one block of each kind, and none).
+whole model is put together from traces of its parts (one block of each kind, and one more).
 
 **Full size by blocks.** A model too large to trace whole is traced as its *parts*: the base
 (one block of each kind: HunyuanVideo's dual- and single-stream blocks, the others' one kind,
@@ -56,7 +56,7 @@ class VideoDiT:
         video = (t, self.latent_channels) if self.frames_first else (self.latent_channels, t)
         shapes = [("latents", (self.batch, *video, h, w)), ("t", (self.batch,)),
                   ("text", (self.batch, self.text_tokens, self.text_dim))]
-        shapes += [(name, (self.batch, width) if width else (self.batch,)) for name, width in self.vectors]
+        shapes += [(name, (self.batch, size) if size else (self.batch,)) for name, size in self.vectors]
         return [f"{name}={'x'.join(map(str, shape))}:{dtype}" for name, shape in shapes]
 
     def latent(self, frames: int, height: int, width: int) -> tuple[int, int, int]:

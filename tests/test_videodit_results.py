@@ -1,0 +1,74 @@
+"""results/videodit/latency.csv (scripts/videodit.py) holds the rows the video DiTs' issue asks
+for, with its fixed columns, and its page says which rows do not fit; torch-free (no tracing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hardware.systems import resolve_system
+from models.zoo.videodit.configs import HUNYUAN_VIDEO
+from scripts.videodit import (
+    COLUMNS,
+    GB,
+    SINGLE,
+    Case,
+    Layout,
+    Prediction,
+    csv_text,
+    page,
+    read_rows,
+)
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "videodit"
+REQUIRED_COLUMNS = ("model, frames, height, width, steps, hw, devices, strategy, degrees, loop_s, "
+                    "decode_s, memory_gb").split(", ")
+
+
+def _rows():
+    return read_rows(RESULTS / "latency.csv")
+
+
+def _devices(rows, model, shape, hw, strategies):
+    return sorted(int(r["devices"]) for r in rows
+                  if r["model"] == model and (r["frames"], r["height"], r["width"]) == shape
+                  and r["hw"] == hw and r["strategy"] in strategies)
+
+
+def test_the_columns_are_the_issues():
+    assert list(COLUMNS) == REQUIRED_COLUMNS
+    assert (RESULTS / "latency.csv").read_text().splitlines()[0] == ",".join(REQUIRED_COLUMNS)
+
+
+def test_the_rows_the_issue_asks_for():
+    rows = _rows()
+    hunyuan = ("129", "720", "1280")
+    for hw in ("8xh100", "8xa100"):
+        assert _devices(rows, "hunyuan_video", hunyuan, hw, {SINGLE, "ulysses"}) == [1, 2, 4, 8]
+    for shape in (("81", "480", "832"), ("81", "720", "1280")):
+        for hw in ("8xh100", "8xh200"):
+            assert {1, 8} <= set(_devices(rows, "wan21_14b", shape, hw, {SINGLE, "ulysses", "cfg_ulysses"}))
+    # Ulysses over every device count that divides CogVideoX's 48 heads
+    assert _devices(rows, "cogvideox_5b", ("49", "480", "720"), "8xa100", {SINGLE, "ulysses"}) == [1, 2, 3, 4, 6, 8]
+    for row in rows:
+        assert row["steps"] == "50" and row["decode_s"] == ""
+        assert float(row["loop_s"]) > 0 and float(row["memory_gb"]) > 0
+
+
+def test_a_row_that_does_not_fit_says_so():
+    """A prediction above the chip's capacity: the CSV keeps the figure, the page says no."""
+    case = Case(HUNYUAN_VIDEO, 129, 720, 1280, Layout(SINGLE), "8xa100-40gb")
+    capacity = resolve_system("8xa100-40gb", 1).system.chip.dram_capacity_bytes
+    over = Prediction(case, step_s=2.0, memory_bytes=capacity + 5 * GB, capacity_bytes=capacity)
+    under = Prediction(case, step_s=2.0, memory_bytes=capacity - 5 * GB, capacity_bytes=capacity)
+    text = csv_text([over, under])
+    lines = text.splitlines()
+    assert lines[1].split(",")[-1] == f"{(capacity + 5 * GB) / GB:.1f}"
+    assert lines[1].split(",")[-3] == "100.0"  # 50 steps of 2 s
+    rows = [dict(zip(COLUMNS, line.split(","))) for line in lines[1:]]
+    table = [line for line in page(rows).splitlines() if line.startswith("| hunyuan_video")]
+    assert table[0].endswith(f"**no** (capacity {capacity / GB:.0f} GB) |")
+    assert table[1].endswith("| yes |")
+
+
+def test_the_page_is_rendered_from_the_csv():
+    assert (RESULTS / "latency.md").read_text() == page(_rows())
