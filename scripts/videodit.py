@@ -43,6 +43,7 @@ import click  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cache import trace_lock_path  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
+from models.zoo.videodit.companions import COMPANIONS  # noqa: E402
 from models.zoo.videodit.configs import (  # noqa: E402
     BASE,
     COGVIDEOX_5B,
@@ -315,10 +316,29 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
         lines.append(f"| {row['model']} | {row['frames']} x {row['height']} x {row['width']} | {row['steps']} | "
                      f"{row['hw']} ({chip.name}) | {devices} | {strategy} | {float(row['loop_s']):.1f} | "
                      f"{float(row['loop_s']) / int(row['steps']):.2f} | {row['memory_gb']} | {fits} |")
-    lines += ["", "Outside the loop, not traced and not in `loop_s`: the text encoders (HunyuanVideo: an "
-              "LLM and CLIP; Wan 2.1 and CogVideoX: T5), run once per video, and the VAE decode, once "
-              "per video.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *outside_the_loop(), ""])
+
+
+def outside_the_loop() -> list[str]:
+    """The page's table of what runs outside the loop: each model's text encoders (once per
+    prompt) and VAE (its decoder once per video), with their sizes and the latents the VAE
+    decodes at the model's standard shapes."""
+    lines = ["## Outside the loop", "",
+             "Not in `loop_s`: the text encoders, run once per prompt before the loop, and the VAE, "
+             "whose decoder turns the final latent into frames after it (parameter counts: "
+             "docs/sources.md). Latent: (channels, frames, height, width) at the model's standard "
+             "shapes, from the VAE's compression (frames, height, width).", "",
+             "| model | role | network | parameters | bf16 (GB) | latent |",
+             "|---|---|---|---|---|---|"]
+    for name, companion in COMPANIONS.items():
+        stride = " x ".join(map(str, companion.model.vae_stride))
+        latents = "; ".join(f"{f} x {h} x {w} -> {' x '.join(map(str, companion.latent_shape(f, h, w)))}"
+                            for f, h, w in companion.shapes)
+        for part in (*companion.text_encoders, companion.vae):
+            latent = f"compression {stride}: {latents}" if part.role == "VAE" else ""
+            lines.append(f"| {name} | {part.role} | {part.name} | {part.parameters / 1e9:.3f} B | "
+                         f"{part.bf16_bytes / GB:.2f} | {latent} |")
+    return lines
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

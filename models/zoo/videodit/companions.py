@@ -1,0 +1,69 @@
+"""What runs outside the sampling loop of each video DiT: its text encoder(s), run once per prompt
+before the loop, and its VAE, whose decoder turns the final latent into frames after it.
+Torch-free data: names, parameter counts (each with where the count comes from: docs/sources.md,
+"Video DiTs: outside the loop"), and the VAE's compression, which lives with the transformer's
+configuration (``configs.VideoDiT.vae_stride`` and ``latent_channels``: one home for each fact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.zoo.videodit.configs import COGVIDEOX_5B, HUNYUAN_VIDEO, WAN21_1_3B, WAN21_14B, VideoDiT
+
+#: Bytes of one parameter in bfloat16.
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class Component:
+    """One network outside the loop: a text encoder or a VAE."""
+
+    role: str          # "text encoder" or "VAE"
+    name: str
+    parameters: int
+    basis: str         # how the count is known (the source: docs/sources.md)
+
+    @property
+    def bf16_bytes(self) -> int:
+        return BF16_BYTES * self.parameters
+
+
+@dataclass(frozen=True)
+class Companions:
+    """A video DiT's text encoders and VAE, and the standard video shapes it samples."""
+
+    model: VideoDiT
+    text_encoders: tuple[Component, ...]
+    vae: Component
+    #: (frames, height, width) of the shapes the model card names
+    shapes: tuple[tuple[int, int, int], ...]
+
+    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """(channels, T, H, W) of the latent the VAE decodes for a video of this shape."""
+        return (self.model.latent_channels, *self.model.latent(frames, height, width))
+
+
+LLAVA_LLAMA3_8B = Component(
+    "text encoder", "MLLM: LLaVA-LLaMA-3-8B's language model (hidden states, 4096 wide)",
+    8_030_261_248, "Meta Llama 3 8B model card: 8.03 B")
+CLIP_L = Component("text encoder", "CLIP ViT-L/14 text encoder (pooled, 768 wide)", 123_060_480,
+                   "openai/clip-vit-large-patch14's text model: 123.06 M")
+UMT5_XXL = Component("text encoder", "umT5-XXL encoder (4096 wide)", 5_680_000_000,
+                     "released bf16 encoder file of 11.36 GB / 2 bytes")
+WAN_VAE = Component("VAE", "Wan-VAE (causal 3D, feature cache)", 127_000_000, "Wan paper: 127 M")
+T5_XXL = Component("text encoder", "T5 v1.1 XXL encoder (4096 wide)", 4_762_310_656,
+                   "t5x's XXL configuration (the OpenSora study's count)")
+
+COMPANIONS = {c.model.name: c for c in (
+    Companions(HUNYUAN_VIDEO, (LLAVA_LLAMA3_8B, CLIP_L),
+               Component("VAE", "HunyuanVideo causal 3D VAE", 246_500_000,
+                         "released float32 weights of 986 MB / 4 bytes"),
+               ((129, 720, 1280), (129, 544, 960))),
+    Companions(WAN21_14B, (UMT5_XXL,), WAN_VAE, ((81, 480, 832), (81, 720, 1280))),
+    Companions(WAN21_1_3B, (UMT5_XXL,), WAN_VAE, ((81, 480, 832),)),
+    Companions(COGVIDEOX_5B, (T5_XXL,),
+               Component("VAE", "CogVideoX causal 3D VAE", 215_610_000,
+                         "released 16-bit weights of 431.2 MB / 2 bytes"),
+               ((49, 480, 720),)),
+)}
