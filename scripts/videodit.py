@@ -14,8 +14,10 @@ microbenchmark ones (docs/gpu.md), and the published timings of these runs are h
     python3 scripts/videodit.py [--work DIR] [--out results/videodit] [--only MODEL] [--force]
     python3 scripts/videodit.py --render-only     # the page again from the CSV
 
-Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` empty: the VAEs are not
-traced) and the page ``OUT/latency.md`` rendered from it. The dumps and the reports are kept in
+Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` the VAE decode of one video on
+one device, where the VAE is written: one call of the official decode loop traced at full size,
+``companions.Decoder``, times the calls; empty elsewhere) and the page ``OUT/latency.md``
+rendered from it. The dumps and the reports are kept in
 ``--work`` and reused: a rerun analyzes again without tracing. Every full-size trace runs under
 ``flock`` on the user's trace lock (``python -m hlo_trace.cache --lock``) at ``nice -n 19``
 with its virtual memory capped. Progress on stderr.
@@ -43,7 +45,7 @@ import click  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cache import trace_lock_path  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
-from models.zoo.videodit.companions import COMPANIONS  # noqa: E402
+from models.zoo.videodit.companions import COMPANIONS, Companions  # noqa: E402
 from models.zoo.videodit.configs import (  # noqa: E402
     BASE,
     COGVIDEOX_5B,
@@ -130,6 +132,8 @@ class Prediction:
     step_s: float
     memory_bytes: float
     capacity_bytes: float
+    #: the VAE decode of one video as the official code runs it; None where it is not traced
+    decode_s: float | None = None
 
     @property
     def loop_s(self) -> float:
@@ -167,7 +171,7 @@ def dump_name(config: VideoDiT, frames: int, height: int, width: int, layout: La
 
 
 def _toml(values: Mapping[str, object]) -> str:
-    return "".join(f"{key} = {list(value) if isinstance(value, tuple) else value}\n"
+    return "".join(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}\n"
                    for key, value in values.items())
 
 
@@ -272,7 +276,22 @@ def predict(case: Case, work: Path) -> Prediction:
         measured[part] = traced(document)
     counts = config.counts()
     return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
-                      capacity(case.hw, layout.devices))
+                      capacity(case.hw, layout.devices), decode_seconds(case, work))
+
+
+def decode_seconds(case: Case, work: Path) -> float | None:
+    """The VAE decode of one video on one device of the case's system: one call of the official
+    decode loop traced at full size (``companions.Decoder``), its predicted time times the calls
+    the loop makes. None where the model's decoder is not written."""
+    companion: Companions = COMPANIONS[case.config.name]
+    if companion.decoder is None:
+        return None
+    kwargs, inputs, calls = companion.decode_call(case.frames, case.height, case.width)
+    name = f"{case.config.name}_{case.frames}x{case.height}x{case.width}_vae_decode_call"
+    command = trace_command(companion.decoder.factory, kwargs, inputs, Layout(SINGLE), "vae", name,
+                            work, companion.decoder.dtype)
+    dump = trace(command, work / f"{name}.mlir", full_size=True)
+    return calls * step_seconds(report(dump, case.hw))
 
 
 # -- the CSV and the page ------------------------------------------------------------------------------
@@ -283,7 +302,8 @@ def csv_text(predictions: Sequence[Prediction]) -> str:
     for p in predictions:
         c = p.case
         writer.writerow([c.config.name, c.frames, c.height, c.width, c.config.steps, c.hw, c.layout.devices,
-                         c.layout.strategy, c.layout.degrees, f"{p.loop_s:.1f}", "",
+                         c.layout.strategy, c.layout.degrees, f"{p.loop_s:.1f}",
+                         "" if p.decode_s is None else f"{p.decode_s:.1f}",
                          f"{p.memory_bytes / GB:.1f}"])
     return buffer.getvalue()
 
@@ -300,22 +320,26 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
              "one kernel) and scaled by the layer counts. Nothing is fitted on these models: the GPU "
              "constants are the microbenchmark ones, and the published timings of these runs are held "
              "out for checking. `loop_s`: the transformer's steps (both CFG branches), text encoders and "
-             "VAE decode not included (`decode_s` empty: the VAEs are not traced). `memory_gb`: one "
+             "VAE decode not included. `decode_s`: the VAE decode of one video on one device, where the "
+             "VAE is written (Wan 2.1's): one call of the official decode loop traced at full size "
+             "in the dtype the official code runs it in, its predicted time times the calls the loop "
+             "makes (a prediction, like the loop; empty where the VAE is not traced). `memory_gb`: one "
              "device's weights, inputs and peak live activations with flash-attention's tiling "
              "(the analyzer's memory model: an unfused program's liveness, an upper bound), in GB "
              "(1e9 bytes), against the chip's capacity.", "",
              "| model | video (frames x height x width) | steps | system | devices | strategy | "
-             "loop (s) | per step (s) | memory per device (GB) | fits |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "loop (s) | per step (s) | VAE decode (s) | memory per device (GB) | fits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         devices = int(row["devices"])
         chip = resolve_system(row["hw"], devices).system.chip
         cap = chip.dram_capacity_bytes / GB
         fits = "yes" if float(row["memory_gb"]) <= cap else f"**no** (capacity {cap:.0f} GB)"
         strategy = row["strategy"] + (f" ({row['degrees']})" if row["degrees"] else "")
+        decode = f"{float(row['decode_s']):.1f}" if row["decode_s"] else "not traced"
         lines.append(f"| {row['model']} | {row['frames']} x {row['height']} x {row['width']} | {row['steps']} | "
                      f"{row['hw']} ({chip.name}) | {devices} | {strategy} | {float(row['loop_s']):.1f} | "
-                     f"{float(row['loop_s']) / int(row['steps']):.2f} | {row['memory_gb']} | {fits} |")
+                     f"{float(row['loop_s']) / int(row['steps']):.2f} | {decode} | {row['memory_gb']} | {fits} |")
     return "\n".join(lines + ["", *outside_the_loop(), ""])
 
 

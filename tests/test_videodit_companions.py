@@ -53,3 +53,11 @@ def test_the_page_lists_every_encoder_and_vae_with_its_size():
             assert any(line.startswith(f"| {name} | {part.role} | {part.name} {size}") for line in rows), part
     for (name, (f, h, w)), shape in BY_HAND.items():
         assert f"{f} x {h} x {w} -> {' x '.join(map(str, shape))}" in text
+
+
+def test_the_wan_decode_is_one_call_per_latent_frame_at_the_latent_size():
+    kwargs, inputs, calls = COMPANIONS["wan21_14b"].decode_call(81, 720, 1280)
+    assert calls == 21   # (81 - 1) / 4 + 1 latent frames, one a call
+    assert inputs == ["latent=1x16x1x90x160:float32"]
+    assert (kwargs["z_dim"], kwargs["height"], kwargs["width"], kwargs["dim"]) == (16, 90, 160, 96)
+    assert COMPANIONS["hunyuan_video"].decoder is None
