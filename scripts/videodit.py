@@ -351,7 +351,9 @@ def outside_the_loop() -> list[str]:
              "Not in `loop_s`: the text encoders, run once per prompt before the loop, and the VAE, "
              "whose decoder turns the final latent into frames after it (parameter counts: "
              "docs/sources.md). Latent: (channels, frames, height, width) at the model's standard "
-             "shapes, from the VAE's compression (frames, height, width).", "",
+             "shapes, from the VAE's compression (frames, height, width). The VAE decode is traced where "
+             "its decoder is written (" + ", ".join(n for n, c in COMPANIONS.items() if c.decoder) +
+             ": `decode_s` above).", "",
              "| model | role | network | parameters | bf16 (GB) | latent |",
              "|---|---|---|---|---|---|"]
     for name, companion in COMPANIONS.items():

@@ -33,13 +33,13 @@ class Component:
 @dataclass(frozen=True)
 class Decoder:
     """A VAE decode traced as one call of the official code's loop: the factory of the call's
-    module (``trace-module``'s import path), its released size, the dtype the official code runs
-    it in, and how many calls decode one latent."""
+    module (``trace-module``'s import path), its released size (less the latent's channels and
+    size, which :meth:`Companions.decode_call` adds), the dtype the official code runs it in, and
+    the latent frames one call takes."""
 
     factory: str
     kwargs: dict[str, Any] = field(hash=False)
     dtype: str
-    #: latent frames one call takes (the latent's channels: the transformer's ``latent_channels``)
     frames_per_call: int = 1
 
     def calls(self, latent_frames: int) -> int:
