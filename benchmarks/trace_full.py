@@ -41,16 +41,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from hlo_analyzer.sidecar import read_sidecar  # noqa: E402
+from hlo_analyzer.sidecar import STATISTICS, TraceStatistics, read_sidecar  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from plans.config import build_config  # noqa: E402
 from tracing.cli import STEPS  # noqa: E402  (imports no torch)
@@ -194,11 +192,11 @@ def main() -> int:
                     return 1
                 runs[label].append(result)
                 print(f"run {run}, {label}: {result.line()}")
-                print("  " + _split(_sidecar(sidecar_path)))
+                print("  " + _split(_statistics(sidecar_path)))
         dump = out / f"{name}.mlir"
-        sidecar = _sidecar(out / f"{name}.json")
+        statistics = _statistics(out / f"{name}.json")
         digest = hashlib.sha256(dump.read_bytes()).hexdigest()
-        print(f"dump: {sidecar['mlir_bytes'] / 2**20:.1f} MiB, sha256 {digest}")
+        print(f"dump: {statistics.mlir_bytes / 2**20:.1f} MiB, sha256 {digest}")
         if args.compare is not None:
             print(f"dump {compare(dump, args.compare)}")
         if args.baseline is not None:
@@ -218,7 +216,7 @@ def main() -> int:
     if args.json_path is not None:
         figures = {"command": " ".join(["python3 benchmarks/trace_full.py", *sys.argv[1:]]),
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "case": name,
-                   "repeat": repeat, "dump_mib": round(sidecar["mlir_bytes"] / 2**20, 1),
+                   "repeat": repeat, "dump_mib": round(statistics.mlir_bytes / 2**20, 1),
                    "sha256": digest, "runs": {label: [run.as_dict() for run in found]
                                               for label, found in runs.items()},
                    "best": {label: {"wall_s": round(w, 1), "cpu_s": round(c, 1), "peak_rss_gib": round(p / 2**30, 2)}
@@ -233,16 +231,16 @@ def _best(runs: list[Run]) -> tuple[float, float, int]:
     return min(run.wall for run in runs), min(run.cpu for run in runs), min(run.peak for run in runs)
 
 
-def _sidecar(path: Path) -> Mapping[str, Any]:
-    """The sidecar's document, read by the one reader (its trace statistics are untyped)."""
-    sidecar = read_sidecar(path)
-    assert sidecar is not None
-    return sidecar.document
+def _statistics(path: Path) -> TraceStatistics:
+    """The trace statistics of the sidecar at ``path``, read by the one reader."""
+    sidecar = read_sidecar(path, required=(*STATISTICS, "mlir_bytes"))
+    assert sidecar is not None and sidecar.statistics is not None
+    return sidecar.statistics
 
 
-def _split(sidecar: Mapping[str, Any]) -> str:
-    """The per-step seconds of a sidecar and the peak RSS reached by the end of each step."""
-    seconds, peaks = sidecar["seconds"], sidecar.get("peak_rss_bytes_after", {})
+def _split(statistics: TraceStatistics) -> str:
+    """The per-step seconds of a trace and the peak RSS reached by the end of each step."""
+    seconds, peaks = statistics.seconds, statistics.peak_rss_bytes_after
     steps = [step for step in STEPS if step in seconds or step in peaks]
     steps += [step for step in seconds if step not in steps]  # --mode train's extra steps
     parts = []
@@ -252,7 +250,7 @@ def _split(sidecar: Mapping[str, Any]) -> str:
             part += f" (to {peaks[step] / 2**30:.2f} GiB)"
         parts.append(part)
     return ("steps: " + ", ".join(parts)
-            + f"; in the process: {sidecar['seconds_total']:.1f} s")
+            + f"; in the process: {statistics.seconds_total:.1f} s")
 
 
 def _verdict(value: float, target: float) -> str:

@@ -38,7 +38,6 @@ hardware description's ``dram_capacity``) ``exceeds_capacity`` flags a device th
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from jaxlib.mlir import ir
 from hlo_analyzer.sidecar import Sidecar, as_sidecar
 from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
-from hlo_trace.errors import InputFileError
+from hlo_trace.documents import dataclass_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +113,7 @@ class MemoryUsage:
     def from_dict(cls, document: Any, origin: str) -> MemoryUsage:
         """The usage :meth:`to_dict` wrote, read back where a report crosses a process
         (``origin`` names it in errors; the totals and the verdict are computed again)."""
-        try:
-            return cls(**{f.name: document[f.name] for f in dataclasses.fields(cls)})
-        except (KeyError, TypeError) as error:
-            raise InputFileError(f"{origin}: not a memory section ({error!r})") from None
+        return dataclass_from_dict(cls, document, origin, "a memory section")
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,8 @@ def pipeline_command(pipeline: str, dumps: tuple[str, ...], hardware: str, steps
     check_targets({"-o": output}, force=force, inputs=inputs)  # before the work
     analysis = analyze_pipeline(load_plan(pipeline), list(dumps), hardware, steps=steps,
                                 schedule=schedule)
-    document = analysis.to_dict()
-    text = (json.dumps(document, indent=1, sort_keys=True) + "\n" if output_format == "json"
-            else render_pipeline_table(document))
+    text = (json.dumps(analysis.to_dict(), indent=1, sort_keys=True) + "\n"
+            if output_format == "json" else render_pipeline_table(analysis))
     emit(text, output, force=force)
     return 0
 

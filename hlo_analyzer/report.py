@@ -24,6 +24,7 @@ from hlo_analyzer.rows import CATEGORIES, COMM, GEMM, VECTOR, OpRow
 from hlo_analyzer.tensors import TypeTable, splits_tensor
 from hlo_analyzer.training import TrainingSplit
 from hlo_analyzer.visitor import IRVisitor
+from hlo_trace.documents import dataclass_from_dict
 from hlo_trace.errors import UnsupportedIRError, UsageError
 
 PER_DEVICE = "per-device"
@@ -83,6 +84,65 @@ class NoSections:
 
     def records(self, by: str, rows: Sequence[OpRow], source: str) -> list[dict[str, Any]]:
         raise UsageError(f"{source}: {NEEDS_SECTIONS[by]}")
+
+
+@dataclass(frozen=True)
+class MeshTotals:
+    """An SPMD program's totals over its whole mesh: every device runs the same program."""
+
+    devices: int
+    gemm_flops: int
+    vector_flops: int
+    comm_bytes: float
+
+
+@dataclass(frozen=True)
+class ReportTotals:
+    """The report's ``totals``: one device's FLOPs and collectives (``mesh``: the whole mesh's,
+    for a per-device program that records its device count)."""
+
+    gemm_flops: int
+    vector_flops: int
+    comm_bytes_per_device: float
+    comm_ops: int
+    comm_latency_s: float | None
+    mesh: MeshTotals | None = None
+
+    @property
+    def total_flops(self) -> int:
+        return self.gemm_flops + self.vector_flops
+
+    def to_dict(self) -> dict[str, Any]:
+        totals: dict[str, Any] = {
+            "gemm_flops": self.gemm_flops,
+            "vector_flops": self.vector_flops,
+            "total_flops": self.total_flops,
+            "comm_bytes_per_device": self.comm_bytes_per_device,
+            "comm_ops": self.comm_ops,
+            "comm_latency_s": self.comm_latency_s,
+        }
+        if self.mesh is not None:
+            totals["mesh"] = asdict(self.mesh)
+        return totals
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> ReportTotals:
+        """The totals :meth:`to_dict` wrote, read back (``origin`` names them in errors)."""
+        return dataclass_from_dict(cls, document, origin, "a report's totals", mesh=lambda mesh: (
+            None if mesh is None else dataclass_from_dict(MeshTotals, mesh, origin, "a mesh's totals")))
+
+
+@dataclass(frozen=True)
+class CollectiveTotal:
+    """One kind of collective in the report's ``comm_by_kind``: how many run and the bytes one
+    device sends in them."""
+
+    count: int
+    bytes_per_device: float
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> CollectiveTotal:
+        return dataclass_from_dict(cls, document, origin, "a collective's total")
 
 
 class _Sums:
@@ -173,23 +233,15 @@ class Report:
     def _totals(self, sums: dict[str, _Sums]) -> dict[str, Any]:
         gemm_flops, vector_flops = int(sums[GEMM].flops), int(sums[VECTOR].flops)
         comm_bytes = sums[COMM].comm_bytes
-        totals: dict[str, Any] = {
-            "gemm_flops": gemm_flops,
-            "vector_flops": vector_flops,
-            "total_flops": gemm_flops + vector_flops,
-            "comm_bytes_per_device": _exact(comm_bytes),
-            "comm_ops": sums[COMM].ops,
-            "comm_latency_s": sums[COMM].latency,
-        }
+        mesh = None
         if self.num_devices and self.program == PER_DEVICE:
             # SPMD: every device runs this same program, so the mesh does num_devices times it.
-            totals["mesh"] = {
-                "devices": self.num_devices,
-                "gemm_flops": gemm_flops * self.num_devices,
-                "vector_flops": vector_flops * self.num_devices,
-                "comm_bytes": _exact(comm_bytes * self.num_devices),
-            }
-        return totals
+            mesh = MeshTotals(devices=self.num_devices, gemm_flops=gemm_flops * self.num_devices,
+                              vector_flops=vector_flops * self.num_devices,
+                              comm_bytes=_exact(comm_bytes * self.num_devices))
+        return ReportTotals(gemm_flops=gemm_flops, vector_flops=vector_flops,
+                            comm_bytes_per_device=_exact(comm_bytes), comm_ops=sums[COMM].ops,
+                            comm_latency_s=sums[COMM].latency, mesh=mesh).to_dict()
 
     def by_category(self) -> list[dict[str, Any]]:
         return self._by_category(self._category_sums())

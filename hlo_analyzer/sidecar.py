@@ -6,8 +6,10 @@ JSON, and any value in any field. :func:`read_sidecar` reads it through
 and checks the fields the analyzer computes with, where present: ``inputs`` and ``outputs``
 (name -> global ``shape``, a list of non-negative integers, and ``dtype``, a torch dtype name of
 ``SIDECAR_DTYPES``), ``mesh.global_device_ids`` (rows of device ids), ``blocks`` (``[first,
-last]``), ``stage``, ``pipefusion.patches`` and ``strategy.name``. A field of the wrong form is
-one ``InputFileError`` naming the file and the field, never a ``KeyError`` deep in the analysis.
+last]``), ``stage``, ``pipefusion.patches``, ``strategy.name`` and the trace statistics
+(``seconds_total`` and the fields that come with it: :class:`TraceStatistics`). A field of the
+wrong form is one ``InputFileError`` naming the file and the field, never a ``KeyError`` deep in
+the analysis.
 
 The result is a :class:`Sidecar`: the checked fields typed, the rest of the document kept for
 the sections that other modules read (``training``, ``library_calls``, ``redundancy``). It is the
@@ -20,7 +22,7 @@ import math
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -61,11 +63,29 @@ class SidecarTensor:
         return math.prod(self.shape) * ELEMENT_BYTES[self.element_type]
 
 
+#: The trace statistics every traced program's sidecar records (``seconds_total`` marks them).
+STATISTICS = ("seconds", "seconds_total", "peak_rss_bytes")
+
+
+@dataclass(frozen=True)
+class TraceStatistics:
+    """What tracing the dump cost, as the tracer records it: the seconds of each step and in all,
+    the process's peak RSS (and the peak reached by the end of each step, where recorded) and the
+    dump's size (None: not recorded)."""
+
+    seconds: Mapping[str, float]
+    seconds_total: float
+    peak_rss_bytes: int
+    peak_rss_bytes_after: Mapping[str, int] = field(default_factory=dict)
+    mlir_bytes: int | None = None
+
+
 @dataclass(frozen=True)
 class Sidecar:
     """A tracer sidecar, read once and checked (:func:`read_sidecar`). ``inputs`` is None when
-    the file has no ``inputs`` section; ``document`` is the whole JSON object (read-only), for
-    the sections typed by the modules that read them."""
+    the file has no ``inputs`` section, ``statistics`` when it records no trace statistics;
+    ``document`` is the whole JSON object (read-only), for the sections typed by the modules
+    that read them."""
 
     path: Path
     document: Mapping[str, Any]
@@ -76,6 +96,7 @@ class Sidecar:
     stage: int | None
     patches: int
     strategy: str
+    statistics: TraceStatistics | None = None
 
     def section(self, name: str) -> Any:
         """The top-level ``name`` section of the document (None when absent)."""
@@ -180,7 +201,18 @@ def _typed(path: Path, document: dict[str, Any]) -> Sidecar:
         blocks=None if blocks is None else (blocks[0], blocks[1]),
         stage=document.get("stage"),
         patches=int(document.get("pipefusion", {}).get("patches", 1)),
-        strategy=str(document.get("strategy", {}).get("name", "?")))
+        strategy=str(document.get("strategy", {}).get("name", "?")),
+        statistics=_statistics(document) if "seconds_total" in document else None)
+
+
+def _statistics(document: dict[str, Any]) -> TraceStatistics:
+    mlir_bytes = document.get("mlir_bytes")
+    return TraceStatistics(
+        seconds=MappingProxyType(dict(document["seconds"])),
+        seconds_total=float(document["seconds_total"]),
+        peak_rss_bytes=document["peak_rss_bytes"],
+        peak_rss_bytes_after=MappingProxyType(dict(document.get("peak_rss_bytes_after", {}))),
+        mlir_bytes=mlir_bytes)
 
 
 def check_sidecar(document: dict[str, Any], origin: str) -> None:
@@ -216,26 +248,54 @@ def check_sidecar(document: dict[str, Any], origin: str) -> None:
         strategy = document["strategy"]
         good = isinstance(strategy, dict) and isinstance(strategy.get("name", ""), str)
         _expect(strategy, good, "strategy", origin, 'an object with a name, e.g. {"name": "megatron"}')
+    if any(key in document for key in STATISTICS):
+        _check_statistics(document, origin)
+
+
+def _check_statistics(document: dict[str, Any], origin: str) -> None:
+    """The trace statistics: all of ``STATISTICS`` once any is there, each of its form."""
+    for key in STATISTICS:
+        if key not in document:
+            raise InputFileError(f"{origin}: field {key} is missing; expected {WHAT} with every "
+                                 f"trace statistic ({', '.join(STATISTICS)}) or none")
+    seconds = document["seconds_total"]
+    _expect(seconds, _is_number(seconds), "seconds_total", origin, "seconds, a number >= 0")
+    for key, check, expected in (("seconds", _is_number, "seconds >= 0"),
+                                 ("peak_rss_bytes_after", _is_bytes, "bytes, an integer >= 0")):
+        steps = document.get(key, {})
+        good = isinstance(steps, dict) and all(check(value) for value in steps.values())
+        _expect(steps, good, key, origin, f"an object of step -> {expected}")
+    for key in ("peak_rss_bytes", "mlir_bytes"):
+        if key in document:
+            _expect(document[key], _is_bytes(document[key]), key, origin, "bytes, an integer >= 0")
 
 
 def _check_tensors(section: Any, where: str, origin: str) -> None:
     _expect(section, isinstance(section, dict), where, origin,
             'an object of name -> {"shape": [...], "dtype": "bfloat16"}')
     for name, entry in section.items():
-        field = f"{where}.{name}"
-        _expect(entry, isinstance(entry, dict), field, origin,
+        place = f"{where}.{name}"
+        _expect(entry, isinstance(entry, dict), place, origin,
                 '{"shape": [...], "dtype": "bfloat16"}')
         shape = entry.get("shape")
         good = isinstance(shape, list) and all(_is_int(d, 0, MAX_DIMENSION) for d in shape)
-        _expect(shape, good, f"{field}.shape", origin,
+        _expect(shape, good, f"{place}.shape", origin,
                 "a list of integer sizes from 0 to 2**63-1")
         dtype = entry.get("dtype")
-        _expect(dtype, isinstance(dtype, str) and dtype in SIDECAR_DTYPES, f"{field}.dtype", origin,
+        _expect(dtype, isinstance(dtype, str) and dtype in SIDECAR_DTYPES, f"{place}.dtype", origin,
                 f"one of {', '.join(SIDECAR_DTYPES)}")
 
 
 def _is_int(value: Any, least: int, most: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and least <= value <= most
+
+
+def _is_bytes(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def _expect(value: Any, good: Any, field: str, origin: str, expected: str) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 from hardware import model_assumptions
 from hardware.spec import tiled_model_constants
+from hlo_analyzer.mapping.pipeline import PipelineAnalysis
 from hlo_analyzer.mapping.render import HardwareSections, block_time_records, hardware_sections
 from hlo_analyzer.mapping.results import NO_CROSS_ATTENTION
 from hlo_analyzer.mapping.sections import BlocksSection, MappingSection, TransformerSection
@@ -274,39 +275,40 @@ def _training_lines(training: TrainingSplit) -> list[str]:
     return lines
 
 
-def render_pipeline_table(document: dict[str, Any]) -> str:
-    """The ``analyze-pipeline`` report (``PipelineAnalysis.to_dict()``) as text."""
-    lines = [f"Pipeline {document['pipeline']} on {document['hardware']}: "
-             f"{len(document['stages'])} stages, M = {document['patches']} patches, "
-             f"{document['schedule']} schedule", ""]
+def render_pipeline_table(analysis: PipelineAnalysis) -> str:
+    """The ``analyze-pipeline`` report as text."""
+    step, plan = analysis.step, analysis.plan
+    lines = [f"Pipeline {plan.path} on {analysis.hardware}: "
+             f"{len(analysis.stages)} stages, M = {plan.patches} patches, "
+             f"{step.schedule} schedule", ""]
     header = ["stage", "strategy", "chips", "pairs", "compute", "collectives", "stage/patch",
               "send/patch", "transfer/patch", "memory/device"]
     rows = []
-    for stage in document["stages"]:
-        memory = stage["memory"]
-        flag = " !" if memory["exceeds_capacity"] else ""
-        rows.append([str(stage["stage"]), stage["strategy"],
-                     ",".join(map(str, stage["devices"])), str(stage["block_pairs"]),
-                     seconds(stage["compute_s"]), seconds(stage["comm_s"]),
-                     seconds(stage["patch_s"]), si(stage["transfer_patch_bytes"], "B"),
-                     seconds(stage["transfer_patch_s"]), memory_size(memory["total_bytes"]) + flag])
+    for stage in analysis.stages:
+        memory = stage.memory
+        flag = " !" if memory.exceeds_capacity else ""
+        rows.append([str(stage.stage), stage.strategy,
+                     ",".join(map(str, stage.devices)), str(stage.block_pairs),
+                     seconds(stage.compute_s), seconds(stage.comm_s),
+                     seconds(stage.patch_s), si(stage.transfer_patch_bytes, "B"),
+                     seconds(stage.transfer_patch_s), memory_size(memory.total_bytes) + flag])
     lines += render_columns(header, rows, {3, 4, 5, 6, 7, 8, 9})
-    totals, back = document["totals"], document["return"]
-    step = ("steps overlap: max(loop, M x slowest)" if document["schedule"] == "overlapped"
-            else "empty pipeline each step: loop + (M - 1) x slowest")
-    pipelined = document["steps"] - min(document["warmup_steps"], document["steps"])
+    totals = analysis.totals
+    overlapped = ("steps overlap: max(loop, M x slowest)" if step.schedule == "overlapped"
+                  else "empty pipeline each step: loop + (M - 1) x slowest")
+    pipelined = step.steps - min(step.warmup_steps, step.steps)
     summary = [
         ("return to stage 0 per patch (latent)",
-         f"{seconds(back['patch_s'])}  ({si(back['patch_bytes'], 'B')})"),
-        (f"pipelined step ({step})", seconds(totals["step_s"])),
-        ("warm-up step (unpipelined, full latent)", seconds(totals["warmup_step_s"])),
-        (f"inference ({document['warmup_steps']} warm-up + {pipelined} pipelined steps, "
-         f"{document['schedule']})", seconds(totals["inference_s"])),
-        ("memory per device (largest stage)", memory_size(totals["memory_per_device_bytes"])),
+         f"{seconds(step.return_patch_s)}  ({si(analysis.return_patch_bytes, 'B')})"),
+        (f"pipelined step ({overlapped})", seconds(totals.step_s)),
+        ("warm-up step (unpipelined, full latent)", seconds(totals.warmup_step_s)),
+        (f"inference ({step.warmup_steps} warm-up + {pipelined} pipelined steps, "
+         f"{step.schedule})", seconds(totals.inference_s)),
+        ("memory per device (largest stage)", memory_size(totals.memory_per_device_bytes)),
     ]
     width = max(len(label) for label, _ in summary)
     lines += [""] + [f"  {label:<{width}}  {value}" for label, value in summary]
-    if any(stage["memory"]["exceeds_capacity"] for stage in document["stages"]):
+    if any(stage.memory.exceeds_capacity for stage in analysis.stages):
         lines.append("  ! a stage's memory exceeds the chip's DRAM capacity")
     return "\n".join(lines) + "\n"
 

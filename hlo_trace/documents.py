@@ -21,13 +21,15 @@ expected to be. :func:`check_input_file` is the first check alone, for a file re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import stat
 import sys
 import tomllib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hlo_trace.errors import InputFileError, shown
 
@@ -59,26 +61,30 @@ def check_input_file(path: str | os.PathLike, what: str, *, max_bytes: int | Non
     return info.st_size
 
 
-def read_document(path: str | os.PathLike, what: str) -> str:
-    """The text of a small document: a regular UTF-8 file of at most ``MAX_DOCUMENT_BYTES``."""
-    check_input_file(path, what, max_bytes=MAX_DOCUMENT_BYTES)
+def read_document(path: str | os.PathLike, what: str, *, max_bytes: int | None = None) -> str:
+    """The text of a small document: a regular UTF-8 file of at most ``max_bytes`` (None:
+    ``MAX_DOCUMENT_BYTES``)."""
+    max_bytes = MAX_DOCUMENT_BYTES if max_bytes is None else max_bytes
+    check_input_file(path, what, max_bytes=max_bytes)
     name = shown(path)
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_DOCUMENT_BYTES + 1)  # the file may have grown since stat
+            data = handle.read(max_bytes + 1)  # the file may have grown since stat
     except OSError as exc:
         raise InputFileError(f"{name}: cannot read: {_reason(exc)}") from None
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise InputFileError(f"{name}: more than the {_size(MAX_DOCUMENT_BYTES)} {what} may hold")
+    if len(data) > max_bytes:
+        raise InputFileError(f"{name}: more than the {_size(max_bytes)} {what} may hold")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputFileError(f"{name}: not UTF-8 text (byte {exc.start}); expected {what}") from None
 
 
-def load_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
-    """The JSON document in ``path`` (see the module docstring for what is refused)."""
-    return loads_json(read_document(path, what), shown(path), what)
+def load_json(path: str | os.PathLike, what: str = "a JSON file", *,
+              max_bytes: int | None = None) -> Any:
+    """The JSON document in ``path`` (see the module docstring for what is refused; a document
+    that may be larger than ``MAX_DOCUMENT_BYTES`` names its own bound)."""
+    return loads_json(read_document(path, what, max_bytes=max_bytes), shown(path), what)
 
 
 def loads_json(text: str, origin: str, what: str = "JSON") -> Any:
@@ -94,6 +100,24 @@ def loads_json(text: str, origin: str, what: str = "JSON") -> Any:
         raise InputFileError(f"{origin}: {_first_line(exc)}; expected {what}") from None
     check_nesting(document, origin, what)
     return document
+
+
+Record = TypeVar("Record")
+
+
+def dataclass_from_dict(cls: type[Record], document: Any, origin: str, what: str,
+                        **convert: Callable[[Any], Any]) -> Record:
+    """The frozen dataclass ``cls`` from the fields of ``document`` of the same names (a field
+    with a default may be absent), each through its function in ``convert`` where one is given:
+    a JSON result read back where it crosses a process. A missing field or a value of the wrong
+    type is one ``InputFileError``: ``ORIGIN: not WHAT (...)``."""
+    try:
+        values = {f.name: document[f.name] for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                  if f.name in document or f.default is dataclasses.MISSING}
+        return cls(**{name: convert[name](value) if name in convert else value
+                      for name, value in values.items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise InputFileError(f"{origin}: not {what} ({error!r})") from None
 
 
 def load_toml(path: str | os.PathLike, what: str = "a TOML file") -> dict[str, Any]:

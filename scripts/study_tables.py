@@ -25,12 +25,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from hardware.collectives import COLLECTIVE_KINDS as ALL_COLLECTIVE_KINDS
-from hlo_analyzer.memory import MemorySection
+from hlo_analyzer.mapping.json_report import JsonReport
+from hlo_analyzer.mapping.pipeline import PipelineReport
+from hlo_analyzer.mapping.sections import MappingTotals
+from hlo_analyzer.memory import MemorySection, MemoryUsage
+from hlo_analyzer.sidecar import TraceStatistics
 from hlo_trace.atomic import atomic_write, write_png
 from models.opensora.parallel import STRATEGIES
 
@@ -40,6 +46,11 @@ TERA, GIGA = 1e12, 1e9
 #: The latency-memory plot draws the chip's capacity as a line when it is at most this many times
 #: the largest memory plotted; beyond, only the legend states it.
 CAPACITY_LINE_SPAN = 4
+#: The sections of ``analyze-hlo --hw``'s report the tables read (``sweep.load_case`` requires them).
+STUDY_SECTIONS = ("memory", "mapping")
+#: The mapping's totals the tables sum over a case's stages.
+LATENCY, COMM, COMPUTE = (attrgetter(name) for name in (
+    "inference_latency_s", "inference_comm_s", "inference_compute_s"))
 
 
 class _Outcome:
@@ -52,70 +63,99 @@ class _Outcome:
         return self.error is None
 
 
+@dataclass(frozen=True)
+class StageResult:
+    """One traced stage of a case: what its trace cost (its sidecar's statistics) and its
+    ``analyze-hlo --hw`` report (with its memory and mapping sections)."""
+
+    statistics: TraceStatistics
+    analysis: JsonReport
+
+
+@dataclass(frozen=True)
+class CaseMemory:
+    """Bytes per device of a flat strategy over the whole model (module doc)."""
+
+    weight_bytes: int
+    live_bytes: int
+    capacity_bytes: float | None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.live_bytes
+
+
 @dataclass
 class CaseResult(_Outcome):
-    """One case of the sweep: its per-stage ``{"sidecar", "analysis"}`` documents, or its error."""
+    """One case of the sweep: its stages, or its error."""
 
     config: str
     shape: str
     strategy: str
     mesh: str
-    stages: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[StageResult] = field(default_factory=list)
     error: str | None = None
     #: The analysis of stage 0 traced with one pair and totalled with ``--pairs`` (the one-pair
     #: check), or None.
-    one_pair: dict[str, Any] | None = None
+    one_pair: JsonReport | None = None
 
     @property
     def devices(self) -> int:
         x, y = (int(part) for part in self.mesh.split("x"))
         return x * y
 
-    def _total(self, key: str) -> float:
-        return sum(stage["analysis"]["totals"][key] for stage in self.stages)
-
     @property
     def gemm_flops_per_device(self) -> float:
-        return self._total("gemm_flops")
+        return sum(stage.analysis.totals.gemm_flops for stage in self.stages)
 
     @property
     def vector_flops_per_device(self) -> float:
-        return self._total("vector_flops")
+        return sum(stage.analysis.totals.vector_flops for stage in self.stages)
 
     def comm_bytes_by_kind(self) -> dict[str, float]:
         sums = dict.fromkeys(COLLECTIVE_KINDS, 0.0)
         for stage in self.stages:
-            for kind, entry in stage["analysis"].get("comm_by_kind", {}).items():
-                sums[kind] = sums.get(kind, 0.0) + entry["bytes_per_device"]
+            for kind, entry in stage.analysis.comm_by_kind.items():
+                sums[kind] = sums.get(kind, 0.0) + entry.bytes_per_device
         return sums
 
-    def mapping_total(self, key: str) -> float:
-        return sum(stage["analysis"]["mapping"]["totals"][key] for stage in self.stages)
+    def mapping_total(self, value: Callable[[MappingTotals], float]) -> float:
+        """The sum over the stages of one ``value`` of their mapping's totals."""
+        return sum(value(mapped_totals(stage.analysis)) for stage in self.stages)
 
     @property
-    def block_mapping(self) -> dict[str, Any]:
+    def block_mapping(self) -> PairView:
         """The first stage's first block pair, from the per-op mapping of the traced ops: its
         kernels (labelled GEMMs named by their label), time shares and utilisation."""
-        return pair_view(self.stages[0]["analysis"])
+        return pair_view(self.stages[0].analysis)
 
     @property
-    def memory(self) -> dict[str, float]:
+    def memory(self) -> CaseMemory:
         """Bytes per device over the whole model (module doc): weights, peak live, total."""
-        usages = [MemorySection.from_dict(stage["analysis"]["memory"],
-                                          f"{self.shape} {self.strategy} stage {index}").usage
-                  for index, stage in enumerate(self.stages)]
+        usages = [stage_memory(stage.analysis).usage for stage in self.stages]
         weights = sum(usage.weight_bytes for usage in usages)
         live = max(usage.total_bytes - usage.weight_bytes for usage in usages)
-        return {"weight_bytes": weights, "live_bytes": live, "total_bytes": weights + live,
-                "capacity_bytes": usages[0].capacity_bytes}
+        return CaseMemory(weights, live, usages[0].capacity_bytes)
 
     @property
     def trace_seconds(self) -> float:
-        return sum(stage["sidecar"]["seconds_total"] for stage in self.stages)
+        return sum(stage.statistics.seconds_total for stage in self.stages)
 
     @property
     def peak_rss_bytes(self) -> int:
-        return max(stage["sidecar"]["peak_rss_bytes"] for stage in self.stages)
+        return max(stage.statistics.peak_rss_bytes for stage in self.stages)
+
+
+def mapped_totals(analysis: JsonReport) -> MappingTotals:
+    """The mapping's totals of a study's analysis (``STUDY_SECTIONS``)."""
+    assert analysis.mapping is not None
+    return analysis.mapping.totals
+
+
+def stage_memory(analysis: JsonReport) -> MemorySection:
+    """The memory section of a study's analysis (``STUDY_SECTIONS``)."""
+    assert analysis.memory is not None
+    return analysis.memory
 
 
 @dataclass
@@ -129,7 +169,7 @@ class PipelineResult(_Outcome):
     chips: int
     strategy: str
     patches: int
-    analysis: dict[str, Any] | None = None
+    analysis: PipelineReport | None = None
     error: str | None = None
 
     @property
@@ -137,11 +177,14 @@ class PipelineResult(_Outcome):
         return f"{self.stages}x{self.chips}:{self.strategy}"
 
     @property
-    def largest_stage_memory(self) -> dict[str, Any]:
-        """The memory section of the stage whose device holds the most."""
+    def report(self) -> PipelineReport:
         assert self.analysis is not None
-        return max((stage["memory"] for stage in self.analysis["stages"]),
-                   key=lambda memory: memory["total_bytes"])
+        return self.analysis
+
+    @property
+    def largest_stage_memory(self) -> MemoryUsage:
+        """The memory of the stage whose device holds the most."""
+        return self.report.largest_stage_memory
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,15 +345,15 @@ def latency_table(results: list[CaseResult], steps: int) -> Table:
             rows.append([result.shape, result.strategy, result.mesh] + [None] * 10 + [result.error])
             continue
         memory = result.memory
-        latency = result.mapping_total("inference_latency_s")
-        comm = result.mapping_total("inference_comm_s")
-        share = result.block_mapping["time_share_by_type"]
+        latency = result.mapping_total(LATENCY)
+        comm = result.mapping_total(COMM)
+        share = result.block_mapping.time_share_by_type
         rows.append([result.shape, result.strategy, result.mesh, latency,
-                     result.mapping_total("inference_compute_s"), comm, 100 * comm / latency,
-                     100 * result.block_mapping["totals"]["gemm_utilization"],
+                     result.mapping_total(COMPUTE), comm, 100 * comm / latency,
+                     100 * result.block_mapping.totals.gemm_utilization,
                      100 * share.get("GEMM", 0.0), 100 * share.get("Vector", 0.0),
-                     100 * share.get("FlashAttention", 0.0), memory["total_bytes"] / GIGA,
-                     _fits(memory["total_bytes"], memory["capacity_bytes"]), ""])
+                     100 * share.get("FlashAttention", 0.0), memory.total_bytes / GIGA,
+                     _fits(memory.total_bytes, memory.capacity_bytes), ""])
     return headers, rows
 
 
@@ -325,8 +368,8 @@ def split_table(results: list[CaseResult], steps: int) -> Table:
     for result in results:
         if not result.ok or result.one_pair is None:
             continue
-        staged = result.mapping_total("inference_latency_s")
-        one = result.one_pair["mapping"]["totals"]["inference_latency_s"]
+        staged = result.mapping_total(LATENCY)
+        one = mapped_totals(result.one_pair).inference_latency_s
         rows.append([result.shape, result.strategy, result.mesh, staged, one, 100 * (one - staged) / staged])
     return headers, rows
 
@@ -351,15 +394,15 @@ def pipeline_table(pipelines: list[PipelineResult], steps: int) -> Table:
         if not result.ok:
             rows.append(head + [None] * 12 + [result.error])
             continue
-        analysis, memory = result.analysis, result.largest_stage_memory
-        totals, stages = analysis["totals"], analysis["stages"]
+        analysis, memory = result.report, result.largest_stage_memory
+        totals, stages = analysis.totals, analysis.stages
         rows.append(head + [
-            analysis.get("schedule", "per-step"), totals["inference_s"], totals["step_s"], totals["warmup_step_s"],
-            max(stage["patch_s"] for stage in stages) * 1e3,
-            stages[0]["transfer_patch_bytes"] / 1e6, totals["comm_bytes_per_device"] / GIGA,
-            memory["weight_bytes"] / GIGA, memory["stale_kv_bytes"] / GIGA,
-            memory["peak_live_bytes"] / GIGA, totals["memory_per_device_bytes"] / GIGA,
-            _fits(totals["memory_per_device_bytes"], memory["capacity_bytes"]), ""])
+            analysis.schedule, totals.inference_s, totals.step_s, totals.warmup_step_s,
+            max(stage.patch_s for stage in stages) * 1e3,
+            stages[0].transfer_patch_bytes / 1e6, totals.comm_bytes_per_device / GIGA,
+            memory.weight_bytes / GIGA, memory.stale_kv_bytes / GIGA,
+            memory.peak_live_bytes / GIGA, totals.memory_per_device_bytes / GIGA,
+            _fits(totals.memory_per_device_bytes, memory.capacity_bytes), ""])
     return headers, rows
 
 
@@ -369,11 +412,11 @@ def block_ops_table(results: list[CaseResult], shape: str) -> Table:
     for result in results:
         if result.shape != shape or not result.ok:
             continue
-        ops = result.block_mapping["ops"]
-        block_s = sum(op["latency_s"] for op in ops)
+        ops = result.block_mapping.ops
+        block_s = sum(op.latency_s for op in ops)
         for op in ops:
-            rows.append([result.strategy, op["name"], op["type"], op["latency_s"] * 1e6,
-                         100 * op["utilization"], op["bound"], 100 * op["latency_s"] / block_s])
+            rows.append([result.strategy, op.name, op.type, op.latency_s * 1e6,
+                         100 * op.utilization, op.bound, 100 * op.latency_s / block_s])
     return headers, rows
 
 
@@ -400,7 +443,7 @@ def runs_table(results: list[CaseResult]) -> Table:
         if not result.ok:
             rows.append([result.shape, result.strategy, result.mesh, None, None, None, result.error])
             continue
-        dump_bytes = sum(stage["sidecar"]["mlir_bytes"] for stage in result.stages)
+        dump_bytes = sum(stage.statistics.mlir_bytes or 0 for stage in result.stages)
         rows.append([result.shape, result.strategy, result.mesh, result.trace_seconds,
                      result.peak_rss_bytes / 2**30, dump_bytes / 2**20, ""])
     return headers, rows
@@ -410,33 +453,55 @@ _KIND_TYPES = {"gemm": "GEMM", "vector": "Vector", "flash_attention": "FlashAtte
                "collective": "Collective"}
 
 
-def pair_view(analysis: dict[str, Any], pair: int = 0) -> dict[str, Any]:
-    """One block pair of an ``analyze-hlo --hw --format json`` document: its kernels (in program
+@dataclass(frozen=True)
+class PairOp:
+    """One kernel of a block pair: its name, compute type, time, utilisation and bound."""
+
+    name: str
+    type: str
+    latency_s: float
+    utilization: float
+    bound: str
+
+
+@dataclass(frozen=True)
+class PairView:
+    """One block pair of an analysis (:func:`pair_view`)."""
+
+    ops: tuple[PairOp, ...]
+    time_share_by_type: dict[str, float]
+    totals: MappingTotals
+    chip: str
+    hardware: str
+
+
+def pair_view(analysis: JsonReport, pair: int = 0) -> PairView:
+    """One block pair of an ``analyze-hlo --hw --format json`` report: its kernels (in program
     order, a kernel holding a labelled GEMM named ``<spatial|temporal> <label>``), the time share
     of each compute type over the pair's compute time, and the mapping's totals."""
-    mapping = analysis["mapping"]
+    mapping = analysis.mapping
+    assert mapping is not None
     labels = {}
-    for block in analysis.get("blocks", {}).get("labels", []):
-        if block["index"] // 2 == pair:
-            for label, positions in block["ops"].items():
-                labels.update({position: f"{block['kind']} {label}" for position in positions})
+    for block in analysis.block_labels:
+        if block.index // 2 == pair:
+            for label, positions in block.ops:
+                labels.update({position: f"{block.kind} {label}" for position in positions})
     ops, seen = [], set()
-    for kernel in mapping["kernels"]:
-        if kernel["pair"] != pair:
+    for kernel in mapping.kernels:
+        if kernel.pair != pair:
             continue
-        named = [labels[p] for p in kernel["hlo_positions"] if p in labels]
-        name = "+".join(dict.fromkeys(named)) if named else kernel["name"]
+        named = [labels[p] for p in kernel.hlo_positions if p in labels]
+        name = "+".join(dict.fromkeys(named)) if named else kernel.name
         while name in seen:
             name += "'"
         seen.add(name)
-        ops.append({"name": name, "type": _KIND_TYPES[kernel["kind"]], "latency_s": kernel["latency_s"],
-                    "utilization": kernel["utilization"], "bound": kernel["bound"]})
-    compute = [op for op in ops if op["type"] != "Collective"]
-    compute_s = sum(op["latency_s"] for op in compute) or 1.0
-    shares = {kind: sum(op["latency_s"] for op in compute if op["type"] == kind) / compute_s
+        ops.append(PairOp(name, _KIND_TYPES[kernel.kind], kernel.latency_s, kernel.utilization,
+                          kernel.bound))
+    compute = [op for op in ops if op.type != "Collective"]
+    compute_s = sum(op.latency_s for op in compute) or 1.0
+    shares = {kind: sum(op.latency_s for op in compute if op.type == kind) / compute_s
               for kind in ("GEMM", "Vector", "FlashAttention")}
-    return {"ops": ops, "time_share_by_type": shares, "totals": mapping["totals"],
-            "chip": mapping["chip"], "hardware": mapping["system"]["name"]}
+    return PairView(tuple(ops), shares, mapping.totals, mapping.chip, mapping.system)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,16 +523,16 @@ def plot_results(results: list[CaseResult], shape: str, out_dir: Path) -> list[P
         fig, axes = plt.subplots(len(at_shape), 1, figsize=(12, 3.2 * len(at_shape)), squeeze=False)
         colours = {"GEMM": "tab:blue", "Vector": "tab:orange", "FlashAttention": "tab:green"}
         for axis, result in zip(axes[:, 0], at_shape):
-            ops = result.block_mapping["ops"]
-            block_s = sum(op["latency_s"] for op in ops)
-            names = [op["name"] for op in ops]
-            axis.bar(names, [100 * op["latency_s"] / block_s for op in ops],
-                     color=[colours.get(op["type"], "tab:gray") for op in ops])
+            ops = result.block_mapping.ops
+            block_s = sum(op.latency_s for op in ops)
+            names = [op.name for op in ops]
+            axis.bar(names, [100 * op.latency_s / block_s for op in ops],
+                     color=[colours.get(op.type, "tab:gray") for op in ops])
             axis.set_ylabel("time share %")
             axis.set_title(f"{shape} {result.strategy} ({result.mesh}): one block pair on "
-                           f"{result.block_mapping['chip']}")
+                           f"{result.block_mapping.chip}")
             twin = axis.twinx()
-            twin.plot(names, [100 * op["utilization"] for op in ops], "k.-", linewidth=0.8)
+            twin.plot(names, [100 * op.utilization for op in ops], "k.-", linewidth=0.8)
             twin.set_ylabel("utilisation %")
             axis.tick_params(axis="x", labelrotation=90, labelsize=7)
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
@@ -487,7 +552,7 @@ def plot_results(results: list[CaseResult], shape: str, out_dir: Path) -> list[P
         values = []
         for shape_name in shapes:
             case = next((r for r in results if r.shape == shape_name and r.strategy == strategy), None)
-            values.append(case.mapping_total("inference_latency_s") if case and case.ok else 0.0)
+            values.append(case.mapping_total(LATENCY) if case and case.ok else 0.0)
         axis.bar([i + index * width for i in range(len(shapes))], values, width, label=strategy)
     axis.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes)
     axis.set_yscale("log")
@@ -510,14 +575,14 @@ def _plot_time_share(cases: list[CaseResult], shape: str, out_dir: Path, plt) ->
         values = []
         for case in cases:
             if kind == "communication":
-                values.append(case.mapping_total("inference_comm_s"))
+                values.append(case.mapping_total(COMM))
             else:
-                share = case.block_mapping["time_share_by_type"].get(kind, 0.0)
-                values.append(share * case.mapping_total("inference_compute_s"))
+                share = case.block_mapping.time_share_by_type.get(kind, 0.0)
+                values.append(share * case.mapping_total(COMPUTE))
         axis.bar(names, values, bottom=bottoms, label=kind)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     axis.set_ylabel("inference latency, s")
-    axis.set_title(f"{shape}: where the time goes on {cases[0].block_mapping['hardware']}")
+    axis.set_title(f"{shape}: where the time goes on {cases[0].block_mapping.hardware}")
     return _finish(fig, axis, out_dir / f"time_share_{shape}.png", plt)
 
 
@@ -537,22 +602,22 @@ def plot_latency_memory(results: list[CaseResult], pipelines: list[PipelineResul
         return None
     fig, axis = plt.subplots(figsize=(9, 5.5))
     for result in flat:
-        x, y = result.memory["total_bytes"] / GIGA, result.mapping_total("inference_latency_s")
+        x, y = result.memory.total_bytes / GIGA, result.mapping_total(LATENCY)
         axis.scatter(x, y, marker="o", color="black")
         axis.annotate(f"{result.strategy} {result.mesh}", (x, y), fontsize=7,
                       xytext=(4, 2), textcoords="offset points")
     for label in dict.fromkeys(p.label for p in piped):
         series = sorted((p for p in piped if p.label == label), key=lambda p: p.patches)
-        xs = [p.analysis["totals"]["memory_per_device_bytes"] / GIGA for p in series]
-        ys = [p.analysis["totals"]["inference_s"] for p in series]
+        xs = [p.report.totals.memory_per_device_bytes / GIGA for p in series]
+        ys = [p.report.totals.inference_s for p in series]
         line, = axis.plot(xs, ys, marker="s", linestyle="--", label=f"pipeline {label}")
         for point, x, y in zip(series, xs, ys):
             axis.annotate(f"M={point.patches}", (x, y), fontsize=7, color=line.get_color(),
                           xytext=(4, -8), textcoords="offset points")
-    capacities = {r.memory["capacity_bytes"] for r in flat} | {
-        p.largest_stage_memory["capacity_bytes"] for p in piped}
-    largest = max([r.memory["total_bytes"] for r in flat] + [
-        p.analysis["totals"]["memory_per_device_bytes"] for p in piped])
+    capacities = {r.memory.capacity_bytes for r in flat} | {
+        p.largest_stage_memory.capacity_bytes for p in piped}
+    largest = max([r.memory.total_bytes for r in flat] + [
+        p.report.totals.memory_per_device_bytes for p in piped])
     for capacity in filter(None, capacities):
         if capacity <= CAPACITY_LINE_SPAN * largest:  # else the line would squash the points
             axis.axvline(capacity / GIGA, color="red", linewidth=0.8, linestyle=":",

@@ -23,7 +23,6 @@ one patch (``trace-stage --pipeline``), the set analyzed by ``analyze-pipeline``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -37,7 +36,9 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
-from hlo_analyzer.sidecar import read_sidecar  # noqa: E402
+from hlo_analyzer.mapping.json_report import JsonReport  # noqa: E402
+from hlo_analyzer.mapping.pipeline import PipelineReport  # noqa: E402
+from hlo_analyzer.sidecar import STATISTICS, read_sidecar  # noqa: E402
 from hlo_trace.cli import OneLineCommand  # noqa: E402
 from hlo_trace.errors import UsageError  # noqa: E402
 from models.opensora.inputs import REFERENCE_SHAPES  # noqa: E402
@@ -58,7 +59,13 @@ from plans.cases import (  # noqa: E402
     split_pairs,
 )
 from scripts.study_gantt import GanttCase, write_gantt_plots  # noqa: E402
-from scripts.study_tables import CaseResult, PipelineResult, write_results  # noqa: E402
+from scripts.study_tables import (  # noqa: E402
+    STUDY_SECTIONS,
+    CaseResult,
+    PipelineResult,
+    StageResult,
+    write_results,
+)
 
 log = logging.getLogger("sweep")
 
@@ -85,7 +92,7 @@ def load_pipeline_case(case: PipelineCase, paths: Paths, steps: int = 30) -> Pip
     if failure.exists():
         result.error = failure.read_text().strip()
     else:
-        result.analysis = json.loads(paths.pipeline_analysis(case, steps).read_text())
+        result.analysis = PipelineReport.read(paths.pipeline_analysis(case, steps))
     return result
 
 
@@ -97,13 +104,13 @@ def load_case(case: Case, paths: Paths, settings: Settings) -> CaseResult:
                           error=failure.read_text().strip())
     stages = []
     for stage in range(settings.num_stages):
-        # the one reader of a sidecar; its trace statistics are read from the document
-        stages.append({"sidecar": read_sidecar(paths.sidecar(case, stage)).document,
-                       "analysis": json.loads(paths.analysis(case, stage).read_text())})
+        sidecar = read_sidecar(paths.sidecar(case, stage), required=(*STATISTICS, "mlir_bytes"))
+        analysis = JsonReport.read(paths.analysis(case, stage), required=STUDY_SECTIONS)
+        stages.append(StageResult(sidecar.statistics, analysis))
     one_pair = None
     if settings.one_pair_ids is not None:
         path = paths.analysis(case.one_pair(settings.one_pair_ids), 0)
-        one_pair = json.loads(path.read_text()) if path.exists() else None
+        one_pair = JsonReport.read(path, required=STUDY_SECTIONS) if path.exists() else None
     return CaseResult(case.config, case.shape, case.strategy, case.mesh, stages=stages,
                       one_pair=one_pair)
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -32,8 +33,15 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
+from hlo_analyzer.mapping.json_report import JsonReport  # noqa: E402
+from hlo_analyzer.mapping.sections import MappingTotals  # noqa: E402
+from hlo_analyzer.report import ReportTotals  # noqa: E402
+from hlo_analyzer.training import TrainingSplit  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cache import trace_lock_path  # noqa: E402
+from hlo_trace.cli import OneLineCommand  # noqa: E402
+from hlo_trace.documents import load_json  # noqa: E402
+from hlo_trace.errors import InputFileError  # noqa: E402
 from models.opensora.config import get_config  # noqa: E402
 from models.opensora.theory import activation_per_device, block_dims, block_gemm_flops  # noqa: E402
 from models.opensora.training_theory import (  # noqa: E402
@@ -103,15 +111,47 @@ def analyzer_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def analyze_row(row: Row, work: Path, version: str) -> dict | None:
+@dataclass(frozen=True)
+class RowAnalysis:
+    """What the tables take from one row's analyses (the cache of the row): the report's
+    totals, the training step's split and, per system of ``SYSTEMS``, the mapping's totals;
+    ``analyzer``: the sources that made them (:func:`analyzer_version`)."""
+
+    analyzer: str
+    totals: ReportTotals
+    training: TrainingSplit
+    latency: dict[str, MappingTotals]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"analyzer": self.analyzer, "totals": self.totals.to_dict(),
+                "training": self.training.to_dict(),
+                "latency": {system: totals.to_dict() for system, totals in self.latency.items()}}
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> RowAnalysis:
+        """The cache :meth:`to_dict` wrote (``origin`` names it in errors)."""
+        try:
+            return cls(str(document["analyzer"]),
+                       ReportTotals.from_dict(document["totals"], origin),
+                       TrainingSplit.from_dict(document["training"], origin),
+                       {system: MappingTotals.from_dict(totals, f"{origin}: latency.{system}")
+                        for system, totals in document["latency"].items()})
+        except (KeyError, TypeError, AttributeError) as error:
+            raise InputFileError(f"{origin}: not a training study's analysis ({error!r})") from None
+
+
+def analyze_row(row: Row, work: Path, version: str) -> RowAnalysis | None:
     """The cached analysis of ``row``: traced when its dump is missing, analyzed (and mapped on
     ``SYSTEMS``) when its analysis is, or was made by another analyzer ``version`` (None if
     that fails)."""
     cached = work / f"{row.key}.analysis.json"
     if cached.is_file():
-        kept = json.loads(cached.read_text())
-        if set(kept.get("latency", {})) == set(SYSTEMS) and kept.get("analyzer") == version:
-            return kept
+        document = load_json(cached, "a training study's analysis")
+        # an analysis by other sources may be of another form: made again, not read
+        if isinstance(document, dict) and document.get("analyzer") == version:
+            kept = RowAnalysis.from_dict(document, str(cached))
+            if set(kept.latency) == set(SYSTEMS):
+                return kept
     dump = work / "dumps" / dump_name(row)
     if not dump.is_file():
         lock = trace_lock_path()
@@ -123,7 +163,7 @@ def analyze_row(row: Row, work: Path, version: str) -> dict | None:
             click.echo(f"{row.label}: trace failed: {result.stderr.strip().splitlines()[-1:]}",
                        err=True)
             return None
-    kept: dict = {"latency": {}, "analyzer": version}
+    reports = {}
     for system in (None, *SYSTEMS):
         options = ["--hw", system] if system else []
         analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), *options,
@@ -132,14 +172,14 @@ def analyze_row(row: Row, work: Path, version: str) -> dict | None:
         if analysis.returncode:
             click.echo(f"{row.label}: analysis failed: {analysis.stderr.strip()}", err=True)
             return None
-        document = json.loads(analysis.stdout)
-        if system is None:
-            kept |= {"totals": document["totals"], "training": document["training"]}
-        else:
-            totals = document["mapping"]["totals"]
-            kept["latency"][system] = {"step_s": totals["step_latency_s"],
-                                       "seconds_by_kind": totals["seconds_by_kind"]}
-    atomic_write(cached, json.dumps(kept, indent=1, sort_keys=True) + "\n", force=True)
+        reports[system] = JsonReport.from_json(
+            analysis.stdout, f"analyze-hlo {dump} {' '.join(options)}".strip(),
+            required=("mapping",) if system else ("training",))
+    measured = reports.pop(None)
+    assert measured.training is not None
+    kept = RowAnalysis(version, measured.totals, measured.training,
+                       {system: report.mapping.totals for system, report in reports.items()})
+    atomic_write(cached, json.dumps(kept.to_dict(), indent=1, sort_keys=True) + "\n", force=True)
     return kept
 
 
@@ -170,7 +210,8 @@ def _size(shape: tuple[int, ...]) -> int:
     return size
 
 
-def layout_comm_difference(row: Row, comm: list[dict]) -> tuple[float, int]:
+def layout_comm_difference(row: Row, traced: dict[tuple[str, str, str], tuple[int, float]]
+                           ) -> tuple[float, int]:
     """The largest relative difference, over every (phase, traffic, kind), between the traced
     bytes per device and ``layout_training_collectives`` (the study's official path), and the
     number of kinds; a count that differs is a difference of 1."""
@@ -182,8 +223,6 @@ def layout_comm_difference(row: Row, comm: list[dict]) -> tuple[float, int]:
         entry = theory.setdefault((term.phase, term.traffic, term.kind), [0, 0.0])
         entry[0] += term.count
         entry[1] += term.bytes_per_device
-    traced = {(r["phase"], r["traffic"], r["kind"]): (r["count"], r["bytes_per_device"])
-              for r in comm}
     worst = 0.0
     for key in set(traced) | set(theory):
         (count, volume), (formula_count, formula) = traced.get(key, (0, 0.0)), theory.get(
@@ -201,7 +240,7 @@ def gb(value: float) -> str:
     return f"{value / 1e9:.3f}"
 
 
-def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[dict]]:
+def build(results: dict[str, tuple[Row, RowAnalysis | None]]) -> tuple[str, str, list[dict]]:
     config = get_config("full")
     lines = ["# Training: the notes' table from traces", "",
              f"One STDiT3 block pair (full config), shape {SHAPE}, {DEVICES} devices, bf16 with "
@@ -224,26 +263,25 @@ def build(results: dict[str, tuple[Row, dict | None]]) -> tuple[str, str, list[d
             lines.append(f"| {label} | {row.strategy} | {row.mesh[0]}x{row.mesh[1]} | "
                          f"{row.batch} | not traced | | | | | | | | | |")
             continue
-        training = analysis["training"]
-        memory = training["memory_bytes"]
+        training = analysis.training
+        memory = training.memory
         layout = training_buffer_bytes(row.strategy, config, row.mesh, row.zero)
         layout["activation"] = sum(term.bytes for term in layout_training_activations(
             row.strategy, config, block_dims(config, SHAPE, batch=row.batch), row.mesh))
-        comm = training["comm"]
-        worst, kinds_compared = layout_comm_difference(row, comm)
+        worst, kinds_compared = layout_comm_difference(row, training.comm)
 
         def volume(traffic, phase=None):
-            return sum(r["bytes_per_device"] for r in comm
-                       if r["traffic"] == traffic and (phase is None or r["phase"] == phase))
+            return training.comm_bytes(phase=phase, traffic=traffic)
 
         def kinds(traffic):
-            found = sorted({f"{r['kind']} x{r['count']} ({r['phase'][:3]})" for r in comm
-                            if r["traffic"] == traffic})
+            found = sorted({f"{kind} x{count} ({phase[:3]})"
+                            for (phase, kind_traffic, kind), (count, _) in training.comm.items()
+                            if kind_traffic == traffic})
             return ", ".join(found) or "none"
 
-        latency = {system: analysis["latency"][system]["step_s"] for system in SYSTEMS}
+        latency = {system: analysis.latency[system].step_latency_s for system in SYSTEMS}
         forward = block_gemm_flops(block_dims(config, SHAPE, batch=row.batch))
-        ratio = DEVICES * analysis["totals"]["gemm_flops"] / (3 * forward)
+        ratio = DEVICES * analysis.totals.gemm_flops / (3 * forward)
         text = NOTES_TRAINING_TABLE[label]
         lines.append(
             f"| {label} | {row.strategy}{' zero' + str(row.zero) if row.zero else ''} | "
@@ -331,7 +369,7 @@ def plot(records: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @click.option("-o", "--out", "out_dir", default="results", show_default=True,
               type=click.Path(file_okay=False), help="Where training.md / .csv / .png go.")
 @click.option("--work", default=None, type=click.Path(file_okay=False),

@@ -3,12 +3,19 @@ arithmetic of memory per device (hand-made analyses; the real tiny sweep is in t
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from hlo_analyzer.memory import MemoryUsage
+from hlo_analyzer.mapping.json_report import JsonReport, MappingSummary
+from hlo_analyzer.mapping.pipeline import PipelineReport, PipelineTotals, StageAnalysis
+from hlo_analyzer.mapping.sections import MappingTotals
+from hlo_analyzer.memory import MemorySection, MemoryUsage
+from hlo_analyzer.report import ReportTotals
+from hlo_analyzer.sidecar import TraceStatistics
 from hlo_trace.errors import UsageError
 from plans.cases import (
     PipelineCase,
@@ -17,7 +24,13 @@ from plans.cases import (
     parse_pipelines,
     split_pairs,
 )
-from scripts.study_tables import CaseResult, PipelineResult, latency_table, pipeline_table
+from scripts.study_tables import (
+    CaseResult,
+    PipelineResult,
+    StageResult,
+    latency_table,
+    pipeline_table,
+)
 
 
 def test_split_pairs_is_even_with_the_longer_stages_first():
@@ -74,26 +87,29 @@ def test_pipeline_specs_are_checked():
     assert default_pipelines(4, 2) == "2x2:ds_ulysses"  # tiny: 2 pairs, no 4-stage pipeline
 
 
-def _memory(weights: int, live: int, stale: int = 0) -> dict:
-    """A memory section as analyze-hlo writes it (MemoryUsage.to_dict: total = the sum)."""
+def _memory(weights: int, live: int, stale: int = 0) -> MemoryUsage:
+    """One device's memory (total = the sum)."""
     return MemoryUsage(weight_bytes=weights, weight_arguments=1, input_bytes=0, input_arguments=0,
                        scalar_bytes=0, weights_source="sidecar", peak_live_bytes=live,
                        peak_position=0, peak_op="stablehlo.add", stale_kv_bytes=stale,
-                       capacity_bytes=10e9).to_dict()
+                       capacity_bytes=10e9)
 
 
 def test_flat_memory_keeps_every_stage_weights_and_one_stage_live_values():
     def stage(weights, live):
-        return {"sidecar": {}, "analysis": {
-            "memory": _memory(weights, live),
-            "mapping": {"totals": {"inference_latency_s": 2.0, "inference_comm_s": 0.5,
-                                   "inference_compute_s": 1.5, "gemm_utilization": 0.5},
-                        "kernels": [], "chip": "c", "system": {"name": "s"}}}}
+        totals = MappingTotals(step_latency_s=2.0 / 30, seconds_by_kind=(), gemm_utilization=0.5,
+                               steps=30, pairs_found=None, pairs_total=None,
+                               inference_latency_s=2.0, inference_comm_s=0.5, basis="steps")
+        return StageResult(
+            TraceStatistics(seconds={}, seconds_total=1.0, peak_rss_bytes=1),
+            JsonReport(ReportTotals(0, 0, 0, 0, None), {},
+                       memory=MemorySection(_memory(weights, live), None),
+                       mapping=MappingSummary("s", "c", "s", totals, ())))
 
     case = CaseResult("full", "s", "megatron", "1x16",
                       stages=[stage(3e9, 4e9), stage(2e9, 6e9)])
     # 3 + 2 GB of weights, the larger live set 6 GB: 11 GB, above the 10 GB chip.
-    assert case.memory["total_bytes"] == pytest.approx(11e9)
+    assert case.memory.total_bytes == pytest.approx(11e9)
     headers, rows = latency_table([case], steps=30)
     row = dict(zip(headers, rows[0]))
     assert row["memory GB/device"] == pytest.approx(11.0)
@@ -101,12 +117,15 @@ def test_flat_memory_keeps_every_stage_weights_and_one_stage_live_values():
 
 
 def test_pipeline_row_reads_the_stage_that_holds_the_most():
-    stages = [{"patch_s": 0.2, "transfer_patch_bytes": 5e6, "memory": _memory(1e9, 2e9, 1e9)},
-              {"patch_s": 0.3, "transfer_patch_bytes": 0, "memory": _memory(1e9, 1e9, 1e9)}]
-    analysis = {"stages": stages, "schedule": "overlapped", "totals": {
-        "inference_s": 9.0, "step_s": 0.3, "warmup_step_s": 0.3,
-        "memory_per_device_bytes": 4e9, "comm_bytes_per_device": 2e9}}
-    result = PipelineResult("full", "s", 2, 8, "ds_ulysses", 2, analysis=analysis)
+    def stage(index, patch_s, transfer_patch_bytes, memory):
+        return StageAnalysis(index, "d.mlir", "ds_ulysses", (0, 1), 1, 1, 0.0, 0.0, 0.0, 0.0,
+                             patch_s, 0, transfer_patch_bytes, 0.0, 0.0, memory)
+
+    stages = (stage(0, 0.2, 5e6, _memory(1e9, 2e9, 1e9)), stage(1, 0.3, 0, _memory(1e9, 1e9, 1e9)))
+    totals = PipelineTotals(inference_s=9.0, step_s=0.3, warmup_step_s=0.3,
+                            memory_per_device_bytes=4e9, comm_bytes_per_device=2e9)
+    result = PipelineResult("full", "s", 2, 8, "ds_ulysses", 2,
+                            analysis=PipelineReport("overlapped", stages, totals))
     headers, rows = pipeline_table([result], steps=30)
     row = dict(zip(headers, rows[0]))
     assert (row["pipeline"], row["M"], row["schedule"]) == ("2x8:ds_ulysses", 2, "overlapped")
@@ -119,5 +138,6 @@ def test_pipeline_row_reads_the_stage_that_holds_the_most():
     failed_row = pipeline_table([failed], 30)[1][0]
     assert failed_row[-1] == "trace stage 0: no" and len(failed_row) == len(headers)
     # An analysis from before schedules were named ran every step from an empty pipeline.
-    del analysis["schedule"]
+    written = {"stages": [s.to_dict() for s in stages], "totals": dataclasses.asdict(totals)}
+    result.analysis = PipelineReport.from_json(json.dumps(written), "p.json")
     assert pipeline_table([result], 30)[1][0][headers.index("schedule")] == "per-step"

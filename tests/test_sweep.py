@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from hlo_analyzer.mapping.json_report import JsonReport
+from hlo_analyzer.report import CollectiveTotal, ReportTotals
+from hlo_analyzer.sidecar import TraceStatistics
 from models.opensora.config import get_config
 from models.opensora.flops import gemm_flops
 from models.opensora.inputs import geometry
 from scripts.study_tables import (
     CaseResult,
+    StageResult,
     communication_table,
     flops_table,
     theory_bytes_per_device,
@@ -24,11 +28,12 @@ from scripts.sweep import strategy_mesh
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _stage(gemm: float, comm_by_kind: dict[str, float]) -> dict:
-    return {"sidecar": {"seconds_total": 1.0, "peak_rss_bytes": 2**30, "mlir_bytes": 1},
-            "analysis": {"totals": {"gemm_flops": gemm, "vector_flops": 0},
-                         "comm_by_kind": {kind: {"bytes_per_device": value, "count": 1}
-                                          for kind, value in comm_by_kind.items()}}}
+def _stage(gemm: float, comm_by_kind: dict[str, float]) -> StageResult:
+    statistics = TraceStatistics(seconds={}, seconds_total=1.0, peak_rss_bytes=2**30, mlir_bytes=1)
+    totals = ReportTotals(gemm_flops=gemm, vector_flops=0, comm_bytes_per_device=0, comm_ops=0,
+                          comm_latency_s=None)
+    return StageResult(statistics, JsonReport(totals, {
+        kind: CollectiveTotal(count=1, bytes_per_device=value) for kind, value in comm_by_kind.items()}))
 
 
 def test_strategy_meshes_follow_the_brief():

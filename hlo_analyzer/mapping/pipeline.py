@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from hardware.systems import Hardware, load_choice
 from hlo_analyzer.memory import MemoryUsage
 from hlo_analyzer.sidecar import Sidecar, stage_sidecar
 from hlo_trace.cli import MAX_COUNT
-from hlo_trace.documents import load_toml
+from hlo_trace.documents import dataclass_from_dict, load_json, load_toml, loads_json
 from hlo_trace.errors import InputFileError, UsageError, shown
 
 log = logging.getLogger(__name__)
@@ -84,6 +83,15 @@ class StageAnalysis:
     transfer_patch_s: float
     memory: MemoryUsage
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"memory": self.memory.to_dict()}
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> StageAnalysis:
+        """The stage :meth:`to_dict` wrote, read back (``origin`` names it in errors)."""
+        return dataclass_from_dict(cls, document, origin, "a pipeline stage", devices=tuple,
+                                   memory=lambda memory: MemoryUsage.from_dict(memory, origin))
+
 
 @dataclass(frozen=True)
 class PipelineTotals:
@@ -97,13 +105,54 @@ class PipelineTotals:
     comm_bytes_per_device: float
 
     @classmethod
+    def from_dict(cls, document: Any, origin: str) -> PipelineTotals:
+        """The ``totals`` of a pipeline's report, read back (``origin`` names it in errors)."""
+        return dataclass_from_dict(cls, document, origin, "a pipeline's totals")
+
+    @classmethod
     def from_json(cls, text: str, origin: str) -> PipelineTotals:
         """The totals of an ``analyze-pipeline`` JSON report (``origin`` names it in errors)."""
+        return PipelineReport.from_json(text, origin).totals
+
+
+#: What the errors say an ``analyze-pipeline --format json`` report is.
+REPORT = "an analyze-pipeline JSON report"
+#: The schedule of a report written before schedules were named: every step filled and drained.
+UNNAMED_SCHEDULE = "per-step"
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    """An ``analyze-pipeline --format json`` report read back where it crosses a process: the
+    schedule, the stages and the totals."""
+
+    schedule: str
+    stages: tuple[StageAnalysis, ...]
+    totals: PipelineTotals
+
+    @classmethod
+    def from_json(cls, text: str, origin: str) -> PipelineReport:
+        return cls.from_dict(loads_json(text, origin, REPORT), origin)
+
+    @classmethod
+    def read(cls, path: str | Path) -> PipelineReport:
+        """The report in the file at ``path`` (errors name the file)."""
+        return cls.from_dict(load_json(path, REPORT), shown(path))
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> PipelineReport:
         try:
-            totals = json.loads(text)["totals"]
-            return cls(**{f.name: totals[f.name] for f in dataclasses.fields(cls)})
-        except (ValueError, KeyError, TypeError) as error:
-            raise InputFileError(f"{origin}: not an analyze-pipeline JSON report ({error})") from None
+            return cls(schedule=str(document.get("schedule", UNNAMED_SCHEDULE)),
+                       stages=tuple(StageAnalysis.from_dict(stage, f"{origin}: stage {index}")
+                                    for index, stage in enumerate(document["stages"])),
+                       totals=PipelineTotals.from_dict(document["totals"], origin))
+        except (KeyError, TypeError, AttributeError) as error:
+            raise InputFileError(f"{origin}: not {REPORT} ({error!r})") from None
+
+    @property
+    def largest_stage_memory(self) -> MemoryUsage:
+        """The memory of the stage whose device holds the most."""
+        return max((stage.memory for stage in self.stages), key=lambda memory: memory.total_bytes)
 
 
 @dataclass(frozen=True)
@@ -132,7 +181,7 @@ class PipelineAnalysis:
             "pipeline": self.plan.path, "hardware": self.hardware,
             "patches": self.plan.patches, "warmup_steps": step.warmup_steps, "steps": step.steps,
             "schedule": step.schedule,
-            "stages": [dataclasses.asdict(s) | {"memory": s.memory.to_dict()} for s in self.stages],
+            "stages": [stage.to_dict() for stage in self.stages],
             "return": {"full_bytes": self.return_full_bytes, "patch_bytes": self.return_patch_bytes,
                        "full_s": step.return_full_s, "patch_s": step.return_patch_s},
             "totals": dataclasses.asdict(self.totals),

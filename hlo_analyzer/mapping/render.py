@@ -58,8 +58,7 @@ def blocks_dict(blocks: BlocksSection) -> dict[str, Any]:
         "shapes": blocks.shapes.as_dict(),
         "pairs": blocks.pairs,
         "consistent": blocks.consistent,
-        "labels": [{"index": b.index, "kind": b.kind, "ops": {label: list(p) for label, p in b.ops}}
-                   for b in blocks.blocks],
+        "labels": [b.to_dict() for b in blocks.blocks],
     }
 
 
@@ -68,8 +67,7 @@ def transformer_dict(transformer: TransformerSection) -> dict[str, Any]:
         "blocks": len(transformer.blocks),
         "consistent": transformer.consistent,
         "shapes": [dict(shapes) for shapes in transformer.shapes],
-        "labels": [{"index": b.index, "kind": b.kind, "ops": {label: list(p) for label, p in b.ops}}
-                   for b in transformer.blocks],
+        "labels": [b.to_dict() for b in transformer.blocks],
     }
 
 
@@ -170,19 +168,7 @@ def mapping_dict(mapping: MappingSection, *, kernels: bool = True) -> dict[str, 
         "classes": [{"class": c.name, "kernels": c.kernels, "seconds": c.seconds,
                      "bound_seconds": c.bound_seconds, "ratio": c.ratio, "provenance": c.provenance}
                     for c in mapping.classes],
-        "totals": {
-            "step_latency_s": totals.step_latency_s,
-            "seconds_by_kind": dict(totals.seconds_by_kind),
-            "gemm_utilization": totals.gemm_utilization,
-            "steps": totals.steps,
-            "total_basis": totals.basis,
-            "total": totals.total_text,
-            "pairs_found": totals.pairs_found,
-            "pairs_total": totals.pairs_total,
-            "inference_latency_s": totals.inference_latency_s,
-            "inference_comm_s": totals.inference_comm_s,
-            "inference_compute_s": totals.inference_compute_s,
-        },
+        "totals": totals.to_dict(),
     }
 
 

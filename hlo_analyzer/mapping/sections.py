@@ -4,11 +4,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from hardware import BlockMapping
 from hardware.systems import ResolvedSystem
 from hlo_analyzer.mapping.results import KernelClass, MappingOptions, ProgramMapping
+from hlo_trace.documents import dataclass_from_dict
+from hlo_trace.errors import InputFileError
 from models.opensora.block_ops import BlockShapes
 
 
@@ -19,6 +23,20 @@ class BlockLabels:
     index: int
     kind: str
     ops: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind,
+                "ops": {label: list(positions) for label, positions in self.ops}}
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> BlockLabels:
+        """The labels :meth:`to_dict` wrote, read back (``origin`` names them in errors)."""
+        try:
+            return cls(int(document["index"]), str(document["kind"]),
+                       tuple((str(label), tuple(int(p) for p in positions))
+                             for label, positions in document["ops"].items()))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise InputFileError(f"{origin}: not a block's labels ({error!r})") from None
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,34 @@ class MappingTotals:
     def inference_compute_s(self) -> float:
         return self.inference_latency_s - self.inference_comm_s
 
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping's JSON ``totals``: the fields, what the total is in words and the
+        compute time."""
+        return {
+            "step_latency_s": self.step_latency_s,
+            "seconds_by_kind": dict(self.seconds_by_kind),
+            "gemm_utilization": self.gemm_utilization,
+            "steps": self.steps,
+            "total_basis": self.basis,
+            "total": self.total_text,
+            "pairs_found": self.pairs_found,
+            "pairs_total": self.pairs_total,
+            "inference_latency_s": self.inference_latency_s,
+            "inference_comm_s": self.inference_comm_s,
+            "inference_compute_s": self.inference_compute_s,
+        }
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> MappingTotals:
+        """The totals :meth:`to_dict` wrote, read back (``origin`` names them in errors)."""
+        try:
+            fields = {f.name: document[f.name] for f in dataclasses.fields(cls)
+                      if f.name not in ("basis", "seconds_by_kind")}
+            return cls(**fields, basis=str(document["total_basis"]),
+                       seconds_by_kind=tuple(document["seconds_by_kind"].items()))
+        except (KeyError, TypeError, AttributeError) as error:
+            raise InputFileError(f"{origin}: not a mapping's totals ({error!r})") from None
+
     @property
     def total_text(self) -> str:
         """What the total is, in words (the report's line and JSON ``totals.total``)."""
@@ -104,6 +150,34 @@ class KernelGroup:
     kernels: int
     seconds: float
     bound: str  # the first kernel's: compute, dram, network ...
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel of the mapping's JSON ``kernels``: its block pair and block (None outside
+    them), name, kind, shapes, time and what bounds it, FLOPs, DRAM bytes and the walk positions
+    of its ops."""
+
+    position: int
+    pair: int | None
+    block: int | None
+    name: str
+    kind: str
+    shapes: str
+    latency_s: float
+    utilization: float
+    bound: str
+    compute_s: float
+    dram_s: float
+    noc_s: float
+    flops: int
+    dram_bytes: int
+    hlo_positions: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, document: Any, origin: str) -> KernelRecord:
+        """A kernel record as ``hlo_analyzer.mapping.render.kernel_records`` writes it."""
+        return dataclass_from_dict(cls, document, origin, "a kernel record", hlo_positions=tuple)
 
 
 #: ``MappingTotals.basis``: "diffusion" (an STDiT3 stage, the default sampling steps),
