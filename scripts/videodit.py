@@ -42,6 +42,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import click  # noqa: E402
 
+from hlo_analyzer.mapping.json_report import JsonReport  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cache import trace_lock_path  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
@@ -220,30 +221,32 @@ def _run(command: list[str], what: str) -> None:
         raise click.ClickException(f"{what} failed (exit {done.returncode}): {last}")
 
 
-def report(dump: Path, hw: str) -> dict:
+def report(dump: Path, hw: str) -> JsonReport:
     """``analyze-hlo DUMP --hw hw --attention-memory fused --format json``, kept beside the dump
-    and reused."""
+    and reused; read back typed (its memory and mapping sections required)."""
     target = dump.with_name(f"{dump.stem}.{hw}.report.json")
     if not target.exists():
         click.echo(f"analyzing {dump.name} on {hw}", err=True)
         _run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", hw, "--attention-memory", "fused",
               "--format", "json", "-o", str(target), "--force"], f"analyzing {dump.name} on {hw}")
-    return json.loads(target.read_text())
+    return JsonReport.read(target, required=("memory", "mapping"))
 
 
-def step_seconds(document: dict) -> float:
+def step_seconds(analysis: JsonReport) -> float:
     """One run of the dump's program on the report's system: kernels and collectives."""
-    return float(document["mapping"]["totals"]["inference_latency_s"])
+    assert analysis.mapping is not None  # required by report()
+    return analysis.mapping.totals.inference_latency_s
 
 
-def traced(document: dict) -> Traced:
+def traced(analysis: JsonReport) -> Traced:
     """The dump's counts and its memory with the attentions fused, from its report."""
-    memory, comm = document["memory"], document["comm_by_kind"]
-    return Traced(gemm_flops=document["totals"]["gemm_flops"], total_flops=document["totals"]["total_flops"],
-                  comm_bytes={kind: entry["bytes_per_device"] for kind, entry in comm.items()},
-                  comm_counts={kind: entry["count"] for kind, entry in comm.items()},
-                  weight_bytes=memory["weight_bytes"], input_bytes=memory["input_bytes"],
-                  scalar_bytes=memory["scalar_bytes"], peak_live_bytes=memory["peak_live_bytes"])
+    assert analysis.memory is not None  # required by report()
+    memory, comm = analysis.memory.usage, analysis.comm_by_kind
+    return Traced(gemm_flops=analysis.totals.gemm_flops, total_flops=analysis.totals.total_flops,
+                  comm_bytes={kind: entry.bytes_per_device for kind, entry in comm.items()},
+                  comm_counts={kind: entry.count for kind, entry in comm.items()},
+                  weight_bytes=memory.weight_bytes, input_bytes=memory.input_bytes,
+                  scalar_bytes=memory.scalar_bytes, peak_live_bytes=memory.peak_live_bytes)
 
 
 def memory_bytes(parts_traced: Mapping[str, Traced], counts: Mapping[str, int]) -> float:
@@ -271,9 +274,9 @@ def predict(case: Case, work: Path) -> Prediction:
         command = trace_command(config.factory, part_kwargs(config.kwargs, config.blocks, part), inputs,
                                 layout, config.model, name, work, DTYPE)
         dump = trace(command, work / f"{name}.mlir", full_size=True)
-        document = report(dump, case.hw)
-        seconds[part] = step_seconds(document)
-        measured[part] = traced(document)
+        analysis = report(dump, case.hw)
+        seconds[part] = step_seconds(analysis)
+        measured[part] = traced(analysis)
     counts = config.counts()
     return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
                       capacity(case.hw, layout.devices), decode_seconds(case, work))
