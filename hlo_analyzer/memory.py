@@ -51,6 +51,7 @@ from hlo_analyzer.sidecar import Sidecar, as_sidecar
 from hlo_analyzer.tensors import SHARDING_ATTRIBUTE, TypeTable, sharding_tiles
 from hlo_analyzer.visitor import IRVisitor, symbol_name
 from hlo_trace.documents import dataclass_from_dict
+from hlo_trace.errors import InputFileError
 
 log = logging.getLogger(__name__)
 
