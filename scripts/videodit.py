@@ -328,7 +328,7 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
              "constants are the microbenchmark ones, and the published timings of these runs are held "
              "out for checking. `loop_s`: the transformer's steps (both CFG branches), text encoders and "
              "VAE decode not included. `decode_s`: the VAE decode of one video on one device, where the "
-             "VAE is written (Wan 2.1's, CogVideoX's): each shape of call of the official decode loop "
+             "VAE is written (all three): each shape of call of the official decode loop "
              "(spatial tile and latent frames) traced at full size in the dtype the official code runs "
              "it in, its predicted time times the calls of that shape the loop makes (a prediction, like "
              "the loop; empty where the VAE is not traced). `memory_gb`: one "

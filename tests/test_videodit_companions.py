@@ -60,4 +60,3 @@ def test_the_wan_decode_is_one_call_per_latent_frame_at_the_latent_size():
     assert call.count == 21   # (81 - 1) / 4 + 1 latent frames, one a call, no tiling
     assert call.inputs == ("latent=1x16x1x90x160:float32",)
     assert (call.kwargs["z_dim"], call.kwargs["height"], call.kwargs["width"], call.kwargs["dim"]) == (16, 90, 160, 96)
-    assert COMPANIONS["hunyuan_video"].decoder is None

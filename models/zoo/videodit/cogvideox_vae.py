@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from models.zoo.videodit.wan_vae import CausalConv
 
-#: The group norm's epsilon (``norm_eps`` of the released configuration).
+#: The group norms' epsilon (``norm_eps`` of CogVideoX's and HunyuanVideo's released configurations).
 NORM_EPS = 1e-6
 
 
@@ -58,26 +58,37 @@ def causal_conv(cin: int, cout: int, time: int, space: int, height: int, width: 
     return CausalConv(cin, cout, time, space, height, width, implicit=True)
 
 
+class GroupNorm(nn.Module):
+    """Group norm over (channels / groups) x frames x pixels, written out, with a learned affine."""
+
+    def __init__(self, channels: int, groups: int) -> None:
+        super().__init__()
+        self.groups = groups
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        grouped = x.reshape(shape[0], self.groups, -1)
+        mean = grouped.mean(dim=-1, keepdim=True)
+        var = (grouped - mean).square().mean(dim=-1, keepdim=True)
+        normed = ((grouped - mean) * torch.rsqrt(var + NORM_EPS)).reshape(shape)
+        affine = (-1,) + (1,) * (len(shape) - 2)
+        return normed * self.weight.reshape(affine) + self.bias.reshape(affine)
+
+
 class SpatialNorm(nn.Module):
     """Group norm of the features, scaled and shifted by two 1x1x1 convolutions of the latent."""
 
     def __init__(self, channels: int, z_dim: int, groups: int) -> None:
         super().__init__()
-        self.groups = groups
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.bias = nn.Parameter(torch.zeros(channels))
+        self.norm = GroupNorm(channels, groups)
         self.conv_y = nn.Conv3d(z_dim, channels, 1)
         self.conv_b = nn.Conv3d(z_dim, channels, 1)
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        b, c, t, h, w = x.shape
-        grouped = x.reshape(b, self.groups, -1)
-        mean = grouped.mean(dim=-1, keepdim=True)
-        var = (grouped - mean).square().mean(dim=-1, keepdim=True)
-        normed = ((grouped - mean) * torch.rsqrt(var + NORM_EPS)).reshape(b, c, t, h, w)
-        normed = normed * self.weight[:, None, None, None] + self.bias[:, None, None, None]
-        z = nearest(z, t, h, w)
-        return normed * self.conv_y(z) + self.conv_b(z)
+        z = nearest(z, *x.shape[2:])
+        return self.norm(x) * self.conv_y(z) + self.conv_b(z)
 
 
 class ResidualBlock(nn.Module):

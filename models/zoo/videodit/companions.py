@@ -54,18 +54,28 @@ class Decoder:
     """A VAE decode traced as calls of the official code's loop: the factory of a call's module
     (``trace-module``'s import path), its released size (less the latent's channels and the tile's
     size, which :meth:`Companions.decode_calls` adds), the dtype the official code runs it in, the
-    latent frames one call takes (the first call also the remainder), and the spatial tiling."""
+    latent frames one call takes (the first call also the remainder; with a cache carried
+    between the calls), or else the temporal tiling ((size, stride): tiles of size + 1 latent
+    frames every stride, each one call, where the latent has more than size frames), and the
+    spatial tiling."""
 
     factory: str
     kwargs: dict[str, Any] = field(hash=False)
     dtype: str
     frames_per_call: int = 1
     tiling: Tiling | None = None
+    time_tiling: tuple[int, int] | None = None
 
     def calls(self, latent_frames: int) -> Counter[int]:
-        """How many calls of each frame count the official decode makes on one tile of a latent of
-        ``latent_frames`` frames: ``latent_frames // frames_per_call`` calls (at least one), the
-        first taking the remainder too."""
+        """How many calls of each frame count the official decode makes on one spatial tile of a
+        latent of ``latent_frames`` frames: one per temporal tile, or else
+        ``latent_frames // frames_per_call`` calls (at least one), the first taking the remainder
+        too."""
+        if self.time_tiling is not None:
+            size, stride = self.time_tiling
+            if latent_frames <= size:
+                return Counter([latent_frames])
+            return Counter(min(size + 1, latent_frames - i) for i in range(0, latent_frames, stride))
         calls = max(latent_frames // self.frames_per_call, 1)
         first = latent_frames - (calls - 1) * self.frames_per_call
         return Counter([first] + [self.frames_per_call] * (calls - 1))
@@ -121,6 +131,15 @@ LLAVA_LLAMA3_8B = Component(
     8_030_261_248, "Meta Llama 3 8B model card: 8.03 B")
 CLIP_L = Component("text encoder", "CLIP ViT-L/14 text encoder (pooled, 768 wide)", 123_060_480,
                    "openai/clip-vit-large-patch14's text model: 123.06 M")
+#: HunyuanVideo's decoder (``hunyuan_vae.py``): released widths 128, 256, 512, 512, 2 layers a
+#: block, 32 groups, time compression 4 (the last two upsampling stages upsample in time); the
+#: official ``sample_video.py`` decodes in float16 (``--vae-precision`` fp16) with tiling on
+#: (``--vae-tiling`` defaults to true): temporal tiles of 64 / 4 = 16 (+ 1) latent frames every
+#: int(16 x 3/4) = 12, spatial tiles of 256 / 8 = 32 latent pixels every int(32 x 3/4) = 24 (the
+#: class's defaults: sample size 256, 64 frames, overlap 1/4), each tile one call, no cache.
+HUNYUAN_VAE_DECODER = Decoder("models.zoo.videodit.hunyuan_vae:hunyuan_vae_decoder",
+                              dict(widths=(128, 256, 512, 512), layers=2, groups=32, temporal=2),
+                              "float16", tiling=Tiling((32, 32), (24, 24)), time_tiling=(16, 12))
 UMT5_XXL = Component("text encoder", "umT5-XXL encoder (4096 wide)", 5_680_000_000,
                      "released bf16 encoder file of 11.36 GB / 2 bytes")
 #: Wan-VAE's decoder (``wan_vae.py``): released width 96, multipliers (1, 2, 4, 4), 2 residual
@@ -147,7 +166,7 @@ COMPANIONS = {c.model.name: c for c in (
     Companions(HUNYUAN_VIDEO, (LLAVA_LLAMA3_8B, CLIP_L),
                Component("VAE", "HunyuanVideo causal 3D VAE", 246_500_000,
                          "released float32 weights of 986 MB / 4 bytes"),
-               ((129, 720, 1280), (129, 544, 960))),
+               ((129, 720, 1280), (129, 544, 960)), HUNYUAN_VAE_DECODER),
     Companions(WAN21_14B, (UMT5_XXL,), WAN_VAE, ((81, 480, 832), (81, 720, 1280)), WAN_VAE_DECODER),
     Companions(WAN21_1_3B, (UMT5_XXL,), WAN_VAE, ((81, 480, 832),), WAN_VAE_DECODER),
     Companions(COGVIDEOX_5B, (T5_XXL,),
