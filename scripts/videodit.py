@@ -15,8 +15,8 @@ microbenchmark ones (docs/gpu.md), and the published timings of these runs are h
     python3 scripts/videodit.py --render-only     # the page again from the CSV
 
 Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` the VAE decode of one video on
-one device, where the VAE is written: one call of the official decode loop traced at full size,
-``companions.Decoder``, times the calls; empty elsewhere) and the page ``OUT/latency.md``
+one device, where the VAE is written: each shape of call of the official decode loop (tile and
+latent frames, ``companions.Decoder``) traced at full size, times its calls; empty elsewhere) and the page ``OUT/latency.md``
 rendered from it. The dumps and the reports are kept in
 ``--work`` and reused: a rerun analyzes again without tracing. Every full-size trace runs under
 ``flock`` on the user's trace lock (``python -m hlo_trace.cache --lock``) at ``nice -n 19``
@@ -283,18 +283,22 @@ def predict(case: Case, work: Path) -> Prediction:
 
 
 def decode_seconds(case: Case, work: Path) -> float | None:
-    """The VAE decode of one video on one device of the case's system: one call of the official
-    decode loop traced at full size (``companions.Decoder``), its predicted time times the calls
-    the loop makes. None where the model's decoder is not written."""
+    """The VAE decode of one video on one device of the case's system: each shape of call of the
+    official decode loop (tile and latent frames, ``companions.Companions.decode_calls``) traced
+    at full size, its predicted time times the calls of that shape, summed. None where the
+    model's decoder is not written."""
     companion: Companions = COMPANIONS[case.config.name]
     if companion.decoder is None:
         return None
-    kwargs, inputs, calls = companion.decode_call(case.frames, case.height, case.width)
-    name = f"{case.config.name}_{case.frames}x{case.height}x{case.width}_vae_decode_call"
-    command = trace_command(companion.decoder.factory, kwargs, inputs, Layout(SINGLE), "vae", name,
-                            work, companion.decoder.dtype)
-    dump = trace(command, work / f"{name}.mlir", full_size=True)
-    return calls * step_seconds(report(dump, case.hw))
+    calls = companion.decode_calls(case.frames, case.height, case.width)
+    seconds = 0.0
+    for call in calls:
+        name = f"{case.config.name}_{case.frames}x{case.height}x{case.width}_vae_decode_call"
+        name += f"_{call.shape}" if len(calls) > 1 else ""
+        command = trace_command(companion.decoder.factory, call.kwargs, call.inputs, Layout(SINGLE), "vae",
+                                name, work, companion.decoder.dtype)
+        seconds += call.count * step_seconds(report(trace(command, work / f"{name}.mlir", full_size=True), case.hw))
+    return seconds
 
 
 # -- the CSV and the page ------------------------------------------------------------------------------
@@ -324,9 +328,10 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
              "constants are the microbenchmark ones, and the published timings of these runs are held "
              "out for checking. `loop_s`: the transformer's steps (both CFG branches), text encoders and "
              "VAE decode not included. `decode_s`: the VAE decode of one video on one device, where the "
-             "VAE is written (Wan 2.1's): one call of the official decode loop traced at full size "
-             "in the dtype the official code runs it in, its predicted time times the calls the loop "
-             "makes (a prediction, like the loop; empty where the VAE is not traced). `memory_gb`: one "
+             "VAE is written (all three): each shape of call of the official decode loop "
+             "(spatial tile and latent frames) traced at full size in the dtype the official code runs "
+             "it in, its predicted time times the calls of that shape the loop makes (a prediction, like "
+             "the loop; empty where the VAE is not traced). `memory_gb`: one "
              "device's weights, inputs and peak live activations with flash-attention's tiling "
              "(the analyzer's memory model: an unfused program's liveness, an upper bound), in GB "
              "(1e9 bytes), against the chip's capacity.", "",

@@ -56,8 +56,7 @@ def test_the_page_lists_every_encoder_and_vae_with_its_size():
 
 
 def test_the_wan_decode_is_one_call_per_latent_frame_at_the_latent_size():
-    kwargs, inputs, calls = COMPANIONS["wan21_14b"].decode_call(81, 720, 1280)
-    assert calls == 21   # (81 - 1) / 4 + 1 latent frames, one a call
-    assert inputs == ["latent=1x16x1x90x160:float32"]
-    assert (kwargs["z_dim"], kwargs["height"], kwargs["width"], kwargs["dim"]) == (16, 90, 160, 96)
-    assert COMPANIONS["hunyuan_video"].decoder is None
+    (call,) = COMPANIONS["wan21_14b"].decode_calls(81, 720, 1280)
+    assert call.count == 21   # (81 - 1) / 4 + 1 latent frames, one a call, no tiling
+    assert call.inputs == ("latent=1x16x1x90x160:float32",)
+    assert (call.kwargs["z_dim"], call.kwargs["height"], call.kwargs["width"], call.kwargs["dim"]) == (16, 90, 160, 96)

@@ -53,7 +53,7 @@ def test_the_rows_the_issue_asks_for():
     for row in rows:
         assert row["steps"] == "50"
         assert float(row["loop_s"]) > 0 and float(row["memory_gb"]) > 0
-        # the VAE decode is traced where its architecture is written (Wan-VAE), empty elsewhere
+        # the VAE decode is traced where its architecture is written (all three), empty elsewhere
         decoded = COMPANIONS[row["model"]].decoder is not None
         assert (row["decode_s"] != "") == decoded
         if decoded:

@@ -4,19 +4,14 @@ count written here from the configuration alone (tiny sizes, float32)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from vae_trace import flops, traced_ops  # noqa: E402
+
 from models.zoo.videodit.wan_vae import wan_vae_decoder  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(dim=4, z_dim=4, height=4, width=4)   # the factory's defaults
 
 
@@ -67,22 +62,8 @@ def test_traced_convolution_flops_equal_the_hand_count(tmp_path, dim, z, h, w):
     """The tiny decoder, and the released one on a 480 x 832 video's latent frame (a trace of
     about 7 s and 1 GiB: placeholders, no data)."""
     pytest.importorskip("torch_xla")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    kwargs = tmp_path / "kwargs.toml"
-    kwargs.write_text(f"dim = {dim}\nz_dim = {z}\nheight = {h}\nwidth = {w}\n")
-    traced = subprocess.run([sys.executable, "-m", "tracing.module_cli",
-                             "models.zoo.videodit.wan_vae:wan_vae_decoder", "--input",
-                             f"latent=1x{z}x1x{h}x{w}:float32", "--kwargs", str(kwargs),
-                             "--strategy", "dp", "--mesh", "1x1",
-                             "--name", "vae", "-o", str(tmp_path)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert traced.returncode == 0, traced.stderr[-2000:]
-    analysis = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(tmp_path / "vae.mlir"),
-                               "--hw", "h100-sxm", "--format", "json"],
-                              env=env, capture_output=True, text=True, timeout=300)
-    assert analysis.returncode == 0, analysis.stderr
-    ops = json.loads(analysis.stdout)["ops"]
-    convs = sum(o["flops"] * o["count"] for o in ops if o["op"] == "stablehlo.convolution")
-    attention = sum(o["flops"] * o["count"] for o in ops
-                    if o["op"] == "stablehlo.dot_general" and "einsum" in o["location"])
+    ops = traced_ops(tmp_path, "models.zoo.videodit.wan_vae:wan_vae_decoder",
+                     dict(dim=dim, z_dim=z, height=h, width=w), f"1x{z}x1x{h}x{w}", "float32")
+    convs = flops(ops, "stablehlo.convolution")
+    attention = flops(ops, "stablehlo.dot_general", "einsum")
     assert (convs, attention) == conv_flops(dim, z, h, w)

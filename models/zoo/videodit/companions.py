@@ -7,6 +7,7 @@ configuration (``configs.VideoDiT.vae_stride`` and ``latent_channels``: one home
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,20 +32,64 @@ class Component:
 
 
 @dataclass(frozen=True)
+class Tiling:
+    """The official decode's spatial tiling: tiles of ``size`` (height, width) latent pixels
+    starting every ``stride`` (neighbours overlap by size - stride, blended), the last in each
+    direction cut at the latent's edge; used where the latent exceeds a tile."""
+
+    size: tuple[int, int]
+    stride: tuple[int, int]
+
+    def tiles(self, height: int, width: int) -> Counter[tuple[int, int]]:
+        """How many tiles of each (height, width) a latent of ``height`` x ``width`` is cut into."""
+        if height <= self.size[0] and width <= self.size[1]:
+            return Counter({(height, width): 1})
+        rows = [min(self.size[0], height - i) for i in range(0, height, self.stride[0])]
+        cols = [min(self.size[1], width - j) for j in range(0, width, self.stride[1])]
+        return Counter((r, c) for r in rows for c in cols)
+
+
+@dataclass(frozen=True)
 class Decoder:
-    """A VAE decode traced as one call of the official code's loop: the factory of the call's
-    module (``trace-module``'s import path), its released size (less the latent's channels and
-    size, which :meth:`Companions.decode_call` adds), the dtype the official code runs it in, and
-    the latent frames one call takes."""
+    """A VAE decode traced as calls of the official code's loop: the factory of a call's module
+    (``trace-module``'s import path), its released size (less the latent's channels and the tile's
+    size, which :meth:`Companions.decode_calls` adds), the dtype the official code runs it in, the
+    latent frames one call takes (the first call also the remainder; with a cache carried
+    between the calls), or else the temporal tiling ((size, stride): tiles of size + 1 latent
+    frames every stride, each one call, where the latent has more than size frames), and the
+    spatial tiling."""
 
     factory: str
     kwargs: dict[str, Any] = field(hash=False)
     dtype: str
     frames_per_call: int = 1
+    tiling: Tiling | None = None
+    time_tiling: tuple[int, int] | None = None
 
-    def calls(self, latent_frames: int) -> int:
-        """Calls the official decode makes for a latent of ``latent_frames`` frames."""
-        return -(-latent_frames // self.frames_per_call)
+    def calls(self, latent_frames: int) -> Counter[int]:
+        """How many calls of each frame count the official decode makes on one spatial tile of a
+        latent of ``latent_frames`` frames: one per temporal tile, or else
+        ``latent_frames // frames_per_call`` calls (at least one), the first taking the remainder
+        too."""
+        if self.time_tiling is not None:
+            size, stride = self.time_tiling
+            if latent_frames <= size:
+                return Counter([latent_frames])
+            return Counter(min(size + 1, latent_frames - i) for i in range(0, latent_frames, stride))
+        calls = max(latent_frames // self.frames_per_call, 1)
+        first = latent_frames - (calls - 1) * self.frames_per_call
+        return Counter([first] + [self.frames_per_call] * (calls - 1))
+
+
+@dataclass(frozen=True)
+class DecodeCall:
+    """One shape of call of a decode: the factory's keyword arguments, ``trace-module``'s inputs,
+    how many such calls one decode makes, and a name for the shape."""
+
+    kwargs: dict[str, Any] = field(hash=False)
+    inputs: tuple[str, ...]
+    count: int
+    shape: str
 
 
 @dataclass(frozen=True)
@@ -63,16 +108,22 @@ class Companions:
         """(channels, T, H, W) of the latent the VAE decodes for a video of this shape."""
         return (self.model.latent_channels, *self.model.latent(frames, height, width))
 
-    def decode_call(self, frames: int, height: int, width: int) -> tuple[dict[str, Any], list[str], int]:
-        """The decoder factory's keyword arguments, ``trace-module``'s inputs of one call, and the
-        calls of one decode, for a video of this shape (the model's decoder must be traced)."""
+    def decode_calls(self, frames: int, height: int, width: int) -> tuple[DecodeCall, ...]:
+        """The calls of one decode of a video of this shape, one entry per shape of call (tile and
+        latent frames), as the official code's loop makes them (the model's decoder must be
+        traced)."""
         if self.decoder is None:
             raise ValueError(f"{self.model.name}: its VAE decode is not traced")
         t, h, w = self.model.latent(frames, height, width)
-        latent = (1, self.model.latent_channels, self.decoder.frames_per_call, h, w)
-        inputs = [f"latent={'x'.join(map(str, latent))}:{self.decoder.dtype}"]
-        kwargs = {**self.decoder.kwargs, "z_dim": self.model.latent_channels, "height": h, "width": w}
-        return kwargs, inputs, self.decoder.calls(t)
+        tiles = self.decoder.tiling.tiles(h, w) if self.decoder.tiling else Counter({(h, w): 1})
+        calls = []
+        for (th, tw), n_tiles in sorted(tiles.items(), reverse=True):
+            for ft, n_calls in sorted(self.decoder.calls(t).items()):
+                latent = (1, self.model.latent_channels, ft, th, tw)
+                kwargs = {**self.decoder.kwargs, "z_dim": self.model.latent_channels, "height": th, "width": tw}
+                calls.append(DecodeCall(kwargs, (f"latent={'x'.join(map(str, latent))}:{self.decoder.dtype}",),
+                                        n_tiles * n_calls, f"{ft}x{th}x{tw}"))
+        return tuple(calls)
 
 
 LLAVA_LLAMA3_8B = Component(
@@ -80,6 +131,15 @@ LLAVA_LLAMA3_8B = Component(
     8_030_261_248, "Meta Llama 3 8B model card: 8.03 B")
 CLIP_L = Component("text encoder", "CLIP ViT-L/14 text encoder (pooled, 768 wide)", 123_060_480,
                    "openai/clip-vit-large-patch14's text model: 123.06 M")
+#: HunyuanVideo's decoder (``hunyuan_vae.py``): released widths 128, 256, 512, 512, 2 layers a
+#: block, 32 groups, time compression 4 (the last two upsampling stages upsample in time); the
+#: official ``sample_video.py`` decodes in float16 (``--vae-precision`` fp16) with tiling on
+#: (``--vae-tiling`` defaults to true): temporal tiles of 64 / 4 = 16 (+ 1) latent frames every
+#: int(16 x 3/4) = 12, spatial tiles of 256 / 8 = 32 latent pixels every int(32 x 3/4) = 24 (the
+#: class's defaults: sample size 256, 64 frames, overlap 1/4), each tile one call, no cache.
+HUNYUAN_VAE_DECODER = Decoder("models.zoo.videodit.hunyuan_vae:hunyuan_vae_decoder",
+                              dict(widths=(128, 256, 512, 512), layers=2, groups=32, temporal=2),
+                              "float16", tiling=Tiling((32, 32), (24, 24)), time_tiling=(16, 12))
 UMT5_XXL = Component("text encoder", "umT5-XXL encoder (4096 wide)", 5_680_000_000,
                      "released bf16 encoder file of 11.36 GB / 2 bytes")
 #: Wan-VAE's decoder (``wan_vae.py``): released width 96, multipliers (1, 2, 4, 4), 2 residual
@@ -90,6 +150,15 @@ WAN_VAE_DECODER = Decoder("models.zoo.videodit.wan_vae:wan_vae_decoder",
                           dict(dim=96, mult=(1, 2, 4, 4), res_blocks=2,
                                temporal=(True, True, False)), "float32")
 WAN_VAE = Component("VAE", "Wan-VAE (causal 3D, feature cache)", 127_000_000, "Wan paper: 127 M")
+#: CogVideoX's decoder (``cogvideox_vae.py``): the released ``vae/config.json`` (block widths 128,
+#: 256, 256, 512, 3 layers a block, 32 groups, temporal compression 4: the first two decoder stages
+#: upsample in time); the official pipeline runs it in bfloat16 with tiling enabled (the model
+#: card's and the CogVideo demo's ``enable_tiling``): tiles of half the 480 x 720 sample size,
+#: 240 x 360 pixels = 30 x 45 latent pixels, overlapping by 1/6 in height and 1/5 in width (a
+#: stride of int(30 x 5/6) = 25, int(45 x 4/5) = 36), 2 latent frames a call.
+COGVIDEOX_VAE_DECODER = Decoder("models.zoo.videodit.cogvideox_vae:cogvideox_vae_decoder",
+                                dict(widths=(128, 256, 256, 512), layers=3, groups=32, temporal=2),
+                                "bfloat16", frames_per_call=2, tiling=Tiling((30, 45), (25, 36)))
 T5_XXL = Component("text encoder", "T5 v1.1 XXL encoder (4096 wide)", 4_762_310_656,
                    "t5x's XXL configuration (the OpenSora study's count)")
 
@@ -97,11 +166,11 @@ COMPANIONS = {c.model.name: c for c in (
     Companions(HUNYUAN_VIDEO, (LLAVA_LLAMA3_8B, CLIP_L),
                Component("VAE", "HunyuanVideo causal 3D VAE", 246_500_000,
                          "released float32 weights of 986 MB / 4 bytes"),
-               ((129, 720, 1280), (129, 544, 960))),
+               ((129, 720, 1280), (129, 544, 960)), HUNYUAN_VAE_DECODER),
     Companions(WAN21_14B, (UMT5_XXL,), WAN_VAE, ((81, 480, 832), (81, 720, 1280)), WAN_VAE_DECODER),
     Companions(WAN21_1_3B, (UMT5_XXL,), WAN_VAE, ((81, 480, 832),), WAN_VAE_DECODER),
     Companions(COGVIDEOX_5B, (T5_XXL,),
                Component("VAE", "CogVideoX causal 3D VAE", 215_610_000,
                          "released 16-bit weights of 431.2 MB / 2 bytes"),
-               ((49, 480, 720),)),
+               ((49, 480, 720),), COGVIDEOX_VAE_DECODER),
 )}

@@ -45,12 +45,16 @@ CACHE_FRAMES = 2
 class CausalConv(nn.Module):
     """A convolution causal in time, of kernel (``time``, ``space``, ``space``); with a temporal
     kernel of 3 it reads ``CACHE_FRAMES`` frames of the previous call's input from its cache
-    (a buffer of (1, in, 2, height, width)) and leaves the updated cache in ``updated``."""
+    (a buffer of (1, in, 2, height, width)) and leaves the updated cache in ``updated``. Height
+    and width are padded by a copy (``F.pad``, as Wan's code does), or with ``implicit`` inside
+    the convolution (its zeros then no input: the taps on them are not counted)."""
 
-    def __init__(self, cin: int, cout: int, time: int, space: int, height: int, width: int) -> None:
+    def __init__(self, cin: int, cout: int, time: int, space: int, height: int, width: int,
+                 implicit: bool = False) -> None:
         super().__init__()
-        self.conv = nn.Conv3d(cin, cout, (time, space, space))
-        self.side = space // 2
+        side = space // 2
+        self.conv = nn.Conv3d(cin, cout, (time, space, space), padding=(0, side, side) if implicit else 0)
+        self.side = 0 if implicit else side
         self.cached = time > 1
         if self.cached:
             self.register_buffer("cache", torch.zeros(1, cin, CACHE_FRAMES, height, width), persistent=False)
