@@ -374,9 +374,14 @@ class TrainKernels:
     def requests(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> list[dict[str, Any]]:
         """The trace requests of :meth:`prepare` whose programs are not analysed yet (some may
         be traced already: ``run_calibration_traces`` skips those)."""
+        return [request for _, _, request in self._planned(keys, system, full=full)]
+
+    def _planned(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool,
+                 ) -> list[tuple[PairKey, str, dict[str, Any]]]:
+        """(traced key, shape, request) of each program of :meth:`requests`."""
         keys = list(keys) if full else self.calibration_keys(keys)
         kind = system.chip.name
-        return [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys)
+        return [(key, shape, key.request(shape, self._dump_dir(key, shape))) for key in dict.fromkeys(keys)
                 for shape in ((self.shape,) if full else self.shapes(key)[:2])
                 if not self._analysis_path(key, shape, kind).exists()]
 
@@ -386,11 +391,19 @@ class TrainKernels:
         torch once each: the two calibration shapes of their calibration keys, or (``full``)
         the keys' own programs at the plan's shape; the number traced. ``progress(done,
         total)`` as the traces are written (``run_calibration_traces``)."""
-        requests = self.requests(keys, system, full=full)
-        if not requests:
+        planned = self._planned(keys, system, full=full)
+        if not planned:
             return 0
+        requests = [request for _, _, request in planned]
+        programs = {request["out"]: (key, shape) for key, shape, request in planned}
+
+        def analyse(request: dict[str, Any]) -> None:  # beside the traces, on another core
+            key, shape = programs[request["out"]]
+            self.program(key, shape, system)
+
         with self._tracing():
-            traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
+            traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress,
+                                            written=analyse)
         self.traced += traced
         return traced
 
