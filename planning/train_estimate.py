@@ -35,7 +35,10 @@ The residual is element-wise work: the rerun inside the backward (behind the che
 optimization barrier) runs about 20 element-wise kernels on their own that the first forward
 fuses into its GEMMs' epilogues. Also left out: a stage whose forward group holds more than
 the blocks (the loss and final layer of a last stage are not recomputed; the traced pair of a
-model of 3 or more pairs is a middle stage and has neither).
+model of 3 or more pairs is a middle stage and has neither). Not under ZeRO-3: there the
+traced recompute step is far cheaper than the derivation (dp on 1x4 of the 3-pair tiny model:
+1.54 ms traced, 2.01 ms derived, +31%; the rerun forward and the backward share the weights'
+gathers and their work), so a ZeRO-3 recompute key is traced as its own.
 
 :func:`compose_step` composes a pipeline of P stages of n pairs each with 1F1B over m
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
@@ -100,6 +103,9 @@ PROGRAM_GROUPS = ("forward", "backward", "update")
 #: How far a recompute pair derived from its twin without recompute may be from its trace
 #: (module doc; tests/test_train_generalise.py).
 RECOMPUTE_TOLERANCE = 0.05
+#: The ZeRO stage from which a recompute pair is traced as its own (module doc: under ZeRO-3 the
+#: traced recompute step gathers the weights once for the rerun forward and the backward).
+NO_DERIVED_RECOMPUTE_ZERO = 3
 #: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
 GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
 #: ``lock`` of :func:`trace_lock` and :class:`TrainKernels`: the user's trace lock
@@ -364,8 +370,9 @@ class TrainKernels:
 
     def calibration_key(self, key: PairKey) -> PairKey:
         """The key whose traces calibrate ``key``'s estimate: its twin without recompute
-        (``derive_recompute``), else itself."""
-        return dataclasses.replace(key, recompute=False) if self.derive_recompute else key
+        (``derive_recompute``, ZeRO 0-2: module doc), else itself."""
+        derived = self.derive_recompute and key.zero < NO_DERIVED_RECOMPUTE_ZERO
+        return dataclasses.replace(key, recompute=False) if derived else key
 
     def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
         """The distinct keys traced to calibrate ``keys``, in their order."""
