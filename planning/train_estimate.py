@@ -459,7 +459,7 @@ class TrainKernels:
         assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
         rescaler = _Rescaler(t_ratio, w_ratio)
         groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in PROGRAM_GROUPS}
-        derived = calibrated != key
+        derived = calibrated.recompute != key.recompute
         basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
                  f"{rescaler.values} integers inexact"
                  f"{'; recompute: the pair without it, its forward once more' if derived else ''})")
