@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from hardware import load_system
+from hlo_trace import cache
 from hlo_trace.atomic import atomic_write, check_targets, write_png
 from hlo_trace.cli import (
     MAX_COUNT,
@@ -524,8 +525,6 @@ def _work_dir(work_dir: str | None, cache_dir: str | None) -> str:
     """``--work-dir``, by default ``plan-search/`` in the cache directory; ``--cache-dir`` is set
     as ``$HLO_TRACE_CACHE`` for the run (the trace lock and the children read it there)."""
     import os
-
-    from hlo_trace import cache
 
     if cache_dir is not None:
         os.environ[cache.CACHE_ENV] = str(Path(cache_dir).expanduser().resolve())

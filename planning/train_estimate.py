@@ -77,8 +77,10 @@ from typing import Any
 from hardware.spec import SystemSpec
 from hardware.systems import Hardware
 from hlo_trace.atomic import atomic_write
+from hlo_trace.cache import trace_lock_path
 from hlo_trace.errors import UsageError
 from models.opensora.config import get_config
+from models.opensora.flops import parameter_count
 from planning.plan_estimate import (
     FAILURE_FILE,
     GroupCost,
@@ -284,8 +286,6 @@ def trace_lock(path: str | Path | None = USER_LOCK) -> Iterator[None]:
     if path is None:
         yield
         return
-    from hlo_trace.cache import trace_lock_path
-
     lock = trace_lock_path() if path == USER_LOCK else Path(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as handle:
@@ -308,8 +308,6 @@ class TrainKernels:
 
     def __init__(self, work: Path, config: str, shape: str, *, lock: str | Path | None = USER_LOCK,
                  derive_recompute: bool = True, jobs: int = 1) -> None:
-        from models.opensora.flops import parameter_count
-
         self.work = Path(work) / "train_calibrations"
         self.jobs = jobs
         small = parameter_count(get_config(config)) < UNLOCKED_PARAMETERS

@@ -78,10 +78,11 @@ def test_what_the_commands_write_by_default_is_ignored_by_git_and_nothing_tracke
     outputs = [f"{dumps}/tiny_28_64_64_megatron_2x2_stage0_pairs0-1.mlir",  # a dump, its sidecar
                f"{dumps}/tiny_28_64_64_megatron_2x2_stage0_pairs0-1.json",
                f"{dumps}/stage_shapes.json",  # the shape cache (OUT/stage_shapes.json)
-               f"{search['work_dir']}/traces/stage0.mlir", search["plan_out"],
+               search["plan_out"],
                f"{_defaults(sweep)['results_dir']}/summary.md",
                f"{_defaults(trace_module)['out_dir']}/gpt2_megatron_2x2.mlir",  # trace-module's
                f"{_defaults(trace_module)['out_dir']}/gpt2_megatron_2x2.json"]
+    assert search["work_dir"] is None  # plan-search's cache: in the user's cache directory (hlo_trace.cache)
     for output in outputs:
         assert _git("check-ignore", "-q", output).returncode == 0, f"{output} is not ignored"
     # the bundled test dumps stay tracked: no pattern hides a tracked file
