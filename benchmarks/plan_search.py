@@ -25,7 +25,7 @@ analysis beside the traces): this checkout 859 s, 314 calibration traces and 12 
 shape; baseline ``--per-key-calibrations`` 1,432 s, 552 calibration traces; ratio 0.60 (the
 issue's figure for the code before: 18 min 0 s, 552 traces). With both (plan-search alone, load
 about 2): 521 s, 320 calibration traces (160 keys), 12 of 12 traced plans within 5% of the
-estimate, Spearman 1.000. The Done-when's 2 minutes is missed: 2-3 s a trace bounds it at
+estimate, Spearman 1.000; 407 s at load 2.5 and 225 s with ``--jobs 2`` (plan-search alone). The Done-when's 2 minutes is missed: 2-3 s a trace bounds it at
 about 40 traces.
 
 **Confirming.** ``--part confirm``: the wall time of one traced confirmation at full size (the
