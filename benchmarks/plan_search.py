@@ -20,6 +20,13 @@ a baseline run in the same invocation into another fresh directory: ``--baseline
 same command from the checkout at DIR (``git worktree add DIR COMMIT``: the old per-family
 path), else this checkout's ``--per-key-calibrations`` (every recompute key traced as its own).
 ``--quick``: one device, ZeRO 0 (12 calibration traces; a minute for both runs).
+Last measured (the shared 2-core machine, load 3-4, before the calibration shapes' cap and the
+analysis beside the traces): this checkout 859 s, 314 calibration traces and 12 at the plan's
+shape; baseline ``--per-key-calibrations`` 1,432 s, 552 calibration traces; ratio 0.60 (the
+issue's figure for the code before: 18 min 0 s, 552 traces). With both (plan-search alone, load
+about 2): 521 s, 320 calibration traces (160 keys), 12 of 12 traced plans within 5% of the
+estimate, Spearman 1.000; 407 s at load 2.5 and 225 s with ``--jobs 2`` (plan-search alone). The Done-when's 2 minutes is missed: 2-3 s a trace bounds it at
+about 40 traces.
 
 **Confirming.** ``--part confirm``: the wall time of one traced confirmation at full size (the
 flat ds_ulysses plan on 8xh100: one stage of 28 pairs traced, then ``analyze-pipeline``).

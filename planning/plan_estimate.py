@@ -535,12 +535,14 @@ class KernelCosts:
 
 
 def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jobs: int = 1,
-                           progress: Callable[[int, int], None] | None = None) -> int:
+                           progress: Callable[[int, int], None] | None = None,
+                           written: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Trace the stages of ``requests`` with ``python -m tracing.calibrate`` (``jobs``
     processes, each loading torch once and taking every ``jobs``-th request); the number of
     requests run. ``progress(done, total)``: called while they run, each time another request's
     dumps are written (a dump and its sidecar, each written whole: an interrupted run leaves
-    none half written, and the next one traces only what is missing). UsageError with the
+    none half written, and the next one traces only what is missing); ``written(request)`` then
+    for each such request (its analysis can run here, beside the traces). UsageError with the
     tracer's last line when one fails as a whole."""
     import os
     import subprocess
@@ -564,7 +566,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
             processes.append(subprocess.Popen(CalibrationTrace(listing).command(),
                                               stdout=subprocess.DEVNULL, stderr=logs[-1], text=True,
                                               env=environment))
-        codes = _wait_reporting(processes, [_request_files(r) for r in missing], progress)
+        codes = _wait_reporting(processes, missing, progress, written)
         errors = []
         for code, stream in zip(codes, logs, strict=True):
             stream.seek(0)
@@ -601,19 +603,25 @@ def _request_done(files: tuple[Path, list[Path]]) -> bool:
     return failure.exists() or all(path.exists() for path in written)
 
 
-def _wait_reporting(processes: Sequence[Any], files: Sequence[tuple[Path, list[Path]]],
-                    progress: Callable[[int, int], None] | None) -> list[int]:
-    """Wait for ``processes``; meanwhile ``progress(done, total)`` as requests' files appear."""
+def _wait_reporting(processes: Sequence[Any], requests: Sequence[dict[str, Any]],
+                    progress: Callable[[int, int], None] | None,
+                    written: Callable[[dict[str, Any]], None] | None) -> list[int]:
+    """Wait for ``processes``; meanwhile ``progress(done, total)`` and ``written(request)`` as
+    requests' files appear."""
     import time
 
-    pending, done = list(files), 0
+    pending = [(request, _request_files(request)) for request in requests]
+    done = 0
     while True:
         running = any(process.poll() is None for process in processes)
-        if progress is not None:
-            left = [item for item in pending if not _request_done(item)]
-            done += len(pending) - len(left)
-            pending = left
-            progress(done, len(files))
+        if progress is not None or written is not None:
+            finished = [request for request, files in pending if _request_done(files)]
+            pending = [(request, files) for request, files in pending if not _request_done(files)]
+            done += len(finished)
+            if progress is not None:
+                progress(done, len(requests))
+            for request in finished if written is not None else ():
+                written(request)
         if not running:
             return [process.wait() for process in processes]
         time.sleep(PROGRESS_POLL_S)

@@ -645,7 +645,7 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
     if kernels is not None:
         kernels.prepare(calibration_keys(space.plans, kernels), system,
                         boundaries=any(p.case.pipeline.stages > 1 for p in space.plans),
-                        progress=EtaReporter("calibrating:", 0, echo, unit="traces"))
+                        progress=EtaReporter("calibrating", 0, echo, unit="traces"))
     estimating = EtaReporter("estimating", len(space.plans), echo, unit="plans")
     estimates = {}
     for plan in space.plans:
@@ -657,6 +657,8 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
     if exhaustive:
         budget = len(candidates)
     traced: dict[Plan, tuple[float, float] | str] = {}
+    tracing = EtaReporter("tracing", min(budget, len(candidates)) + validate, echo,
+                          unit="plans at most (the bound may stop sooner)")
     stopped = ("every plan estimated to fit was traced" if candidates else
                f"no plan is estimated to fit in {MEMORY_SLACK} x the memory limit")
     while candidates:
@@ -675,6 +677,7 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
                 break
         batch = candidates[:budget - len(traced) if exhaustive else min(jobs, budget - len(traced))]
         candidates = candidates[len(batch):]
+        tracing(len(traced))
         for plan, value in zip(batch, tracer(batch), strict=True):
             traced[plan] = value
             log.info("traced %s: %s", plan.label, value)
@@ -684,6 +687,7 @@ def search(config: str, shape: str, hardware: str, space: Space, tracer: Tracer,
         drawn = random.Random(VALIDATION_SEED).sample(rest, min(validate, len(rest)))
         for start in range(0, len(drawn), jobs):
             batch = drawn[start:start + jobs]
+            tracing(len(traced))
             for plan, value in zip(batch, tracer(batch), strict=True):
                 traced[plan] = value
                 log.info("traced %s (validation): %s", plan.label, value)

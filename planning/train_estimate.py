@@ -35,7 +35,10 @@ The residual is element-wise work: the rerun inside the backward (behind the che
 optimization barrier) runs about 20 element-wise kernels on their own that the first forward
 fuses into its GEMMs' epilogues. Also left out: a stage whose forward group holds more than
 the blocks (the loss and final layer of a last stage are not recomputed; the traced pair of a
-model of 3 or more pairs is a middle stage and has neither).
+model of 3 or more pairs is a middle stage and has neither). Not under ZeRO-3: there the
+traced recompute step is far cheaper than the derivation (dp on 1x4 of the 3-pair tiny model:
+1.54 ms traced, 2.01 ms derived, +31%; the rerun forward and the backward share the weights'
+gathers and their work), so a ZeRO-3 recompute key is traced as its own.
 
 :func:`compose_step` composes a pipeline of P stages of n pairs each with 1F1B over m
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
@@ -101,6 +104,9 @@ PROGRAM_GROUPS = ("forward", "backward", "update")
 #: How far a recompute pair derived from its twin without recompute may be from its trace
 #: (module doc; tests/test_train_generalise.py).
 RECOMPUTE_TOLERANCE = 0.05
+#: The ZeRO stage from which a recompute pair is traced as its own (module doc: under ZeRO-3 the
+#: traced recompute step gathers the weights once for the rerun forward and the backward).
+NO_DERIVED_RECOMPUTE_ZERO = 3
 #: Collective kinds that sum a weight gradient (once per step under gradient accumulation).
 GRADIENT_SUM_KINDS = ("all_reduce", "reduce_scatter")
 #: ``lock`` of :func:`trace_lock` and :class:`TrainKernels`: the user's trace lock
@@ -355,8 +361,9 @@ class TrainKernels:
 
     def calibration_key(self, key: PairKey) -> PairKey:
         """The key whose traces calibrate ``key``'s estimate: its twin without recompute
-        (``derive_recompute``), else itself."""
-        return dataclasses.replace(key, recompute=False) if self.derive_recompute else key
+        (``derive_recompute``, ZeRO 0-2: module doc), else itself."""
+        derived = self.derive_recompute and key.zero < NO_DERIVED_RECOMPUTE_ZERO
+        return dataclasses.replace(key, recompute=False) if derived else key
 
     def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
         """The distinct keys traced to calibrate ``keys``, in their order."""
@@ -365,9 +372,14 @@ class TrainKernels:
     def requests(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> list[dict[str, Any]]:
         """The trace requests of :meth:`prepare` whose programs are not analysed yet (some may
         be traced already: ``run_calibration_traces`` skips those)."""
+        return [request for _, _, request in self._planned(keys, system, full=full)]
+
+    def _planned(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool,
+                 ) -> list[tuple[PairKey, str, dict[str, Any]]]:
+        """(traced key, shape, request) of each program of :meth:`requests`."""
         keys = list(keys) if full else self.calibration_keys(keys)
         kind = system.chip.name
-        return [key.request(shape, self._dump_dir(key, shape)) for key in dict.fromkeys(keys)
+        return [(key, shape, key.request(shape, self._dump_dir(key, shape))) for key in dict.fromkeys(keys)
                 for shape in ((self.shape,) if full else self.shapes(key)[:2])
                 if not self._analysis_path(key, shape, kind).exists()]
 
@@ -377,11 +389,19 @@ class TrainKernels:
         torch once each: the two calibration shapes of their calibration keys, or (``full``)
         the keys' own programs at the plan's shape; the number traced. ``progress(done,
         total)`` as the traces are written (``run_calibration_traces``)."""
-        requests = self.requests(keys, system, full=full)
-        if not requests:
+        planned = self._planned(keys, system, full=full)
+        if not planned:
             return 0
+        requests = [request for _, _, request in planned]
+        programs = {request["out"]: (key, shape) for key, shape, request in planned}
+
+        def analyse(request: dict[str, Any]) -> None:  # beside the traces, on another core
+            key, shape = programs[request["out"]]
+            self.program(key, shape, system)
+
         with self._tracing():
-            traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
+            traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress,
+                                            written=analyse)
         self.traced += traced
         return traced
 
@@ -430,7 +450,7 @@ class TrainKernels:
         assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
         rescaler = _Rescaler(t_ratio, w_ratio)
         groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in PROGRAM_GROUPS}
-        derived = calibrated != key
+        derived = calibrated.recompute != key.recompute
         basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
                  f"{rescaler.values} integers inexact"
                  f"{'; recompute: the pair without it, its forward once more' if derived else ''})")

@@ -82,6 +82,7 @@ def test_what_the_commands_write_by_default_is_ignored_by_git_and_nothing_tracke
                f"{_defaults(sweep)['results_dir']}/summary.md",
                f"{_defaults(trace_module)['out_dir']}/gpt2_megatron_2x2.mlir",  # trace-module's
                f"{_defaults(trace_module)['out_dir']}/gpt2_megatron_2x2.json"]
+    assert search["work_dir"] is None  # plan-search's cache: in the user's cache directory (hlo_trace.cache)
     for output in outputs:
         assert _git("check-ignore", "-q", output).returncode == 0, f"{output} is not ignored"
     # plan-search's cache of traces defaults to the user's cache directory, outside the tree

@@ -30,13 +30,16 @@ def test_a_recompute_key_is_calibrated_by_its_twin_without_recompute(tmp_path):
     keys = [PairKey("tiny", "usp", (2, 2), ring, 0, recompute, 2) for ring in (1, 2) for recompute in (False, True)]
     kernels = TrainKernels(tmp_path, "tiny", SHAPE, lock=None)
     assert kernels.calibration_keys(keys) == [keys[0], keys[2]]
+    zero3 = [PairKey("tiny", "dp", (1, 4), None, 3, recompute, 4) for recompute in (False, True)]
+    assert kernels.calibration_keys(zero3) == zero3  # not derived under ZeRO-3 (module doc)
     per_family = TrainKernels(tmp_path, "tiny", SHAPE, lock=None, derive_recompute=False)
     assert per_family.calibration_keys(keys) == keys
 
 
 @pytest.mark.slow  # four tiny training traces
 @pytest.mark.trace
-@pytest.mark.parametrize("strategy, mesh, ring, zero", [("ds_ulysses", (2, 2), None, 0), ("usp", (2, 4), 2, 1)])
+@pytest.mark.parametrize("strategy, mesh, ring, zero", [("ds_ulysses", (2, 2), None, 0), ("usp", (2, 4), 2, 1),
+                                                        ("dp", (1, 4), None, 2)])
 def test_the_derived_recompute_pair_is_the_traced_one(tmp_path, strategy, mesh, ring, zero):
     """The pair of the 3-pair tiny model (a middle stage: no loss, no final layer) traced
     without recompute; its forward group once more per micro-batch against the same pair
