@@ -7,6 +7,12 @@ Tiny configurations (the factories' defaults), f32 (4 bytes an element). Collect
 device on n devices (``hardware.collectives``' ring forms): all-reduce of S bytes 2 (n-1)/n S,
 all-to-all of a local S bytes (n-1)/n S. Each trace takes a few seconds: the Wan Ulysses case runs
 in the default run, the others are marked slow.
+
+PipeFusion (``pipefusion`` on 4 x 1: four stages; ``pipefusion_ulysses`` on 2 x 2: two stages of
+Ulysses 2) is traced as one tick of the pipeline: each stage's current patch (one of M = 2 along
+the latent height: 32 of the 64 video tokens) through the model's blocks, its queries against the
+K/V buffer of the whole video (the patch's fresh K/V in its slot), its activation handed to the
+next stage (a collective-permute over the stages).
 """
 
 from __future__ import annotations
@@ -23,12 +29,19 @@ import pytest
 
 pytest.importorskip("torch_xla")
 
-from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E402
+from models.zoo.videodit.plans import (  # noqa: E402
+    factory_kwargs,
+    mesh,
+    pipefusion_inputs,
+    plan_toml,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 F32 = 4
 N_DEV = 4  # the sequence- or tensor-parallel degree of every case
 WIDTH = 64  # the hidden width of every tiny model (the factories' defaults)
+HEADS = 4  # of 16 (the factories' defaults)
+PATCHES = 2  # PipeFusion's patches M
 
 
 @dataclass(frozen=True)
@@ -54,9 +67,11 @@ class Count:
 
 # -- hand counts from the configuration -------------------------------------------------------------
 def wan21_count(b: int, n: int, lt: int, *, dim=64, ffn=160, layers=2, in_channels=4, text_dim=32,
-                frequencies=32) -> Count:
-    d, patch = dim, in_channels * 4
-    block = (8 * b * n * d * d + 4 * b * n * n * d              # self: q, k, v, o; scores, values
+                frequencies=32, kv: int | None = None) -> Count:
+    """``kv``: the video tokens the self-attention's keys cover (PipeFusion: the whole video's
+    K/V buffer against one patch's ``n`` queries; else ``n``)."""
+    d, patch, kv = dim, in_channels * 4, n if kv is None else kv
+    block = (8 * b * n * d * d + 4 * b * n * kv * d             # self: q, k, v, o; scores, values
              + 4 * b * n * d * d + 4 * b * lt * d * d           # cross: q, o on video; k, v on text
              + 4 * b * n * lt * d                               # cross scores and values
              + 4 * b * n * d * ffn)                             # MLP up and down
@@ -68,10 +83,11 @@ def wan21_count(b: int, n: int, lt: int, *, dim=64, ffn=160, layers=2, in_channe
 
 def hunyuan_count(b: int, n: int, lt: int, *, dim=64, double_layers=1, single_layers=1,
                   refiner_layers=1, in_channels=4, text_dim=32, pooled_dim=16,
-                  frequencies=256) -> Count:
+                  frequencies=256, kv: int | None = None) -> Count:
     d, m, patch = dim, n + lt, in_channels * 4
-    double = 24 * b * m * d * d + 4 * b * m * m * d   # per stream: qkv 3, proj 1, MLP 8 (x 2)
-    single = 24 * b * m * d * d + 4 * b * m * m * d   # qkv 3 + up 4, proj 1 + down 4
+    keys = (n if kv is None else kv) + lt  # the joint keys: video (PipeFusion: the buffer's) + text
+    double = 24 * b * m * d * d + 4 * b * m * keys * d   # per stream: qkv 3, proj 1, MLP 8 (x 2)
+    single = 24 * b * m * d * d + 4 * b * m * keys * d   # qkv 3 + up 4, proj 1 + down 4
     refiner = (b * lt * d * d * (6 + 2 + 16) + 4 * b * lt * lt * d + 2 * b * d * 2 * d)
     small = (2 * b * (frequencies * d + d * d) * 2 + 2 * b * (pooled_dim * d + d * d)  # t, g, pooled
              + 2 * b * lt * text_dim * d + 2 * b * (frequencies * d + d * d)   # refiner in, t
@@ -83,9 +99,10 @@ def hunyuan_count(b: int, n: int, lt: int, *, dim=64, double_layers=1, single_la
 
 
 def cogvideox_count(b: int, n: int, lt: int, *, heads=4, head_dim=16, layers=2, in_channels=4,
-                    text_dim=32, time_dim=32) -> Count:
+                    text_dim=32, time_dim=32, kv: int | None = None) -> Count:
     d, m, patch = heads * head_dim, n + lt, in_channels * 4
-    block = 8 * b * m * d * d + 4 * b * m * m * d + 16 * b * m * d * d
+    keys = (n if kv is None else kv) + lt
+    block = 8 * b * m * d * d + 4 * b * m * keys * d + 16 * b * m * d * d
     # the text projection's output is split on tokens (shared); the patch convolution: frames
     shared = 2 * b * lt * text_dim * d + 2 * b * n * d * patch
     whole = 2 * b * (d * time_dim + time_dim * time_dim) + 2 * b * time_dim * 2 * d
@@ -127,6 +144,8 @@ def expected(model: str, strategy: str) -> tuple[int, dict[str, float]]:
         return count.total // 2, {}
     if strategy in ("ring", "usp"):
         return ring_formula(model, strategy, count, b, n, lt)
+    if strategy.startswith("pipefusion"):
+        return pipefusion_formula(model, strategy)
     branch = 2 if strategy == "cfg_ulysses" else 1
     if strategy.endswith("ulysses"):
         # tokens split: the blocks, modulation aside, and the video work outside them shared;
@@ -175,10 +194,53 @@ def ring_formula(model: str, strategy: str, count: Count, b: int, n: int, lt: in
     return gemm, sent
 
 
+def pipefusion_formula(model: str, strategy: str) -> tuple[int, dict[str, float]]:
+    """One PipeFusion tick: per device one stage (the batch of one sample group, b) on one
+    patch of n / M video tokens, whose self- or joint attention's queries meet the keys and
+    values of all n video tokens (the buffer: the stale M - 1 patches and the patch's fresh
+    ones; the text's, fresh, where the attention is joint). Each device hands its patch's
+    activation to the next stage: a collective-permute of (b, patch tokens [+ text], d) (Wan:
+    the video tokens; CogVideoX: video and text, two; HunyuanVideo: the joint sequence), split
+    over the Ulysses group when there is one. Ulysses inside a stage (u = 2): its all-to-alls
+    on the patch's tokens (the buffer is kept split by heads: nothing exchanged of it)."""
+    _, _, b, n, lt, count_of = MODELS[model]
+    u = 1 if strategy == "pipefusion" else degree_of(strategy)
+    patch, d = n // PATCHES, WIDTH
+    count = count_of(b, patch, lt, kv=n)
+    handed = patch if model == "wan21" else patch + lt
+    sent = {"collective_permute": b * handed * d * F32 / u}
+    if u == 1:
+        return count.total, sent
+    gemm = (count.blocks + count.shared) // u + count.frames + count.whole + count.modulation
+    local = b * d * F32
+    if model == "wan21":
+        sent |= {"all_to_all": 2 * 6 * all_to_all(local * patch / u, u),
+                 "all_reduce": 2 * all_reduce(b * lt * F32, u)}
+    else:
+        sent["all_to_all"] = 2 * 4 * all_to_all(local * (patch + lt) / u, u)
+    return gemm, sent
+
+
+def degree_of(strategy: str) -> int:
+    """The plan's degree: N_DEV devices in all (``pipefusion_ulysses``: Ulysses over N_DEV / 2
+    in each of its two stages)."""
+    return N_DEV // 2 if strategy == "pipefusion_ulysses" else N_DEV
+
+
+def stale_kv_bytes(model: str, strategy: str) -> int:
+    """PipeFusion's K/V buffers on one device: K and V of every self- or joint attention of its
+    stage (Wan's and CogVideoX's two blocks, HunyuanVideo's two) for all n video tokens of its
+    sample group, its heads (all, or 1/u under Ulysses)."""
+    _, _, b, n, _, _ = MODELS[model]
+    u = 1 if strategy == "pipefusion" else degree_of(strategy)
+    return 2 * 2 * b * n * (HEADS // u) * (WIDTH // HEADS) * F32
+
+
 CASES = [(model, strategy) for model in MODELS
-         for strategy in ("single", "ulysses", "ring", "usp", "tp", "cfg", "cfg_ulysses")
+         for strategy in ("single", "ulysses", "ring", "usp", "tp", "cfg", "cfg_ulysses",
+                          "pipefusion", "pipefusion_ulysses")
          if model == "wan21" or model == "cogvideox" or not strategy.startswith("cfg")]
-QUICK = {("wan21", "ulysses")}
+QUICK = {("wan21", "ulysses"), ("cogvideox", "pipefusion")}
 
 
 def _env() -> dict[str, str]:
@@ -187,6 +249,11 @@ def _env() -> dict[str, str]:
 
 def trace_and_analyze(model: str, strategy: str, out: Path) -> dict:
     factory, inputs, *_ = MODELS[model]
+    degree = degree_of(strategy)
+    if strategy.startswith("pipefusion"):
+        inputs = pipefusion_inputs(inputs, stages=mesh(strategy, degree)[0], patches=PATCHES,
+                                   attentions=2, heads=HEADS, head_dim=WIDTH // HEADS,
+                                   video_tokens=MODELS[model][3])
     args = [sys.executable, "-m", "tracing.module_cli", factory, "--name", f"{model}_{strategy}",
             "-o", str(out)]
     for spec in inputs:
@@ -195,9 +262,9 @@ def trace_and_analyze(model: str, strategy: str, out: Path) -> dict:
         args += ["--strategy", "dp", "--mesh", "1x1"]
     else:
         plan = out / f"{model}_{strategy}.toml"
-        plan.write_text(plan_toml(model, strategy, N_DEV))
+        plan.write_text(plan_toml(model, strategy, degree))
         args += ["--plan", str(plan)]
-        layout = factory_kwargs(strategy, N_DEV)
+        layout = factory_kwargs(strategy, degree)
         if model == "wan21":  # cross-attention to the text: no joint sequence to order
             del layout["chunks"]
         kwargs = out / f"{model}_{strategy}_kwargs.toml"
@@ -221,6 +288,8 @@ def test_gemm_flops_and_collectives_equal_the_layout_formula(tmp_path, model, st
     assert analysis["totals"]["gemm_flops"] == gemm
     sent = {kind: entry["bytes_per_device"] for kind, entry in analysis["comm_by_kind"].items()}
     assert sent == pytest.approx(collectives)
+    if strategy.startswith("pipefusion"):
+        assert analysis["memory"]["stale_kv_bytes"] == stale_kv_bytes(model, strategy)
 
 
 def test_the_meshes_of_the_plans():

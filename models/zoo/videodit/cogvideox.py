@@ -28,7 +28,9 @@ from models.zoo.videodit.layers import (
     Linear,
     Mark,
     Mlp,
+    StageShift,
     heads,
+    install_stale,
     join,
     layer_norm,
     modulate,
@@ -100,7 +102,7 @@ class Block(nn.Module):
 
 class CogVideoX(nn.Module):
     def __init__(self, *, count: int, head_dim: int, layers: int, in_channels: int, patch: int,
-                 text_dim: int, time_dim: int, chunks: int, ring: int) -> None:
+                 text_dim: int, time_dim: int, chunks: int, ring: int, stages: int) -> None:
         super().__init__()
         dim = count * head_dim
         self.dim, self.chunks = dim, chunks
@@ -109,12 +111,14 @@ class CogVideoX(nn.Module):
         self.time_embedding = Mlp(dim, time_dim, time_dim, activation="silu")
         self.tokens, self.text_tokens = Mark(), Mark()
         self.blocks = nn.ModuleList(Block(dim, count, time_dim, 4 * dim, chunks, ring) for _ in range(layers))
+        self.handoff, self.text_handoff = StageShift(stages), StageShift(stages)
         self.norm_final = LayerNorm(dim, EPS)
         self.norm_out = Linear(time_dim, 2 * dim)
         self.proj_out = Linear(dim, patch * patch * in_channels)
         self.output = Mark()
 
-    def forward(self, latents: Tensor, t: Tensor, text: Tensor) -> Tensor:
+    def forward(self, latents: Tensor, t: Tensor, text: Tensor, stale_k: Tensor | None = None,
+                stale_v: Tensor | None = None) -> Tensor:
         batch, frames = latents.shape[:2]
         x = self.patch_embed(latents.flatten(0, 1))  # (B * T, h, H / p, W / p)
         grid = (frames, *x.shape[2:])
@@ -124,8 +128,10 @@ class CogVideoX(nn.Module):
         video = self.tokens(pad_tokens(video, self.chunks))
         context = self.text_tokens(pad_tokens(self.text_proj(text), self.chunks))
         time = self.time_embedding(sinusoidal(t, self.dim).to(video.dtype))
+        install_stale([block.attn for block in self.blocks], stale_k, stale_v, video.shape[1])
         for block in self.blocks:
             video, context = block(video, context, time, grid)
+        video, context = self.handoff(video), self.text_handoff(context)
         _, video = unjoin(self.norm_final(join(context, video, self.chunks)), context.shape[1],
                           self.chunks)
         shift, scale = self.norm_out(nn.functional.silu(time)).chunk(2, dim=-1)
@@ -134,10 +140,13 @@ class CogVideoX(nn.Module):
 
 def cogvideox(heads: int = 4, head_dim: int = 16, layers: int = 2, in_channels: int = 4,
               patch: int = 2, text_dim: int = 32, time_dim: int = 32, chunks: int = 1,
-              ring: int = 1) -> CogVideoX:
+              ring: int = 1, stages: int = 1) -> CogVideoX:
     """CogVideoX (tiny by default: 4 heads of 16, 2 blocks; ``configs.COGVIDEOX_5B`` is the
     released size). ``chunks``: the order of the joint sequence (``layers.join``), the
     sequence-parallel degree under xDiT's layouts; ``ring``: attention as ring attention over
-    that many sequence blocks (``layers.AttentionCore``)."""
+    that many sequence blocks (``layers.AttentionCore``); ``stages``: PipeFusion's tick
+    (``layers.StageShift``; the forward's ``stale_k``/``stale_v``: the attentions' K/V
+    buffers of the video tokens, ``layers.install_stale``)."""
     return CogVideoX(count=heads, head_dim=head_dim, layers=layers, in_channels=in_channels,
-                     patch=patch, text_dim=text_dim, time_dim=time_dim, chunks=chunks, ring=ring)
+                     patch=patch, text_dim=text_dim, time_dim=time_dim, chunks=chunks, ring=ring,
+                     stages=stages)

@@ -32,8 +32,10 @@ from models.zoo.videodit.layers import (
     Mark,
     Mlp,
     RMSNorm,
+    StageShift,
     activate,
     fused_heads,
+    install_stale,
     join,
     layer_norm,
     modulate,
@@ -155,7 +157,7 @@ class HunyuanVideo(nn.Module):
     def __init__(self, *, dim: int, count: int, double_layers: int, single_layers: int,
                  refiner_layers: int, in_channels: int, text_dim: int, pooled_dim: int,
                  rope: tuple[int, int, int], patch: tuple[int, int, int], chunks: int,
-                 ring: int) -> None:
+                 ring: int, stages: int) -> None:
         super().__init__()
         self.chunks = chunks
         if dim % count or sum(rope) != dim // count:
@@ -171,23 +173,28 @@ class HunyuanVideo(nn.Module):
                                            for _ in range(double_layers))
         self.single_blocks = nn.ModuleList(SingleBlock(dim, count, rope, chunks, ring)
                                            for _ in range(single_layers))
+        self.handoff = StageShift(stages)
         self.final_modulation = Linear(dim, 2 * dim)
         self.final_linear = Linear(dim, in_channels * patch[0] * patch[1] * patch[2])
         self.output = Mark()
 
     def forward(self, latents: Tensor, t: Tensor, text: Tensor, pooled: Tensor,
-                guidance: Tensor) -> Tensor:
+                guidance: Tensor, stale_k: Tensor | None = None,
+                stale_v: Tensor | None = None) -> Tensor:
         x = self.img_in(latents)
         grid = tuple(x.shape[2:])
         img = self.tokens(x.flatten(2).transpose(1, 2))
         txt = self.text_tokens(self.txt_in(text, t))
         vec = (self.time_in(sinusoidal(t, FREQUENCIES).to(img.dtype)) + self.vector_in(pooled)
                + self.guidance_in(sinusoidal(guidance, FREQUENCIES).to(img.dtype)))
+        install_stale([b.attn for b in (*self.double_blocks, *self.single_blocks)], stale_k,
+                      stale_v, img.shape[1])
         for block in self.double_blocks:
             img, txt = block(img, txt, vec, grid)
         x = join(img, txt, self.chunks)
         for block in self.single_blocks:
             x = block(x, vec, grid)
+        x = self.handoff(x)
         shift, scale = self.final_modulation(nn.functional.silu(vec)).chunk(2, dim=-1)
         img, _ = unjoin(x, img.shape[1], self.chunks)
         return self.output(self.final_linear(modulate(layer_norm(img, EPS), shift, scale)))
@@ -197,12 +204,14 @@ def hunyuan_video(dim: int = 64, heads: int = 4, double_layers: int = 1, single_
                   refiner_layers: int = 1, in_channels: int = 4, text_dim: int = 32,
                   pooled_dim: int = 16, rope: tuple[int, int, int] = (4, 6, 6),
                   patch: tuple[int, int, int] = (1, 2, 2), chunks: int = 1,
-                  ring: int = 1) -> HunyuanVideo:
+                  ring: int = 1, stages: int = 1) -> HunyuanVideo:
     """HunyuanVideo (tiny by default: width 64, 4 heads of 16, one block of each kind;
     ``configs.HUNYUAN_VIDEO`` is the released size). ``chunks``: the order of the joint
-    sequence (``layers.join``), the sequence-parallel degree under xDiT's layouts."""
+    sequence (``layers.join``), the sequence-parallel degree under xDiT's layouts;
+    ``stages``: PipeFusion's tick (``layers.StageShift``; the forward's ``stale_k``/``stale_v``:
+    the joint attentions' K/V buffers of the video tokens, ``layers.install_stale``)."""
     return HunyuanVideo(dim=dim, count=heads, double_layers=double_layers,
                         single_layers=single_layers, refiner_layers=refiner_layers,
                         in_channels=in_channels, text_dim=text_dim, pooled_dim=pooled_dim,
                         rope=tuple(rope), patch=tuple(patch), chunks=chunks,
-                        ring=ring)
+                        ring=ring, stages=stages)

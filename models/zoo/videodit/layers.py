@@ -163,9 +163,13 @@ class AttentionCore(nn.Module):
         if ring > 1:
             self.ring_max, self.ring_sum, self.ring_out = Mark(), Mark(), Mark()
             self.ring_kv = Mark()
+        #: PipeFusion (``StaleKV``): set by the model for one call, None otherwise
+        self.stale: StaleKV | None = None
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = self.q_in(q), self.k_in(k), self.v_in(v)
+        if self.stale is not None:
+            k, v = self.stale.keys(k, v)
         return self.out(self._ring(q, k, v) if self.ring > 1 else attend(q, k, v))
 
     def _ring(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -183,6 +187,54 @@ class AttentionCore(nn.Module):
             state = self.ring_max(maximum), self.ring_sum(total), self.ring_out(out)
         _, total, out = state
         return (out / total.transpose(2, 3)[..., None]).to(v.dtype).flatten(1, 2)
+
+
+class StaleKV:
+    """PipeFusion's K/V buffer of one attention: (B, S, heads, D), the keys (values) of all S
+    video tokens from the previous diffusion step. A patch's call writes its fresh K/V over its
+    own ``own`` tokens' slot and attends over the result: the fresh (patch, and text where the
+    attention is joint) then the stale rest. The traced patch is the first (slot at offset 0:
+    every patch has the same shapes); keys' order does not change attention."""
+
+    def __init__(self, k: Tensor, v: Tensor, own: int) -> None:
+        self.k, self.v, self.own = k, v, own
+
+    def keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return (torch.cat([k, self.k[:, self.own:]], dim=1),
+                torch.cat([v, self.v[:, self.own:]], dim=1))
+
+
+def install_stale(cores: list[AttentionCore], stale_k: Tensor | None, stale_v: Tensor | None,
+                  own: int) -> None:
+    """Give each of ``cores`` its layer's K/V buffer, ``stale_k[i]`` and ``stale_v[i]`` of the
+    (attentions, B, S, heads, D) inputs, for this call (none: no PipeFusion, no buffers)."""
+    if stale_k is None or stale_v is None:
+        for core in cores:
+            core.stale = None
+        return
+    if stale_k.shape[0] != len(cores) or stale_v.shape != stale_k.shape:
+        raise ValueError(f"stale_k {list(stale_k.shape)} and stale_v {list(stale_v.shape)}: "
+                         f"expected equal shapes with {len(cores)} attentions first")
+    for core, k, v in zip(cores, stale_k.unbind(0), stale_v.unbind(0)):
+        core.stale = StaleKV(k, v, own)
+
+
+class StageShift(nn.Module):
+    """PipeFusion's hand-off in the SPMD form of one pipeline tick: the batch holds ``stages``
+    stages' patches (stage-major), and each stage's activation goes to the next one, the last
+    stage's to the first (a cyclic shift of the split stage dimension: a collective-permute;
+    the mark point ``sent`` pins it to the split)."""
+
+    def __init__(self, stages: int) -> None:
+        super().__init__()
+        self.stages = stages
+        self.sent = Mark()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.stages == 1:
+            return x
+        y = x.unflatten(0, (self.stages, -1))
+        return self.sent(torch.cat([y[-1:], y[:-1]], dim=0).flatten(0, 1))
 
 
 def pad_tokens(x: Tensor, multiple: int) -> Tensor:

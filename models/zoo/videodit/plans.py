@@ -19,6 +19,14 @@ plan over the models' module names (torch-free; ``plan_toml`` writes it).
 * ``cfg`` (2 x 1): classifier-free guidance parallel: the two branches (the batch of two) on two
   devices; nothing is exchanged in the loop.
 * ``cfg_ulysses`` (2 x n): the branches on x, Ulysses over y within each.
+* ``pipefusion`` (P x 1): PipeFusion, one tick of the pipeline in SPMD form (docs/videodit.md):
+  the P stages' current patches stacked on the batch and split over x (``pipefusion_inputs``
+  writes the inputs: the latents one patch of M high, the K/V buffers ``stale_k``/``stale_v``
+  of the full video, stage-split), every stage running its blocks on its patch, attention over
+  the buffer with the patch's fresh K/V in its slot, and handing its activation to the next
+  stage (``handoff``: a collective-permute over x); the factories' ``stages`` = P.
+* ``pipefusion_ulysses`` (2 x n): two PipeFusion stages, Ulysses over y within each (the K/V
+  buffers split by heads, as the attention holds them after its all-to-all).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STRATEGIES = ("ulysses", "ring", "usp", "tp", "cfg", "cfg_ulysses")
+#: PipeFusion's plans: their inputs are a tick's (``pipefusion_inputs``), not one call's.
+PIPEFUSION_STRATEGIES = ("pipefusion", "pipefusion_ulysses")
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Names:
     row_outputs: str
     cfg: bool
     whole: tuple[str, ...] = ()  # modules whose output Ulysses keeps on every device
+    handoff: str = r"handoff\.sent"  # PipeFusion's stage hand-offs (``layers.StageShift``)
 
 
 NAMES = {
@@ -56,10 +67,13 @@ NAMES = {
                    r"blocks\.\d+\.((self_attn|cross_attn)\.o_proj|mlp\.fc2)", cfg=True),
     "cogvideox": Names(("latents", "t", "text"), ("tokens", "text_tokens"),
                        r"blocks\.\d+\.attn", None, r"blocks\.\d+\.([qkv]_proj|mlp\.fc1)", r"blocks\.\d+\.(o_proj|mlp\.fc2)",
-                       r"blocks\.\d+\.(o_proj|mlp\.fc2)", cfg=True),
+                       r"blocks\.\d+\.(o_proj|mlp\.fc2)", cfg=True,
+                       handoff=r"(text_)?handoff\.sent"),
 }
 
 _N = '"none"'
+#: The stages of ``pipefusion_ulysses`` (Ulysses over the degree within each).
+PIPEFUSION_ULYSSES_STAGES = 2
 
 
 def _spec(*entries: str | list[str] | None) -> str:
@@ -136,6 +150,15 @@ _RANKS = {("latents", "t", "text"): (5, 1, 3),
           ("latents", "t", "text", "pooled", "guidance"): (5, 1, 3, 2, 1)}
 
 
+def _pipefusion(names: Names, ulysses: bool) -> str:
+    heads = "y" if ulysses else None
+    stale = "".join(f'[[inputs]]\nname = "{name}"\nspec = {_spec(None, "x", None, heads, None)}\n\n'
+                    for name in ("stale_k", "stale_v"))
+    body = _ulysses(names, "y", "x") if ulysses else ""
+    return (_cfg(names) + stale + body
+            + _activation(names.handoff, _spec("x", "y" if ulysses else None, None)))
+
+
 def mesh(strategy: str, degree: int) -> tuple[int, ...]:
     """The mesh of a strategy at a sequence- or tensor-parallel degree (per CFG branch)."""
     if strategy == "usp":
@@ -143,22 +166,26 @@ def mesh(strategy: str, degree: int) -> tuple[int, ...]:
             raise ValueError(f"usp: degree {degree} must be an even number of at least 4")
         return 1, 2, degree // 2
     return {"ulysses": (1, degree), "ring": (1, degree), "tp": (1, degree), "cfg": (2, 1),
-            "cfg_ulysses": (2, degree)}[strategy]
+            "cfg_ulysses": (2, degree), "pipefusion": (degree, 1),
+            "pipefusion_ulysses": (PIPEFUSION_ULYSSES_STAGES, degree)}[strategy]
 
 
 def factory_kwargs(strategy: str, degree: int) -> dict[str, int]:
     """The factory's layout arguments under a strategy: ``chunks``, the joint sequence's order
-    (the sequence-parallel degree), and ``ring``, the ring degree."""
+    (the sequence-parallel degree), ``ring``, the ring degree, and ``stages``, PipeFusion's."""
     ring = {"ring": degree, "usp": 2}.get(strategy, 1)
-    return {"chunks": degree if strategy in ("ulysses", "cfg_ulysses", "ring", "usp") else 1,
-            "ring": ring}
+    sequence = ("ulysses", "cfg_ulysses", "ring", "usp", "pipefusion_ulysses")
+    stages = {"pipefusion": degree, "pipefusion_ulysses": PIPEFUSION_ULYSSES_STAGES}
+    return {"chunks": degree if strategy in sequence else 1, "ring": ring,
+            "stages": stages.get(strategy, 1)}
 
 
 def plan_toml(model: str, strategy: str, degree: int) -> str:
     """The plan of ``strategy`` for ``model`` (a key of NAMES) at ``degree`` devices per branch."""
     names = NAMES[model]
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if strategy not in STRATEGIES + PIPEFUSION_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: expected one of "
+                         f"{', '.join(STRATEGIES + PIPEFUSION_STRATEGIES)}")
     if strategy.startswith("cfg") and not names.cfg:
         raise ValueError(f"{model} uses embedded guidance (a batch of one): no CFG parallel")
     shape = mesh(strategy, degree)
@@ -169,5 +196,33 @@ def plan_toml(model: str, strategy: str, degree: int) -> str:
     body = {"ulysses": lambda: _ulysses(names, "y"), "ring": lambda: _ring(names),
             "usp": lambda: _usp(names), "tp": lambda: _tp(names, "y"),
             "cfg": lambda: _cfg(names),
-            "cfg_ulysses": lambda: _cfg(names) + _ulysses(names, "y", "x")}[strategy]()
+            "cfg_ulysses": lambda: _cfg(names) + _ulysses(names, "y", "x"),
+            "pipefusion": lambda: _pipefusion(names, False),
+            "pipefusion_ulysses": lambda: _pipefusion(names, True)}[strategy]()
     return head + body
+
+
+def pipefusion_inputs(inputs: list[str], *, stages: int, patches: int, attentions: int,
+                      heads: int, head_dim: int, video_tokens: int) -> list[str]:
+    """The ``--input`` specs of one PipeFusion tick from those of one call of the model
+    (``NAME=SHAPE:DTYPE``, latents first, batch first, height second last): every input's batch times ``stages``
+    (stage-major: each stage's current patch), the latents' height cut to one patch of
+    ``patches`` (note 000's height patches), and the K/V buffers ``stale_k`` and ``stale_v``
+    (attentions, stages x batch, video tokens of the whole latent, heads, head_dim) in the
+    latents' dtype."""
+    specs = []
+    for text in inputs:
+        name, _, rest = text.partition("=")
+        shape_text, _, dtype = rest.partition(":")
+        shape = [int(size) for size in shape_text.split("x")]
+        if name == "latents":
+            if shape[-2] % patches:
+                raise ValueError(f"latents {shape_text}: height {shape[-2]} is not cut into "
+                                 f"{patches} patches")
+            shape[-2] //= patches
+            batch, latent_dtype = shape[0], dtype
+        shape[0] *= stages
+        specs.append(f"{name}={'x'.join(map(str, shape))}:{dtype}")
+    stale = (attentions, stages * batch, video_tokens, heads, head_dim)
+    return specs + [f"{name}={'x'.join(map(str, stale))}:{latent_dtype}"
+                    for name in ("stale_k", "stale_v")]

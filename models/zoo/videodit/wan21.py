@@ -29,7 +29,9 @@ from models.zoo.videodit.layers import (
     Mark,
     Mlp,
     RMSNorm,
+    StageShift,
     heads,
+    install_stale,
     layer_norm,
     modulate,
     rope_3d,
@@ -85,7 +87,7 @@ class Block(nn.Module):
 class Wan21(nn.Module):
     def __init__(self, *, dim: int, ffn: int, heads_count: int, layers: int, in_channels: int,
                  text_dim: int, frequencies: int, patch: tuple[int, int, int],
-                 ring: int) -> None:
+                 ring: int, stages: int) -> None:
         super().__init__()
         if dim % heads_count:
             raise ValueError(f"dim {dim} must be a multiple of heads {heads_count}")
@@ -96,28 +98,35 @@ class Wan21(nn.Module):
         self.time_projection = Linear(dim, 6 * dim)
         self.tokens = Mark()
         self.blocks = nn.ModuleList(Block(dim, ffn, heads_count, ring) for _ in range(layers))
+        self.handoff = StageShift(stages)
         self.head_modulation = nn.Parameter(torch.zeros(1, 2, dim))
         self.head = Linear(dim, in_channels * patch[0] * patch[1] * patch[2])
         self.output = Mark()
 
-    def forward(self, latents: Tensor, t: Tensor, text: Tensor) -> Tensor:
+    def forward(self, latents: Tensor, t: Tensor, text: Tensor, stale_k: Tensor | None = None,
+                stale_v: Tensor | None = None) -> Tensor:
         x = self.patch_embedding(latents)
         grid = tuple(x.shape[2:])
         x = self.tokens(x.flatten(2).transpose(1, 2))
+        install_stale([block.self_attn.core for block in self.blocks], stale_k, stale_v, x.shape[1])
         time = self.time_embedding(sinusoidal(t, self.frequencies).to(x.dtype))
         e = self.time_projection(nn.functional.silu(time)).unflatten(-1, (6, -1))
         context = self.text_embedding(text)
         for block in self.blocks:
             x = block(x, e, context, grid)
+        x = self.handoff(x)
         shift, scale = (self.head_modulation + time[:, None]).unbind(dim=1)
         return self.output(self.head(modulate(layer_norm(x, EPS), shift, scale)))
 
 
 def wan21(dim: int = 64, ffn: int = 160, heads: int = 4, layers: int = 2, in_channels: int = 4,
-          text_dim: int = 32, frequencies: int = 32, patch: tuple[int, int, int] = (1, 2, 2), ring: int = 1) -> Wan21:
+          text_dim: int = 32, frequencies: int = 32, patch: tuple[int, int, int] = (1, 2, 2), ring: int = 1,
+          stages: int = 1) -> Wan21:
     """Wan 2.1 (tiny by default: width 64, 4 heads of 16, 2 blocks; ``configs.WAN21_14B`` and
     ``WAN21_1_3B`` are the released sizes). ``ring``: the self-attention as ring attention over
-    that many sequence blocks (``layers.AttentionCore``)."""
+    that many sequence blocks (``layers.AttentionCore``). ``stages``: PipeFusion's tick
+    (``layers.StageShift``; the forward's ``stale_k``/``stale_v``: the self-attentions' K/V
+    buffers, ``layers.install_stale``)."""
     return Wan21(dim=dim, ffn=ffn, heads_count=heads, layers=layers, in_channels=in_channels,
                  text_dim=text_dim, frequencies=frequencies, patch=tuple(patch),
-                 ring=ring)
+                 ring=ring, stages=stages)
