@@ -37,8 +37,10 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 #: Largest device count of a mesh (the virtual CPU devices torch-xla can make here).
 MAX_DEVICES = 64
 #: Largest input dimension and element count accepted (a trace holds no buffer, but the
-#: program's shapes must stay sane).
+#: program's shapes must stay sane). The element count allows PipeFusion's K/V buffers of a
+#: full-size video (HunyuanVideo at 720p, 3 attentions on 8 stages: 8.8e9 elements).
 MAX_DIMENSION = 1 << 31
+MAX_ELEMENTS = 1 << 34
 UNSPLIT = "none"
 WHERE = ("output", "input")
 
@@ -195,9 +197,9 @@ def parse_input(text: str) -> InputSpec:
     sizes = [] if shape_text == "scalar" else shape_text.split("x")
     # a size longer than the largest allowed is too large (and int() refuses 4,300 digits)
     shape = tuple(int(d) if len(d) <= len(str(MAX_DIMENSION)) else MAX_DIMENSION + 1 for d in sizes)
-    if any(d < 1 or d > MAX_DIMENSION for d in shape) or math.prod(shape) > MAX_DIMENSION:
+    if any(d < 1 or d > MAX_DIMENSION for d in shape) or math.prod(shape) > MAX_ELEMENTS:
         raise PlanError(f"--input {brief(text)}: sizes must be 1 to {MAX_DIMENSION} with at most "
-                        f"{MAX_DIMENSION} elements")
+                        f"{MAX_ELEMENTS} elements")
     return InputSpec(name, shape, dtype)
 
 

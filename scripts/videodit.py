@@ -59,7 +59,7 @@ from models.zoo.videodit.configs import (  # noqa: E402
     peak,
     scaled,
 )
-from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E402
+from models.zoo.videodit.plans import factory_kwargs, mesh, pipefusion_inputs, plan_toml  # noqa: E402
 
 COLUMNS = ("model", "frames", "height", "width", "steps", "hw", "devices", "strategy", "degrees",
            "loop_s", "decode_s", "memory_gb")
@@ -94,6 +94,8 @@ class Layout:
             return f"cfg=2 ulysses={self.degree}"
         if self.strategy == "usp":
             return f"ring=2 ulysses={self.degree // 2}"
+        if self.strategy == "pipefusion":  # as many patches as stages (``pipefusion_seconds``)
+            return f"pipefusion={self.degree} patches={self.degree}"
         return "cfg=2" if self.strategy == "cfg" else f"{self.strategy}={self.degree}"
 
     @property
@@ -125,6 +127,7 @@ class Traced:
     input_bytes: int
     scalar_bytes: int
     peak_live_bytes: int              # with the attentions fused (flash-attention's tiling)
+    stale_kv_bytes: int = 0           # PipeFusion's K/V buffers
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ def cases() -> list[Case]:
     Wan 2.1 14B at 480p and
     720p, 81 frames, on 1 and 8 H100 and H200 (Ulysses, and CFG parallel x Ulysses);
     CogVideoX-5B 49 x 480 x 720 on 1-8 A100 (Ulysses over every degree that divides its 48
-    heads)."""
+    heads); PipeFusion on 2, 4 and 8 devices (M = P patches): HunyuanVideo and Wan 2.1 14B
+    (480p) on H100, CogVideoX-5B on A100."""
     def ulysses(n: int) -> Layout:
         return Layout(SINGLE) if n == 1 else Layout("ulysses", n)
 
@@ -163,6 +167,11 @@ def cases() -> list[Case]:
               for hw in ("8xh100", "8xh200")
               for layout in (Layout(SINGLE), Layout("ulysses", 8), Layout("cfg_ulysses", 4))]
     found += [Case(COGVIDEOX_5B, 49, 480, 720, ulysses(n), "8xa100") for n in (1, 2, 3, 4, 6, 8)]
+    # PipeFusion (P stages, M = P patches) on 2, 4 and 8 devices
+    found += [Case(config, frames, h, w, Layout("pipefusion", p), hw) for p in (2, 4, 8)
+              for config, frames, h, w, hw in ((HUNYUAN_VIDEO, 129, 720, 1280, "8xh100"),
+                                              (WAN21_14B, 81, 480, 832, "8xh100"),
+                                              (COGVIDEOX_5B, 49, 480, 720, "8xa100"))]
     return found
 
 
@@ -246,14 +255,16 @@ def traced(analysis: JsonReport) -> Traced:
                   comm_bytes={kind: entry.bytes_per_device for kind, entry in comm.items()},
                   comm_counts={kind: entry.count for kind, entry in comm.items()},
                   weight_bytes=memory.weight_bytes, input_bytes=memory.input_bytes,
-                  scalar_bytes=memory.scalar_bytes, peak_live_bytes=memory.peak_live_bytes)
+                  scalar_bytes=memory.scalar_bytes, peak_live_bytes=memory.peak_live_bytes,
+                  stale_kv_bytes=memory.stale_kv_bytes)
 
 
 def memory_bytes(parts_traced: Mapping[str, Traced], counts: Mapping[str, int]) -> float:
     """One device's memory of the whole model: its weights scaled from the parts, the inputs and
     scalars of one call, and the largest peak of live activations among the parts."""
     base = parts_traced[BASE]
-    weights = scaled({part: t.weight_bytes for part, t in parts_traced.items()}, counts)
+    weights = scaled({part: t.weight_bytes + t.stale_kv_bytes for part, t in parts_traced.items()},
+                     counts)
     return (weights + base.input_bytes + base.scalar_bytes
             + peak({part: t.peak_live_bytes for part, t in parts_traced.items()}))
 
@@ -271,15 +282,58 @@ def predict(case: Case, work: Path) -> Prediction:
     seconds, measured = {}, {}
     for part in parts(config.blocks):
         name = dump_name(config, case.frames, case.height, case.width, layout, part)
-        command = trace_command(config.factory, part_kwargs(config.kwargs, config.blocks, part), inputs,
-                                layout, config.model, name, work, DTYPE)
+        kwargs = part_kwargs(config.kwargs, config.blocks, part)
+        part_inputs = tick_inputs(case, kwargs, inputs) if layout.strategy == "pipefusion" else inputs
+        command = trace_command(config.factory, kwargs, part_inputs, layout, config.model, name,
+                                work, DTYPE)
         dump = trace(command, work / f"{name}.mlir", full_size=True)
         analysis = report(dump, case.hw)
         seconds[part] = step_seconds(analysis)
         measured[part] = traced(analysis)
+    if layout.strategy == "pipefusion":
+        return pipefusion_prediction(case, work, seconds, measured)
     counts = config.counts()
     return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
                       capacity(case.hw, layout.devices), decode_seconds(case, work))
+
+
+# -- PipeFusion (docs/videodit.md) ------------------------------------------------------------------
+def tick_inputs(case: Case, kwargs: Mapping[str, object], inputs: Sequence[str]) -> list[str]:
+    """The inputs of one PipeFusion tick of a part: P stages' patches (M = P) and the K/V
+    buffers of the part's self- or joint attentions."""
+    config, stages = case.config, case.layout.degree
+    heads = int(kwargs["heads"])
+    head_dim = int(kwargs.get("head_dim") or int(kwargs["dim"]) // heads)
+    return pipefusion_inputs(list(inputs), stages=stages, patches=stages,
+                             attentions=sum(int(kwargs[kind]) for kind in config.blocks), heads=heads,
+                             head_dim=head_dim, row=config.patch[1],
+                             video_tokens=config.video_tokens(case.frames, case.height, case.width))
+
+
+def stage_counts(config: VideoDiT, stages: int) -> dict[str, float]:
+    """The blocks of the heaviest stage: ceil(L / P) of the L blocks, the kinds in their
+    proportion (HunyuanVideo: dual- and single-stream blocks, about equal in work)."""
+    counts = config.counts()
+    total = sum(counts.values())
+    return {kind: count * math.ceil(total / stages) / total for kind, count in counts.items()}
+
+
+def pipefusion_prediction(case: Case, work: Path, seconds: Mapping[str, float],
+                          measured: Mapping[str, Traced]) -> Prediction:
+    """P stages, M = P patches, 1 warm-up step (``hardware.pipeline.pipefusion_step``,
+    overlapped as xDiT runs it): the tick (the heaviest stage on one patch, its hand-off
+    included) from the traced parts; the warm-up's full-latent stage the one-device step / P
+    (its hand-offs not charged)."""
+    from hardware.pipeline import pipefusion_step
+
+    stages, config = case.layout.degree, case.config
+    counts = stage_counts(config, stages)
+    single = predict(Case(config, case.frames, case.height, case.width, Layout(SINGLE), case.hw), work)
+    step = pipefusion_step([scaled(seconds, counts)] * stages, [0.0] * (stages - 1),
+                           [single.step_s / stages] * stages, [0.0] * (stages - 1),
+                           patches=stages, steps=config.steps)
+    return Prediction(case, step.inference_s / config.steps, memory_bytes(measured, counts),
+                      capacity(case.hw, stages), single.decode_s)
 
 
 def decode_seconds(case: Case, work: Path) -> float | None:

@@ -31,6 +31,7 @@ plan over the models' module names (torch-free; ``plan_toml`` writes it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 STRATEGIES = ("ulysses", "ring", "usp", "tp", "cfg", "cfg_ulysses")
@@ -203,23 +204,25 @@ def plan_toml(model: str, strategy: str, degree: int) -> str:
 
 
 def pipefusion_inputs(inputs: list[str], *, stages: int, patches: int, attentions: int,
-                      heads: int, head_dim: int, video_tokens: int) -> list[str]:
+                      heads: int, head_dim: int, video_tokens: int, row: int = 2) -> list[str]:
     """The ``--input`` specs of one PipeFusion tick from those of one call of the model
-    (``NAME=SHAPE:DTYPE``, latents first, batch first, height second last): every input's batch times ``stages``
-    (stage-major: each stage's current patch), the latents' height cut to one patch of
-    ``patches`` (note 000's height patches), and the K/V buffers ``stale_k`` and ``stale_v``
-    (attentions, stages x batch, video tokens of the whole latent, heads, head_dim) in the
-    latents' dtype."""
+    (``NAME=SHAPE:DTYPE``, latents first, batch first, height second last): every input's
+    batch times ``stages`` (stage-major: each stage's current patch), the latents' height cut
+    to one patch of ``patches``: ``ceil(rows / patches)`` of the latent's token rows, ``row``
+    latent rows each (note 000's height patches: the last patch padded), and the K/V buffers
+    ``stale_k`` and ``stale_v`` (attentions, stages x batch, video tokens of the whole latent,
+    heads, head_dim) in the latents' dtype."""
     specs = []
     for text in inputs:
         name, _, rest = text.partition("=")
         shape_text, _, dtype = rest.partition(":")
         shape = [int(size) for size in shape_text.split("x")]
         if name == "latents":
-            if shape[-2] % patches:
-                raise ValueError(f"latents {shape_text}: height {shape[-2]} is not cut into "
-                                 f"{patches} patches")
-            shape[-2] //= patches
+            token_rows = shape[-2] // row
+            if not 1 <= patches <= token_rows:
+                raise ValueError(f"latents {shape_text}: {patches} patches of {token_rows} "
+                                 "token rows")
+            shape[-2] = math.ceil(token_rows / patches) * row
             batch, latent_dtype = shape[0], dtype
         shape[0] *= stages
         specs.append(f"{name}={'x'.join(map(str, shape))}:{dtype}")
