@@ -84,3 +84,38 @@ def test_a_row_that_does_not_fit_says_so():
 
 def test_the_page_is_rendered_from_the_csv():
     assert (RESULTS / "latency.md").read_text() == page(_rows())
+
+
+#: PipeFusion's rows: (model, video, system, batch, video tokens S, width h, blocks L); S by
+#: hand from the VAE's (4, 8, 8) and the (1, 2, 2) patches: 33 x 45 x 80, 21 x 30 x 52,
+#: 13 x 30 x 45.
+PIPEFUSION_ROWS = (("hunyuan_video", ("129", "720", "1280"), "8xh100", 1, 118_800, 3072, 60),
+                   ("wan21_14b", ("81", "480", "832"), "8xh100", 2, 32_760, 5120, 40),
+                   ("cogvideox_5b", ("49", "480", "720"), "8xa100", 2, 17_550, 3072, 42))
+
+
+def test_pipefusion_rows_hold_the_stages_k_v_buffers():
+    """PipeFusion on 2, 4 and 8 devices for each model; each row's memory per device holds its
+    stage's K/V buffers: K and V of ceil(L / P) attentions for all S video tokens of the batch,
+    h wide, in bfloat16 (2 bytes), beside the stage's weights and a patch's activations."""
+    rows = _rows()
+    for model, shape, hw, batch, tokens, width, blocks in PIPEFUSION_ROWS:
+        assert _devices(rows, model, shape, hw, {"pipefusion"}) == [2, 4, 8]
+        for row in rows:
+            if row["model"] == model and row["strategy"] == "pipefusion":
+                stages = int(row["devices"])
+                assert row["degrees"] == f"pipefusion={stages} patches={stages}"
+                buffers = 2 * -(-blocks // stages) * batch * tokens * width * 2 / GB
+                assert buffers < float(row["memory_gb"]) < buffers + 60 / stages + 10
+
+
+def test_a_pipefusion_patch_is_padded_as_the_height_is_cut():
+    """HunyuanVideo at 720p: a latent of 90 rows, 45 token rows of 2; eight patches hold
+    ceil(45 / 8) = 6 token rows (12 latent rows), the last padded; the buffers hold all
+    33 x 45 x 80 = 118,800 video tokens of each stage's batch of one."""
+    from models.zoo.videodit.plans import pipefusion_inputs
+
+    inputs = pipefusion_inputs(["latents=1x16x33x90x160:bfloat16", "t=1:bfloat16"], stages=8,
+                               patches=8, attentions=3, heads=24, head_dim=128, video_tokens=118_800)
+    assert inputs == ["latents=8x16x33x12x160:bfloat16", "t=8:bfloat16",
+                      "stale_k=3x8x118800x24x128:bfloat16", "stale_v=3x8x118800x24x128:bfloat16"]
