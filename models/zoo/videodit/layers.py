@@ -191,7 +191,7 @@ class AttentionCore(nn.Module):
 
 class StaleKV:
     """PipeFusion's K/V buffer of one attention: (B, S, heads, D), the keys (values) of all S
-    video tokens from the previous diffusion step. A patch's call writes its fresh K/V over its
+    video tokens from the previous diffusion step, kept patch-major. A patch's call writes its fresh K/V over its
     own ``own`` tokens' slot and attends over the result: the fresh (patch, and text where the
     attention is joint) then the stale rest. The traced patch is the first (slot at offset 0:
     every patch has the same shapes); keys' order does not change attention."""
