@@ -70,6 +70,9 @@ class StageCheck:
     estimated_step_s: float
     traced_micro_s: float | None = None
     traced_step_s: float | None = None
+    #: The stage's pairs as the search's traced figure has them: n x the one-pair program traced
+    #: at the plan's shape, per micro-batch (None when that trace failed).
+    pair_trace_micro_s: float | None = None
     error: str | None = None
 
     @property
@@ -79,6 +82,13 @@ class StageCheck:
     @property
     def step_ratio(self) -> float | None:
         return self.estimated_step_s / self.traced_step_s if self.traced_step_s else None
+
+    @property
+    def over_pair_trace(self) -> float | None:
+        """The traced stage over n x the traced pair, per micro-batch: what a stage of n pairs
+        adds to n one-pair programs (the ends, and anything the pairs do otherwise together)."""
+        return self.traced_micro_s / self.pair_trace_micro_s if self.traced_micro_s and self.pair_trace_micro_s \
+            else None
 
     @property
     def within(self) -> bool:
@@ -135,6 +145,8 @@ def check_plan(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
         return [StageCheck(plan.label, s, pairs, _ends(s, plan.stages), 0.0, 0.0, error=str(error))
                 for s in range(plan.stages)]
     micro, step = stage_sums(pair, pairs=pairs, micro_batches=plan.micro_batches)
+    full = kernels.full(pair_key(plan, config), system)
+    pair_trace = None if isinstance(full, str) else stage_sums(full[0], pairs=pairs, micro_batches=1)[0]
     work = kernels.work.parent / WORK_DIR
     name = f"{pair_key(plan, config).name(shape)}_P{plan.stages}"
     out = work / "dumps" / name
@@ -144,7 +156,8 @@ def check_plan(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
     failure = out / FAILURE_FILE
     checks = []
     for stage, dump in enumerate(dump_names(request)):
-        check = StageCheck(plan.label, stage, pairs, _ends(stage, plan.stages), micro, step)
+        check = StageCheck(plan.label, stage, pairs, _ends(stage, plan.stages), micro, step,
+                           pair_trace_micro_s=pair_trace)
         if failure.exists():
             checks.append(dataclasses.replace(check, error=failure.read_text().strip()))
             continue
@@ -178,7 +191,7 @@ def render_checks(checks: Sequence[StageCheck]) -> str:
     lines = ["", "stage check: every stage of the plan traced whole (its pairs, one micro-batch, the optimizer "
                  "and ZeRO collectives) beside the estimate's pair x pairs; estimate / traced, per device:",
              f"  {'plan':<46} {'stage':>5} {'pairs':>5}  {'micro est ms':>12} {'traced':>9} {'ratio':>6}"
-             f"  {'step est ms':>11} {'traced':>9} {'ratio':>6}  holds also"]
+             f"  {'step est ms':>11} {'traced':>9} {'ratio':>6}  {'stage/pairs':>11}  holds also"]
     for c in checks:
         if c.error is not None:
             lines.append(f"  {c.plan:<46} {c.stage:>5} {c.pairs:>5}  not traced: {c.error}")
@@ -186,16 +199,24 @@ def render_checks(checks: Sequence[StageCheck]) -> str:
         assert c.traced_micro_s is not None and c.traced_step_s is not None
         lines.append(f"  {c.plan:<46} {c.stage:>5} {c.pairs:>5}  {c.estimated_micro_s * 1e3:>12.2f} "
                      f"{c.traced_micro_s * 1e3:>9.2f} {c.micro_ratio:>6.3f}  {c.estimated_step_s * 1e3:>11.2f} "
-                     f"{c.traced_step_s * 1e3:>9.2f} {c.step_ratio:>6.3f}  {c.ends or '-'}")
+                     f"{c.traced_step_s * 1e3:>9.2f} {c.step_ratio:>6.3f}  {_ratio_text(c.over_pair_trace):>11}  "
+                     f"{c.ends or '-'}")
     good = sum(c.within for c in checks)
     ratios = [r for c in checks for r in (c.micro_ratio, c.step_ratio) if r is not None]
     span = f"; ratios {min(ratios):.4f}-{max(ratios):.4f}" if ratios else ""
+    lines.append("  stage/pairs: the traced stage's micro-batch over n x the one pair traced at the plan's shape "
+                 "(the search's traced figure)")
     lines.append(f"  {good} of {len(checks)} stages within {ESTIMATE_TOLERANCE:.0%} per micro-batch and per step{span}; "
                  "the 1F1B composition of the stages is a model, not checked here")
     return "\n".join(lines) + "\n"
 
 
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.3f}"
+
+
 def check_document(checks: Sequence[StageCheck]) -> list[dict[str, Any]]:
     """The stage checks as JSON rows (``--json``'s ``stage_checks``)."""
-    return [{**dataclasses.asdict(c), "micro_ratio": c.micro_ratio, "step_ratio": c.step_ratio, "within": c.within}
+    return [{**dataclasses.asdict(c), "micro_ratio": c.micro_ratio, "step_ratio": c.step_ratio,
+             "over_pair_trace": c.over_pair_trace, "within": c.within}
             for c in checks]
