@@ -294,6 +294,11 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="--mode train: calibrate a recompute plan with the traces of its twin without recompute, "
                    "the forward's kernels once more (docs/plan_search.md), or trace every key's own "
                    "(twice the calibration traces; the reference the derived ones are measured against).")
+@click.option("--check-stages", type=click.IntRange(0, MAX_COUNT), default=0, show_default=True,
+              help="--mode train: also trace every pipeline stage of this many of the traced plans "
+                   "whole (all its pairs, one micro-batch, the optimizer and ZeRO collectives; the "
+                   "ones drawn at random first) and compare them with the estimate "
+                   "(planning/train_check.py).")
 @click.option("--target-latency", type=PositiveFinite(maximum=MAX_QUANTITY), default=None,
               help="Sizing: the smallest device count (up to --max-devices) whose best inference "
                    "plan meets this latency in seconds, and the curve.")
@@ -313,7 +318,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         json_out: str | None, plot_out: str | None,
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
                         train_batch: int | None, micro_batch_counts: str, zero_stages: str, derive_recompute: bool,
-                        target_latency: float | None, target_step_time: float | None,
+                        check_stages: int, target_latency: float | None, target_step_time: float | None,
                         max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
@@ -347,6 +352,9 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"expected some of {', '.join(STRATEGY_NAMES)}")
     stages = None if stage_counts is None else _int_list(stage_counts, "--stages")
     patches = _int_list(patch_counts, "--patches")
+    if check_stages and (mode != "train" or estimate_kind != "kernels" or target_step_time is not None):
+        raise UsageError("--check-stages: checks a training search's kernel estimate; pass --mode train "
+                         "(with --estimate kernels and no --target-step-time)")
     if mode == "train" or target_latency is not None or target_step_time is not None:
         _refuse_unwritten_outputs(mode, target_step_time, plot_out)
         return train_or_sizing(model_config, shape, hardware, devices, mode=mode, batch=train_batch,
@@ -357,7 +365,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                                memory_limit_gb=memory_limit_gb, steps=steps, confirm=confirm,
                                work_dir=work_dir, json_out=json_out, plot_out=plot_out,
                                force=force, budget=budget, estimate_kind=estimate_kind, validate=validate,
-                               jobs=jobs, derive_recompute=derive_recompute)
+                               jobs=jobs, derive_recompute=derive_recompute, check_stages=check_stages)
     check_targets({"-o": plan_out, "--json": json_out, "--plot": plot_out}, force=force,
                   inputs={"--config file": model_config if model_config.endswith(".toml") else None,
                           "--hw file": hardware if hardware.endswith(".toml") else None})
@@ -422,7 +430,8 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                     max_devices: int | None, memory_limit_gb: float | None, steps: int,
                     confirm: bool, work_dir: str, json_out: str | None, plot_out: str | None,
                     force: bool, budget: int = 12, estimate_kind: str = "kernels", validate: int = 0,
-                    zero: Sequence[int] = (0, 1, 2, 3), jobs: int = 1, derive_recompute: bool = True) -> int:
+                    zero: Sequence[int] = (0, 1, 2, 3), jobs: int = 1, derive_recompute: bool = True,
+                    check_stages: int = 0) -> int:
     """``--mode train`` and the sizing options (``planning.train_search``, ``planning.sizing``,
     rendered by ``planning.sizing_cli``)."""
     from dataclasses import asdict
@@ -487,6 +496,13 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     if refused:  # no tracer refused these: the training formulas or the batch did
         refused[0] = "refused (no training formula, or no even split of the batch or the pairs), by reason (plans):"
     click.echo(sizing_cli.render_train_report(result, confirmation, refused), nl=False)
+    checks = []
+    if check_stages and kernels is not None:
+        from planning import train_check
+
+        checks = train_check.check_plans(result, load_system(hardware), kernels, check_stages,
+                                         progress=lambda line: click.echo(f"  {line}", err=True))
+        click.echo(train_check.render_checks(checks), nl=False)
     if json_out:
         from planning.plan_search import ESTIMATE_TOLERANCE
 
@@ -506,6 +522,8 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                "residual": None if o.ratio is None else o.ratio - 1,
                                "validation": o.plan in result.validation, "error": o.error}
                               for o in result.outcomes]}
+        if checks:
+            document["stage_checks"] = train_check.check_document(checks)
         atomic_write(json_out, json.dumps(document, indent=1) + "\n", force=force)
     return 0 if result.best is not None else NO_ANSWER
 
