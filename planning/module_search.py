@@ -41,6 +41,7 @@ import json
 import math
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -73,6 +74,8 @@ DTYPE = "bfloat16"
 PLANNED = {"pipefusion": "PipeFusion: no plan for the video DiTs yet (models/zoo/videodit/plans.py)"}
 #: A user model's strategies and the roles each needs.
 USER_STRATEGIES = {"tp": ("column", "row"), "ulysses": ("qkv", "attn_out"), "dp": ()}
+#: Seconds between two looks at the traces written so far (progress).
+PROGRESS_POLL_S = 2.0
 #: The variable dimension of a user model's ``--input`` shapes.
 VARIABLE = "T"
 
@@ -546,6 +549,7 @@ class ModuleSearchResult:
     refused: tuple[tuple[str, str], ...]
     traces: int
     seconds: float
+    lock_wait_s: float = 0.0
 
     @property
     def traced(self) -> list[Outcome]:
@@ -571,6 +575,8 @@ class Tracer:
                  progress: Callable[[str], None] = lambda line: None) -> None:
         self.work, self.hardware, self.lock, self.progress = Path(work), hardware, lock, progress
         self.traced = 0
+        #: seconds spent waiting for the trace lock (other runs' traces)
+        self.lock_wait_s = 0.0
 
     def trace(self, requests: Sequence[dict[str, Any]], what: str) -> None:
         missing = [r for r in requests if not _done(r)]
@@ -582,17 +588,39 @@ class Tracer:
         atomic_write(listing, json.dumps(missing), force=True)
         from planning.train_estimate import trace_lock
 
+        waiting = time.perf_counter()
         try:
             with trace_lock() if self.lock else _nothing():
-                done = subprocess.run(ModuleTraces(listing).command(), capture_output=True, text=True,
-                                      env=child_environment(_python_path()))
+                self.lock_wait_s += time.perf_counter() - waiting
+                code, stderr = self._run(ModuleTraces(listing).command(), missing)
         finally:
             listing.unlink(missing_ok=True)
-        if done.returncode:
-            last = [line for line in done.stderr.splitlines() if line.startswith("Error:")] or \
-                done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        if code:
+            last = [line for line in stderr.splitlines() if line.startswith("Error:")] or \
+                stderr.strip().splitlines()[-1:] or [f"exit code {code}"]
             raise UsageError(f"tracing failed: {last[-1].removeprefix('Error: ')}")
         self.traced += len(missing)
+
+    def _run(self, command: list[str], requests: Sequence[dict[str, Any]]) -> tuple[int, str]:
+        """Run the tracing process, saying how many of ``requests`` are done as they finish."""
+        import tempfile
+
+        with tempfile.TemporaryFile("w+") as log:  # a pipe would fill with the traces' progress
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True,
+                                       env=child_environment(_python_path()))
+            try:
+                shown = 0
+                while process.poll() is None:
+                    time.sleep(PROGRESS_POLL_S)
+                    done = sum(map(_done, requests))
+                    if done != shown:
+                        shown = done
+                        self.progress(f"  traced {done}/{len(requests)}")
+            finally:
+                if process.poll() is None:
+                    process.kill()
+            log.seek(0)
+            return process.wait(), log.read()
 
     def kernels(self, dump: Path, devices: int) -> dict[str, Any]:
         """The dump's kernels on the system (a ``sources_document``), its traced step and memory."""
@@ -718,8 +746,6 @@ def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequenc
                  clock: Callable[[], float] | None = None) -> ModuleSearchResult:
     """Estimate every layout, trace the ``budget`` best by estimate that fit (and the next ones
     while none of the traced fits), and answer the fastest traced one that fits."""
-    import time
-
     clock = clock or time.perf_counter
     started = clock()
     limit = memory_limit_bytes or resolve_system(hardware, devices).system.chip.dram_capacity_bytes
@@ -737,6 +763,8 @@ def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequenc
     ranked = sorted((o for o in outcomes if o.estimate is not None), key=lambda o: o.estimate.loop_s)
     chosen = [o for o in ranked if o.estimate.memory_bytes <= limit][:budget] or ranked[:budget]
     final = {o.layout: o for o in outcomes}
+    tracer.trace([r for o in chosen for r in full_requests(model, o.layout, tracer.work)],
+                 f"full-size parts of the best {len(chosen)} layouts by estimate")
     for outcome in chosen:
         try:
             final[outcome.layout] = Outcome(outcome.layout, outcome.estimate,
@@ -745,7 +773,8 @@ def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequenc
             final[outcome.layout] = Outcome(outcome.layout, outcome.estimate, error=str(error))
     order = sorted(final.values(), key=lambda o: (o.estimate is None, o.estimate.loop_s if o.estimate else 0))
     return ModuleSearchResult(model.name, shape, hardware, devices, model.steps, limit, budget,
-                              tuple(order), tuple(refused), tracer.traced, clock() - started)
+                              tuple(order), tuple(refused), tracer.traced, clock() - started,
+                              tracer.lock_wait_s)
 
 
 def check_roles(model: UserModel, tracer: Tracer) -> None:

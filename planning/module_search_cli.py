@@ -113,7 +113,8 @@ def render(result: ModuleSearchResult) -> str:
     lines = [f"plan-search: {result.model} at {result.shape} on {result.hardware} ({result.devices} "
              f"devices), {result.steps} steps, memory limit {result.memory_limit_bytes / GIGA:.4g} GB "
              f"per device; {len(result.outcomes)} layouts estimated, {len(result.traced)} traced at full "
-             f"size; {result.traces} traces in {result.seconds:.0f} s", ""]
+             f"size; {result.traces} traces; {result.seconds:.0f} s (of which {result.lock_wait_s:.0f} s waiting "
+             "for the trace lock)", ""]
     best = result.best
     nothing = "none fits the memory limit" if result.traced else "no layout could be traced"
     lines.append("best layout (traced): " + (nothing if best is None else
@@ -163,6 +164,7 @@ def document(result: ModuleSearchResult) -> dict:
     return {"model": result.model, "shape": result.shape, "hardware": result.hardware,
             "devices": result.devices, "steps": result.steps, "memory_limit_bytes": result.memory_limit_bytes,
             "budget": result.budget, "traces": result.traces, "seconds": result.seconds,
+            "lock_wait_s": result.lock_wait_s,
             "best": None if best is None else outcome(best), "worst_ratio": result.worst_ratio,
             "tolerance": ESTIMATE_TOLERANCE, "layouts": [outcome(o) for o in result.outcomes],
             "refused": [{"layout": label, "reason": reason} for label, reason in result.refused]}
