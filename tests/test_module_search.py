@@ -5,7 +5,9 @@ direct trace."""
 
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -149,3 +151,34 @@ def test_interpolated_kernels_equal_the_direct_trace(tmp_path, monkeypatch):
     assert sorted(by_t) == [4, 8, 12, 16]
     document, inexact, _ = interpolate([by_t[t] for t in (4, 12, 16)], (4, 12, 16), 8)
     assert inexact == 0 and document == by_t[8]
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "videodit"
+
+
+@pytest.mark.parametrize("model", ["hunyuan_video", "wan21_14b", "cogvideox_5b"])
+def test_each_video_dit_search_answers_a_traced_layout_within_the_tolerance(model):
+    """results/videodit/search_<model>.json (scripts/videodit.py --search): the best layout was
+    traced, the estimate of every traced layout within 5%, the search under 15 minutes; and its
+    traced loop equals the latency.csv row of the same layout, which scripts/videodit.py
+    predicted through analyze-hlo's command line (another path through the analyzer)."""
+    document = json.loads((RESULTS / f"search_{model}.json").read_text())
+    assert document["hardware"] == "8xh100" and document["devices"] == 8
+    best = document["best"]
+    assert best is not None and best["traced"] is not None
+    traced = [layout for layout in document["layouts"] if layout["traced"]]
+    assert len(traced) >= 3 and all(abs(layout["ratio"] - 1) <= 0.05 for layout in traced)
+    assert best["traced"]["loop_s"] == min(layout["traced"]["loop_s"] for layout in traced)
+    assert document["seconds"] < 15 * 60
+    with (RESULTS / "latency.csv").open() as handle:
+        rows = {(r["model"], r["hw"], r["degrees"], f"{r['frames']}x{r['height']}x{r['width']}"): r
+                for r in csv.DictReader(handle)}
+    degrees = {"ulysses=8": "ulysses=8", "cfg=2 x ulysses=4": "cfg=2 ulysses=4"}
+    checked = 0
+    for layout in traced:
+        row = rows.get((model, "8xh100", degrees.get(layout["layout"], ""), document["shape"]))
+        if row is not None:
+            assert layout["traced"]["loop_s"] == pytest.approx(float(row["loop_s"]), abs=0.051)
+            assert layout["traced"]["memory_bytes"] / 1e9 == pytest.approx(float(row["memory_gb"]), abs=0.051)
+            checked += 1
+    assert checked >= 1 or model == "cogvideox_5b"  # CogVideoX's rows are on A100s
