@@ -582,7 +582,7 @@ class Tracer:
         missing = [r for r in requests if not _done(r)]
         if not missing:
             return
-        self.progress(f"tracing {len(missing)} {what} ...")
+        self.progress(f"tracing {what}: {len(missing)} trace{'s' if len(missing) > 1 else ''} ...")
         self.work.mkdir(parents=True, exist_ok=True)
         listing = self.work / f"requests.{id(self)}.json"
         atomic_write(listing, json.dumps(missing), force=True)
@@ -729,7 +729,7 @@ def estimate_layout(model: SearchModel, layout: Layout, tracer: Tracer, system: 
 def traced_layout(model: SearchModel, layout: Layout, tracer: Tracer) -> Estimate:
     """The layout's full-size parts, analyzed and scaled by the layer counts."""
     requests = full_requests(model, layout, tracer.work)
-    tracer.trace(requests, f"full-size parts of {layout.label}")
+    tracer.trace(requests, f"the full-size parts of {layout.label}")
     failed = next((f for f in map(_failure, requests) if f), None)
     if failed:
         raise UsageError(failed)
@@ -750,7 +750,7 @@ def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequenc
     started = clock()
     limit = memory_limit_bytes or resolve_system(hardware, devices).system.chip.dram_capacity_bytes
     requests = [r for layout in layouts for r in calibration_requests(model, layout, tracer.work)]
-    tracer.trace(requests, f"calibration parts ({len(layouts)} layouts x {len(model.parts())} parts x "
+    tracer.trace(requests, f"the calibration parts ({len(layouts)} layouts x {len(model.parts())} parts x "
                  f"{CALIBRATION_POINTS} values of T)")
     outcomes = []
     for index, layout in enumerate(layouts, 1):
@@ -764,7 +764,7 @@ def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequenc
     chosen = [o for o in ranked if o.estimate.memory_bytes <= limit][:budget] or ranked[:budget]
     final = {o.layout: o for o in outcomes}
     tracer.trace([r for o in chosen for r in full_requests(model, o.layout, tracer.work)],
-                 f"full-size parts of the best {len(chosen)} layouts by estimate")
+                 f"the full-size parts of the best {len(chosen)} layouts by estimate")
     for outcome in chosen:
         try:
             final[outcome.layout] = Outcome(outcome.layout, outcome.estimate,

@@ -84,7 +84,7 @@ def run_module_search(options: ModelOptions, hardware: str, devices: int | None,
     progress: Callable[[str], None] = lambda line: click.echo(  # noqa: E731
         f"  [{time.perf_counter() - started:6.0f} s] {line}", err=True)
     tracer = module_search.Tracer(Path(work_dir), hardware, progress=progress)
-    if isinstance(model, module_search.UserModel) and model.roles:
+    if isinstance(model, module_search.UserModel):  # the factory builds, the role map names its layers
         module_search.check_roles(model, tracer)
     if not layouts:
         reason = refused[0][1] if refused else "none"

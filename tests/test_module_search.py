@@ -119,12 +119,19 @@ def test_bad_input_is_one_error_line(args, message, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_role_name_that_matches_no_layer(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("factory", "roles", "message"), [
+    ("models.zoo.llama:llama", ("--column", "q_proj,gate", "--row", "o_proj"),
+     "Error: --column gate: no layer of models.zoo.llama:llama is named gate"),
+    ("models.zoo.no_such_module:llama", (), "no_such_module"),
+])
+def test_a_role_name_that_matches_no_layer_or_a_factory_that_does_not_build(factory, roles, message, tmp_path,
+                                                                             monkeypatch):
     monkeypatch.setenv("HLO_TRACE_CACHE", str(tmp_path / "cache"))
-    code, output = _run("--model", "models.zoo.llama:llama", "--input", "ids=2xT:int64", "--shape", "16",
-                        "--hw", "8xh100", "--devices", "2", "--column", "q_proj,gate", "--row", "o_proj",
-                        tmp_path=tmp_path)
-    assert code == 2 and "Error: --column gate: no layer of models.zoo.llama:llama is named gate" in output, output
+    code, output = _run("--model", factory, "--input", "ids=2xT:int64", "--shape", "16",
+                        "--hw", "8xh100", "--devices", "2", *roles, tmp_path=tmp_path)
+    errors = [line for line in output.splitlines() if line.startswith("Error")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], output
+    assert output.splitlines()[-1] == errors[0]  # the progress before it, nothing after
 
 
 @pytest.mark.slow
