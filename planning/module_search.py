@@ -37,6 +37,7 @@ user's trace lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -590,7 +591,7 @@ class Tracer:
 
         waiting = time.perf_counter()
         try:
-            with trace_lock() if self.lock else _nothing():
+            with trace_lock() if self.lock else contextlib.nullcontext():
                 self.lock_wait_s += time.perf_counter() - waiting
                 code, stderr = self._run(ModuleTraces(listing).command(), missing)
         finally:
@@ -639,14 +640,6 @@ class Tracer:
                     "devices": devices}
         atomic_write(target, json.dumps(document) + "\n", force=True)
         return document
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _python_path() -> dict[str, str]:

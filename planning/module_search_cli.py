@@ -70,11 +70,12 @@ def build_model(options: ModelOptions) -> SearchModel:
 
 def run_module_search(options: ModelOptions, hardware: str, devices: int | None, *, budget: int,
                       memory_limit_gb: float | None, work_dir: str, json_out: str | None,
-                      force: bool) -> int:
-    """The search, its report on stdout, ``--json``; exit 0 with an answer, 3 without."""
+                      force: bool, plan_out: str | None = None) -> int:
+    """The search, its report on stdout, ``--json``, the best layout's ``trace-module`` plan
+    (``plan_out``); exit 0 with an answer, 3 without."""
     started = time.perf_counter()
     model = build_model(options)
-    check_targets({"--json": json_out}, force=force)
+    check_targets({"--json": json_out, "-o": plan_out}, force=force)
     system = load_system(hardware)
     devices = devices or system.chip_count
     strategies = None if options.strategies is None else [
@@ -99,7 +100,28 @@ def run_module_search(options: ModelOptions, hardware: str, devices: int | None,
     if json_out:
         atomic_write(json_out, json.dumps(document(result), indent=1) + "\n", force=force)
         click.echo(f"wrote {json_out}", err=True)
-    return 0 if result.best is not None else 3
+    if result.best is None:
+        return 3
+    if plan_out:
+        atomic_write(plan_out, best_plan_text(model, result.best), force=force)
+        click.echo(f"wrote {plan_out}", err=True)
+    return 0
+
+
+def best_plan_text(model: SearchModel, best: Outcome) -> str:
+    """The best layout as a ``trace-module --plan`` file; the factory's keyword arguments of the
+    layout (the joint sequence's order, the ring degree) in its comments."""
+    layout = best.layout
+    kwargs = {key: value for key, value in model.kwargs("base", layout).items()
+              if key not in model.kwargs("base", module_search.Layout("none", 1, (1,)))}
+    head = [f"# plan-search --model {model.name}: the best layout, {layout.label} "
+            f"(traced loop {best.traced.loop_s:.4g} s)",
+            f"# trace-module {model.factory} --plan THIS_FILE --dtype {model.dtype} ..."]
+    if kwargs:
+        head.append("# with the factory's keyword arguments (--kwargs): "
+                    + ", ".join(f"{key} = {value}" for key, value in kwargs.items()))
+    body = model.plan(layout) or '[mesh]\nshape = [1, 1]\n\nstrategy = "dp"\n'
+    return "\n".join(head) + "\n\n" + body
 
 
 def _figures(estimate: Estimate | None) -> str:

@@ -264,7 +264,7 @@ def plot_front(result, path: str, *, force: bool) -> None:
                    "~/.cache/hlo-trace]")
 @click.option("-o", "--plan-out", default="best_plan.toml", show_default=True,
               type=click.Path(dir_okay=False),
-              help="Where the best plan is written, as a pipeline TOML.")
+              help="Where the best plan is written, as a pipeline TOML (--model: a trace-module plan).")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the whole result as JSON to this file.")
 @click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False),
@@ -356,7 +356,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
         roles = (("column", role_column), ("row", role_row), ("qkv", role_qkv), ("attn_out", role_attn_out))
         return _module_search(ModelOptions(module_model, shape, module_inputs, module_kwargs, roles, strategies,
                                            all_degrees), hardware, devices, budget=budget,
-                              memory_limit_gb=memory_limit_gb, work_dir=work_dir, json_out=json_out, force=force)
+                              memory_limit_gb=memory_limit_gb, work_dir=work_dir, json_out=json_out, force=force,
+                              plan_out=plan_out)
     shape = shape or default_shape(model_config)
     check_plan_inputs(model_config, shape)
     system = load_system(hardware)
@@ -428,7 +429,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
 
 
 def _module_search(options: ModelOptions, hardware: str, devices: int | None, *, budget: int,
-                   memory_limit_gb: float | None, work_dir: str, json_out: str | None, force: bool) -> int:
+                   memory_limit_gb: float | None, work_dir: str, json_out: str | None, force: bool,
+                   plan_out: str) -> int:
     """``--model``: the options of STDiT3's search that it does not read are refused, not ignored;
     ``--budget`` defaults to the module search's."""
     from planning.module_search import DEFAULT_BUDGET
@@ -443,7 +445,7 @@ def _module_search(options: ModelOptions, hardware: str, devices: int | None, *,
     if context.get_parameter_source("budget") is click.core.ParameterSource.DEFAULT:
         budget = DEFAULT_BUDGET
     return run_module_search(options, hardware, devices, budget=budget, memory_limit_gb=memory_limit_gb,
-                             work_dir=work_dir, json_out=json_out, force=force)
+                             work_dir=work_dir, json_out=json_out, force=force, plan_out=plan_out)
 
 
 def _refuse_unwritten_outputs(mode: str, target_step_time: float | None,

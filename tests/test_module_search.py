@@ -22,6 +22,7 @@ from planning.module_search import (
     zoo_model,
 )
 from planning.plan_search_cli import plan_search_command
+from plans.module_plan import load_plan
 
 
 def test_calibration_values_keep_the_residue_modulo_the_devices():
@@ -145,8 +146,10 @@ def test_interpolated_kernels_equal_the_direct_trace(tmp_path, monkeypatch):
                         "--input", "t=2:float32", "--input", "text=2x8x32:float32", "--shape", "8",
                         "--hw", "8xh100", "--devices", "4", "--column", "q_proj,k_proj,v_proj,fc1",
                         "--row", "o_proj,fc2", "--qkv", "q_proj,k_proj,v_proj", "--attn-out", "o_proj",
-                        "--json", str(out), tmp_path=tmp_path)
+                        "--json", str(out), "-o", str(tmp_path / "best.toml"), tmp_path=tmp_path)
     assert code == 0, output
+    best = load_plan(str(tmp_path / "best.toml"), shorthand=None, mesh=None)  # a trace-module plan
+    assert best.mesh_shape == (1, 4) and (best.parameters or best.activations)
     document = json.loads(out.read_text())
     assert [layout["layout"] for layout in document["layouts"]] == ["tp=4", "ulysses=4"] or \
         sorted(layout["layout"] for layout in document["layouts"]) == ["tp=4", "ulysses=4"]
