@@ -14,8 +14,9 @@ import click
 from hardware import load_system
 from hlo_trace.atomic import atomic_write, check_targets
 from hlo_trace.errors import UsageError
-from planning import module_search
-from planning.module_search import Estimate, ModuleSearchResult, Outcome, SearchModel
+from planning import module_models, module_search
+from planning.module_models import SearchModel
+from planning.module_search import Estimate, ModuleSearchResult, Outcome
 from plans.module_plan import load_kwargs
 
 #: Bytes per GB as the report prints memory (decimal, as the chips' capacities).
@@ -52,19 +53,19 @@ def build_model(options: ModelOptions) -> SearchModel:
         if given:
             raise UsageError(f"{given[0]}: {options.model} is a zoo model whose inputs and layer roles "
                              "are known; pass them only with --model pkg.module:factory")
-        return module_search.zoo_model(options.model, options.shape or "")
+        return module_models.zoo_model(options.model, options.shape or "")
     if not options.inputs:
         raise UsageError(f"--model {options.model}: a user model needs its inputs, --input "
-                         f"NAME=SHAPE:DTYPE with {module_search.VARIABLE} in the dimension that "
-                         f"--shape sets (e.g. --input x=2x{module_search.VARIABLE}x64:float32)")
+                         f"NAME=SHAPE:DTYPE with {module_models.VARIABLE} in the dimension that "
+                         f"--shape sets (e.g. --input x=2x{module_models.VARIABLE}x64:float32)")
     try:
         variable = int(options.shape or "")
     except ValueError:
         raise UsageError(f"--shape {options.shape}: a user model's shape is the value of "
-                         f"{module_search.VARIABLE} in its --input shapes, e.g. --shape 4096") from None
+                         f"{module_models.VARIABLE} in its --input shapes, e.g. --shape 4096") from None
     if variable < 1:
         raise UsageError(f"--shape {options.shape}: expected a positive integer")
-    return module_search.UserModel(options.model, load_kwargs(options.kwargs_file), tuple(options.inputs),
+    return module_models.UserModel(options.model, load_kwargs(options.kwargs_file), tuple(options.inputs),
                                    variable, roles)
 
 
@@ -80,12 +81,12 @@ def run_module_search(options: ModelOptions, hardware: str, devices: int | None,
     devices = devices or system.chip_count
     strategies = None if options.strategies is None else [
         s.strip() for s in options.strategies.split(",") if s.strip()]
-    layouts, refused = module_search.enumerate_layouts(model, devices, strategies,
+    layouts, refused = module_models.enumerate_layouts(model, devices, strategies,
                                                        all_devices=not options.all_degrees)
     progress: Callable[[str], None] = lambda line: click.echo(  # noqa: E731
         f"  [{time.perf_counter() - started:6.0f} s] {line}", err=True)
     tracer = module_search.Tracer(Path(work_dir), hardware, progress=progress)
-    if isinstance(model, module_search.UserModel):  # the factory builds, the role map names its layers
+    if isinstance(model, module_models.UserModel):  # the factory builds, the role map names its layers
         module_search.check_roles(model, tracer)
     if not layouts:
         reason = refused[0][1] if refused else "none"
@@ -113,7 +114,7 @@ def best_plan_text(model: SearchModel, best: Outcome) -> str:
     layout (the joint sequence's order, the ring degree) in its comments."""
     layout = best.layout
     kwargs = {key: value for key, value in model.kwargs("base", layout).items()
-              if key not in model.kwargs("base", module_search.Layout("none", 1, (1,)))}
+              if key not in model.kwargs("base", module_models.Layout("none", 1, (1,)))}
     head = [f"# plan-search --model {model.name}: the best layout, {layout.label} "
             f"(traced loop {best.traced.loop_s:.4g} s)",
             f"# trace-module {model.factory} --plan THIS_FILE --dtype {model.dtype} ..."]

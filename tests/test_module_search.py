@@ -1,4 +1,4 @@
-"""``plan-search --model`` (planning.module_search): the calibration values and polynomial, the
+"""``plan-search --model`` (planning.module_models, planning.module_search): the calibration values and polynomial, the
 layouts and their feasibility derived by hand from the released configurations, the role map's
 and the options' errors, and (slow) the interpolated kernels of a small model against its
 direct trace."""
@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planning import module_search
-from planning.module_search import (
-    UserModel,
-    calibration_values,
-    enumerate_layouts,
-    interpolate,
-    interpolate_value,
-    zoo_model,
-)
+from hlo_trace.errors import UsageError
+from planning.module_models import UserModel, enumerate_layouts, zoo_model
+from planning.module_search import calibration_values, interpolate, interpolate_value
 from planning.plan_search_cli import plan_search_command
 from plans.module_plan import load_plan
 
@@ -92,7 +86,7 @@ def test_a_user_model_runs_what_its_role_map_allows():
     assert "--qkv, --attn-out" in reasons["ulysses"] and reasons["dp=4"] == "input ids: batch 2 not divisible by 4"
     plan = model.plan(layouts[0])
     assert "re:(.*\\.)?q_proj\\.weight" in plan and '["none", "y"]' in plan
-    with pytest.raises(module_search.UsageError, match="cannot run it"):
+    with pytest.raises(UsageError, match="cannot run it"):
         enumerate_layouts(model, 4, ["ring"])
 
 
