@@ -41,10 +41,20 @@ class ModelOptions:
     roles: tuple[tuple[str, str | None], ...] = ()
     strategies: str | None = None
     all_degrees: bool = False
+    #: sampling steps (None: the official sampler's default; a user model: one call)
+    steps: int | None = None
 
 
 def build_model(options: ModelOptions) -> SearchModel:
-    """The search's model: a zoo video DiT by name, else a user's factory with its inputs."""
+    """The search's model (``--steps`` its sampling steps where given)."""
+    model = _model(options)
+    if options.steps is not None:
+        model.steps = options.steps
+    return model
+
+
+def _model(options: ModelOptions) -> SearchModel:
+    """A zoo video DiT by name, else a user's factory with its inputs."""
     roles = {role: tuple(n.strip() for n in text.split(",") if n.strip())
              for role, text in options.roles if text is not None}
     if ":" not in options.model:

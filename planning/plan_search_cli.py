@@ -3,6 +3,7 @@ only where it matters (``planning.plan_search``; docs/plan_search.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -437,13 +438,17 @@ def _module_search(options: ModelOptions, hardware: str, devices: int | None, *,
 
     context = click.get_current_context()
     unread = [name for name in ("model_config", "mode", "target_latency", "target_step_time", "stage_counts",
-                                "plot_out", "exhaustive", "train_batch", "scheduler")
+                                "plot_out", "exhaustive", "train_batch", "scheduler", "splits", "patch_counts",
+                                "estimate_kind", "validate", "jobs", "micro_batch_counts", "zero_stages",
+                                "derive_recompute", "max_devices", "confirm")
               if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
     if unread:
         option = next(p.opts[-1] for p in context.command.params if p.name == unread[0])
         raise UsageError(f"{option}: STDiT3's search only; --model searches a trace-module model's layouts")
     if context.get_parameter_source("budget") is click.core.ParameterSource.DEFAULT:
         budget = DEFAULT_BUDGET
+    if context.get_parameter_source("steps") is not click.core.ParameterSource.DEFAULT:
+        options = dataclasses.replace(options, steps=context.params["steps"])
     return run_module_search(options, hardware, devices, budget=budget, memory_limit_gb=memory_limit_gb,
                              work_dir=work_dir, json_out=json_out, force=force, plan_out=plan_out)
 

@@ -106,6 +106,7 @@ def _run(*args: str, tmp_path) -> tuple[int, str]:
     (("--model", "models.zoo.llama:llama", "--input", "ids=2xT:int64", "--shape", "64", "--strategies", "usp"),
      "cannot run it"),
     (("--model", "hunyuan_video", "--shape", "129x720x1280", "--mode", "train"), "--mode: STDiT3's search only"),
+    (("--model", "hunyuan_video", "--shape", "129x720x1280", "--jobs", "2"), "--jobs: STDiT3's search only"),
 ])
 def test_bad_input_is_one_error_line(args, message, tmp_path):
     code, output = _run(*args, tmp_path=tmp_path)
