@@ -27,6 +27,9 @@ DTYPE = "bfloat16"
 PLANNED = {"pipefusion": "PipeFusion: no plan for the video DiTs yet (models/zoo/videodit/plans.py)"}
 #: A user model's strategies and the roles each needs.
 USER_STRATEGIES = {"tp": ("column", "row"), "ulysses": ("qkv", "attn_out"), "dp": ()}
+#: The MLP's hidden width over the model width where a configuration names no FFN width
+#: (HunyuanVideo and CogVideoX: 4, their released configurations; docs/sources.md, "Video DiTs").
+MLP_RATIO = 4
 #: The variable dimension of a user model's ``--input`` shapes.
 VARIABLE = "T"
 
@@ -168,7 +171,8 @@ class ZooModel(SearchModel):
         if split is not None and heads % split:
             return f"{heads} heads: not divisible by {split}"
         if s == "tp":
-            widths = {"ffn": kw.get("ffn") or 4 * kw.get("dim", heads * kw.get("head_dim", 0))}
+            width = kw.get("dim", heads * kw.get("head_dim", 0))
+            widths = {"ffn": kw.get("ffn") or MLP_RATIO * width}
             bad = [f"{name} {w}" for name, w in widths.items() if w % n]
             if bad:
                 return f"{', '.join(bad)}: not divisible by {n}"
