@@ -3,6 +3,7 @@ only where it matters (``planning.plan_search``; docs/plan_search.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from hlo_trace.errors import UsageError
 from hlo_trace.numbers import brief, parse_int
 from models.opensora.parallel import STRATEGY_NAMES
 from planning import sizing, sizing_cli, train_search
+from planning.module_search_cli import ROLES, ModelOptions, run_module_search
 from plans.config import default_shape
 
 #: The exit code of a search that found no answer (no traced plan fits the memory limit, or no
@@ -224,8 +226,8 @@ def plot_front(result, path: str, *, force: bool) -> None:
 @click.option("--config", "model_config", default="full", show_default=True,
               help="Model config: full, tiny or a model TOML file.")
 @click.option("--shape", default=None,
-              help="Video shape FRAMES_WIDTH_HEIGHT.  [default: 204_640_360 for full, else "
-                   "the small test shape]")
+              help="Video shape FRAMES_WIDTH_HEIGHT (--model: FRAMESxHEIGHTxWIDTH, or a user "
+                   "model's T).  [default: 204_640_360 for full, else the small test shape]")
 @click.option("--hw", "hardware", default="tx8-16", show_default=True, metavar="NAME|FILE",
               help="Hardware system (a system name or file: its chips hold the plans).")
 @click.option("--devices", type=Count(), default=None,
@@ -263,7 +265,7 @@ def plot_front(result, path: str, *, force: bool) -> None:
                    "~/.cache/hlo-trace]")
 @click.option("-o", "--plan-out", default="best_plan.toml", show_default=True,
               type=click.Path(dir_okay=False),
-              help="Where the best plan is written, as a pipeline TOML.")
+              help="Where the best plan is written, as a pipeline TOML (--model: a trace-module plan).")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the whole result as JSON to this file.")
 @click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False),
@@ -308,6 +310,22 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="Sizing: the largest device count tried.  [default: the system's chips]")
 @click.option("--confirm/--no-confirm", default=True, show_default=True,
               help="--mode train and sizing: trace the answer to confirm it.")
+@click.option("--model", "module_model", default=None, metavar="NAME|pkg.module:factory",
+              help="Search the layouts of a trace-module model instead of STDiT3: a video DiT of the "
+                   "zoo (hunyuan_video, wan21_14b, wan21_1.3b, cogvideox_5b) at --shape "
+                   "FRAMESxHEIGHTxWIDTH, or a factory with --input and a role map "
+                   "(planning.module_search; docs/plan_search.md).")
+@click.option("--input", "module_inputs", multiple=True,
+              help="--model pkg.module:factory: a forward argument NAME=SHAPE:DTYPE, T in the "
+                   "dimension --shape sets (e.g. x=2xTx64:float32); repeat for several.")
+@click.option("--kwargs", "module_kwargs", default=None, type=click.Path(dir_okay=False),
+              help="--model pkg.module:factory: TOML file of the factory's keyword arguments.")
+@click.option("--column", "role_column", default=None, help="--model role map: " + ROLES["column"] + ".")
+@click.option("--row", "role_row", default=None, help="--model role map: " + ROLES["row"] + ".")
+@click.option("--qkv", "role_qkv", default=None, help="--model role map: " + ROLES["qkv"] + ".")
+@click.option("--attn-out", "role_attn_out", default=None, help="--model role map: " + ROLES["attn_out"] + ".")
+@click.option("--all-degrees", is_flag=True,
+              help="--model: also the layouts that use fewer than --devices devices.")
 @click.option("--force", is_flag=True, help="Overwrite existing --plan-out / --json files.")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
@@ -319,7 +337,10 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
                         train_batch: int | None, micro_batch_counts: str, zero_stages: str, derive_recompute: bool,
                         check_stages: int, target_latency: float | None, target_step_time: float | None,
-                        max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
+                        max_devices: int | None, confirm: bool, module_model: str | None,
+                        module_inputs: tuple[str, ...], module_kwargs: str | None, role_column: str | None,
+                        role_row: str | None, role_qkv: str | None, role_attn_out: str | None,
+                        all_degrees: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
     tracing, trace the most promising within the budget, and report the best traced plan that
@@ -337,6 +358,12 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     work_dir = _work_dir(work_dir, cache_dir)
+    if module_model is not None:
+        roles = (("column", role_column), ("row", role_row), ("qkv", role_qkv), ("attn_out", role_attn_out))
+        return _module_search(ModelOptions(module_model, shape, module_inputs, module_kwargs, roles, strategies,
+                                           all_degrees), hardware, devices, budget=budget,
+                              memory_limit_gb=memory_limit_gb, work_dir=work_dir, json_out=json_out, force=force,
+                              plan_out=plan_out)
     shape = shape or default_shape(model_config)
     check_plan_inputs(model_config, shape)
     system = load_system(hardware)
@@ -408,6 +435,30 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     atomic_write(plan_out, plan_file_text(result.best, result), force=force)
     click.echo(f"wrote {plan_out}", err=True)
     return 0
+
+
+def _module_search(options: ModelOptions, hardware: str, devices: int | None, *, budget: int,
+                   memory_limit_gb: float | None, work_dir: str, json_out: str | None, force: bool,
+                   plan_out: str) -> int:
+    """``--model``: the options of STDiT3's search that it does not read are refused, not ignored;
+    ``--budget`` defaults to the module search's."""
+    from planning.module_search import DEFAULT_BUDGET
+
+    context = click.get_current_context()
+    unread = [name for name in ("model_config", "mode", "target_latency", "target_step_time", "stage_counts",
+                                "plot_out", "exhaustive", "train_batch", "scheduler", "splits", "patch_counts",
+                                "estimate_kind", "validate", "jobs", "micro_batch_counts", "zero_stages",
+                                "derive_recompute", "max_devices", "confirm")
+              if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if unread:
+        option = next(p.opts[-1] for p in context.command.params if p.name == unread[0])
+        raise UsageError(f"{option}: STDiT3's search only; --model searches a trace-module model's layouts")
+    if context.get_parameter_source("budget") is click.core.ParameterSource.DEFAULT:
+        budget = DEFAULT_BUDGET
+    if context.get_parameter_source("steps") is not click.core.ParameterSource.DEFAULT:
+        options = dataclasses.replace(options, steps=context.params["steps"])
+    return run_module_search(options, hardware, devices, budget=budget, memory_limit_gb=memory_limit_gb,
+                             work_dir=work_dir, json_out=json_out, force=force, plan_out=plan_out)
 
 
 def _refuse_unwritten_outputs(mode: str, target_step_time: float | None,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["CalibrationTrace", "CaseStageTrace", "PipelineStageTrace", "TraceProcess"]
+__all__ = ["CalibrationTrace", "CaseStageTrace", "ModuleTraces", "PipelineStageTrace", "TraceProcess"]
 
 
 class TraceProcess(Protocol):
@@ -74,3 +74,14 @@ class PipelineStageTrace:
 def _trace_stage(*options: str) -> list[str]:
     """``trace-stage OPTIONS --force`` in a fresh process (its dump replaces a stale one)."""
     return [sys.executable, "-m", "tracing.cli", *options, "--force"]
+
+
+@dataclass(frozen=True)
+class ModuleTraces:
+    """The ``trace-module`` requests listed in ``listing`` (JSON, ``tracing.module_batch``),
+    traced in one process (torch loaded once for all of them)."""
+
+    listing: Path
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tracing.module_batch", str(self.listing)]

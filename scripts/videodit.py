@@ -13,6 +13,7 @@ microbenchmark ones (docs/gpu.md), and the published timings of these runs are h
 
     python3 scripts/videodit.py [--work DIR] [--out results/videodit] [--only MODEL] [--force]
     python3 scripts/videodit.py --render-only     # the page again from the CSV
+    python3 scripts/videodit.py --search          # plan-search --model of each model on 8xh100
 
 Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` the VAE decode of one video on
 one device, where the VAE is written: each shape of call of the official decode loop (tile and
@@ -434,6 +435,58 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+# -- the plan search of each model (plan-search --model) ---------------------------------------------------
+#: The search of each model at one standard shape (the first of its rows above).
+SEARCHES = (("hunyuan_video", "129x720x1280"), ("wan21_14b", "81x480x832"), ("cogvideox_5b", "49x480x720"))
+SEARCH_HW = "8xh100"
+
+
+def search_command(model: str, shape: str, hw: str, work: Path, json_out: Path) -> list[str]:
+    return [sys.executable, "-m", "planning.plan_search_cli", "--model", model, "--shape", shape, "--hw", hw,
+            "--work-dir", str(work), "--json", str(json_out), "--force"]
+
+
+def search_page(model: str, shape: str, hw: str, report_text: str, wall_s: float,
+                loads: tuple[str, str]) -> str:
+    """``results/videodit/search_<model>.md``: the command, its wall time on this machine with the
+    load average before and after (other work shares the machine), and the search's report."""
+    command = f"plan-search --model {model} --shape {shape} --hw {hw} --json search_{model}.json"
+    return "\n".join([
+        f"# plan-search --model {model} at {shape} on {hw}", "",
+        "The best layout of the transformer's sampling loop (docs/plan_search.md, \"Any model\"), "
+        "run with an empty work directory (as `scripts/videodit.py --search` runs it):", "",
+        "```text", command, "```", "",
+        f"Wall time {wall_s:.0f} s on the 2-core development machine (load average before: {loads[0]}; "
+        f"after: {loads[1]}: other work shared the machine and its trace lock; the report says how "
+        "long the search waited for that lock). Every figure below is a prediction: the GPU constants "
+        "are the microbenchmark ones, nothing is fitted on these models.", "",
+        "```text", report_text.rstrip("\n"), "```", "",
+        "Ring and USP: the zoo's ring attention (`layers.AttentionCore._ring`) is written out in "
+        "global form, each ring step's scores and online softmax as eager ops in float32, not as the "
+        "flash-attention kernel xDiT runs on each ring block; so on a GPU their loops here are an "
+        "upper bound, and the ranking of ring and USP below Ulysses is not a finding about xDiT.", ""])
+
+
+def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force: bool) -> None:
+    import shutil
+    import time
+
+    def load() -> str:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+    json_out, page_out = out / f"search_{model}.json", out / f"search_{model}.md"
+    scratch = work / f"search_{model}"
+    shutil.rmtree(scratch, ignore_errors=True)  # cold: the wall time of a first search
+    before, started = load(), time.perf_counter()
+    done = subprocess.run(search_command(model, shape, hw, scratch, json_out), cwd=REPO_ROOT,
+                          stdout=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode not in (0, 3):
+        raise click.ClickException(f"plan-search --model {model} failed (exit {done.returncode})")
+    atomic_write(page_out, search_page(model, shape, hw, done.stdout, wall, (before, load())), force=force)
+    click.echo(f"wrote {page_out} ({wall:.0f} s)", err=True)
+
+
 @click.command()
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_WORK,
               show_default=True, help="Where the dumps and reports are kept and reused.")
@@ -442,9 +495,17 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 @click.option("--only", type=click.Choice(sorted(MODELS)), default=None,
               help="One model's rows only (printed; the CSV is written only for all of them).")
 @click.option("--render-only", is_flag=True, help="Render latency.md from the existing latency.csv.")
+@click.option("--search", is_flag=True,
+              help=f"Instead: plan-search --model for each model at one shape on {SEARCH_HW} (cold), "
+                   "writing search_<model>.md and .json.")
 @click.option("--force", is_flag=True, help="Overwrite latency.csv and latency.md.")
-def main(work: Path, out: Path, only: str | None, render_only: bool, force: bool) -> None:
+def main(work: Path, out: Path, only: str | None, render_only: bool, search: bool, force: bool) -> None:
     """Predict the loops of the video DiTs and write the CSV and its page."""
+    if search:
+        for model, shape in SEARCHES:
+            if only is None or only == model:
+                run_search(model, shape, SEARCH_HW, work, out, force=force)
+        return
     table = out / "latency.csv"
     if not render_only:
         chosen = [c for c in cases() if only is None or c.config.name == only]
