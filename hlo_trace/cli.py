@@ -172,8 +172,10 @@ def native_imports() -> Iterator[None]:
     """Within: Ctrl-C ends the process at once (``Interrupted.``, exit code 130) instead of
     raising KeyboardInterrupt. For the first import of native libraries (jaxlib's MLIR bindings,
     torch): an exception raised while one initialises leaves it half-made, and the process
-    crashes (SIGSEGV) when it unwinds or exits. Outside the main thread, nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    crashes (SIGSEGV) when it unwinds or exits. Outside the main thread, or where SIGINT is
+    ignored (a command started in the background keeps ignoring Ctrl-C), nothing."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
         yield
         return
     previous = signal.signal(signal.SIGINT, _exit_interrupted)

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _children_start_with_sigint_at_its_default():
+    """The commands the tests start get SIGINT at its default action, as a terminal's foreground
+    command does. A shell without job control starts a background command (``pytest ... &`` in a
+    script) with SIGINT ignored, an ignored signal stays ignored through fork and exec, and every
+    test that sends Ctrl-C to a command would find it ignored (the command runs to its end). A
+    handler set here is reset to the default action by exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture(autouse=True)

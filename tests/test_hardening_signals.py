@@ -311,3 +311,21 @@ def test_sigterm_at_start_up_and_later_leaves_nothing(tmp_path, name):
                 assert files_under(out) == before, delay
         finally:
             kill_group(process.pid)
+
+
+def test_native_imports_leave_an_ignored_sigint_ignored():
+    """A command started in the background (SIGINT ignored) keeps ignoring Ctrl-C while it loads
+    its native libraries; in the foreground Ctrl-C ends the load, and the handler is put back."""
+    from hlo_trace.cli import native_imports
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with native_imports():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with native_imports():
+            assert signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

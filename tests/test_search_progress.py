@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,21 +47,6 @@ def _complete_traces(work: Path) -> int:
     return sum(1 for mlir in dumps.rglob("*.mlir") if mlir.with_suffix(".json").exists()) if dumps.exists() else 0
 
 
-@contextmanager
-def _sigint_at_its_default_in_children():
-    """Start children as a terminal starts a foreground command: SIGINT at its default action.
-    A shell without job control starts a background command (``pytest ... &`` in a script) with
-    SIGINT ignored, and an ignored signal stays ignored through fork and exec: the search would
-    inherit it and, as every program started in the background, keep ignoring it (Python then
-    installs no KeyboardInterrupt handler), so Ctrl-C's SIGINT would be lost and the search run to
-    the end. A handler set here is reset to the default action by exec."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 @pytest.mark.slow  # two tiny training searches, 12 small traces in all
 @pytest.mark.trace
 def test_ctrl_c_leaves_a_cache_the_next_run_resumes_from(tmp_path):
@@ -80,9 +64,8 @@ def test_ctrl_c_leaves_a_cache_the_next_run_resumes_from(tmp_path):
                "--work-dir", str(work)]
     environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     environment.pop("HLO_TRACE_PARENT_PID", None)
-    with _sigint_at_its_default_in_children():
-        first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 text=True, env=environment, start_new_session=True)
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=environment, start_new_session=True)
     try:
         wait_until(lambda: _complete_traces(work) >= 3, "three calibration traces",
                    still_running=lambda: first.poll() is None)
