@@ -125,6 +125,18 @@ def test_latency_estimate_is_blocks_times_steps_plus_the_layouts_collectives():
         megatron.latency_s / 10)
 
 
+def test_a_plan_the_tracer_pads_but_the_layout_formula_will_not_split_is_still_estimated():
+    # full at 153_848_480: 30 x 53 patches, S = 1590; a PipeFusion patch of M = 2 holds 795
+    # tokens, which opensora_sp on Y = 2 pads (the tracer accepts the plan) and the formula
+    # refuses: the search estimates it (no layout collectives, said) instead of ending
+    space = enumerate_plans("full", "153_848_480", 16, strategies=("opensora_sp",), stage_counts=(8,),
+                            patch_counts=(2,), splits=1)
+    assert space.plans
+    estimate = estimate_plan(space.plans[0], load_system("tx8-16"))
+    assert estimate.latency_s > 0 and estimate.comm_s == 0
+    assert "no layout collectives" in estimate.basis and "S = 795" in estimate.basis
+
+
 def test_spearman_on_hand_ranked_sequences():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
