@@ -57,7 +57,7 @@ from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
 from models.opensora.library_calls import self_attention_is_flash
 from planning.trace_process import CalibrationTrace
-from plans.calibration import FAILURE_FILE, dump_names, request_config
+from plans.calibration import FAILURE_FILE, dump_names, failure_file, request_config
 from plans.patches import patch_plan
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey", "GroupCost",
            "KernelCosts", "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "dump_names",
            "forced_flash", "request_config", "rescale_value", "run_calibration_traces", "scale_factors",
-           "self_attention_flash", "stage_roles"]
+           "self_attention_flash", "stage_roles", "tracer_environment"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -552,9 +552,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     if not missing:
         return 0
     work.mkdir(parents=True, exist_ok=True)
-    root = str(Path(__file__).resolve().parent.parent)
-    environment = child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
-        [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    environment = tracer_environment()
     log.info("tracing %d calibration requests in %d process(es)", len(missing), jobs)
     listings, processes, logs = [], [], []
     try:
@@ -587,6 +585,15 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     return len(missing)
 
 
+def tracer_environment() -> dict[str, str]:
+    """The environment of a ``tracing.calibrate`` process: this checkout first on its path."""
+    import os
+
+    root = str(Path(__file__).resolve().parent.parent)
+    return child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+
+
 #: Seconds between two looks at the calibration traces written so far (``progress``).
 PROGRESS_POLL_S = 0.5
 
@@ -595,7 +602,7 @@ def _request_files(request: dict[str, Any]) -> tuple[Path, list[Path]]:
     """A request's failure record and the files of its traced stages (each dump and sidecar)."""
     out = Path(request["out"])
     dumps = [out / name for name in dump_names(request)]
-    return out / FAILURE_FILE, [*dumps, *(dump.with_suffix(".json") for dump in dumps)]
+    return failure_file(request), [*dumps, *(dump.with_suffix(".json") for dump in dumps)]
 
 
 def _request_done(files: tuple[Path, list[Path]]) -> bool:

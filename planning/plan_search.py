@@ -57,7 +57,12 @@ from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_breakdown
 from models.opensora.inputs import geometry, parse_shape
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
-from models.opensora.theory import BlockDims, DeviceCountError, final_layer_collectives, layout_collectives
+from models.opensora.theory import (
+    BlockDims,
+    DeviceCountError,
+    final_layer_collectives,
+    layout_collectives,
+)
 from planning.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
 from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 from plans.config import PipelineConfigError, Submesh, build_config
@@ -730,22 +735,32 @@ def _best(traced: dict, limit: float):
 
 
 def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
-                  progress_stream=None, scheduler: str | None = None) -> Tracer:
+                  progress_stream=None, scheduler: str | None = None, locked: bool = True,
+                  one_process: bool = True) -> Tracer:
     """A tracer that runs each plan's case with ``planning.runner`` in ``work`` (cached by
     content: a plan traced before is read back) and reads ``analyze-pipeline``'s totals;
-    ``scheduler``: on the workers of that Dask scheduler."""
+    ``scheduler``: on the workers of that Dask scheduler. Run here, a batch of plans holds the
+    user's trace lock (``planning.train_estimate.trace_lock``; ``locked=False``: none) while it
+    traces (one full-size trace at a time on the machine), and their stages are traced first
+    by :func:`pretrace_stages` in one :class:`StageServer` for the search (``one_process=False``:
+    the runner traces each stage in a process of its own)."""
     from planning.runner import Paths, Progress, Settings, jobs_within_memory, run_cases
+    from planning.train_estimate import trace_lock
 
     paths = Paths(work=work, hardware=hardware)
     settings = Settings(stage_ids="", num_stages=0, hardware=hardware, steps=steps,
                         dialect="stablehlo")
+    server = StageServer()
 
     def trace(plans: Sequence[Plan]) -> list[tuple[float, float] | str]:
         cases = [plan.case for plan in plans]
         kwargs = {} if progress_stream is None else {"stream": progress_stream}
         progress = Progress(total=sum(case.pipeline.stages for case in cases), **kwargs)
-        run_cases(cases, paths, settings, jobs=jobs_within_memory(jobs), retry_failed=False,
-                  progress=progress, scheduler=scheduler)
+        with trace_lock() if locked and scheduler is None else trace_lock(None):
+            if scheduler is None and one_process:
+                pretrace_stages(cases, paths, server, progress)
+            run_cases(cases, paths, settings, jobs=jobs_within_memory(jobs), retry_failed=False,
+                      progress=progress, scheduler=scheduler)
         results: list[tuple[float, float] | str] = []
         for case in cases:
             failure = paths.failure(case)
@@ -758,6 +773,74 @@ def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
         return results
 
     return trace
+
+
+class StageServer:
+    """One ``python -m tracing.calibrate --serve`` process for a search's confirmations: torch
+    is loaded once, and each stage is traced in a child forked from it (about 1.5 s of a
+    stage's 5 s in a fresh ``trace-stage`` process is the trace itself: the rest is starting
+    python and loading torch). Started on the first batch; ends with this process."""
+
+    def __init__(self) -> None:
+        self.process = None
+        self.log = None
+
+    def trace(self, requests: list[dict]) -> None:
+        """Trace ``requests`` (``plans.calibration``); UsageError when the process fails."""
+        import json
+        import subprocess
+        import tempfile
+
+        from planning.plan_estimate import tracer_environment
+        from planning.trace_process import CalibrationServer
+        from tracing.calibrate import SERVED
+
+        if self.process is None or self.process.poll() is not None:
+            self.log = tempfile.TemporaryFile("w+")
+            self.process = subprocess.Popen(CalibrationServer().command(), stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                            env=tracer_environment())
+        try:
+            self.process.stdin.write(json.dumps(requests) + "\n")
+            self.process.stdin.flush()
+        except OSError as error:
+            raise UsageError(f"the stage tracer ended: {error}") from None
+        for line in self.process.stdout:  # a trace's child may print: the answer is its own line
+            if line.strip() == SERVED:
+                return
+            if line.startswith("Error:"):
+                raise UsageError(line.strip().removeprefix("Error: "))
+        raise UsageError(f"the stage tracer ended (exit code {self.process.wait()})")
+
+
+def pretrace_stages(cases: Sequence[PipelineCase], paths, server: StageServer, progress=None) -> None:
+    """Trace the stages of ``cases`` not traced yet, at full size, where ``planning.runner``
+    looks for them (``paths.pipelines/dumps``, named by the pipeline file), in ``server``. The
+    same tracer on the same pipeline file, byte for byte the dumps of ``trace-stage
+    --pipeline``: the runner then finds them and analyzes them as its own. A stage the tracer
+    refuses, or all of them when the server fails, is left to the runner, which traces it in
+    a process of its own and records the failure as it always has."""
+    import shutil
+
+    from hlo_trace.atomic import atomic_write
+
+    dumps = (paths.pipelines / "dumps").resolve()
+    requests = []
+    for case in cases:
+        plan = paths.pipeline_file(case)
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        if not plan.exists() or plan.read_text() != case.toml():
+            atomic_write(plan, case.toml(), force=True)
+        requests.append({"pipeline": str(plan.resolve()), "stages": list(range(case.pipeline.stages)),
+                         "out": str(dumps), "failures": str((paths.work / "pretrace" / case.name).resolve())})
+    if progress is not None:
+        progress.show(f"tracing the stages of {len(cases)} plan(s) in one process")
+    try:
+        server.trace(requests)
+    except UsageError as error:
+        log.warning("tracing the stages in one process failed (%s); each is traced on its own", error)
+    for request in requests:
+        shutil.rmtree(request["failures"], ignore_errors=True)
 
 
 def plan_file_text(outcome: PlanOutcome, result: SearchResult) -> str:

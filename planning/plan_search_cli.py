@@ -303,6 +303,10 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="Sizing: the largest device count tried.  [default: the system's chips]")
 @click.option("--confirm/--no-confirm", default=True, show_default=True,
               help="--mode train and sizing: trace the answer to confirm it.")
+@click.option("--trace-each-stage", is_flag=True,
+              help="Trace each stage of a traced plan in a process of its own (trace-stage), as "
+                   "before the one tracing process that loads torch once for every plan (the same "
+                   "dumps, slower: the baseline of benchmarks/plan_search.py --part infer).")
 @click.option("--force", is_flag=True, help="Overwrite existing --plan-out / --json files.")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
@@ -314,7 +318,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         exhaustive: bool, estimate_kind: str, validate: int, mode: str,
                         train_batch: int | None, micro_batch_counts: str, zero_stages: str, derive_recompute: bool,
                         target_latency: float | None, target_step_time: float | None,
-                        max_devices: int | None, confirm: bool, force: bool, verbose: bool) -> int:
+                        max_devices: int | None, confirm: bool, trace_each_stage: bool, force: bool,
+                        verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
     tracing, trace the most promising within the budget, and report the best traced plan that
@@ -375,12 +380,13 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"{space.infeasible[0][1] if space.infeasible else 'none'})")
     click.echo(f"estimating {len(space.plans)} plans ({len(space.infeasible)} refused by the "
                "tracer) ...", err=True)
-    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler)
+    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler,
+                           one_process=not trace_each_stage)
     kernels = None
     if estimate_kind == "kernels":
         from planning.plan_estimate import KernelCosts
 
-        kernels = KernelCosts(Path(work_dir))
+        kernels = KernelCosts(Path(work_dir), jobs=jobs)
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
                     memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
                     budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive, kernels=kernels,
@@ -531,15 +537,13 @@ def _work_dir(work_dir: str | None, cache_dir: str | None) -> str:
 
 
 def _locked_tracer(work: Path, hardware: str, steps: int):
-    """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
+    """plan-search's tracer on one plan (it holds the full-trace lock while it traces)."""
     from planning.plan_search import runner_tracer
-    from planning.train_estimate import trace_lock
 
     tracer = runner_tracer(work, hardware, steps=steps)
 
     def trace(plan):
-        with trace_lock():  # one full-size trace at a time on this machine
-            return tracer([plan])[0]
+        return tracer([plan])[0]
 
     return trace
 
