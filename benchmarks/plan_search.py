@@ -225,6 +225,7 @@ def infer_run(root: Path, arguments: list[str], work: Path) -> dict:
     (analysis, estimate, confirmations), the traces of each kind on disk and the result."""
     command = [sys.executable, "-m", "planning.plan_search_cli", *arguments, "--work-dir", str(work / "cache"),
                "--json", str(work / "result.json"), "-o", str(work / "best.toml")]
+    work.mkdir(parents=True)
     started = time.time()
     completed = subprocess.run(command, capture_output=True, text=True, cwd=root,
                                env={**os.environ, "PYTHONPATH": str(root)})

@@ -51,6 +51,7 @@ from hardware.collectives import collective_time_s
 from hardware.pipeline import pipefusion_step, transfer_time_s
 from hardware.spec import SystemSpec
 from hlo_analyzer.mapping.pipeline import PATCHED_OUTPUT, PipelineTotals
+from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import STDiT3Config, get_config
@@ -64,6 +65,7 @@ from models.opensora.theory import (
     layout_collectives,
 )
 from planning.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
+from plans.calibration import SERVED
 from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 from plans.config import PipelineConfigError, Submesh, build_config
 from plans.feasibility import check_stage
@@ -735,17 +737,18 @@ def _best(traced: dict, limit: float):
 
 
 def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
-                  progress_stream=None, scheduler: str | None = None, locked: bool = True,
+                  progress_stream=None, scheduler: str | None = None, lock=None,
                   one_process: bool = True) -> Tracer:
     """A tracer that runs each plan's case with ``planning.runner`` in ``work`` (cached by
     content: a plan traced before is read back) and reads ``analyze-pipeline``'s totals;
-    ``scheduler``: on the workers of that Dask scheduler. Run here, a batch of plans holds the
-    user's trace lock (``planning.train_estimate.trace_lock``; ``locked=False``: none) while it
-    traces (one full-size trace at a time on the machine), and their stages are traced first
+    ``scheduler``: on the workers of that Dask scheduler. Run here, a batch of plans is traced
+    inside ``lock()`` (plan-search passes ``planning.train_estimate.trace_lock``: one full-size
+    trace at a time on the machine; None: no lock), and their stages are traced first
     by :func:`pretrace_stages` in one :class:`StageServer` for the search (``one_process=False``:
     the runner traces each stage in a process of its own)."""
+    import contextlib
+
     from planning.runner import Paths, Progress, Settings, jobs_within_memory, run_cases
-    from planning.train_estimate import trace_lock
 
     paths = Paths(work=work, hardware=hardware)
     settings = Settings(stage_ids="", num_stages=0, hardware=hardware, steps=steps,
@@ -756,7 +759,7 @@ def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
         cases = [plan.case for plan in plans]
         kwargs = {} if progress_stream is None else {"stream": progress_stream}
         progress = Progress(total=sum(case.pipeline.stages for case in cases), **kwargs)
-        with trace_lock() if locked and scheduler is None else trace_lock(None):
+        with lock() if lock is not None and scheduler is None else contextlib.nullcontext():
             if scheduler is None and one_process:
                 pretrace_stages(cases, paths, server, progress)
             run_cases(cases, paths, settings, jobs=jobs_within_memory(jobs), retry_failed=False,
@@ -793,7 +796,6 @@ class StageServer:
 
         from planning.plan_estimate import tracer_environment
         from planning.trace_process import CalibrationServer
-        from tracing.calibrate import SERVED
 
         if self.process is None or self.process.poll() is not None:
             self.log = tempfile.TemporaryFile("w+")
@@ -821,8 +823,6 @@ def pretrace_stages(cases: Sequence[PipelineCase], paths, server: StageServer, p
     refuses, or all of them when the server fails, is left to the runner, which traces it in
     a process of its own and records the failure as it always has."""
     import shutil
-
-    from hlo_trace.atomic import atomic_write
 
     dumps = (paths.pipelines / "dumps").resolve()
     requests = []

@@ -380,8 +380,10 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"{space.infeasible[0][1] if space.infeasible else 'none'})")
     click.echo(f"estimating {len(space.plans)} plans ({len(space.infeasible)} refused by the "
                "tracer) ...", err=True)
+    from planning.train_estimate import trace_lock
+
     tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler,
-                           one_process=not trace_each_stage)
+                           lock=trace_lock, one_process=not trace_each_stage)
     kernels = None
     if estimate_kind == "kernels":
         from planning.plan_estimate import KernelCosts
@@ -452,8 +454,17 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                           batch=batch or top, memory_limit_bytes=limit,
                                           micro_batch_counts=micro_batches, progress=progress)
         else:
+            kernels = calibrating = None
+            if estimate_kind == "kernels":
+                from planning.eta import EtaReporter
+                from planning.plan_estimate import KernelCosts
+
+                kernels = KernelCosts(work, jobs=jobs)
+                calibrating = EtaReporter("calibrating", 0, lambda line: click.echo(f"  {line}", err=True),
+                                          unit="traces")
             result = sizing.size_inference(model_config, shape, hardware, target, top,
-                                           memory_limit_bytes=limit, steps=steps, progress=progress)
+                                           memory_limit_bytes=limit, steps=steps, progress=progress,
+                                           kernels=kernels, calibrating=calibrating)
         confirmed = None
         if confirm and result.answer_plan is not None:
             if mode == "train":
@@ -466,6 +477,8 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                                "answer": None if result.answer is None else asdict(result.answer),
                                                "confirmed": confirmed or result.confirmed,
                                                "traces": [asdict(t) for t in result.traces],
+                                               "missed_below": (None if result.missed_below is None
+                                                                else asdict(result.missed_below)),
                                                "curve": [asdict(p) for p in result.curve]}, indent=1) + "\n",
                          force=force)
         if plot_out:
@@ -537,10 +550,11 @@ def _work_dir(work_dir: str | None, cache_dir: str | None) -> str:
 
 
 def _locked_tracer(work: Path, hardware: str, steps: int):
-    """plan-search's tracer on one plan (it holds the full-trace lock while it traces)."""
+    """plan-search's tracer on one plan, holding the full-trace lock while it traces."""
     from planning.plan_search import runner_tracer
+    from planning.train_estimate import trace_lock
 
-    tracer = runner_tracer(work, hardware, steps=steps)
+    tracer = runner_tracer(work, hardware, steps=steps, lock=trace_lock)
 
     def trace(plan):
         return tracer([plan])[0]

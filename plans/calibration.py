@@ -12,9 +12,11 @@ from typing import Any
 
 from plans.config import build_config
 
-__all__ = ["FAILURE_FILE", "dump_names", "failure_file", "request_config"]
+__all__ = ["FAILURE_FILE", "SERVED", "dump_names", "failure_file", "request_config"]
 
 
+#: ``python -m tracing.calibrate --serve``'s answer once a line's requests are traced.
+SERVED = "done"
 #: ``tracing.calibrate``'s record of a request the tracer refused (its one line).
 FAILURE_FILE = "failed.txt"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import die_with_parent
-from plans.calibration import dump_names, failure_file, request_config
+from plans.calibration import SERVED, dump_names, failure_file, request_config
 from plans.config import check_trace_size
 from plans.train_options import TrainOptions
 from tracing.capture import OP_METADATA_ENV
@@ -76,10 +76,6 @@ def _trace_request(request: dict) -> int:
                       live_stderr=False)
         traced += 1
     return traced
-
-
-#: ``python -m tracing.calibrate --serve``'s answer once a line's requests are traced.
-SERVED = "done"
 
 
 def serve(lines, answer) -> None:
