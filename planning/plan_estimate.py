@@ -453,10 +453,26 @@ class KernelCosts:
         requests += [r for key in boundaries for r in self._requests(key, stages=(0,), boundary=True)[1]]
         if not requests:
             return 0
-        traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
-        self.traced += traced
         analyze = functools.partial(_calibrate_key, system=system, kind=kind)
-        work = [(key, self._requests(key, stages=(0,))[0]) for key in missing]
+        dumps_of = {key: self._requests(key, stages=(0,))[0] for key in missing}
+        pending = {key: set(dumps.values()) for key, dumps in dumps_of.items()}
+        owner = {dump: key for key, dumps in dumps_of.items() for dump in dumps.values()}
+
+        def written(request: dict[str, Any]) -> None:
+            """Analyze a key as soon as both its traces are written, here, beside the traces
+            still running (a core the tracing process leaves)."""
+            for dump in _request_files(request)[1][:1]:
+                key = owner.get(str(dump))
+                if key is None:
+                    continue
+                pending[key].discard(str(dump))
+                if not pending[key]:
+                    self._write(analyze((key, dumps_of[key])), kind)
+
+        traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress, written=written)
+        self.traced += traced
+        missing = [key for key in missing if not self._path(key, kind).exists()]
+        work = [(key, dumps_of[key]) for key in missing]
         if self.jobs > 1 and len(work) > 1:
             import concurrent.futures
             import multiprocessing
@@ -470,11 +486,14 @@ class KernelCosts:
                 calibrations = list(pool.map(analyze, work))
         else:
             calibrations = [analyze(item) for item in work]
-        for key, calibration in zip(missing, calibrations, strict=True):
-            path = self._path(key, kind)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
+        for calibration in calibrations:
+            self._write(calibration, kind)
         return traced
+
+    def _write(self, calibration: Calibration, kind: str) -> None:
+        path = self._path(calibration.key, kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
 
     def _boundary_key(self, key: CalibrationKey) -> CalibrationKey:
         strategy, mesh = BOUNDARY_LAYOUT
