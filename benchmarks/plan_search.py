@@ -41,7 +41,7 @@ takes it around each traced plan.
 flat ds_ulysses plan on 8xh100: one stage of 28 pairs traced, then ``analyze-pipeline``).
 
     python3 benchmarks/plan_search.py [--work DIR] [--plans 10000]  # estimate + tiny space (minutes)
-    flock "$(python3 -m hlo_trace.cache --lock)" python3 benchmarks/plan_search.py --part confirm
+    python3 benchmarks/plan_search.py --part confirm   # plan-search takes the trace lock itself: no flock
     python3 benchmarks/plan_search.py --quick    # 200 plans of two calibrations; two flat tiny plans traced
     python3 benchmarks/plan_search.py --part train [--baseline DIR] [--quick]   # the tiny training search
     python3 benchmarks/plan_search.py --part infer [--shape S] [--hw H] [--jobs N] [--baseline DIR]
@@ -150,8 +150,8 @@ CONFIRM = ["--config", "full", "--shape", "204_640_360", "--hw", "8xh100", "--st
 
 def confirm_speed() -> None:
     """Print the wall time of one traced confirmation at full size (trace every stage, analyze
-    them with analyze-pipeline), into a fresh work directory. Run it alone (``flock
-    "$(python3 -m hlo_trace.cache --lock)"``): a full-size trace takes up to 4 GiB."""
+    them with analyze-pipeline), into a fresh work directory. plan-search holds the user's trace lock
+    while it traces (never wrap this in ``flock`` on the same lock: it would wait for itself)."""
     with tempfile.TemporaryDirectory(prefix="plan_confirm_") as tmp:
         command = [sys.executable, "-m", "planning.plan_search_cli", *CONFIRM, "--work-dir", str(Path(tmp) / "cache"),
                    "-o", str(Path(tmp) / "best.toml")]
@@ -290,15 +290,16 @@ def main() -> int:
                         help="200 plans of one calibration, two flat tiny plans traced (a minute)")
     parser.add_argument("--plans", type=int, default=10_000, help="plans estimated")
     parser.add_argument("--baseline", type=Path, default=None,
-                        help="--part train: the checkout whose plan-search is the baseline (default: this "
-                             "checkout with --per-key-calibrations)")
+                        help="--part train / infer: the checkout whose plan-search is the baseline (default: "
+                             "this checkout with --per-key-calibrations / --trace-each-stage)")
     parser.add_argument("--shape", default=INFER_SHAPE, help="--part infer: the shape searched")
     parser.add_argument("--hw", default="tx8-16", help="--part infer: the system searched")
     parser.add_argument("--jobs", type=int, default=1, help="--part infer: plan-search --jobs")
     parser.add_argument("--part", choices=("both", "estimate", "trace", "confirm", "train", "infer"), default="both",
-                        help="estimate 10,000 plans, trace the tiny space, both, or time one traced "
-                             "confirmation at full size (run that alone, under the trace lock: "
-                             "flock \"$(python3 -m hlo_trace.cache --lock)\")")
+                        help="estimate 10,000 plans, trace the tiny space, both, time one traced "
+                             "confirmation at full size, the tiny training search, or the full-size "
+                             "inference search (plan-search takes the trace lock itself: never wrap "
+                             "this in flock on the same lock)")
     parser.add_argument("--work", default=None,
                         help="calibration cache (default: a temporary directory, traced anew)")
     args = parser.parse_args()
