@@ -57,7 +57,7 @@ from models.opensora.config import STDiT3Config, get_config
 from models.opensora.inputs import geometry, latent_frames, parse_shape
 from models.opensora.library_calls import self_attention_is_flash
 from planning.trace_process import CalibrationTrace
-from plans.calibration import FAILURE_FILE, dump_names, request_config
+from plans.calibration import FAILURE_FILE, dump_names, failure_file, request_config
 from plans.patches import patch_plan
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey", "GroupCost",
            "KernelCosts", "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "dump_names",
            "forced_flash", "request_config", "rescale_value", "run_calibration_traces", "scale_factors",
-           "self_attention_flash", "stage_roles"]
+           "self_attention_flash", "stage_roles", "tracer_environment"]
 
 #: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
 #: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
@@ -453,10 +453,26 @@ class KernelCosts:
         requests += [r for key in boundaries for r in self._requests(key, stages=(0,), boundary=True)[1]]
         if not requests:
             return 0
-        traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress)
-        self.traced += traced
         analyze = functools.partial(_calibrate_key, system=system, kind=kind)
-        work = [(key, self._requests(key, stages=(0,))[0]) for key in missing]
+        dumps_of = {key: self._requests(key, stages=(0,))[0] for key in missing}
+        pending = {key: set(dumps.values()) for key, dumps in dumps_of.items()}
+        owner = {dump: key for key, dumps in dumps_of.items() for dump in dumps.values()}
+
+        def written(request: dict[str, Any]) -> None:
+            """Analyze a key as soon as both its traces are written, here, beside the traces
+            still running (a core the tracing process leaves)."""
+            for dump in _request_files(request)[1][:1]:
+                key = owner.get(str(dump))
+                if key is None:
+                    continue
+                pending[key].discard(str(dump))
+                if not pending[key]:
+                    self._write(analyze((key, dumps_of[key])), kind)
+
+        traced = run_calibration_traces(requests, self.work, jobs=self.jobs, progress=progress, written=written)
+        self.traced += traced
+        missing = [key for key in missing if not self._path(key, kind).exists()]
+        work = [(key, dumps_of[key]) for key in missing]
         if self.jobs > 1 and len(work) > 1:
             import concurrent.futures
             import multiprocessing
@@ -470,11 +486,14 @@ class KernelCosts:
                 calibrations = list(pool.map(analyze, work))
         else:
             calibrations = [analyze(item) for item in work]
-        for key, calibration in zip(missing, calibrations, strict=True):
-            path = self._path(key, kind)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
+        for calibration in calibrations:
+            self._write(calibration, kind)
         return traced
+
+    def _write(self, calibration: Calibration, kind: str) -> None:
+        path = self._path(calibration.key, kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(_calibration_document(calibration)) + "\n", force=True)
 
     def _boundary_key(self, key: CalibrationKey) -> CalibrationKey:
         strategy, mesh = BOUNDARY_LAYOUT
@@ -552,9 +571,7 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     if not missing:
         return 0
     work.mkdir(parents=True, exist_ok=True)
-    root = str(Path(__file__).resolve().parent.parent)
-    environment = child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
-        [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    environment = tracer_environment()
     log.info("tracing %d calibration requests in %d process(es)", len(missing), jobs)
     listings, processes, logs = [], [], []
     try:
@@ -587,6 +604,15 @@ def run_calibration_traces(requests: Sequence[dict[str, Any]], work: Path, *, jo
     return len(missing)
 
 
+def tracer_environment() -> dict[str, str]:
+    """The environment of a ``tracing.calibrate`` process: this checkout first on its path."""
+    import os
+
+    root = str(Path(__file__).resolve().parent.parent)
+    return child_environment({**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+
+
 #: Seconds between two looks at the calibration traces written so far (``progress``).
 PROGRESS_POLL_S = 0.5
 
@@ -595,7 +621,7 @@ def _request_files(request: dict[str, Any]) -> tuple[Path, list[Path]]:
     """A request's failure record and the files of its traced stages (each dump and sidecar)."""
     out = Path(request["out"])
     dumps = [out / name for name in dump_names(request)]
-    return out / FAILURE_FILE, [*dumps, *(dump.with_suffix(".json") for dump in dumps)]
+    return failure_file(request), [*dumps, *(dump.with_suffix(".json") for dump in dumps)]
 
 
 def _request_done(files: tuple[Path, list[Path]]) -> bool:

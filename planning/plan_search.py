@@ -51,14 +51,21 @@ from hardware.collectives import collective_time_s
 from hardware.pipeline import pipefusion_step, transfer_time_s
 from hardware.spec import SystemSpec
 from hlo_analyzer.mapping.pipeline import PATCHED_OUTPUT, PipelineTotals
+from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from models.opensora.block_ops import block_shapes_for, build_stdit_block_ops
 from models.opensora.config import STDiT3Config, get_config
 from models.opensora.flops import parameter_breakdown
 from models.opensora.inputs import geometry, parse_shape
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
-from models.opensora.theory import BlockDims, final_layer_collectives, layout_collectives
+from models.opensora.theory import (
+    BlockDims,
+    DeviceCountError,
+    final_layer_collectives,
+    layout_collectives,
+)
 from planning.plan_estimate import GUIDANCE_BATCH, KernelCosts, stage_roles
+from plans.calibration import SERVED
 from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 from plans.config import PipelineConfigError, Submesh, build_config
 from plans.feasibility import check_stage
@@ -511,8 +518,14 @@ def ideal_estimate(plan: Plan, system: SystemSpec, *, steps: int = 30) -> Estima
     dims = BlockDims.of(model, T, S, GUIDANCE_BATCH, BYTES_PER_ELEMENT)
     ulysses = None if case.ring is None else mesh[1] // case.ring
     pair_s, basis, shapes = _ideal_block(model, T, S, strategy, mesh, system, kv_scale)
-    terms = layout_collectives(strategy, dims, mesh, case.ring, ulysses)
-    final_terms = final_layer_collectives(strategy, dims, mesh, model.final_out_features)
+    try:
+        terms = layout_collectives(strategy, dims, mesh, case.ring, ulysses)
+        final_terms = final_layer_collectives(strategy, dims, mesh, model.final_out_features)
+    except DeviceCountError as error:
+        # the tracer pads what the formula will not split (a PipeFusion patch of S = 795 tokens
+        # over Y = 2): no collectives in the ideal latency, said in the basis; the memory stands
+        terms = final_terms = ()
+        basis = f"{basis} (no layout collectives: {error})"
     chips_per_stage = mesh[0] * mesh[1]
     tokens = GUIDANCE_BATCH * T * S / chips_per_stage
     stage_patch, stage_comm, memory = [], [], []
@@ -724,22 +737,33 @@ def _best(traced: dict, limit: float):
 
 
 def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
-                  progress_stream=None, scheduler: str | None = None) -> Tracer:
+                  progress_stream=None, scheduler: str | None = None, lock=None,
+                  one_process: bool = True) -> Tracer:
     """A tracer that runs each plan's case with ``planning.runner`` in ``work`` (cached by
     content: a plan traced before is read back) and reads ``analyze-pipeline``'s totals;
-    ``scheduler``: on the workers of that Dask scheduler."""
+    ``scheduler``: on the workers of that Dask scheduler. Run here, a batch of plans is traced
+    inside ``lock()`` (plan-search passes ``planning.train_estimate.trace_lock``: one full-size
+    trace at a time on the machine; None: no lock), and their stages are traced first
+    by :func:`pretrace_stages` in one :class:`StageServer` for the search (``one_process=False``:
+    the runner traces each stage in a process of its own)."""
+    import contextlib
+
     from planning.runner import Paths, Progress, Settings, jobs_within_memory, run_cases
 
     paths = Paths(work=work, hardware=hardware)
     settings = Settings(stage_ids="", num_stages=0, hardware=hardware, steps=steps,
                         dialect="stablehlo")
+    server = StageServer()
 
     def trace(plans: Sequence[Plan]) -> list[tuple[float, float] | str]:
         cases = [plan.case for plan in plans]
         kwargs = {} if progress_stream is None else {"stream": progress_stream}
         progress = Progress(total=sum(case.pipeline.stages for case in cases), **kwargs)
-        run_cases(cases, paths, settings, jobs=jobs_within_memory(jobs), retry_failed=False,
-                  progress=progress, scheduler=scheduler)
+        with lock() if lock is not None and scheduler is None else contextlib.nullcontext():
+            if scheduler is None and one_process:
+                pretrace_stages(cases, paths, server, progress)
+            run_cases(cases, paths, settings, jobs=jobs_within_memory(jobs), retry_failed=False,
+                      progress=progress, scheduler=scheduler)
         results: list[tuple[float, float] | str] = []
         for case in cases:
             failure = paths.failure(case)
@@ -752,6 +776,71 @@ def runner_tracer(work: Path, hardware: str, *, steps: int = 30, jobs: int = 1,
         return results
 
     return trace
+
+
+class StageServer:
+    """One ``python -m tracing.calibrate --serve`` process for a search's confirmations: torch
+    is loaded once, and each stage is traced in a child forked from it (about 1.5 s of a
+    stage's 5 s in a fresh ``trace-stage`` process is the trace itself: the rest is starting
+    python and loading torch). Started on the first batch; ends with this process."""
+
+    def __init__(self) -> None:
+        self.process = None
+        self.log = None
+
+    def trace(self, requests: list[dict]) -> None:
+        """Trace ``requests`` (``plans.calibration``); UsageError when the process fails."""
+        import json
+        import subprocess
+        import tempfile
+
+        from planning.plan_estimate import tracer_environment
+        from planning.trace_process import CalibrationServer
+
+        if self.process is None or self.process.poll() is not None:
+            self.log = tempfile.TemporaryFile("w+")
+            self.process = subprocess.Popen(CalibrationServer().command(), stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                            env=tracer_environment())
+        try:
+            self.process.stdin.write(json.dumps(requests) + "\n")
+            self.process.stdin.flush()
+        except OSError as error:
+            raise UsageError(f"the stage tracer ended: {error}") from None
+        for line in self.process.stdout:  # a trace's child may print: the answer is its own line
+            if line.strip() == SERVED:
+                return
+            if line.startswith("Error:"):
+                raise UsageError(line.strip().removeprefix("Error: "))
+        raise UsageError(f"the stage tracer ended (exit code {self.process.wait()})")
+
+
+def pretrace_stages(cases: Sequence[PipelineCase], paths, server: StageServer, progress=None) -> None:
+    """Trace the stages of ``cases`` not traced yet, at full size, where ``planning.runner``
+    looks for them (``paths.pipelines/dumps``, named by the pipeline file), in ``server``. The
+    same tracer on the same pipeline file, byte for byte the dumps of ``trace-stage
+    --pipeline``: the runner then finds them and analyzes them as its own. A stage the tracer
+    refuses, or all of them when the server fails, is left to the runner, which traces it in
+    a process of its own and records the failure as it always has."""
+    import shutil
+
+    dumps = (paths.pipelines / "dumps").resolve()
+    requests = []
+    for case in cases:
+        plan = paths.pipeline_file(case)
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        if not plan.exists() or plan.read_text() != case.toml():
+            atomic_write(plan, case.toml(), force=True)
+        requests.append({"pipeline": str(plan.resolve()), "stages": list(range(case.pipeline.stages)),
+                         "out": str(dumps), "failures": str((paths.work / "pretrace" / case.name).resolve())})
+    if progress is not None:
+        progress.show(f"tracing the stages of {len(cases)} plan(s) in one process")
+    try:
+        server.trace(requests)
+    except UsageError as error:
+        log.warning("tracing the stages in one process failed (%s); each is traced on its own", error)
+    for request in requests:
+        shutil.rmtree(request["failures"], ignore_errors=True)
 
 
 def plan_file_text(outcome: PlanOutcome, result: SearchResult) -> str:

@@ -326,6 +326,10 @@ def plot_front(result, path: str, *, force: bool) -> None:
 @click.option("--attn-out", "role_attn_out", default=None, help="--model role map: " + ROLES["attn_out"] + ".")
 @click.option("--all-degrees", is_flag=True,
               help="--model: also the layouts that use fewer than --devices devices.")
+@click.option("--trace-each-stage", is_flag=True,
+              help="Trace each stage of a traced plan in a process of its own (trace-stage), as "
+                   "before the one tracing process that loads torch once for every plan (the same "
+                   "dumps, slower: the baseline of benchmarks/plan_search.py --part infer).")
 @click.option("--force", is_flag=True, help="Overwrite existing --plan-out / --json files.")
 @click.option("-v", "--verbose", is_flag=True, help="Log details to stderr.")
 def plan_search_command(model_config: str, shape: str | None, hardware: str, devices: int | None,
@@ -340,7 +344,7 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                         max_devices: int | None, confirm: bool, module_model: str | None,
                         module_inputs: tuple[str, ...], module_kwargs: str | None, role_column: str | None,
                         role_row: str | None, role_qkv: str | None, role_attn_out: str | None,
-                        all_degrees: bool, force: bool, verbose: bool) -> int:
+                        all_degrees: bool, trace_each_stage: bool, force: bool, verbose: bool) -> int:
     """Search the parallel plans of a model at a shape on a hardware system: estimate every
     plan (strategy, mesh, usp degrees, pipeline stages and splits, PipeFusion patches) without
     tracing, trace the most promising within the budget, and report the best traced plan that
@@ -410,12 +414,15 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
                          f"{space.infeasible[0][1] if space.infeasible else 'none'})")
     click.echo(f"estimating {len(space.plans)} plans ({len(space.infeasible)} refused by the "
                "tracer) ...", err=True)
-    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler)
+    from planning.train_estimate import trace_lock
+
+    tracer = runner_tracer(Path(work_dir), hardware, steps=steps, jobs=jobs, scheduler=scheduler,
+                           lock=trace_lock, one_process=not trace_each_stage)
     kernels = None
     if estimate_kind == "kernels":
         from planning.plan_estimate import KernelCosts
 
-        kernels = KernelCosts(Path(work_dir))
+        kernels = KernelCosts(Path(work_dir), jobs=jobs)
     result = search(model_config, shape, hardware, space, tracer, devices=devices,
                     memory_limit_bytes=None if memory_limit_gb is None else memory_limit_gb * GIGA,
                     budget=budget, jobs=jobs, steps=steps, exhaustive=exhaustive, kernels=kernels,
@@ -506,8 +513,17 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                           batch=batch or top, memory_limit_bytes=limit,
                                           micro_batch_counts=micro_batches, progress=progress)
         else:
+            kernels = calibrating = None
+            if estimate_kind == "kernels":
+                from planning.eta import EtaReporter
+                from planning.plan_estimate import KernelCosts
+
+                kernels = KernelCosts(work, jobs=jobs)
+                calibrating = EtaReporter("calibrating", 0, lambda line: click.echo(f"  {line}", err=True),
+                                          unit="traces")
             result = sizing.size_inference(model_config, shape, hardware, target, top,
-                                           memory_limit_bytes=limit, steps=steps, progress=progress)
+                                           memory_limit_bytes=limit, steps=steps, progress=progress,
+                                           kernels=kernels, calibrating=calibrating)
         confirmed = None
         if confirm and result.answer_plan is not None:
             if mode == "train":
@@ -520,6 +536,8 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                                "answer": None if result.answer is None else asdict(result.answer),
                                                "confirmed": confirmed or result.confirmed,
                                                "traces": [asdict(t) for t in result.traces],
+                                               "missed_below": (None if result.missed_below is None
+                                                                else asdict(result.missed_below)),
                                                "curve": [asdict(p) for p in result.curve]}, indent=1) + "\n",
                          force=force)
         if plot_out:
@@ -604,11 +622,10 @@ def _locked_tracer(work: Path, hardware: str, steps: int):
     from planning.plan_search import runner_tracer
     from planning.train_estimate import trace_lock
 
-    tracer = runner_tracer(work, hardware, steps=steps)
+    tracer = runner_tracer(work, hardware, steps=steps, lock=trace_lock)
 
     def trace(plan):
-        with trace_lock():  # one full-size trace at a time on this machine
-            return tracer([plan])[0]
+        return tracer([plan])[0]
 
     return trace
 

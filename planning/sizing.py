@@ -6,9 +6,10 @@ For every device count ``n`` from 1 to ``--max-devices`` that the model can use 
 plan spaces accept), the plans of ``n`` devices are enumerated and estimated on the first ``n``
 chips of the ``--hw`` system (a multi-node system holds them node by node: ``n`` beyond one node
 crosses the NICs) with the estimates that ``plan-search`` ranks by:
-``planning.plan_search.estimate_plan`` for inference (its ideal estimate: the traced-kernel one,
-``planning.plan_estimate``, needs calibration traces of every mesh of up to ``--max-devices``,
-hours on a laptop-class machine), ``planning.train_search.estimate_train_plan`` for training. The best
+``planning.plan_search.estimate_plan`` for inference (with ``kernels``, the traced-kernel estimate of
+``planning.plan_estimate``: the calibrations of every count's plans are traced first, a few hundred
+small traces up to 64 devices, cached across shapes and systems; without, the ideal estimate,
+2.0-4x off for pipelines), ``planning.train_search.estimate_train_plan`` for training. The best
 plan of ``n`` is the fastest whose estimated memory per device fits. The answer is the smallest
 ``n`` whose best meets the target; ``confirm`` traces it (plan-search's tracer, or the training
 pair trace) so that the answer rests on a traced figure.
@@ -16,11 +17,12 @@ pair trace) so that the answer rests on a traced figure.
 Inference answers are traced until one holds (:func:`confirm_inference`): the estimate's best
 plan of the answer's count is traced; when its traced latency misses the target, every estimate
 is scaled by the smallest traced / estimated ratio of the traces so far (as plan-search's bound
-takes the smallest: one plan's ratio says little of another's, PipeFusion plans trace 2.5-4x
-their ideal estimate and flat ones 1.1x on TX8) and the smallest untried count whose scaled
-estimate meets the target is traced next, up to a budget of traced plans. The answer is
-then the first traced plan that meets the target (None if none did within the budget), with
-every trace listed.
+takes the smallest) and the smallest untried count whose scaled estimate meets the target is
+traced next, up to a budget of traced plans. Once a traced plan meets the target, the best
+estimated plan of the next smaller count is traced too: when it misses, the answer stands and
+the miss is shown; when it meets the target as well, it is the answer and its own smaller
+neighbour is traced, and so on down. The answer is then the smallest traced count that meets the
+target (None if none did within the budget), with every trace listed.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class SizingResult:
     traces: tuple[SizingTrace, ...] = ()
     #: Whether ``answer`` rests on a trace that met the target.
     confirmed: bool = False
+    #: The best estimated plan of the next smaller count than the confirmed answer, traced and
+    #: missing the target (None: no smaller count has a plan that fits, or no confirmed answer).
+    missed_below: SizingTrace | None = None
 
 
 def _answer(curve: Sequence[SizingPoint], target_s: float) -> SizingPoint | None:
@@ -111,17 +116,25 @@ def _sizing_inputs(hardware: str, max_devices: int, memory_limit_bytes: float | 
 def size_inference(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,
                    memory_limit_bytes: float | None = None, steps: int = 30,
                    device_counts: Sequence[int] | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> SizingResult:
-    """The inference sizing of the module doc."""
-    from planning.plan_search import enumerate_plans, estimate_plan
+                   progress: Callable[[int, int], None] | None = None, kernels=None,
+                   calibrating: Callable[[int, int], None] | None = None) -> SizingResult:
+    """The inference sizing of the module doc; ``kernels`` (a ``planning.plan_estimate
+    .KernelCosts``): ranked with the traced-kernel estimate, its calibrations of every count
+    traced first (``calibrating(done, total)`` as they are written)."""
+    from planning.plan_search import calibration_keys, enumerate_plans, estimate_plan
 
     system, limit, counts = _sizing_inputs(hardware, max_devices, memory_limit_bytes, device_counts)
+    spaces = {n: enumerate_plans(config, shape, n) for n in counts}
+    if kernels is not None:
+        plans = [plan for space in spaces.values() for plan in space.plans]
+        kernels.prepare(calibration_keys(plans, kernels), system,
+                        boundaries=any(plan.case.pipeline.stages > 1 for plan in plans), progress=calibrating)
     curve, plans_of = [], {}
     for n in counts:
-        space = enumerate_plans(config, shape, n)
+        space = spaces[n]
         best = None
         for plan in space.plans:
-            estimate = estimate_plan(plan, system, steps=steps)
+            estimate = estimate_plan(plan, system, steps=steps, kernels=kernels)
             if estimate.memory_bytes <= limit and (best is None or estimate.latency_s < best[1].latency_s):
                 best = (plan, estimate)
         curve.append(SizingPoint(n, len(space.plans), None if best is None else best[0].label,
@@ -167,28 +180,53 @@ PlanTracer = Callable[[object], "tuple[float, float] | str"]
 
 def confirm_inference(result: SizingResult, trace: PlanTracer, *, budget: int = 3) -> SizingResult:
     """Trace the answer, and further counts by the scaled estimate until a traced plan meets
-    the target or ``budget`` plans were traced (module doc)."""
+    the target or ``budget`` plans were traced; then the smaller neighbours of the answer until
+    one misses (module doc)."""
     import dataclasses
 
     plans = dict(result.plans)
     by_count = {p.devices: p for p in result.curve if p.seconds is not None and p.devices in plans}
     traces: list[SizingTrace] = []
+
+    def run(point: SizingPoint) -> SizingTrace:
+        value = trace(plans[point.devices])
+        traced = (SizingTrace(point.devices, point.best_label, point.seconds, None, None, value)
+                  if isinstance(value, str) else
+                  SizingTrace(point.devices, point.best_label, point.seconds, value[0], value[1]))
+        traces.append(traced)
+        return traced
+
+    def meets(traced: SizingTrace) -> bool:
+        return (traced.traced_s is not None and traced.traced_s <= result.target_s
+                and traced.traced_memory_bytes <= result.memory_limit_bytes)
+
     scale = 1.0
+    answer = None
     while len(traces) < budget:
         tried = {t.devices for t in traces}
         candidates = [n for n in sorted(by_count) if n not in tried
                       and by_count[n].seconds * scale <= result.target_s]
         if not candidates:
             break
-        point = by_count[candidates[0]]
-        value = trace(plans[point.devices])
-        if isinstance(value, str):
-            traces.append(SizingTrace(point.devices, point.best_label, point.seconds, None, None, value))
-            continue
-        traces.append(SizingTrace(point.devices, point.best_label, point.seconds, value[0], value[1]))
-        if value[0] <= result.target_s and value[1] <= result.memory_limit_bytes:
-            return dataclasses.replace(result, answer=point, answer_plan=plans[point.devices],
-                                       traces=tuple(traces), confirmed=True)
-        scale = min(t.traced_s / t.estimate_s for t in traces if t.traced_s is not None)
-    return dataclasses.replace(result, answer=None, answer_plan=None, traces=tuple(traces),
-                               confirmed=False)
+        if meets(run(by_count[candidates[0]])):
+            answer = by_count[candidates[0]]
+            break
+        done = [t.traced_s / t.estimate_s for t in traces if t.traced_s is not None]
+        scale = min(done) if done else scale
+    if answer is None:
+        return dataclasses.replace(result, answer=None, answer_plan=None, traces=tuple(traces),
+                                   confirmed=False)
+    missed = None
+    while missed is None:
+        smaller = [n for n in by_count if n < answer.devices]
+        if not smaller:
+            break
+        below = by_count[max(smaller)]
+        known = next((t for t in traces if t.devices == below.devices), None)
+        traced = known if known is not None else run(below)
+        if meets(traced):
+            answer = below
+        else:
+            missed = traced
+    return dataclasses.replace(result, answer=answer, answer_plan=plans[answer.devices], traces=tuple(traces),
+                               confirmed=True, missed_below=missed)

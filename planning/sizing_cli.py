@@ -154,6 +154,11 @@ def render_sizing(result, confirmed: str | None = None) -> str:
                      f"{memory / GIGA:.4g} GB per device")
     if confirmed:
         lines.append(confirmed)
+    missed = result.missed_below
+    if missed is not None and result.answer is not None:
+        lines.append(f"the next smaller count, {missed.devices} devices, misses it: its best estimated plan "
+                     + (f"failed to trace ({missed.error})" if missed.traced_s is None else
+                        f"traced {missed.traced_s:.4g} s"))
     for t in result.traces:
         verdict = (f"failed: {t.error}" if t.error is not None else
                    f"traced {t.traced_s:.4g} s, {t.traced_memory_bytes / GIGA:.4g} GB per device: "

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["CalibrationTrace", "CaseStageTrace", "ModuleTraces", "PipelineStageTrace", "TraceProcess"]
+__all__ = ["CalibrationServer", "CalibrationTrace", "CaseStageTrace", "ModuleTraces", "PipelineStageTrace",
+           "TraceProcess"]
 
 
 class TraceProcess(Protocol):
@@ -33,6 +34,15 @@ class CalibrationTrace:
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "tracing.calibrate", str(self.listing)]
+
+
+@dataclass(frozen=True)
+class CalibrationServer:
+    """``python -m tracing.calibrate --serve``: lines of requests on its stdin, traced in one
+    process (torch loaded once for all of them), ``done`` on its stdout after each line."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tracing.calibrate", "--serve"]
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,18 @@ def test_latency_estimate_is_blocks_times_steps_plus_the_layouts_collectives():
         megatron.latency_s / 10)
 
 
+def test_a_plan_the_tracer_pads_but_the_layout_formula_will_not_split_is_still_estimated():
+    # full at 153_848_480: 30 x 53 patches, S = 1590; a PipeFusion patch of M = 2 holds 795
+    # tokens, which opensora_sp on Y = 2 pads (the tracer accepts the plan) and the formula
+    # refuses: the search estimates it (no layout collectives, said) instead of ending
+    space = enumerate_plans("full", "153_848_480", 16, strategies=("opensora_sp",), stage_counts=(8,),
+                            patch_counts=(2,), splits=1)
+    assert space.plans
+    estimate = estimate_plan(space.plans[0], load_system("tx8-16"))
+    assert estimate.latency_s > 0 and estimate.comm_s == 0
+    assert "no layout collectives" in estimate.basis and "S = 795" in estimate.basis
+
+
 def test_spearman_on_hand_ranked_sequences():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
@@ -389,3 +401,36 @@ def test_the_report_counts_the_untraced_plans_it_lists():
     listed = min(10, accepted - 1)
     assert f"untraced plans, best {listed} of {accepted - 1} by estimate" in one
     assert len(one.split("by estimate (never an answer):\n", 1)[1].splitlines()) == listed
+
+
+def test_the_stage_server_answers_each_line_and_one_error_line_for_a_malformed_one():
+    pytest.importorskip("torch_xla")
+    from tracing.calibrate import serve
+
+    answers: list[str] = []
+    serve(["not json\n", "{}\n", "[]\n"], answers.append)
+    assert answers[0].startswith("Error: ") and answers[1] == "Error: expected a JSON list of requests on one line"
+    assert answers[2] == "done"
+
+
+@pytest.mark.slow
+def test_a_plans_stages_traced_in_one_process_are_the_dumps_trace_stage_writes(tmp_path):
+    """The confirmation's stages traced by the search's one tracing process (``pretrace_stages``)
+    are byte for byte the dumps ``trace-stage --pipeline FILE --stage k`` writes, each in a
+    process of its own; the runner then finds them and traces nothing."""
+    pytest.importorskip("torch_xla")
+    from planning.plan_search import StageServer, pretrace_stages
+    from planning.runner import Paths
+
+    plan = Plan(PipelineCase("tiny", "28_64_64", PipelineShape(2, 2, "ds_ulysses"), 2, TINY.depth, mesh=(1, 2)))
+    paths = Paths(work=tmp_path / "one", hardware="tx8-16")
+    pretrace_stages([plan.case], paths, StageServer())
+    ours = sorted((paths.pipelines / "dumps").glob("*.mlir"))
+    assert len(ours) == 2
+    own = tmp_path / "own"
+    pipeline = paths.pipeline_file(plan.case)
+    for stage in range(2):
+        subprocess.run([sys.executable, "-m", "tracing.cli", "--pipeline", str(pipeline), "--stage", str(stage),
+                        "-o", str(own), "--force"], check=True, capture_output=True, cwd=REPO_ROOT)
+    for dump in ours:
+        assert (own / dump.name).read_bytes() == dump.read_bytes(), dump.name
