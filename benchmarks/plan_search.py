@@ -156,7 +156,7 @@ def confirm_speed() -> None:
 
 
 #: The tiny training search of the Done-when, and its quick cut (one device, ZeRO 0).
-TRAIN = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "8", "--budget", "2"]
+TRAIN = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "8", "--budget", "2", "--jobs", "2"]
 TRAIN_QUICK = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "1", "--zero", "0",
                "--budget", "1", "--validate", "0"]
 #: The Done-when's target for the tiny training search, seconds.
@@ -177,8 +177,10 @@ def train_run(root: Path, arguments: list[str], work: Path) -> tuple[float, int,
         sys.exit(f"{root}: plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
     dumps = list((work / "train_calibrations" / "dumps").glob("*/*.mlir"))
     at_shape = sum(1 for dump in dumps if f"_{TINY_SHAPE}_" in dump.parent.name)
-    best = next((line for line in completed.stdout.splitlines() if line.startswith("best plan")), "no best plan")
-    return wall, len(dumps) - at_shape, at_shape, best
+    lines = completed.stdout.splitlines()
+    best = next((line for line in lines if line.startswith("best plan")), "no best plan")
+    check = [line.strip() for line in lines if line.startswith(("estimate on the traced", "estimate within"))]
+    return wall, len(dumps) - at_shape, at_shape, "\n      ".join([best, *(line.split("; pair mem")[0] for line in check)])
 
 
 def train_speed(quick: bool, baseline: Path | None) -> None:
@@ -191,7 +193,8 @@ def train_speed(quick: bool, baseline: Path | None) -> None:
         runs["this"] = train_run(REPO_ROOT, arguments, Path(tmp) / "this")
         runs["base"] = train_run(baseline or REPO_ROOT, arguments if baseline else
                                  [*arguments, "--per-key-calibrations"], Path(tmp) / "base")
-    print(f"plan-search {' '.join(arguments)}, cold cache:")
+    print(f"plan-search {' '.join(arguments)}, cold cache (load average after: "
+          f"{', '.join(f'{value:.2f}' for value in os.getloadavg())}):")
     for label, (wall, calibrations, at_shape, best) in (("baseline: " + named, runs["base"]), ("this checkout", runs["this"])):
         print(f"  {label:40s} {wall:7.1f} s   {calibrations:4d} calibration traces, {at_shape} at the plan's shape;"
               f" {best}")
