@@ -50,7 +50,10 @@ all-to-alls at B = 8 where it runs all-gathers at B = 3), the second at ``(3 T0,
 :data:`BATCH_FACTOR` ``b0``; a ratio ``3^a 5^b 7^e`` names the three exponents and the value at
 the plan is ``v0 (T/T0)^a (W/W0)^b (B/b0)^e`` (``_StepRescaler``). One calibration serves the
 micro-batches of a strategy, mesh and ring that agree in their power of two up to the stage's
-(8 and 4 on 4 chips; 8, 4 and 2 on 2). Checked on traces it was not built from
+(8 and 4 on 4 chips; 8, 4 and 2 on 2). Not a micro-batch of 1: a batch dimension of 1 makes
+another program (usp on 1x4 ring 2 at B = 1: 80 us of collectives per micro-batch and 1.07 ms
+per step, where the one at B = 3 rescaled to 1 has 704 us and 0.53 ms: gradient sums move),
+so B = 1 is calibrated at B = 1 in both programs (the batch kept). Checked on traces it was not built from
 (``tests/test_train_derive.py``: dp on 1x2 at B = 2 and 8, usp 1x2 ring 2 at 1 and 4, dp ZeRO-3
 at 2 and 4, each traced at the plan's shape and micro-batch): within the estimate's 5% per group.
 
@@ -227,8 +230,10 @@ class PairKey:
 
 def calibration_batch(key: PairKey) -> int:
     """The micro-batch ``b0`` of ``key``'s first calibration program: ``3 * 2^k`` with the power
-    of two of the plan's micro-batch capped at the largest power of two of the data-parallel
-    degree (the only split of the batch: module doc)."""
+    of two of the plan's micro-batch capped at the largest power of two of the stage's chips
+    (module doc); a micro-batch of 1 is its own (a batch dimension of 1 makes another program)."""
+    if key.micro_batch == 1:
+        return 1
     return _small(key.micro_batch, _largest_power_of_two(key.mesh[0] * key.mesh[1]))
 
 
@@ -429,6 +434,7 @@ class TrainKernels:
         self.config, self.shape = config, shape
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self._estimates: dict[tuple[PairKey, str], tuple[dict[str, GroupCost], str]] = {}
+        self._costs: dict[tuple[PairKey, str, str], dict[str, GroupCost]] = {}
         self.traced = 0
 
     @contextmanager
@@ -492,7 +498,8 @@ class TrainKernels:
             batch = _small(_largest_power_of_two(key.mesh[0] * key.mesh[1]))  # nor the micro-batch's
             staged = dataclasses.replace(base, ring=ring, zero=key.zero, micro_batch=batch)
             zero = (staged, dataclasses.replace(staged, zero=0))
-        return PairCalibration(base, dataclasses.replace(base, micro_batch=BATCH_FACTOR * b0), zero,
+        factor = BATCH_FACTOR if b0 > 1 else 1  # a batch of 1 stays 1 (calibration_batch)
+        return PairCalibration(base, dataclasses.replace(base, micro_batch=factor * b0), zero,
                                key.recompute and not base.recompute)
 
     def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
@@ -598,8 +605,7 @@ class TrainKernels:
             notes.append(f"micro-batch {key.micro_batch} from {calibration.base.micro_batch} and "
                          f"{calibration.scaled.micro_batch}")
         if calibration.zero is not None:
-            staged, plain = (cost_groups(self._traced(zero, base_shape, system).groups, system)
-                             for zero in calibration.zero)
+            staged, plain = (self._costed(zero, base_shape, system) for zero in calibration.zero)
             costs = {name: costs[name] + staged[name] - plain[name] for name in PROGRAM_GROUPS}
             notes.append(f"ZeRO-{key.zero}: ZeRO-0 and the difference at {base_shape}")
         if calibration.rerun_forward:
@@ -607,6 +613,15 @@ class TrainKernels:
         basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
                  f"{rescaler.values} integers inexact{''.join('; ' + note for note in notes)})")
         return step_groups(costs, rerun_forward=calibration.rerun_forward), basis
+
+    def _costed(self, key: PairKey, shape: str, system: SystemSpec) -> dict[str, GroupCost]:
+        """A traced program's groups costed on ``system`` (once: the ZeRO differences' programs
+        serve many keys)."""
+        cached = self._costs.get((key, shape, system.name))
+        if cached is None:
+            cached = self._costs[(key, shape, system.name)] = cost_groups(self._traced(key, shape, system).groups,
+                                                                          system)
+        return cached
 
     def _traced(self, key: PairKey, shape: str, system: SystemSpec) -> PairProgram:
         value = self.program(key, shape, system)

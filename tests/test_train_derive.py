@@ -21,11 +21,11 @@ SHAPE = "28_64_64"
 
 
 def test_the_calibration_batch_keeps_the_power_of_two_the_stage_can_split():
-    # a stage of 4 chips: b = 4 and 8 both calibrate at 3 x 4 = 12 (and 84), b = 1 and 2 at 3
-    # and 6, whatever axis splits the batch (GSPMD reshards over the batch where it divides: a
+    # a stage of 4 chips: b = 4 and 8 both calibrate at 3 x 4 = 12 (and 84), b = 2 at 6, b = 1
+    # at 1 (and 1: a batch dimension of 1 is another program), whatever axis splits the batch (GSPMD reshards over the batch where it divides: a
     # usp pair on 1x4 at b = 8 runs all-to-alls where one at b = 3 runs all-gathers)
     assert [calibration_batch(PairKey("tiny", "dp", (1, 4), None, 0, False, b)) for b in (4, 8)] == [12, 12]
-    assert [calibration_batch(PairKey("tiny", "usp", (1, 4), 2, 0, False, b)) for b in (1, 2, 4, 8)] == [3, 6, 12, 12]
+    assert [calibration_batch(PairKey("tiny", "usp", (1, 4), 2, 0, False, b)) for b in (1, 2, 4, 8)] == [1, 6, 12, 12]
     assert calibration_batch(PairKey("tiny", "usp", (2, 2), 2, 0, False, 6)) == 6
     assert calibration_batch(PairKey("tiny", "megatron", (1, 8), None, 0, False, 16)) == 24
 
@@ -88,8 +88,8 @@ def _estimate_is_the_trace(kernels, key, system, said):
 @pytest.mark.slow  # 10 tiny training traces
 @pytest.mark.trace
 @pytest.mark.parametrize("strategy, mesh, ring, zero, batches", [
-    ("dp", (1, 2), None, 0, (2, 8)),      # per-device 1 and 4; calibrated at 3 and 21
-    ("usp", (1, 2), 2, 0, (1, 4)),
+    ("dp", (1, 2), None, 0, (2, 8)),      # per-device 1 and 4; calibrated at 6 and 42
+    ("usp", (1, 2), 2, 0, (2, 4)),      # calibrated at 6 and 42
     ("dp", (1, 2), None, 3, (2, 4)),
 ])
 def test_one_calibration_predicts_micro_batches_it_was_not_traced_at(tmp_path, strategy, mesh, ring, zero, batches):
