@@ -20,13 +20,17 @@ a baseline run in the same invocation into another fresh directory: ``--baseline
 same command from the checkout at DIR (``git worktree add DIR COMMIT``: the old per-family
 path), else this checkout's ``--per-key-calibrations`` (every recompute key traced as its own).
 ``--quick``: one device, ZeRO 0 (12 calibration traces; a minute for both runs).
-Last measured (the shared 2-core machine, load 3-4, before the calibration shapes' cap and the
-analysis beside the traces): this checkout 859 s, 314 calibration traces and 12 at the plan's
-shape; baseline ``--per-key-calibrations`` 1,432 s, 552 calibration traces; ratio 0.60 (the
-issue's figure for the code before: 18 min 0 s, 552 traces). With both (plan-search alone, load
-about 2): 521 s, 320 calibration traces (160 keys), 12 of 12 traced plans within 5% of the
-estimate, Spearman 1.000; 407 s at load 2.5 and 225 s with ``--jobs 2`` (plan-search alone). The Done-when's 2 minutes is missed: 2-3 s a trace bounds it at
-about 40 traces.
+Both runs get ``--jobs 2`` (the training search's default since the derived calibrations; the
+code before defaulted to 1). Last measured, derived micro-batch and ZeRO calibrations (134
+calibration traces, 12 at the plan's shape) against the checkout before them (320 and 12), in one
+run of this script on the shared 2-core machine under a load of 7-12 (other sessions' traces, and
+this session's slow tests running beside the first run): this checkout 939.7 s, baseline
+1,033.8 s, ratio 0.91 (that run's checkout still derived a micro-batch of 1 from 3 and 21: 11 of
+12 traced plans within 5%, one 1.46x off; fixed since: 12 of 12, worst 1.040, Spearman 1.000).
+Apart, plan-search alone, cold: 291 s at load 2.8-3.4 (this checkout), 291.5 s right after at load 3.2-2.9 (the
+checkout before: 320 traces, each cheaper: its programs' micro-batch is at most 8 where these
+go to 168). The Done-when's 2 minutes is missed: at about 1.8 s a trace (two processes on
+two loaded cores) it allows about 55 traces.
 
 **Confirming.** ``--part confirm``: the wall time of one traced confirmation at full size (the
 flat ds_ulysses plan on 8xh100: one stage of 28 pairs traced, then ``analyze-pipeline``).
