@@ -20,13 +20,17 @@ a baseline run in the same invocation into another fresh directory: ``--baseline
 same command from the checkout at DIR (``git worktree add DIR COMMIT``: the old per-family
 path), else this checkout's ``--per-key-calibrations`` (every recompute key traced as its own).
 ``--quick``: one device, ZeRO 0 (12 calibration traces; a minute for both runs).
-Last measured (the shared 2-core machine, load 3-4, before the calibration shapes' cap and the
-analysis beside the traces): this checkout 859 s, 314 calibration traces and 12 at the plan's
-shape; baseline ``--per-key-calibrations`` 1,432 s, 552 calibration traces; ratio 0.60 (the
-issue's figure for the code before: 18 min 0 s, 552 traces). With both (plan-search alone, load
-about 2): 521 s, 320 calibration traces (160 keys), 12 of 12 traced plans within 5% of the
-estimate, Spearman 1.000; 407 s at load 2.5 and 225 s with ``--jobs 2`` (plan-search alone). The Done-when's 2 minutes is missed: 2-3 s a trace bounds it at
-about 40 traces.
+Both runs get ``--jobs 2`` (the training search's default since the derived calibrations; the
+code before defaulted to 1). Last measured, derived micro-batch and ZeRO calibrations (134
+calibration traces, 12 at the plan's shape) against the checkout before them (320 and 12), in one
+run of this script on the shared 2-core machine under a load of 7-12 (other sessions' traces, and
+this session's slow tests running beside the first run): this checkout 939.7 s, baseline
+1,033.8 s, ratio 0.91 (that run's checkout still derived a micro-batch of 1 from 3 and 21: 11 of
+12 traced plans within 5%, one 1.46x off; fixed since: 12 of 12, worst 1.040, Spearman 1.000).
+Apart, plan-search alone, cold: 291 s at load 2.8-3.4 (this checkout), 291.5 s right after at load 3.2-2.9 (the
+checkout before: 320 traces, each cheaper: its programs' micro-batch is at most 8 where these
+go to 168). The Done-when's 2 minutes is missed: at about 1.8 s a trace (two processes on
+two loaded cores) it allows about 55 traces.
 
 **Full-size inference search, cold cache** (``--part infer``): ``plan-search --shape 153_848_480 --hw
 tx8-16`` (issue 42's second Done-when: a shape the study never calibrated; ``--shape``, ``--hw``,
@@ -168,7 +172,7 @@ def confirm_speed() -> None:
 
 
 #: The tiny training search of the Done-when, and its quick cut (one device, ZeRO 0).
-TRAIN = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "8", "--budget", "2"]
+TRAIN = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "8", "--budget", "2", "--jobs", "2"]
 TRAIN_QUICK = ["--config", "tiny", "--mode", "train", "--hw", "tx8-16", "--devices", "1", "--zero", "0",
                "--budget", "1", "--validate", "0"]
 #: The Done-when's target for the tiny training search, seconds.
@@ -189,8 +193,10 @@ def train_run(root: Path, arguments: list[str], work: Path) -> tuple[float, int,
         sys.exit(f"{root}: plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
     dumps = list((work / "train_calibrations" / "dumps").glob("*/*.mlir"))
     at_shape = sum(1 for dump in dumps if f"_{TINY_SHAPE}_" in dump.parent.name)
-    best = next((line for line in completed.stdout.splitlines() if line.startswith("best plan")), "no best plan")
-    return wall, len(dumps) - at_shape, at_shape, best
+    lines = completed.stdout.splitlines()
+    best = next((line for line in lines if line.startswith("best plan")), "no best plan")
+    check = [line.strip() for line in lines if line.startswith(("estimate on the traced", "estimate within"))]
+    return wall, len(dumps) - at_shape, at_shape, "\n      ".join([best, *(line.split("; pair mem")[0] for line in check)])
 
 
 def train_speed(quick: bool, baseline: Path | None) -> None:
@@ -203,7 +209,8 @@ def train_speed(quick: bool, baseline: Path | None) -> None:
         runs["this"] = train_run(REPO_ROOT, arguments, Path(tmp) / "this")
         runs["base"] = train_run(baseline or REPO_ROOT, arguments if baseline else
                                  [*arguments, "--per-key-calibrations"], Path(tmp) / "base")
-    print(f"plan-search {' '.join(arguments)}, cold cache:")
+    print(f"plan-search {' '.join(arguments)}, cold cache (load average after: "
+          f"{', '.join(f'{value:.2f}' for value in os.getloadavg())}):")
     for label, (wall, calibrations, at_shape, best) in (("baseline: " + named, runs["base"]), ("this checkout", runs["this"])):
         print(f"  {label:40s} {wall:7.1f} s   {calibrations:4d} calibration traces, {at_shape} at the plan's shape;"
               f" {best}")

@@ -38,6 +38,8 @@ NO_ANSWER = 3
 
 #: Bytes per GB as the report prints memory (decimal, as the study's tables).
 GIGA = 1e9
+#: --mode train's default tracing processes at most (one a core; each a one-pair program).
+TRAIN_JOBS = 2
 #: Untraced plans the text lists, by estimate.
 UNTRACED_SHOWN = 10
 
@@ -247,10 +249,10 @@ def plot_front(result, path: str, *, force: bool) -> None:
               help="PipeFusion patch counts M of the pipelines, comma-separated.")
 @click.option("--steps", type=Count(), default=30, show_default=True,
               help="Sampling steps of one inference.")
-@click.option("-j", "--jobs", type=Count(), default=1,
-              show_default=True,
+@click.option("-j", "--jobs", type=Count(), default=None,
               help="Plans traced at once (clamped to the memory available, ~4 GiB a trace); "
-                   "--mode train: tracing processes of the calibrations and the plans' pairs.")
+                   "--mode train: tracing processes of the calibrations and the plans' pairs.  "
+                   f"[default: 1; --mode train: the cores, at most {TRAIN_JOBS}]")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
               help="Trace on the workers of this Dask distributed scheduler (the cluster "
                    "extra; --work-dir must be on a filesystem every worker sees at the same "
@@ -293,9 +295,9 @@ def plot_front(result, path: str, *, force: bool) -> None:
 @click.option("--zero", "zero_stages", default="0,1,2,3", show_default=True,
               help="--mode train: ZeRO stages of the plans, comma-separated.")
 @click.option("--derived-calibrations/--per-key-calibrations", "derive_recompute", default=True, show_default=True,
-              help="--mode train: calibrate a recompute plan with the traces of its twin without recompute, "
-                   "the forward's kernels once more (docs/plan_search.md), or trace every key's own "
-                   "(twice the calibration traces; the reference the derived ones are measured against).")
+              help="--mode train: derive the micro-batch, the ZeRO stage and recompute from fewer traces "
+                   "(docs/plan_search.md), or trace every key's own at the two calibration shapes "
+                   "(the reference the derived ones are measured against).")
 @click.option("--check-stages", type=click.IntRange(0, MAX_COUNT), default=0, show_default=True,
               help="--mode train: also trace every pipeline stage of this many of the traced plans "
                    "whole (all its pairs, one micro-batch, the optimizer and ZeRO collectives; the "
@@ -362,6 +364,8 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     work_dir = _work_dir(work_dir, cache_dir)
+    if jobs is None:  # a training search's traces are one-pair programs: one process a core
+        jobs = min(TRAIN_JOBS, os.cpu_count() or 1) if mode == "train" else 1
     if module_model is not None:
         roles = (("column", role_column), ("row", role_row), ("qkv", role_qkv), ("attn_out", role_attn_out))
         return _module_search(ModelOptions(module_model, shape, module_inputs, module_kwargs, roles, strategies,
@@ -552,7 +556,7 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
     if estimate_kind == "kernels":
         from planning.train_estimate import TrainKernels
 
-        kernels = TrainKernels(work, model_config, shape, jobs=jobs, derive_recompute=derive_recompute)
+        kernels = TrainKernels(work, model_config, shape, jobs=jobs, derive=derive_recompute)
     result = train_search.search_train(model_config, shape, hardware, space, devices=devices,
                                        memory_limit_bytes=limit, kernels=kernels,
                                        budget=budget if confirm else 0, validate=validate if confirm else 0,

@@ -25,7 +25,7 @@ collectives) and ``backward`` (the rest: the backward, a recomputed forward amon
 backward, its activation collectives included, and changes nothing else that runs: so a
 recompute plan's per-micro-batch kernels are the same pair's without recompute plus its
 ``forward`` group once more (:func:`step_groups`), and :class:`TrainKernels` calibrates a
-recompute key with the traces of its twin without recompute (``derive_recompute``; one
+recompute key with the traces of its twin without recompute (``derive``; one
 calibration serves both, halving the keys). Checked on traces it was not built from
 (``tests/test_train_generalise.py``): on tiny one-pair steps the derived micro-batch is
 within :data:`RECOMPUTE_TOLERANCE` of the traced recompute program: -2.9% (ds_ulysses 2x2)
@@ -40,17 +40,52 @@ traced recompute step is far cheaper than the derivation (dp on 1x4 of the 3-pai
 1.54 ms traced, 2.01 ms derived, +31%; the rerun forward and the backward share the weights'
 gathers and their work), so a ZeRO-3 recompute key is traced as its own.
 
+**The micro-batch as a third dimension.** The micro-batch ``B`` is a dimension as ``T`` and
+``W`` are: every integer of the pair's program is ``c T^a W^b B^e``. So the two calibration
+programs differ in the batch too: the first at ``(T0, W0)`` with ``b0`` (:func:`calibration_batch`:
+``3 * 2^k``, the plan's power of two of ``B`` capped at the largest power of two of the stage's
+chips, by the frames' argument of ``plan_estimate.calibration_shapes``: GSPMD reshards over the
+batch where a mesh axis divides it, whichever axis splits it; a usp pair on 1x4 runs
+all-to-alls at B = 8 where it runs all-gathers at B = 3), the second at ``(3 T0, 5 W0)`` with
+:data:`BATCH_FACTOR` ``b0``; a ratio ``3^a 5^b 7^e`` names the three exponents and the value at
+the plan is ``v0 (T/T0)^a (W/W0)^b (B/b0)^e`` (``_StepRescaler``). One calibration serves the
+micro-batches of a strategy, mesh and ring that agree in their power of two up to the stage's
+(8 and 4 on 4 chips; 8, 4 and 2 on 2). Not a micro-batch of 1: a batch dimension of 1 makes
+another program (usp on 1x4 ring 2 at B = 1: 80 us of collectives per micro-batch and 1.07 ms
+per step, where the one at B = 3 rescaled to 1 has 704 us and 0.53 ms: gradient sums move),
+so B = 1 is calibrated at B = 1 in both programs (the batch kept). Checked on traces it was not built from
+(``tests/test_train_derive.py``: dp on 1x2 at B = 2 and 8, usp 1x2 ring 2 at 1 and 4, dp ZeRO-3
+at 2 and 4, each traced at the plan's shape and micro-batch): within the estimate's 5% per group.
+
+**ZeRO 1-3 as ZeRO-0 plus a measured difference.** A ZeRO stage changes where the optimizer
+states, gradients (ZeRO-2) and weights (ZeRO-3) live: the optimizer's kernels and collectives,
+the gradient sums, and under ZeRO-3 the weights' gathers, sizes of the parameters over the
+data-parallel group, none of which depends on ``T``, ``W`` or the micro-batch (the update group
+of a traced pair is the same program at B = 12 and 84). So a ZeRO-z key's groups are its ZeRO-0
+twin's, rescaled, plus the difference ``z - 0`` of each costed group measured once per stage
+mesh: one trace of the ZeRO-z pair at the first calibration shape, ``B = 3 * 2^L`` (``2^L`` the
+stage's largest power of two) and usp's ring 1 for every ring, less its ZeRO-0 twin there.
+Exact where what differs is parameter-sized; measured (``tests/test_train_derive.py``: usp 2x2
+ring 2 at ZeRO 1-3, dp 1x4 at ZeRO 1 and 3, traced at the plan's shape and micro-batch 4)
+within the estimate's 5% per group. A ZeRO-3 recompute key is traced as its own (above), at
+``b0`` and ``7 b0``.
+
+With both, the tiny training search (8 devices of tx8-16, 276 fitting plans) traces 134
+calibration programs instead of 320 (552 per key). ``derive`` False (``--per-key-calibrations``)
+traces every key's own at the two shapes, its micro-batch kept: the reference.
+
 :func:`compose_step` composes a pipeline of P stages of n pairs each with 1F1B over m
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
 boundary (the hidden states forward, their gradient back) is the caller's.
 
 The estimate takes the same program at the two calibration shapes of ``planning.plan_estimate``
-(``(T0, W0)`` and ``(3 T0, 5 W0)``, the plan's height and micro-batch kept): the kernels line up
-one to one and every integer is rescaled to the plan's shape as there
-(``plan_estimate._Rescaler``), then costed with ``hlo_analyzer.mapping.program.map_kernels``; the
-traced figure costs the plan's own full-size program the same way. Estimate and trace so
+(``(T0, W0)`` and ``(3 T0, 5 W0)``, the plan's height kept): the kernels line up
+one to one and every integer is rescaled to the plan's shape and micro-batch as above, then
+costed with ``hlo_analyzer.mapping.program.map_kernels``; the
+traced figure costs the plan's own full-size program the same way (never derived). Estimate and traced so
 differ only where the full-size program has other kernels than the rescaled small ones (an
-integer that is no product of the shape's powers: counted in the basis). Both leave out the
+integer that is no product of the powers: counted in the basis) or a derivation above is not
+exact. Both leave out the
 embeddings and the final layer (0.3% of the parameters; the first and last stages' extra
 work) and assume the stages alike (an even split of the pairs; every stage's collectives as
 the first stage's chips run them).
@@ -66,7 +101,9 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import itertools
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,9 +119,13 @@ from hlo_trace.errors import UsageError
 from models.opensora.config import get_config
 from models.opensora.flops import parameter_count
 from planning.plan_estimate import (
+    CALIBRATION_FACTORS,
     FAILURE_FILE,
+    MAX_EXPONENT,
     GroupCost,
+    _largest_power_of_two,
     _Rescaler,
+    _small,
     calibration_shapes,
     dump_names,
     run_calibration_traces,
@@ -93,9 +134,9 @@ from plans.calibration import request_config
 from plans.feasibility import check_stage
 from plans.train_options import TrainOptions
 
-__all__ = ["GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairKey", "PairProgram",
-           "TrainKernels", "TrainStep", "analyze_pair", "check_traceable", "compose_step", "cost_groups",
-           "pair_stage", "step_groups"]
+__all__ = ["BATCH_FACTOR", "GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairCalibration",
+           "PairKey", "PairProgram", "TrainKernels", "TrainStep", "analyze_pair", "calibration_batch",
+           "check_traceable", "compose_step", "cost_groups", "data_parallel", "pair_stage", "step_groups"]
 
 #: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
 GROUPS = ("micro", "update")
@@ -120,6 +161,21 @@ UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump).
 CACHE_VERSION = 2
+#: The second calibration program's micro-batch is ``BATCH_FACTOR b0``: an odd prime other than
+#: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
+BATCH_FACTOR = 7
+#: The stage shapes (``tracing.stages.boundary_shapes``) of every traced pair, one file beside
+#: their dump directories: they depend on the shape and the micro-batch, not on the layout.
+SHAPE_CACHE = "stage_shapes.json"
+#: Which devices of a stage split the micro-batch, by layout: all of them (dp), the x axis (the
+#: sequence-parallel layouts and megatron_sp), none (megatron).
+BATCH_AXIS = {"dp": "all", "megatron": "none", "megatron_sp": "x", "ds_ulysses": "x",
+              "ring_attention": "x", "usp": "x"}
+
+
+def data_parallel(strategy: str, mesh: tuple[int, int]) -> int:
+    """Devices of a stage mesh that split the batch under ``strategy`` (:data:`BATCH_AXIS`)."""
+    return {"all": mesh[0] * mesh[1], "x": mesh[0], "none": 1}[BATCH_AXIS[strategy]]
 
 
 def pair_stage(depth: int) -> tuple[str, int]:
@@ -157,6 +213,10 @@ class PairKey:
         return (f"{Path(self.config).stem}_{shape}_{self.strategy}_{nx}x{ny}{ring}_b{self.micro_batch}_"
                 f"{self.train_label}")
 
+    @property
+    def data_parallel(self) -> int:
+        return data_parallel(self.strategy, self.mesh)
+
     def request(self, shape: str, out: Path) -> dict[str, Any]:
         """``tracing.calibrate``'s request for the pair's training step at ``shape``."""
         stage_ids, stage = pair_stage(get_config(self.config).depth)
@@ -164,7 +224,70 @@ class PairKey:
                 "ring": self.ring, "patches": 1, "stage_ids": stage_ids,
                 "stages": [stage], "batch": self.micro_batch, "out": str(out),
                 "train": {"zero": self.zero, "recompute": "full" if self.recompute else "none",
-                          "label": self.train_label}}
+                          "label": self.train_label},
+                "shape_cache": str(out.parent / SHAPE_CACHE)}
+
+
+def calibration_batch(key: PairKey) -> int:
+    """The micro-batch ``b0`` of ``key``'s first calibration program: ``3 * 2^k`` with the power
+    of two of the plan's micro-batch capped at the largest power of two of the stage's chips
+    (module doc); a micro-batch of 1 is its own (a batch dimension of 1 makes another program)."""
+    if key.micro_batch == 1:
+        return 1
+    return _small(key.micro_batch, _largest_power_of_two(key.mesh[0] * key.mesh[1]))
+
+
+@dataclass(frozen=True)
+class PairCalibration:
+    """The traced programs a key's estimate is made of (module doc): ``base`` at the first
+    calibration shape and ``scaled`` at the second (the plan's micro-batch, or ``b0`` and
+    ``BATCH_FACTOR b0``); for a ZeRO stage derived from ZeRO-0, ``zero`` = (the pair under that
+    stage, its ZeRO-0 twin), both at the first shape; ``rerun_forward`` a recompute key derived
+    from its twin without recompute."""
+
+    base: PairKey
+    scaled: PairKey
+    zero: tuple[PairKey, PairKey] | None
+    rerun_forward: bool
+
+    @property
+    def batch_factor(self) -> int:
+        return self.scaled.micro_batch // self.base.micro_batch
+
+
+class _StepRescaler(_Rescaler):
+    """``plan_estimate._Rescaler`` with a third factor, the micro-batch's: an integer ``v0`` in
+    the first program and ``v1 = v0 3^a 5^b f^c`` in the second (``f`` = ``batch_factor``,
+    :data:`BATCH_FACTOR` or 1: the batch kept) is ``v0 (T/T0)^a (W/W0)^b (B/B0)^c`` at the plan."""
+
+    def __init__(self, t_ratio: Fraction, w_ratio: Fraction, b_ratio: Fraction, batch_factor: int) -> None:
+        super().__init__(t_ratio, w_ratio)
+        self.b_ratio, self.batch_factor = b_ratio, batch_factor
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        if type(a) is int and type(b) is int:
+            value, exact = self.value(a, b)
+            self.values += 1
+            self.inexact += not exact
+            return value
+        return super().__call__(a, b)
+
+    def value(self, v0: int, v1: int) -> tuple[int, bool]:
+        """The integer at the plan's shape and micro-batch, and whether it was exact (else the
+        nearest power of the factors' geometric mean, as ``plan_estimate.rescale_value``)."""
+        if v0 <= 0 or v1 <= 0:
+            return (v0, True) if v0 == v1 else (max(v0, 0), False)
+        factors = (*CALIBRATION_FACTORS, self.batch_factor)
+        ratios = (self.t_ratio, self.w_ratio, self.b_ratio)
+        batch_exponents = range(MAX_EXPONENT + 1) if self.batch_factor > 1 else (0,)
+        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
+            if v0 * math.prod(f ** e for f, e in zip(factors, exponents, strict=True)) == v1:
+                value = v0 * math.prod(r ** e for r, e in zip(ratios, exponents, strict=True))
+                return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
+        moved = [(f, r) for f, r in zip(factors, ratios, strict=True) if f > 1]
+        power = math.log(v1 / v0) / math.log(math.prod(f for f, _ in moved) ** (1 / len(moved)))
+        mean_ratio = math.prod(float(r) for _, r in moved) ** (1 / len(moved))
+        return max(1, round(v0 * mean_ratio ** power)), False
 
 
 def check_traceable(key: PairKey, shape: str) -> None:
@@ -295,21 +418,23 @@ class TrainKernels:
     the trace lock (``lock``: :data:`USER_LOCK`, the user's for a model of
     :data:`UNLOCKED_PARAMETERS` or more; a path; None: none), analysed per chip kind and
     cached under ``work/train_calibrations``; ``jobs`` tracing processes at once.
-    ``derive_recompute``: a recompute key is
-    calibrated with its twin without recompute (module doc); False traces it as its own (the
-    per-family calibration, the baseline of ``benchmarks/plan_search.py``)."""
+    ``derive``: the micro-batch, the ZeRO stage and recompute derived (module doc,
+    :meth:`calibration`); False traces each key's own at the two shapes (the per-key
+    calibration, the baseline of ``benchmarks/plan_search.py``)."""
 
     def __init__(self, work: Path, config: str, shape: str, *, lock: str | Path | None = USER_LOCK,
-                 derive_recompute: bool = True, jobs: int = 1) -> None:
+                 derive: bool = True, jobs: int = 1) -> None:
         self.work = Path(work) / "train_calibrations"
         self.jobs = jobs
         small = parameter_count(get_config(config)) < UNLOCKED_PARAMETERS
         self.lock = None if lock == USER_LOCK and small else lock
-        self.derive_recompute = derive_recompute
+        self.derive = derive
         self._holding = False
         self._lock_context: Any = None
         self.config, self.shape = config, shape
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
+        self._estimates: dict[tuple[PairKey, str], tuple[dict[str, GroupCost], str]] = {}
+        self._costs: dict[tuple[PairKey, str, str], dict[str, GroupCost]] = {}
         self.traced = 0
 
     @contextmanager
@@ -359,28 +484,48 @@ class TrainKernels:
         nx, ny = key.mesh
         return calibration_shapes(get_config(self.config), self.shape, nx * ny)
 
-    def calibration_key(self, key: PairKey) -> PairKey:
-        """The key whose traces calibrate ``key``'s estimate: its twin without recompute
-        (``derive_recompute``, ZeRO 0-2: module doc), else itself."""
-        derived = self.derive_recompute and key.zero < NO_DERIVED_RECOMPUTE_ZERO
-        return dataclasses.replace(key, recompute=False) if derived else key
+    def calibration(self, key: PairKey) -> PairCalibration:
+        """The programs ``key``'s estimate is made of (module doc; ``derive`` False: the key's own
+        at the two shapes, its micro-batch kept)."""
+        if not self.derive:
+            return PairCalibration(key, key, None, False)
+        b0 = calibration_batch(key)
+        own = key.zero >= NO_DERIVED_RECOMPUTE_ZERO and key.recompute  # traced as its own
+        base = dataclasses.replace(key, micro_batch=b0, **({} if own else {"zero": 0, "recompute": False}))
+        zero = None
+        if base.zero != key.zero:
+            ring = 1 if key.strategy == "usp" else key.ring  # the ZeRO difference: not the ring's
+            batch = _small(_largest_power_of_two(key.mesh[0] * key.mesh[1]))  # nor the micro-batch's
+            staged = dataclasses.replace(base, ring=ring, zero=key.zero, micro_batch=batch)
+            zero = (staged, dataclasses.replace(staged, zero=0))
+        factor = BATCH_FACTOR if b0 > 1 else 1  # a batch of 1 stays 1 (calibration_batch)
+        return PairCalibration(base, dataclasses.replace(base, micro_batch=factor * b0), zero,
+                               key.recompute and not base.recompute)
 
     def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
-        """The distinct keys traced to calibrate ``keys``, in their order."""
-        return list(dict.fromkeys(self.calibration_key(key) for key in keys))
+        """The distinct keys traced at the first calibration shape to calibrate ``keys``, in
+        their order (the second shape's are their ``scaled`` twins)."""
+        return list(dict.fromkeys(self.calibration(key).base for key in keys))
 
     def requests(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False) -> list[dict[str, Any]]:
         """The trace requests of :meth:`prepare` whose programs are not analysed yet (some may
         be traced already: ``run_calibration_traces`` skips those)."""
         return [request for _, _, request in self._planned(keys, system, full=full)]
 
+    def _calibration_programs(self, key: PairKey) -> list[tuple[PairKey, str]]:
+        """(traced key, shape) of every program ``key``'s estimate reads."""
+        calibration = self.calibration(key)
+        base_shape, scaled_shape = self.shapes(key)[:2]
+        programs = [(calibration.base, base_shape), (calibration.scaled, scaled_shape)]
+        return programs + [(zero, base_shape) for zero in calibration.zero or ()]
+
     def _planned(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool,
                  ) -> list[tuple[PairKey, str, dict[str, Any]]]:
         """(traced key, shape, request) of each program of :meth:`requests`."""
-        keys = list(keys) if full else self.calibration_keys(keys)
+        programs = [(key, self.shape) for key in keys] if full else \
+            [program for key in keys for program in self._calibration_programs(key)]
         kind = system.chip.name
-        return [(key, shape, key.request(shape, self._dump_dir(key, shape))) for key in dict.fromkeys(keys)
-                for shape in ((self.shape,) if full else self.shapes(key)[:2])
+        return [(key, shape, key.request(shape, self._dump_dir(key, shape))) for key, shape in dict.fromkeys(programs)
                 if not self._analysis_path(key, shape, kind).exists()]
 
     def prepare(self, keys: Sequence[PairKey], system: SystemSpec, *, full: bool = False,
@@ -437,24 +582,52 @@ class TrainKernels:
         return value
 
     def estimate(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], str]:
-        """The pair's groups at the plan's shape from the two calibration programs, costed on
-        ``system``, and the basis (ValueError when a calibration failed or the two differ). A
-        recompute key of ``derive_recompute`` takes its twin's programs, the forward once more."""
-        calibrated = self.calibration_key(key)
+        """The pair's groups at the plan's shape and micro-batch from its calibration's programs
+        (:meth:`calibration`), costed on ``system``, and the basis (ValueError when a calibration
+        failed or its two programs differ): the two programs rescaled; a derived ZeRO stage's
+        difference from ZeRO-0 added; a derived recompute key's forward once more."""
+        cached = self._estimates.get((key, system.name))
+        if cached is None:
+            cached = self._estimates[(key, system.name)] = self._estimate(key, system)
+        return cached
+
+    def _estimate(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], str]:
+        calibration = self.calibration(key)
         base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
-        base = self.program(calibrated, base_shape, system)
-        scaled = self.program(calibrated, scaled_shape, system)
-        for value in (base, scaled):
-            if isinstance(value, str):
-                raise ValueError(f"calibration not traced: {value}")
-        assert isinstance(base, PairProgram) and isinstance(scaled, PairProgram)
-        rescaler = _Rescaler(t_ratio, w_ratio)
-        groups = {name: rescaler(base.groups[name], scaled.groups[name]) for name in PROGRAM_GROUPS}
-        derived = calibrated.recompute != key.recompute
+        programs = [self._traced(calibration.base, base_shape, system),
+                    self._traced(calibration.scaled, scaled_shape, system)]
+        rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(key.micro_batch, calibration.base.micro_batch),
+                                 calibration.batch_factor)
+        groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
+        costs = cost_groups(groups, system)
+        notes = []
+        if calibration.base.micro_batch != key.micro_batch:
+            notes.append(f"micro-batch {key.micro_batch} from {calibration.base.micro_batch} and "
+                         f"{calibration.scaled.micro_batch}")
+        if calibration.zero is not None:
+            staged, plain = (self._costed(zero, base_shape, system) for zero in calibration.zero)
+            costs = {name: costs[name] + staged[name] - plain[name] for name in PROGRAM_GROUPS}
+            notes.append(f"ZeRO-{key.zero}: ZeRO-0 and the difference at {base_shape}")
+        if calibration.rerun_forward:
+            notes.append("recompute: the pair without it, its forward once more")
         basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
-                 f"{rescaler.values} integers inexact"
-                 f"{'; recompute: the pair without it, its forward once more' if derived else ''})")
-        return step_groups(cost_groups(groups, system), rerun_forward=derived), basis
+                 f"{rescaler.values} integers inexact{''.join('; ' + note for note in notes)})")
+        return step_groups(costs, rerun_forward=calibration.rerun_forward), basis
+
+    def _costed(self, key: PairKey, shape: str, system: SystemSpec) -> dict[str, GroupCost]:
+        """A traced program's groups costed on ``system`` (once: the ZeRO differences' programs
+        serve many keys)."""
+        cached = self._costs.get((key, shape, system.name))
+        if cached is None:
+            cached = self._costs[(key, shape, system.name)] = cost_groups(self._traced(key, shape, system).groups,
+                                                                          system)
+        return cached
+
+    def _traced(self, key: PairKey, shape: str, system: SystemSpec) -> PairProgram:
+        value = self.program(key, shape, system)
+        if isinstance(value, str):
+            raise ValueError(f"calibration not traced: {value}")
+        return value
 
     def full(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], dict[str, int]] | str:
         """The pair's own program at the plan's shape, costed on ``system``, and its memory

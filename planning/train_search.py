@@ -65,7 +65,14 @@ from models.opensora.training_theory import (
     training_buffer_bytes,
 )
 from planning.plan_estimate import GroupCost
-from planning.train_estimate import PairKey, TrainKernels, TrainStep, check_traceable, compose_step
+from planning.train_estimate import (
+    PairKey,
+    TrainKernels,
+    TrainStep,
+    check_traceable,
+    compose_step,
+    data_parallel,
+)
 
 __all__ = ["TRAIN_STRATEGIES", "TrainEstimate", "TrainOutcome", "TrainPlan", "TrainSearchResult",
            "TrainSpace", "boundary_s", "enumerate_train_plans", "estimate_train_plan", "kernel_train_estimate",
@@ -84,9 +91,6 @@ RECOMPUTE_STEP_OVER_FORWARD = 4
 _IDEAL = {"dp": ("dp", "mesh"), "megatron": ("megatron", "mesh"),
           "megatron_sp": ("two_dimension", "mesh"), "ds_ulysses": ("ds_ulysses", "y"),
           "usp": ("ds_ulysses", "y"), "ring_attention": ("ring_attention", "y")}
-#: Which devices split the batch: all of the stage (dp), x (the others but megatron), none.
-_BATCH_AXIS = {"dp": "all", "megatron": "none", "megatron_sp": "x", "ds_ulysses": "x",
-               "ring_attention": "x", "usp": "x"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ class TrainPlan:
     @property
     def data_parallel(self) -> int:
         """Devices of a stage that split the batch (the data-parallel degree)."""
-        return {"all": self.stage_chips, "x": self.mesh[0], "none": 1}[_BATCH_AXIS[self.strategy]]
+        return data_parallel(self.strategy, self.mesh)
 
     @property
     def label(self) -> str:

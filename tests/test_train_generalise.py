@@ -6,6 +6,7 @@ checked against traces at both."""
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import pytest
@@ -29,10 +30,12 @@ def test_recompute_reruns_the_forward_group_once_per_micro_batch():
 def test_a_recompute_key_is_calibrated_by_its_twin_without_recompute(tmp_path):
     keys = [PairKey("tiny", "usp", (2, 2), ring, 0, recompute, 2) for ring in (1, 2) for recompute in (False, True)]
     kernels = TrainKernels(tmp_path, "tiny", SHAPE, lock=None)
-    assert kernels.calibration_keys(keys) == [keys[0], keys[2]]
+    calibrated = [dataclasses.replace(keys[0], micro_batch=6), dataclasses.replace(keys[2], micro_batch=6)]
+    assert kernels.calibration_keys(keys) == calibrated  # micro-batch b0 = 3 x 2 (tests/test_train_derive.py)
     zero3 = [PairKey("tiny", "dp", (1, 4), None, 3, recompute, 4) for recompute in (False, True)]
-    assert kernels.calibration_keys(zero3) == zero3  # not derived under ZeRO-3 (module doc)
-    per_family = TrainKernels(tmp_path, "tiny", SHAPE, lock=None, derive_recompute=False)
+    assert kernels.calibration_keys(zero3) == [dataclasses.replace(zero3[0], zero=0, micro_batch=12),
+                                               dataclasses.replace(zero3[1], micro_batch=12)]  # own under ZeRO-3
+    per_family = TrainKernels(tmp_path, "tiny", SHAPE, lock=None, derive=False)
     assert per_family.calibration_keys(keys) == keys
 
 

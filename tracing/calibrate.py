@@ -3,7 +3,8 @@ estimate calibrations (``planning.plan_estimate``) in one process.
 
 ``REQUESTS.json`` lists ``{"config": MODEL_TOML, "shape", "strategy", "mesh": [nx, ny],
 "ring": int|null, "patches", "stage_ids": "0-2", "stages": [0], "out": DIR}`` (a training step,
-``planning.train_estimate``, adds ``"batch"`` and ``"train": {"zero", "recompute", "label"}``); every stage of
+``planning.train_estimate``, adds ``"batch"``, ``"train": {"zero", "recompute", "label"}`` and
+``"shape_cache"``: one file of stage shapes for all its requests, else ``out/stage_shapes.json``); every stage of
 ``stages`` whose dump is not in ``out`` yet is traced there; ``{"pipeline": FILE, "stages", "out",
 "failures": DIR}`` traces stages of a pipeline file at its full size, as ``trace-stage --pipeline``
 does (the plan search's confirmations, ``planning.plan_search.runner_tracer``). torch and torch-xla are imported once (op metadata on, as
@@ -71,7 +72,8 @@ def _trace_request(request: dict) -> int:
     for stage, name in zip(request["stages"], dump_names(request), strict=True):
         if (out / name).exists():
             continue
-        trace_to_dump(config, stage, out, "stablehlo", True, out / "stage_shapes.json", train,
+        shapes = Path(request["shape_cache"]) if "shape_cache" in request else out / "stage_shapes.json"
+        trace_to_dump(config, stage, out, "stablehlo", True, shapes, train,
                       origin=config.dump_name(stage), what="tracing a calibration stage",
                       live_stderr=False)
         traced += 1
