@@ -60,7 +60,6 @@ from models.opensora.inputs import geometry, parse_shape
 from models.opensora.parallel import STRATEGY_NAMES, strategy_info
 from models.opensora.theory import (
     BlockDims,
-    DeviceCountError,
     final_layer_collectives,
     layout_collectives,
 )
@@ -69,7 +68,7 @@ from plans.calibration import SERVED
 from plans.cases import WARMUP_STEPS, PipelineCase, PipelineShape, split_pairs
 from plans.config import PipelineConfigError, Submesh, build_config
 from plans.feasibility import check_stage
-from plans.patches import patch_plan
+from plans.patches import patch_config, patch_plan
 
 log = logging.getLogger(__name__)
 
@@ -298,9 +297,7 @@ def _check_feasible(case: PipelineCase) -> None:
                           ring_degree=case.ring,
                           ulysses_degree=None if case.ring is None
                           else case.stage_mesh[1] // case.ring)
-    if case.patches > 1:
-
-        patch_plan(config.model, config.shape, case.patches)
+    config = patch_config(config)  # a PipeFusion stage is traced on one patch
     for stage in range(config.num_stages):
         check_stage(config, stage)
 
@@ -518,14 +515,8 @@ def ideal_estimate(plan: Plan, system: SystemSpec, *, steps: int = 30) -> Estima
     dims = BlockDims.of(model, T, S, GUIDANCE_BATCH, BYTES_PER_ELEMENT)
     ulysses = None if case.ring is None else mesh[1] // case.ring
     pair_s, basis, shapes = _ideal_block(model, T, S, strategy, mesh, system, kv_scale)
-    try:
-        terms = layout_collectives(strategy, dims, mesh, case.ring, ulysses)
-        final_terms = final_layer_collectives(strategy, dims, mesh, model.final_out_features)
-    except DeviceCountError as error:
-        # the tracer pads what the formula will not split (a PipeFusion patch of S = 795 tokens
-        # over Y = 2): no collectives in the ideal latency, said in the basis; the memory stands
-        terms = final_terms = ()
-        basis = f"{basis} (no layout collectives: {error})"
+    terms = layout_collectives(strategy, dims, mesh, case.ring, ulysses)
+    final_terms = final_layer_collectives(strategy, dims, mesh, model.final_out_features)
     chips_per_stage = mesh[0] * mesh[1]
     tokens = GUIDANCE_BATCH * T * S / chips_per_stage
     stage_patch, stage_comm, memory = [], [], []

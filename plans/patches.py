@@ -9,14 +9,15 @@ sizes a plan's patches with the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from models.opensora.config import STDiT3Config
 from models.opensora.inputs import geometry, parse_shape
-from plans.config import PipelineConfigError
+from plans.config import PipelineConfig, PipelineConfigError
 
-__all__ = ["PatchPlan", "patch_plan"]
+__all__ = ["PatchPlan", "patch_config", "patch_plan"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +52,13 @@ def patch_plan(model: STDiT3Config, shape: str, patches: int) -> PatchPlan:
     patch = geometry(model, patch_shape)
     return PatchPlan(patches=patches, full_shape=str(video), patch_shape=patch_shape, rows=rows,
                      S_full=full.S, S_patch=patch.S, T=full.T)
+
+
+def patch_config(config: PipelineConfig) -> PipelineConfig:
+    """The configuration a stage of ``config`` is traced with: under PipeFusion one patch of its
+    latent (the patch's shape, no patches), so the strategy's checks see the patch's tokens, as
+    the tracer does; ``config`` itself without patches."""
+    if config.patches == 1:
+        return config
+    plan = patch_plan(config.model, config.shape, config.patches)
+    return dataclasses.replace(config, shape=plan.patch_shape, patches=1)

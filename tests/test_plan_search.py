@@ -125,16 +125,15 @@ def test_latency_estimate_is_blocks_times_steps_plus_the_layouts_collectives():
         megatron.latency_s / 10)
 
 
-def test_a_plan_the_tracer_pads_but_the_layout_formula_will_not_split_is_still_estimated():
-    # full at 153_848_480: 30 x 53 patches, S = 1590; a PipeFusion patch of M = 2 holds 795
-    # tokens, which opensora_sp on Y = 2 pads (the tracer accepts the plan) and the formula
-    # refuses: the search estimates it (no layout collectives, said) instead of ending
+def test_a_pipefusion_plan_whose_patch_the_strategy_cannot_split_is_refused_with_the_tracers_reason():
+    # full at 153_848_480: 30 x 53 patches, S = 1590; a PipeFusion patch of M = 2 is 15 rows,
+    # S = 795 tokens, which opensora_sp cannot split over Y = 2 (the tracer traces the patch and
+    # refuses it); the whole latent's S = 1590 would split. M = 1 is accepted.
     space = enumerate_plans("full", "153_848_480", 16, strategies=("opensora_sp",), stage_counts=(8,),
-                            patch_counts=(2,), splits=1)
-    assert space.plans
-    estimate = estimate_plan(space.plans[0], load_system("tx8-16"))
-    assert estimate.latency_s > 0 and estimate.comm_s == 0
-    assert "no layout collectives" in estimate.basis and "S = 795" in estimate.basis
+                            patch_counts=(1, 2), splits=1)
+    assert space.plans and all(plan.case.patches == 1 for plan in space.plans)
+    refused = [reason for label, reason in space.infeasible if label.endswith("M=2")]
+    assert refused and all("S = 795 is not divisible by the 2 devices" in reason for reason in refused)
 
 
 def test_spearman_on_hand_ranked_sequences():

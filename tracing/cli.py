@@ -36,7 +36,7 @@ from plans.config import (
     check_trace_size,
     load_config_file,
 )
-from plans.patches import patch_plan
+from plans.patches import patch_config, patch_plan
 from plans.train_options import TrainOptions
 
 if TYPE_CHECKING:
@@ -127,12 +127,10 @@ def capture_stage(config: PipelineConfig, stage: int, out_dir: Path, force: bool
 
     traced_config, stale_shapes, plan = config, None, None
     if config.patches > 1:
-        import dataclasses
-
         from tracing.pipefusion import stale_buffer_shapes
 
         plan = patch_plan(config.model, config.shape, config.patches)
-        traced_config = dataclasses.replace(config, shape=plan.patch_shape, patches=1)
+        traced_config = patch_config(config)
         stale_shapes = stale_buffer_shapes(config.model, plan, stage_spec(config, stage),
                                            config.batch)
     shapes = boundary_shapes(traced_config, shape_cache)
