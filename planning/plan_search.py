@@ -297,9 +297,10 @@ def _check_feasible(case: PipelineCase) -> None:
                           ring_degree=case.ring,
                           ulysses_degree=None if case.ring is None
                           else case.stage_mesh[1] // case.ring)
-    config = patch_config(config)  # a PipeFusion stage is traced on one patch
-    for stage in range(config.num_stages):
-        check_stage(config, stage)
+    # the tracer checks the whole latent's layout, and under PipeFusion the patch's it traces
+    for checked in dict.fromkeys((config, patch_config(config))):
+        for stage in range(checked.num_stages):
+            check_stage(checked, stage)
 
 
 def enumerate_plans(config: str, shape: str, devices: int, *,

@@ -134,6 +134,12 @@ def test_a_pipefusion_plan_whose_patch_the_strategy_cannot_split_is_refused_with
     assert space.plans and all(plan.case.patches == 1 for plan in space.plans)
     refused = [reason for label, reason in space.infeasible if label.endswith("M=2")]
     assert refused and all("S = 795 is not divisible by the 2 devices" in reason for reason in refused)
+    # and the whole latent's layout is checked too: M = 4 patches of S = 424 tokens split over
+    # Y = 4, but the tracer refuses the plan because S = 1590 does not (its whole-latent check)
+    space = enumerate_plans("full", "153_848_480", 8, strategies=("opensora_sp",), stage_counts=(2,),
+                            patch_counts=(4,), splits=1)
+    refused = [(label, reason) for label, reason in space.infeasible if "@1x4" in label]
+    assert refused and all("S = 1590 is not divisible by the 4 devices" in reason for _, reason in refused)
 
 
 def test_spearman_on_hand_ranked_sequences():
