@@ -461,10 +461,9 @@ def search_page(model: str, shape: str, hw: str, report_text: str, wall_s: float
         "long the search waited for that lock). Every figure below is a prediction: the GPU constants "
         "are the microbenchmark ones, nothing is fitted on these models.", "",
         "```text", report_text.rstrip("\n"), "```", "",
-        "Ring and USP: the zoo's ring attention (`layers.AttentionCore._ring`) is written out in "
-        "global form, each ring step's scores and online softmax as eager ops in float32, not as the "
-        "flash-attention kernel xDiT runs on each ring block; so on a GPU their loops here are an "
-        "upper bound, and the ranking of ring and USP below Ulysses is not a finding about xDiT.", ""])
+        "Ring and USP: each ring step of the zoo's ring attention (`layers.AttentionCore._ring`) is "
+        "one fused flash-attention call (`layers.attend_block`: output and log-sum-exp), the steps "
+        "merged element-wise by their log-sum-exp, as xDiT's ring attention runs it.", ""])
 
 
 def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force: bool) -> None:

@@ -371,3 +371,14 @@ def test_the_official_library_calls_are_one_kernel_each(tmp_path):
     kernels = {entry["class"]: entry["kernels"] for entry in mapping["classes"]}
     assert kernels["flash_attention"] == 2 * 2
     assert kernels["layer_norm"] == 2 * 3 + 1  # and the head's
+
+
+def test_each_ring_step_is_one_flash_attention_kernel(tmp_path):
+    """Ring attention as xDiT runs it: every ring step calls flash-attn on one K/V block
+    (``layers.attend_block``, output and log-sum-exp), the steps merged element-wise. Tiny Wan
+    under ``ring`` (R = 4), 2 blocks: 4 fused kernels per self-attention and one per
+    cross-attention (its text keys are whole), 2 x (4 + 1) in all."""
+    mapping = trace_and_analyze("wan21", "ring", tmp_path)["mapping"]
+    assert mapping["execution"] == "torch"
+    kernels = {entry["class"]: entry["kernels"] for entry in mapping["classes"]}
+    assert kernels["flash_attention"] == 2 * (4 + 1)

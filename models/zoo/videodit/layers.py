@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.online_softmax import fold
 from models.opensora.library_calls import library_call
 
 
@@ -152,17 +151,18 @@ class AttentionCore(nn.Module):
     With ``ring`` > 1 the attention runs as ring attention does, in global form: the sequence
     cut into ``ring`` blocks (a ring axis that a plan splits over devices), each query block
     meeting the key/value blocks one after another as they rotate around the ring (a shift of
-    the split ring axis: a collective-permute), the blocks combined by an online softmax whose
-    running maximum, sum and output pass the mark points ``ring_max``, ``ring_sum`` and
-    ``ring_out``, the rotated blocks ``ring_kv`` (a plan pins them to the ring split)."""
+    the split ring axis: a collective-permute), each step one fused attention (``attend_block``:
+    output and log-sum-exp, as xDiT's ring attention calls flash-attn per block), the steps merged
+    by their log-sum-exp in element-wise ops; the running log-sum-exp and output pass the mark
+    points ``ring_lse`` and ``ring_out``, the rotated blocks ``ring_kv`` (a plan pins them to the
+    ring split)."""
 
     def __init__(self, ring: int = 1) -> None:
         super().__init__()
         self.ring = ring
         self.q_in, self.k_in, self.v_in, self.out = Mark(), Mark(), Mark(), Mark()
         if ring > 1:
-            self.ring_max, self.ring_sum, self.ring_out = Mark(), Mark(), Mark()
-            self.ring_kv = Mark()
+            self.ring_lse, self.ring_out, self.ring_kv = Mark(), Mark(), Mark()
         #: PipeFusion (``StaleKV``): set by the model for one call, None otherwise
         self.stale: StaleKV | None = None
 
@@ -174,19 +174,30 @@ class AttentionCore(nn.Module):
 
     def _ring(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = (x.unflatten(1, (self.ring, -1)) for x in (q, k, v))  # (B, R, C, H, D)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        state = None
+        out = lse = None
         for step in range(self.ring):
             if step:  # one ring position on (``torch.roll`` lowers to all-to-alls and gathers)
                 k, v = (self.ring_kv(torch.cat([x[:, 1:], x[:, :1]], dim=1)) for x in (k, v))
-            scores = torch.einsum("brqhd,brkhd->brhqk", q, k).float() * scale
-            maximum, total, out = fold(
-                state, scores,
-                lambda probs: torch.einsum("brhqk,brkhd->brqhd", probs.to(v.dtype), v).float(),
-                lambda stat: stat.transpose(2, 3)[..., None])
-            state = self.ring_max(maximum), self.ring_sum(total), self.ring_out(out)
-        _, total, out = state
-        return (out / total.transpose(2, 3)[..., None]).to(v.dtype).flatten(1, 2)
+            block_out, block_lse = attend_block(q, k, v)
+            if step:  # merge by log-sum-exp: the element-wise ops ring-flash-attn runs per step
+                weight = torch.sigmoid(block_lse - lse).transpose(2, 3)[..., None]
+                block_out = out - weight * (out - block_out)
+                block_lse = lse - F.logsigmoid(lse - block_lse)
+            out, lse = self.ring_out(block_out), self.ring_lse(block_lse)
+        return out.to(v.dtype).flatten(1, 2)
+
+
+@library_call("flash_attention")
+def attend_block(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """One ring step's attention on (B, R, C, heads, D) blocks: one fused kernel in the official
+    code (xDiT's ring attention calls flash-attn per K/V block), which returns the block's
+    normalised output (float) and its log-sum-exp (B, R, heads, C)."""
+    scores = torch.einsum("brqhd,brkhd->brhqk", q, k).float() * (1.0 / math.sqrt(q.shape[-1]))
+    maximum = scores.amax(dim=-1)
+    probs = torch.exp(scores - maximum[..., None])
+    total = probs.sum(dim=-1)
+    out = torch.einsum("brhqk,brkhd->brqhd", probs.to(v.dtype), v).float()
+    return out / total.transpose(2, 3)[..., None], maximum + total.log()
 
 
 class StaleKV:

@@ -112,7 +112,7 @@ def _ring(names: Names) -> str:
     if names.cross_attention:
         text += _activation(rf"{names.cross_attention}\.[kv]_in", _spec(None, None, None, None))
     text += _activation(rf"{names.attention}\.([qkv]_in|out)", sequence4)
-    text += _activation(rf"{names.attention}\.ring_(max|sum)", sequence4)
+    text += _activation(rf"{names.attention}\.ring_lse", sequence4)
     ring5 = _spec(None, "y", None, None, None)
     return (text + _activation(rf"{names.attention}\.ring_out", ring5)
             + _activation(rf"{names.attention}\.ring_kv", ring5))
@@ -126,7 +126,7 @@ def _usp(names: Names) -> str:
         text += _activation(rf"{names.cross_attention}\.[kv]_in", _spec(None, None, "z", None))
     text += _activation(rf"{names.attention}\.[qkv]_in", sequence4, blocks)
     text += _activation(rf"{names.attention}\.out", blocks, sequence4)
-    text += _activation(rf"{names.attention}\.ring_(max|sum)", _spec(None, "y", "z", None))
+    text += _activation(rf"{names.attention}\.ring_lse", _spec(None, "y", "z", None))
     ring5 = _spec(None, "y", None, "z", None)
     return (text + _activation(rf"{names.attention}\.ring_out", ring5)
             + _activation(rf"{names.attention}\.ring_kv", ring5))
