@@ -33,11 +33,12 @@ from plans.train_options import TrainOptions
 from tracing.capture import OP_METADATA_ENV
 from tracing.cli import require_trace_extra, trace_to_dump
 
-__all__ = ["main", "trace_requests"]
+__all__ = ["load_tracer", "main", "trace_requests"]
 
 
-def trace_requests(requests: Sequence[dict]) -> int:
-    """Trace every missing stage of ``requests``; the number of stages traced."""
+def load_tracer() -> None:
+    """Load torch, torch-xla (op metadata on) and the MLIR bindings once, in a process whose
+    forked children then trace: each child starts from the loaded modules."""
     require_trace_extra()
     os.environ[OP_METADATA_ENV] = "1"  # read when torch-xla is imported, here, before the forks
     with native_imports():
@@ -47,6 +48,11 @@ def trace_requests(requests: Sequence[dict]) -> int:
         from hlo_analyzer.mlir import load_native_libraries
 
         load_native_libraries()
+
+
+def trace_requests(requests: Sequence[dict]) -> int:
+    """Trace every missing stage of ``requests``; the number of stages traced."""
+    load_tracer()
     traced = 0
     for request in requests:
         try:

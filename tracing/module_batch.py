@@ -15,19 +15,16 @@ and the others go on; exit code 2 and one ``Error:`` line on a malformed request
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hlo_trace.atomic import atomic_write
-from hlo_trace.cli import native_imports
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import call_in_child, die_with_parent
 from plans.module_plan import load_plan, parse_input
-from tracing.capture import OP_METADATA_ENV
-from tracing.cli import require_trace_extra
+from tracing.calibrate import load_tracer
 
 __all__ = ["FAILED_SUFFIX", "MODULES_SUFFIX", "main", "trace_requests"]
 
@@ -39,15 +36,7 @@ MODULES_SUFFIX = ".modules.json"
 
 def trace_requests(requests: Sequence[dict[str, Any]]) -> int:
     """Trace (or list) every request not done yet; how many ran."""
-    require_trace_extra()
-    os.environ[OP_METADATA_ENV] = "1"  # read when torch-xla is imported, here, before the forks
-    with native_imports():
-        import torch  # noqa: F401
-        import torch_xla  # noqa: F401
-
-        from hlo_analyzer.mlir import load_native_libraries
-
-        load_native_libraries()
+    load_tracer()
     ran = 0
     for request in requests:
         out = Path(request["out"])
