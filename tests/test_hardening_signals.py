@@ -63,8 +63,9 @@ def test_sigterm_to_plan_search_ends_its_trace_steps(tmp_path):
                     "--jobs", "2", "--estimate", "ideal",  # no calibration traces: the plans' own
                     "--work-dir", work, "-o", tmp_path / "best.toml")
     try:
-        wait_until(lambda: sum("tracing.cli" in line for line in command_lines(process.pid)) >= 2,
-                   "two trace steps", still_running=lambda: process.poll() is None)
+        # the plans' stages trace in one tracing process, a forked child a stage
+        wait_until(lambda: sum("tracing.calibrate" in line for line in command_lines(process.pid)) >= 2,
+                   "the tracing process and a stage it traces", still_running=lambda: process.poll() is None)
         before = files_under(work / "dumps")
         process.send_signal(signal.SIGTERM)  # the command alone, not its group
         process.wait(timeout=10)
