@@ -22,9 +22,12 @@ __all__ = ["DTYPE", "PLANNED", "USER_STRATEGIES", "VARIABLE", "Layout", "SearchM
 
 #: The dtype of the traced programs (the official samplers run the transformers in bfloat16).
 DTYPE = "bfloat16"
-#: Strategies that a zoo model may run, beside ``plans.STRATEGIES`` (a place for PipeFusion:
-#: refused with this reason until ``models/zoo/videodit/plans.py`` writes its plan).
-PLANNED = {"pipefusion": "PipeFusion: no plan for the video DiTs yet (models/zoo/videodit/plans.py)"}
+#: Strategies that a zoo model may run, beside ``plans.STRATEGIES``, that the search does not
+#: enumerate yet: refused with this reason. PipeFusion's plans exist (``plans.PIPEFUSION_STRATEGIES``,
+#: traced with the tick's inputs of ``plans.pipefusion_inputs``); the search does not write those
+#: inputs yet.
+PLANNED = {"pipefusion": "PipeFusion: not searched yet (its loops: results/videodit/latency.csv, "
+                         "scripts/videodit.py)"}
 #: A user model's strategies and the roles each needs.
 USER_STRATEGIES = {"tp": ("column", "row"), "ulysses": ("qkv", "attn_out"), "dp": ()}
 #: The MLP's hidden width over the model width where a configuration names no FFN width

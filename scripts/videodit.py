@@ -443,7 +443,7 @@ SEARCH_HW = "8xh100"
 
 def search_command(model: str, shape: str, hw: str, work: Path, json_out: Path) -> list[str]:
     return [sys.executable, "-m", "planning.plan_search_cli", "--model", model, "--shape", shape, "--hw", hw,
-            "--work-dir", str(work), "--json", str(json_out), "--force"]
+            "--work-dir", str(work), "--json", str(json_out), "-o", str(work / "best_plan.toml"), "--force"]
 
 
 def search_page(model: str, shape: str, hw: str, report_text: str, wall_s: float,
