@@ -476,6 +476,7 @@ def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force:
     json_out, page_out = out / f"search_{model}.json", out / f"search_{model}.md"
     scratch = work / f"search_{model}"
     shutil.rmtree(scratch, ignore_errors=True)  # cold: the wall time of a first search
+    scratch.mkdir(parents=True)
     before, started = load(), time.perf_counter()
     done = subprocess.run(search_command(model, shape, hw, scratch, json_out), cwd=REPO_ROOT,
                           stdout=subprocess.PIPE, text=True)
