@@ -103,6 +103,7 @@ import dataclasses
 import fcntl
 import itertools
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -133,6 +134,8 @@ from planning.plan_estimate import (
 from plans.calibration import request_config
 from plans.feasibility import check_stage
 from plans.train_options import TrainOptions
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BATCH_FACTOR", "GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairCalibration",
            "PairKey", "PairProgram", "TrainKernels", "TrainStep", "analyze_pair", "calibration_batch",
@@ -592,7 +595,23 @@ class TrainKernels:
         return cached
 
     def _estimate(self, key: PairKey, system: SystemSpec) -> tuple[dict[str, GroupCost], str]:
+        """From the derived calibration; where its two programs differ (GSPMD may choose other
+        collectives at the calibration's micro-batches than at the key's: usp 2x2 ZeRO-2 at a
+        micro-batch of 2, 70 kernels against 75), from the key's own programs at the two shapes,
+        traced now, as ``derive`` False would."""
         calibration = self.calibration(key)
+        own = PairCalibration(key, key, None, False)
+        try:
+            return self._estimate_with(calibration, key, system)
+        except ValueError as error:
+            if calibration == own:
+                raise
+            log.info("%s: the derived calibration's programs differ (%s); the key's own traced", key, error)
+            groups, basis = self._estimate_with(own, key, system)
+            return groups, f"{basis}; the key's own programs: the derived calibration's differ"
+
+    def _estimate_with(self, calibration: PairCalibration, key: PairKey, system: SystemSpec,
+                       ) -> tuple[dict[str, GroupCost], str]:
         base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
         programs = [self._traced(calibration.base, base_shape, system),
                     self._traced(calibration.scaled, scaled_shape, system)]
