@@ -181,16 +181,22 @@ TRAIN_TARGET_S = 120
 TINY_SHAPE = "28_64_64"
 
 
+def run_search(root: Path, command: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Run a plan-search ``command`` from the checkout at ``root``: the finished process and its
+    wall seconds (the benchmark ends with the search's last line when it fails)."""
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=root,
+                               env={**os.environ, "PYTHONPATH": str(root)})
+    if completed.returncode:
+        sys.exit(f"{root}: plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
+    return completed, time.perf_counter() - started
+
+
 def train_run(root: Path, arguments: list[str], work: Path) -> tuple[float, int, int, str]:
     """One training search from the checkout at ``root`` into ``work`` (fresh): wall seconds,
     calibration traces and traces at the plan's shape written (dumps on disk), the best plan."""
     command = [sys.executable, "-m", "planning.plan_search_cli", *arguments, "--work-dir", str(work)]
-    started = time.perf_counter()
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=root,
-                               env={**os.environ, "PYTHONPATH": str(root)})
-    wall = time.perf_counter() - started
-    if completed.returncode:
-        sys.exit(f"{root}: plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
+    completed, wall = run_search(root, command)
     dumps = list((work / "train_calibrations" / "dumps").glob("*/*.mlir"))
     at_shape = sum(1 for dump in dumps if f"_{TINY_SHAPE}_" in dump.parent.name)
     lines = completed.stdout.splitlines()
@@ -236,11 +242,7 @@ def infer_run(root: Path, arguments: list[str], work: Path) -> dict:
                "--json", str(work / "result.json"), "-o", str(work / "best.toml")]
     work.mkdir(parents=True)
     started = time.time()
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=root,
-                               env={**os.environ, "PYTHONPATH": str(root)})
-    wall = time.time() - started
-    if completed.returncode:
-        sys.exit(f"{root}: plan-search failed ({completed.returncode}): {completed.stderr.strip().splitlines()[-1:]}")
+    completed, wall = run_search(root, command)
     calibrations = list((work / "cache" / "calibrations" / "dumps").glob("*/*/*.mlir"))
     stages = list((work / "cache" / "pipelines" / "dumps").glob("*.mlir"))
     calibrated = max((d.stat().st_mtime for d in calibrations), default=started) - started
