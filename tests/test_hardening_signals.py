@@ -18,6 +18,7 @@ from waiting import wait_until
 
 from benchmarks.fuzz import group_members as _group_members
 
+HAS_TRACE_EXTRA = importlib.util.find_spec("torch_xla") is not None
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 
 
@@ -56,6 +57,8 @@ def files_under(directory: Path) -> set[Path]:
 # -- SIGTERM: the children end with the command ------------------------------------------------------
 
 
+@pytest.mark.skipif(not HAS_TRACE_EXTRA,
+                    reason="the plans' stages are traced: needs the trace extra (torch, torch_xla)")
 def test_sigterm_to_plan_search_ends_its_trace_steps(tmp_path):
     work = tmp_path / "work"
     process = start("planning.plan_search_cli", "--config", "tiny", "--hw", "tx8-16", "--devices", "8",
@@ -127,7 +130,6 @@ COMMANDS = {
 #: Commands that trace: without the trace extra they refuse at once (one line, exit 2), before
 #: any signal could reach them.
 TRACING_COMMANDS = frozenset({"trace-stage", "plan-search", "trace-vae-decode"})
-HAS_TRACE_EXTRA = importlib.util.find_spec("torch_xla") is not None
 
 
 def skip_without_the_trace_extra(name: str) -> None:
