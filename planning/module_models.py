@@ -8,26 +8,23 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hardware.pipeline import pipefusion_step
 from hlo_trace.errors import UsageError
 from models.zoo.videodit import plans as zoo_plans
-from models.zoo.videodit.configs import MODELS, VideoDiT, part_kwargs, parts
+from models.zoo.videodit.configs import MODELS, VideoDiT, part_kwargs, parts, scaled
 from plans.module_plan import MODEL_DTYPES, parse_factory, parse_input
 
-__all__ = ["DTYPE", "PLANNED", "USER_STRATEGIES", "VARIABLE", "Layout", "SearchModel", "UserModel", "ZooModel",
-           "enumerate_layouts", "zoo_model"]
+__all__ = ["DTYPE", "SINGLE", "USER_STRATEGIES", "VARIABLE", "Layout", "SearchModel", "UserModel", "ZooModel",
+           "enumerate_layouts", "pipefusion_loop_s", "stage_counts", "tick_inputs", "zoo_model"]
 
 #: The dtype of the traced programs (the official samplers run the transformers in bfloat16).
 DTYPE = "bfloat16"
-#: Strategies that a zoo model may run, beside ``plans.STRATEGIES``, that the search does not
-#: enumerate yet: refused with this reason. PipeFusion's plans exist (``plans.PIPEFUSION_STRATEGIES``,
-#: traced with the tick's inputs of ``plans.pipefusion_inputs``); the search does not write those
-#: inputs yet.
-PLANNED = {"pipefusion": "PipeFusion: not searched yet (its loops: results/videodit/latency.csv, "
-                         "scripts/videodit.py)"}
+#: One device: no plan (``trace-module``'s dp shorthand on a 1 x 1 mesh).
+SINGLE = "none"
 #: A user model's strategies and the roles each needs.
 USER_STRATEGIES = {"tp": ("column", "row"), "ulysses": ("qkv", "attn_out"), "dp": ()}
 #: The MLP's hidden width over the model width where a configuration names no FFN width
@@ -40,29 +37,96 @@ VARIABLE = "T"
 # -- layouts ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Layout:
-    """A strategy at a degree (per CFG branch) on its mesh; ``none``: one device."""
+    """A strategy at a degree (per CFG branch) on its mesh; ``SINGLE``: one device. Without a
+    mesh, the strategy's (``plans.mesh``; a user model's ``dp``: 1 x degree). PipeFusion runs
+    as many patches as stages (M = P, as xDiT's examples do)."""
 
     strategy: str
-    degree: int
-    mesh: tuple[int, ...]
+    degree: int = 1
+    mesh: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.mesh:
+            mesh = (1,) if self.strategy == SINGLE else (1, self.degree) if self.strategy == "dp" else \
+                zoo_plans.mesh(self.strategy, self.degree)
+            object.__setattr__(self, "mesh", tuple(mesh))
 
     @property
     def devices(self) -> int:
         return math.prod(self.mesh)
 
     @property
+    def stages(self) -> int:
+        """PipeFusion's stages (and patches); 1 for the other strategies."""
+        return self.mesh[0] if self.strategy in zoo_plans.PIPEFUSION_STRATEGIES else 1
+
+    @property
     def label(self) -> str:
-        if self.strategy == "none":
+        if self.strategy == SINGLE:
             return "one device"
         if self.strategy == "usp":
             return f"usp ring={self.mesh[1]} x ulysses={self.mesh[2]}"
         if self.strategy == "cfg_ulysses":
             return f"cfg=2 x ulysses={self.degree}"
+        if self.strategy == "pipefusion_ulysses":
+            return f"pipefusion={self.stages} x ulysses={self.degree}"
         return "cfg=2" if self.strategy == "cfg" else f"{self.strategy}={self.degree}"
 
     @property
+    def degrees(self) -> str:
+        """The degree of each parallelism, as ``results/videodit/latency.csv`` writes it."""
+        if self.strategy == SINGLE:
+            return "1"
+        if self.strategy in zoo_plans.PIPEFUSION_STRATEGIES:
+            ulysses = f" ulysses={self.degree}" if self.strategy == "pipefusion_ulysses" else ""
+            return f"pipefusion={self.stages} patches={self.stages}{ulysses}"
+        return self.label.replace(" x ", " ").removeprefix("usp ")
+
+    @property
     def tag(self) -> str:
-        return "none" if self.strategy == "none" else f"{self.strategy}{self.degree}"
+        return SINGLE if self.strategy == SINGLE else f"{self.strategy}{self.degree}"
+
+    @property
+    def warmup(self) -> Layout | None:
+        """PipeFusion's warm-up step runs the whole latent through the stages, each on its
+        devices: the work of one call of the model under this layout (one device; Ulysses over
+        a stage's group). None for the other strategies."""
+        if self.strategy == "pipefusion":
+            return Layout(SINGLE)
+        return Layout("ulysses", self.degree) if self.strategy == "pipefusion_ulysses" else None
+
+
+# -- PipeFusion's tick and loop (docs/videodit.md, "PipeFusion") ---------------------------------
+def stage_counts(counts: Mapping[str, int], stages: int) -> dict[str, float]:
+    """The blocks of the heaviest stage: ceil(L / P) of the L blocks, the kinds in their
+    proportion (HunyuanVideo: dual- and single-stream blocks, about equal in work)."""
+    total = sum(counts.values())
+    return {kind: count * math.ceil(total / stages) / total for kind, count in counts.items()}
+
+
+def tick_inputs(config: VideoDiT, kwargs: Mapping[str, Any], inputs: Sequence[str], stages: int,
+                video_tokens: int) -> list[str]:
+    """The inputs of one PipeFusion tick of a part (factory ``kwargs``) from one call's
+    ``inputs``: P stages' patches (M = P) and the K/V buffers of the part's self- or joint
+    attentions over the ``video_tokens`` of the whole latent."""
+    heads = int(kwargs["heads"])
+    head_dim = int(kwargs.get("head_dim") or int(kwargs["dim"]) // heads)
+    return zoo_plans.pipefusion_inputs(list(inputs), stages=stages, patches=stages,
+                                       attentions=sum(int(kwargs[kind]) for kind in config.blocks),
+                                       heads=heads, head_dim=head_dim, row=config.patch[1],
+                                       video_tokens=video_tokens)
+
+
+def pipefusion_loop_s(tick_s: Mapping[str, float], warmup_step_s: float, counts: Mapping[str, int],
+                      stages: int, steps: int) -> float:
+    """The sampling loop under PipeFusion (P stages, M = P patches): one unpipelined warm-up
+    step (each stage on the whole latent: the warm-up layout's step / P, its hand-offs not
+    charged) and ``steps - 1`` steps overlapped as xDiT runs them (``hardware.pipeline.
+    pipefusion_step``); a stage's tick (one patch, its hand-off included) the heaviest
+    stage's: the traced tick's parts (``tick_s`` by part) scaled by :func:`stage_counts`."""
+    tick = scaled(tick_s, stage_counts(counts, stages))
+    return pipefusion_step([tick] * stages, [0.0] * (stages - 1), [warmup_step_s / stages] * stages,
+                           [0.0] * (stages - 1), patches=stages, steps=steps).inference_s
 
 
 # -- the models ---------------------------------------------------------------------------------------
@@ -87,6 +151,10 @@ class SearchModel:
 
     def inputs(self, t: int) -> list[str]:
         raise NotImplementedError
+
+    def layout_inputs(self, part: str, layout: Layout, t: int) -> list[str]:
+        """The inputs of ``part``'s trace under ``layout`` (one call's, but for PipeFusion)."""
+        return self.inputs(t)
 
     def plan(self, layout: Layout) -> str | None:
         raise NotImplementedError
@@ -134,32 +202,37 @@ class ZooModel(SearchModel):
 
     def kwargs(self, part: str, layout: Layout) -> dict[str, Any]:
         kwargs = part_kwargs(self.config.kwargs, self.config.blocks, part)
-        if layout.strategy != "none":
+        if layout.strategy != SINGLE:
             kwargs.update(zoo_plans.factory_kwargs(layout.strategy, layout.degree))
             if self.config.model == "wan21":  # cross-attention: no joint sequence to order
                 kwargs.pop("chunks")
         return kwargs
 
     def inputs(self, t: int) -> list[str]:
-        st = self.config.vae_stride[0]
-        return self.config.inputs((t - 1) * st + 1, self.height, self.width, DTYPE)
+        return self.config.inputs(self._frames(t), self.height, self.width, DTYPE)
+
+    def _frames(self, t: int) -> int:
+        """The video frames of ``t`` latent frames."""
+        return (t - 1) * self.config.vae_stride[0] + 1
+
+    def layout_inputs(self, part: str, layout: Layout, t: int) -> list[str]:
+        if layout.stages == 1:
+            return self.inputs(t)
+        tokens = self.config.video_tokens(self._frames(t), self.height, self.width) if t > 0 else 0
+        return tick_inputs(self.config, self.kwargs(part, layout), self.inputs(t), layout.stages, tokens)
 
     def plan(self, layout: Layout) -> str | None:
-        if layout.strategy == "none":
+        if layout.strategy == SINGLE:
             return None
         return zoo_plans.plan_toml(self.config.model, layout.strategy, layout.degree)
 
     def strategies(self) -> tuple[str, ...]:
-        return (*zoo_plans.STRATEGIES, *PLANNED)
+        return (*zoo_plans.STRATEGIES, *zoo_plans.PIPEFUSION_STRATEGIES)
 
     def layout(self, strategy: str, degree: int) -> Layout:
-        if strategy in PLANNED:
-            return Layout(strategy, degree, (degree,))
-        return Layout(strategy, degree, zoo_plans.mesh(strategy, degree))
+        return Layout(strategy, degree)
 
     def cannot_run(self, strategy: str) -> str | None:
-        if strategy in PLANNED:
-            return PLANNED[strategy]
         if strategy.startswith("cfg") and self.config.batch != 2:
             return f"{self.name} uses embedded guidance (a batch of one): no CFG parallel"
         return None
@@ -168,6 +241,8 @@ class ZooModel(SearchModel):
         s, n = layout.strategy, layout.degree
         kw = self.config.kwargs
         heads = kw["heads"]
+        if layout.stages > 1:
+            return self._pipefusion_refusal(layout)
         if s == "usp" and (n % 2 or n < 4):
             return f"usp: degree {n} is no even number of at least 4"
         split = {"ulysses": n, "cfg_ulysses": n, "usp": n // 2, "tp": n}.get(s)
@@ -181,6 +256,25 @@ class ZooModel(SearchModel):
                 return f"{', '.join(bad)}: not divisible by {n}"
         if s in ("ulysses", "cfg_ulysses", "ring", "usp"):
             return self._tokens_refusal(n)
+        return None
+
+    def _pipefusion_refusal(self, layout: Layout) -> str | None:
+        """P stages need P blocks and P patches of token rows; a stage's Ulysses group runs
+        the warm-up's whole latent as Ulysses does, and splits the patch's tokens."""
+        blocks, rows = sum(self.counts().values()), self.config.latent(self.frames, self.height, self.width)[1]
+        rows //= self.config.patch[1]
+        if layout.stages > blocks:
+            return f"{layout.stages} stages: the model has {blocks} blocks"
+        if layout.stages > rows:
+            return f"{layout.stages} patches: the latent has {rows} token rows"
+        if layout.strategy != "pipefusion_ulysses":
+            return None
+        warmup = self.refusal(layout.warmup)
+        if warmup is not None:
+            return f"its warm-up on a stage's {layout.degree} devices: {warmup}"
+        patch = self.variable * math.ceil(rows / layout.stages) * (self.tokens_per_frame // rows)
+        if self.config.model != "cogvideox" and patch % layout.degree:
+            return f"a patch's {patch} video tokens: not divisible by {layout.degree}"
         return None
 
     def _tokens_refusal(self, n: int) -> str | None:
@@ -266,7 +360,7 @@ class UserModel(SearchModel):
         return None
 
     def plan(self, layout: Layout) -> str | None:
-        if layout.strategy == "none":
+        if layout.strategy == SINGLE:
             return None
         text = f"[mesh]\nshape = [1, {layout.degree}]\naxes = [\"x\", \"y\"]\n\n"
         return text + {"tp": self._tp, "ulysses": self._ulysses, "dp": self._dp}[layout.strategy]()
@@ -339,7 +433,7 @@ def enumerate_layouts(model: SearchModel, devices: int, strategies: Sequence[str
     ``all_devices``, only those using every device; else any that fits), and those refused
     with the reason. A strategy the model cannot run at all is an error when asked for."""
     chosen = list(strategies) if strategies is not None else list(model.strategies())
-    known = tuple(dict.fromkeys((*zoo_plans.STRATEGIES, *PLANNED, *USER_STRATEGIES)))
+    known = tuple(dict.fromkeys((*zoo_plans.STRATEGIES, *zoo_plans.PIPEFUSION_STRATEGIES, *USER_STRATEGIES)))
     unknown = [s for s in chosen if s not in known]
     if unknown or not chosen:
         raise UsageError(f"--strategies {unknown[0] if unknown else '(none)'}: expected some of {', '.join(known)}")
@@ -363,13 +457,13 @@ def enumerate_layouts(model: SearchModel, devices: int, strategies: Sequence[str
             why = model.refusal(layout)
             (refused.append((layout.label, why)) if why else layouts.append(layout))
     if not all_devices or devices == 1:
-        layouts.insert(0, Layout("none", 1, (1,)))
+        layouts.insert(0, Layout(SINGLE))
     return layouts, refused
 
 
 def _layout_or_none(model: SearchModel, strategy: str, degree: int) -> Layout | None:
-    if strategy == "cfg" and degree != 2:
-        return None
+    if (strategy == "cfg" and degree != 2) or (strategy == "pipefusion_ulysses" and degree == 1):
+        return None  # pipefusion_ulysses of 1: pipefusion on 2
     try:
         return model.layout(strategy, degree)
     except ValueError:  # usp at an odd degree: no mesh

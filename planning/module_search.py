@@ -5,7 +5,7 @@ on a system, estimated for every layout and traced for the best few (docs/plan_s
 
 **The space.** A *layout* is a strategy at a degree (``Layout``): for the video DiTs xDiT's
 strategies as ``models.zoo.videodit.plans`` writes them (Ulysses, ring, USP, tensor parallel,
-CFG parallel and CFG x Ulysses; PipeFusion where the zoo has its plan), for a user model those
+CFG parallel, CFG x Ulysses, PipeFusion and PipeFusion x Ulysses), for a user model those
 its role map allows (``tp`` with ``--column``/``--row``, ``ulysses`` with ``--qkv``/
 ``--attn-out``, ``dp`` over the batch). By default the layouts that use every device; the
 feasibility rules (``SearchModel.refusal``: heads, FFN width and tokens divisible, a CFG batch)
@@ -26,6 +26,13 @@ rescales STDiT3 as products of powers of two variables from two shapes; a joint 
 ``c T + L`` is no such product, hence three points and a polynomial here.)
 The calibrations are cached under the work directory by what decides them, so another frame
 count at the same resolution (or another system) re-costs them without tracing.
+
+**PipeFusion.** A PipeFusion layout's parts are one tick of the pipeline
+(``SearchModel.layout_inputs``: the stages' patches and the K/V buffers over the whole video,
+``c T`` tokens: still degree 2), and its loop is ``module_models.pipefusion_loop_s`` (what
+``scripts/videodit.py`` predicts): the warm-up step is its *warm-up layout*'s call
+(``Layout.warmup``: one device, or Ulysses over a stage's group), calibrated and traced beside
+it; the memory the heaviest stage's, its K/V buffers included (:func:`whole_model`).
 
 **The traced check.** The best ``budget`` layouts by estimate are traced at full size (each
 part at the plan's ``T``), analyzed on the system and scaled the same way: the method
@@ -52,7 +59,7 @@ from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import child_environment
 from models.zoo.videodit.configs import peak, scaled
-from planning.module_models import Layout, SearchModel, UserModel
+from planning.module_models import Layout, SearchModel, UserModel, pipefusion_loop_s, stage_counts
 from planning.trace_process import ModuleTraces
 
 __all__ = ["CALIBRATION_POINTS", "Estimate", "ModuleSearchResult", "Outcome", "PartFigures", "Tracer",
@@ -137,13 +144,15 @@ def interpolate(documents: Sequence[Any], points: Sequence[int], target: int) ->
 class PartFigures:
     """One part's program on the system: one call's seconds (kernels, and collectives among
     them) and one device's memory (weights; inputs and scalars; peak of live activations with
-    the attentions fused)."""
+    the attentions fused; PipeFusion's K/V buffers)."""
 
     step_s: float
     comm_s: float
     weight_bytes: int
     other_bytes: int
     peak_live_bytes: int
+    #: PipeFusion's K/V buffers (resident, beside the weights)
+    stale_kv_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -159,16 +168,33 @@ class Estimate:
 
 
 def whole_model(figures: Mapping[str, PartFigures], counts: Mapping[str, int], steps: int,
-                inexact: int = 0, values: int = 0) -> Estimate:
-    """The parts scaled by the layer counts (``configs.scaled``; the peak: the largest part's)."""
+                inexact: int = 0, values: int = 0, *, layout: Layout | None = None,
+                warmup: Estimate | None = None) -> Estimate:
+    """The parts scaled by the layer counts (``configs.scaled``; the peak: the largest part's).
+    Under PipeFusion (``layout.stages`` > 1) the parts are a tick's: the loop is
+    ``module_models.pipefusion_loop_s`` with the ``warmup`` layout's step, the memory the
+    heaviest stage's (its blocks' weights and K/V buffers)."""
+    stages = 1 if layout is None else layout.stages
+    held = counts if stages == 1 else stage_counts(counts, stages)
+
     def additive(get: Callable[[PartFigures], float]) -> float:
-        return scaled({part: get(f) for part, f in figures.items()}, counts)
+        return scaled({part: get(f) for part, f in figures.items()}, held)
 
     base = figures["base"]
-    memory = (additive(lambda f: f.weight_bytes) + base.other_bytes
+    memory = (additive(lambda f: f.weight_bytes + f.stale_kv_bytes) + base.other_bytes
               + peak({part: f.peak_live_bytes for part, f in figures.items()}))
-    return Estimate(steps * additive(lambda f: f.step_s), steps * additive(lambda f: f.comm_s), memory,
-                    inexact, values)
+    if stages == 1:
+        return Estimate(steps * additive(lambda f: f.step_s), steps * additive(lambda f: f.comm_s), memory,
+                        inexact, values)
+    if warmup is None:
+        raise ValueError(f"{layout.label}: PipeFusion's loop needs its warm-up step")
+
+    def loop(get: Callable[[PartFigures], float], warm_s: float) -> float:
+        return pipefusion_loop_s({part: get(f) for part, f in figures.items()}, warm_s / steps, counts,
+                                 stages, steps)
+
+    return Estimate(loop(lambda f: f.step_s, warmup.loop_s), loop(lambda f: f.comm_s, warmup.comm_s), memory,
+                    inexact + warmup.inexact, values + warmup.values)
 
 
 # -- the search -----------------------------------------------------------------------------------------
@@ -229,7 +255,8 @@ class Tracer:
         self.lock_wait_s = 0.0
 
     def trace(self, requests: Sequence[dict[str, Any]], what: str) -> None:
-        missing = [r for r in requests if not _done(r)]
+        unique = {(r["out"], r["name"]): r for r in requests}  # a warm-up layout's may repeat
+        missing = [r for r in unique.values() if not _done(r)]
         if not missing:
             return
         self.progress(f"tracing {what}: {len(missing)} trace{'s' if len(missing) > 1 else ''} ...")
@@ -285,7 +312,8 @@ class Tracer:
         document = {"kernels": sources_document(mapping.program.sources, analysis.options.execution),
                     "step_s": mapping.program.latency_s,
                     "comm_s": _comm_seconds(mapping.program),
-                    "memory": [usage.weight_bytes, usage.input_bytes + usage.scalar_bytes, usage.peak_live_bytes],
+                    "memory": [usage.weight_bytes, usage.input_bytes + usage.scalar_bytes, usage.peak_live_bytes,
+                               usage.stale_kv_bytes],
                     "devices": devices}
         atomic_write(target, json.dumps(document) + "\n", force=True)
         return document
@@ -319,7 +347,7 @@ def _comm_seconds(program: Any) -> float:
 
 
 def _request(model: SearchModel, layout: Layout, part: str, t: int, out: Path) -> dict[str, Any]:
-    return {"factory": model.factory, "kwargs": model.kwargs(part, layout), "inputs": model.inputs(t),
+    return {"factory": model.factory, "kwargs": model.kwargs(part, layout), "inputs": model.layout_inputs(part, layout, t),
             "plan": model.plan(layout), "dtype": model.dtype, "name": f"{layout.tag}_{part}_T{t}", "out": str(out)}
 
 
@@ -334,14 +362,18 @@ def _out(work: Path, model: SearchModel, layout: Layout) -> Path:
 
 
 def calibration_requests(model: SearchModel, layout: Layout, work: Path) -> list[dict[str, Any]]:
+    """The layout's calibration traces (those of its warm-up layout after them: PipeFusion)."""
     out = _out(work, model, layout)
-    return [_request(model, layout, part, t, out) for part in model.parts()
-            for t in calibration_values(model.variable, layout.devices)]
+    own = [_request(model, layout, part, t, out) for part in model.parts()
+           for t in calibration_values(model.variable, layout.devices)]
+    return own + ([] if layout.warmup is None else calibration_requests(model, layout.warmup, work))
 
 
 def full_requests(model: SearchModel, layout: Layout, work: Path) -> list[dict[str, Any]]:
+    """The layout's full-size parts (its warm-up layout's after them: PipeFusion)."""
     out = _out(work, model, layout)
-    return [_request(model, layout, part, model.variable, out) for part in model.parts()]
+    own = [_request(model, layout, part, model.variable, out) for part in model.parts()]
+    return own + ([] if layout.warmup is None else full_requests(model, layout.warmup, work))
 
 
 def estimate_layout(model: SearchModel, layout: Layout, tracer: Tracer, system: Any) -> Estimate:
@@ -355,17 +387,20 @@ def estimate_layout(model: SearchModel, layout: Layout, tracer: Tracer, system: 
     if failed:
         raise UsageError(failed)
     points = calibration_values(model.variable, layout.devices)
+    own = _out(tracer.work, model, layout)
     figures, inexact, values = {}, 0, 0
     for part in model.parts():
         docs = [tracer.kernels(Path(r["out"]) / f"{r['name']}.mlir", layout.devices)
-                for r in requests if r["name"].startswith(f"{layout.tag}_{part}_T")]
+                for r in requests if Path(r["out"]) == own and r["name"].startswith(f"{layout.tag}_{part}_T")]
         document, bad, count = interpolate([d["kernels"] for d in docs], points, model.variable)
         memory, bad_m, count_m = interpolate([d["memory"] for d in docs], points, model.variable)
         inexact, values = inexact + bad + bad_m, values + count + count_m
         sources, execution = sources_from_document(document)
         program = map_kernels(sources, system.chip, system, MappingOptions(execution=execution))
         figures[part] = PartFigures(program.latency_s, _comm_seconds(program), *memory)
-    return whole_model(figures, model.counts(), model.steps, inexact, values)
+    warmup = None if layout.warmup is None else estimate_layout(
+        model, layout.warmup, tracer, resolve_system(tracer.hardware, layout.warmup.devices).system)
+    return whole_model(figures, model.counts(), model.steps, inexact, values, layout=layout, warmup=warmup)
 
 
 def traced_layout(model: SearchModel, layout: Layout, tracer: Tracer) -> Estimate:
@@ -376,10 +411,11 @@ def traced_layout(model: SearchModel, layout: Layout, tracer: Tracer) -> Estimat
     if failed:
         raise UsageError(failed)
     figures = {}
-    for part, request in zip(model.parts(), requests, strict=True):
+    for part, request in zip(model.parts(), requests, strict=False):  # the layout's own parts first
         doc = tracer.kernels(Path(request["out"]) / f"{request['name']}.mlir", layout.devices)
         figures[part] = PartFigures(doc["step_s"], doc["comm_s"], *doc["memory"])
-    return whole_model(figures, model.counts(), model.steps)
+    warmup = None if layout.warmup is None else traced_layout(model, layout.warmup, tracer)
+    return whole_model(figures, model.counts(), model.steps, layout=layout, warmup=warmup)
 
 
 def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequence[Layout],

@@ -124,13 +124,16 @@ def best_plan_text(model: SearchModel, best: Outcome) -> str:
     layout (the joint sequence's order, the ring degree) in its comments."""
     layout = best.layout
     kwargs = {key: value for key, value in model.kwargs("base", layout).items()
-              if key not in model.kwargs("base", module_models.Layout("none", 1, (1,)))}
+              if key not in model.kwargs("base", module_models.Layout(module_models.SINGLE))}
     head = [f"# plan-search --model {model.name}: the best layout, {layout.label} "
             f"(traced loop {best.traced.loop_s:.4g} s)",
             f"# trace-module {model.factory} --plan THIS_FILE --dtype {model.dtype} ..."]
     if kwargs:
         head.append("# with the factory's keyword arguments (--kwargs): "
                     + ", ".join(f"{key} = {value}" for key, value in kwargs.items()))
+    if layout.stages > 1:
+        head.append("# one PipeFusion tick: its inputs are the stages' patches and K/V buffers "
+                    "(models.zoo.videodit.plans.pipefusion_inputs, M = P patches)")
     body = model.plan(layout) or '[mesh]\nshape = [1, 1]\n\nstrategy = "dp"\n'
     return "\n".join(head) + "\n\n" + body
 

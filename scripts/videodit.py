@@ -60,7 +60,8 @@ from models.zoo.videodit.configs import (  # noqa: E402
     peak,
     scaled,
 )
-from models.zoo.videodit.plans import factory_kwargs, mesh, pipefusion_inputs, plan_toml  # noqa: E402
+from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E402
+from planning.module_models import pipefusion_loop_s, stage_counts, tick_inputs  # noqa: E402
 
 COLUMNS = ("model", "frames", "height", "width", "steps", "hw", "devices", "strategy", "degrees",
            "loop_s", "decode_s", "memory_gb")
@@ -284,7 +285,8 @@ def predict(case: Case, work: Path) -> Prediction:
     for part in parts(config.blocks):
         name = dump_name(config, case.frames, case.height, case.width, layout, part)
         kwargs = part_kwargs(config.kwargs, config.blocks, part)
-        part_inputs = tick_inputs(case, kwargs, inputs) if layout.strategy == "pipefusion" else inputs
+        part_inputs = inputs if layout.strategy != "pipefusion" else tick_inputs(
+            config, kwargs, inputs, layout.degree, config.video_tokens(case.frames, case.height, case.width))
         command = trace_command(config.factory, kwargs, part_inputs, layout, config.model, name,
                                 work, DTYPE)
         dump = trace(command, work / f"{name}.mlir", full_size=True)
@@ -299,41 +301,16 @@ def predict(case: Case, work: Path) -> Prediction:
 
 
 # -- PipeFusion (docs/videodit.md) ------------------------------------------------------------------
-def tick_inputs(case: Case, kwargs: Mapping[str, object], inputs: Sequence[str]) -> list[str]:
-    """The inputs of one PipeFusion tick of a part: P stages' patches (M = P) and the K/V
-    buffers of the part's self- or joint attentions."""
-    config, stages = case.config, case.layout.degree
-    heads = int(kwargs["heads"])
-    head_dim = int(kwargs.get("head_dim") or int(kwargs["dim"]) // heads)
-    return pipefusion_inputs(list(inputs), stages=stages, patches=stages,
-                             attentions=sum(int(kwargs[kind]) for kind in config.blocks), heads=heads,
-                             head_dim=head_dim, row=config.patch[1],
-                             video_tokens=config.video_tokens(case.frames, case.height, case.width))
-
-
-def stage_counts(config: VideoDiT, stages: int) -> dict[str, float]:
-    """The blocks of the heaviest stage: ceil(L / P) of the L blocks, the kinds in their
-    proportion (HunyuanVideo: dual- and single-stream blocks, about equal in work)."""
-    counts = config.counts()
-    total = sum(counts.values())
-    return {kind: count * math.ceil(total / stages) / total for kind, count in counts.items()}
-
-
 def pipefusion_prediction(case: Case, work: Path, seconds: Mapping[str, float],
                           measured: Mapping[str, Traced]) -> Prediction:
-    """P stages, M = P patches, 1 warm-up step (``hardware.pipeline.pipefusion_step``,
-    overlapped as xDiT runs it): the tick (the heaviest stage on one patch, its hand-off
-    included) from the traced parts; the warm-up's full-latent stage the one-device step / P
-    (its hand-offs not charged)."""
-    from hardware.pipeline import pipefusion_step
-
+    """P stages, M = P patches, 1 warm-up step (``planning.module_models.pipefusion_loop_s``,
+    the loop ``plan-search --model`` predicts too): the tick (the heaviest stage on one patch,
+    its hand-off included) from the traced parts; the warm-up's full-latent stage the
+    one-device step / P (its hand-offs not charged)."""
     stages, config = case.layout.degree, case.config
-    counts = stage_counts(config, stages)
     single = predict(Case(config, case.frames, case.height, case.width, Layout(SINGLE), case.hw), work)
-    step = pipefusion_step([scaled(seconds, counts)] * stages, [0.0] * (stages - 1),
-                           [single.step_s / stages] * stages, [0.0] * (stages - 1),
-                           patches=stages, steps=config.steps)
-    return Prediction(case, step.inference_s / config.steps, memory_bytes(measured, counts),
+    loop_s = pipefusion_loop_s(seconds, single.step_s, config.counts(), stages, config.steps)
+    return Prediction(case, loop_s / config.steps, memory_bytes(measured, stage_counts(config.counts(), stages)),
                       capacity(case.hw, stages), single.decode_s)
 
 

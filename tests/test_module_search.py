@@ -6,6 +6,7 @@ direct trace."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,8 +14,15 @@ import pytest
 from click.testing import CliRunner
 
 from hlo_trace.errors import UsageError
-from planning.module_models import UserModel, enumerate_layouts, zoo_model
-from planning.module_search import calibration_values, interpolate, interpolate_value
+from models.zoo.videodit.configs import WAN21_1_3B
+from planning.module_models import UserModel, ZooModel, enumerate_layouts, zoo_model
+from planning.module_search import (
+    Tracer,
+    calibration_values,
+    interpolate,
+    interpolate_value,
+    search_model,
+)
 from planning.plan_search_cli import plan_search_command
 from plans.module_plan import load_plan
 
@@ -49,17 +57,24 @@ def test_hunyuan_layouts_on_8_and_16_devices():
     model = zoo_model("hunyuan_video", "129x720x1280")
     assert model.variable == 33 and model.tokens_per_frame == 45 * 80
     layouts, refused = enumerate_layouts(model, 8)
-    assert [layout.label for layout in layouts] == ["ulysses=8", "ring=8", "usp ring=2 x ulysses=4", "tp=8"]
+    # PipeFusion: 8 stages of the 60 blocks, 8 patches of the 45 token rows; 2 stages of
+    # Ulysses 4: a patch of 33 x 23 x 80 = 60,720 tokens and the 256 text tokens split by 4
+    assert [layout.label for layout in layouts] == ["ulysses=8", "ring=8", "usp ring=2 x ulysses=4", "tp=8",
+                                                    "pipefusion=8", "pipefusion=2 x ulysses=4"]
+    assert [layout.mesh for layout in layouts[-2:]] == [(8, 1), (2, 4)]
     reasons = dict(refused)
     assert "embedded guidance" in reasons["cfg"] and "embedded guidance" in reasons["cfg_ulysses"]
-    assert "PipeFusion" in reasons["pipefusion"]
     layouts, refused = enumerate_layouts(model, 16)
     reasons = dict(refused)
     # 24 heads: no Ulysses or tp degree of 16; usp 2 x 8 splits 24 heads by 8: runs
     assert reasons["ulysses=16"] == "24 heads: not divisible by 16"
     assert reasons["tp=16"] == "24 heads: not divisible by 16"
-    # 118,800 = 2^4 x 7,425 tokens: ring 16 divides them, 256 text tokens too
-    assert [layout.label for layout in layouts] == ["ring=16", "usp ring=2 x ulysses=8"]
+    # 118,800 = 2^4 x 7,425 tokens: ring 16 divides them, 256 text tokens too; 60,720 = 8 x 7,590
+    assert [layout.label for layout in layouts] == ["ring=16", "usp ring=2 x ulysses=8", "pipefusion=16",
+                                                    "pipefusion=2 x ulysses=8"]
+    # 128 x 128: a latent of 16 x 16, 8 token rows: no 16 patches
+    small = zoo_model("hunyuan_video", "129x128x128")
+    assert dict(enumerate_layouts(small, 16)[1])["pipefusion=16"] == "16 patches: the latent has 8 token rows"
 
 
 def test_cfg_layouts_and_padding_of_cogvideox():
@@ -76,6 +91,13 @@ def test_cfg_layouts_and_padding_of_cogvideox():
     reasons = dict(refused)
     assert reasons["ulysses=16"] == "40 heads: not divisible by 16"
     assert reasons["ring=16"] == "32760 video tokens: not divisible by 16"
+    # two stages of Ulysses 8: the warm-up's 32,760 tokens divide by 8, a patch's 21 x 15 x 52 =
+    # 16,380 do not; Wan 2.1 1.3B has 30 blocks: no 32 stages (its 30 token rows neither)
+    assert reasons["pipefusion=2 x ulysses=8"] == "a patch's 16380 video tokens: not divisible by 8"
+    small = zoo_model("wan21_1.3b", "81x480x832")
+    reasons = dict(enumerate_layouts(small, 32)[1])
+    assert reasons["pipefusion=32"] == "32 stages: the model has 30 blocks"
+    assert reasons["pipefusion=2 x ulysses=16"].startswith("its warm-up on a stage's 16 devices: 12 heads")
 
 
 def test_a_user_model_runs_what_its_role_map_allows():
@@ -187,3 +209,41 @@ def test_each_video_dit_search_answers_a_traced_layout_within_the_tolerance(mode
             assert layout["traced"]["memory_bytes"] / 1e9 == pytest.approx(float(row["memory_gb"]), abs=0.051)
             checked += 1
     assert checked >= 1 or model == "cogvideox_5b"  # CogVideoX's rows are on A100s
+
+
+#: Wan 2.1 at the factory's tiny width (64, 4 heads) with 4 blocks, 8 text tokens of 32: a zoo
+#: model the search runs as the released ones (a video of 9 x 64 x 64: a latent of 3 x 8 x 8,
+#: 3 x 4 x 4 = 48 video tokens in 4 token rows), 3 sampling steps.
+TINY_WAN = dataclasses.replace(
+    WAN21_1_3B, name="wan21_tiny", steps=3, text_tokens=8, text_dim=32, latent_channels=4,
+    kwargs=dict(dim=64, ffn=160, heads=4, layers=4, in_channels=4, text_dim=32, frequencies=32, patch=(1, 2, 2)))
+
+
+@pytest.mark.slow
+def test_a_pipefusion_plan_estimated_equals_its_trace(tmp_path, monkeypatch):
+    """PipeFusion on 4 x 1 (4 stages, 4 patches of one token row) and 2 x 2 (2 stages of Ulysses
+    2) of the tiny Wan: each estimated from its calibration ticks (and its warm-up layout's,
+    one device and Ulysses 2) equals its full-size trace; the traced loop is one warm-up step
+    (the warm-up layout's whole model) plus 2 steps of 4 patches through 4 stages: 2 x 4 + 3
+    ticks (the pipeline fills once; the next step's patches follow on) of the heaviest stage
+    (one of the 4 blocks: the base part, by hand); each device holds its stage's K/V buffers
+    (K and V of its blocks' self-attentions, 2 samples x 48 tokens x 64 wide, bf16)."""
+    monkeypatch.setenv("HLO_TRACE_CACHE", str(tmp_path / "cache"))
+    model = ZooModel(TINY_WAN, 9, 64, 64)
+    layouts, refused = enumerate_layouts(model, 4, ["pipefusion", "pipefusion_ulysses"])
+    assert [layout.label for layout in layouts] == ["pipefusion=4", "pipefusion=2 x ulysses=2"] and not refused
+    tracer = Tracer(tmp_path / "work", "8xh100", lock=False)
+    result = search_model(model, "9x64x64", "8xh100", layouts, refused, tracer, devices=4, budget=2)
+    assert len(result.traced) == 2
+    for outcome in result.traced:
+        assert outcome.estimate.inexact == 0 and outcome.ratio == pytest.approx(1.0, abs=1e-9)
+        assert outcome.estimate.memory_bytes == pytest.approx(outcome.traced.memory_bytes, rel=1e-9)
+    docs = {path.name.split(".")[0]: json.loads(path.read_text())
+            for path in (tmp_path / "work").rglob("*_T3.8xh100.kernels.json")}
+    single = docs["none_base_T3"]["step_s"] + 3 * (docs["none_layers_T3"]["step_s"] - docs["none_base_T3"]["step_s"])
+    tick = docs["pipefusion4_base_T3"]["step_s"]
+    traced = {o.layout.label: o.traced for o in result.traced}
+    assert traced["pipefusion=4"].loop_s == pytest.approx(single + (2 * 4 + 3) * tick, rel=1e-12)
+    stale = 2 * 2 * 48 * 64 * 2  # one block's K and V per device
+    assert docs["pipefusion4_base_T3"]["memory"][3] == stale
+    assert docs["pipefusion_ulysses2_layers_T3"]["memory"][3] == 2 * stale // 2  # 2 blocks, heads split by 2
