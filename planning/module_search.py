@@ -428,7 +428,9 @@ def search_model(model: SearchModel, shape: str, hardware: str, layouts: Sequenc
     started = clock()
     limit = memory_limit_bytes or resolve_system(hardware, devices).system.chip.dram_capacity_bytes
     requests = [r for layout in layouts for r in calibration_requests(model, layout, tracer.work)]
-    tracer.trace(requests, f"the calibration parts ({len(layouts)} layouts x {len(model.parts())} parts x "
+    warmups = {layout.warmup for layout in layouts if layout.warmup is not None} - set(layouts)
+    extra = f" and {len(warmups)} PipeFusion warm-up layout{'s' * (len(warmups) > 1)}" if warmups else ""
+    tracer.trace(requests, f"the calibration parts ({len(layouts)} layouts{extra} x {len(model.parts())} parts x "
                  f"{CALIBRATION_POINTS} values of T)")
     outcomes = []
     for index, layout in enumerate(layouts, 1):
