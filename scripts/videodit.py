@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -60,49 +59,24 @@ from models.zoo.videodit.configs import (  # noqa: E402
     peak,
     scaled,
 )
-from models.zoo.videodit.plans import factory_kwargs, mesh, plan_toml  # noqa: E402
-from planning.module_models import pipefusion_loop_s, stage_counts, tick_inputs  # noqa: E402
+from models.zoo.videodit.plans import factory_kwargs, plan_toml  # noqa: E402
+from planning.module_models import (  # noqa: E402
+    DTYPE,
+    SINGLE,
+    Layout,
+    pipefusion_loop_s,
+    stage_counts,
+    tick_inputs,
+)
 
 COLUMNS = ("model", "frames", "height", "width", "steps", "hw", "devices", "strategy", "degrees",
            "loop_s", "decode_s", "memory_gb")
 GB = 1e9  # memory_gb in the unit of the descriptions' capacities (an "80 GB" H100: 80e9 bytes)
-DTYPE = "bfloat16"
-#: One device: no plan (trace-module's dp shorthand on a 1 x 1 mesh).
-SINGLE = "none"
 #: The cap on a trace's virtual memory (KiB): a full-size block trace holds a few GiB. Every
 #: full-size trace takes the user's trace lock (never two at once: hlo_trace.cache).
 TRACE_VMEM_KIB = 24 * 1024 * 1024
 DEFAULT_WORK = REPO_ROOT / "results" / ".cache" / "videodit"
 DEFAULT_OUT = REPO_ROOT / "results" / "videodit"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A strategy at a degree (per CFG branch), or one device (``SINGLE``)."""
-
-    strategy: str
-    degree: int = 1
-
-    @property
-    def devices(self) -> int:
-        return 1 if self.strategy == SINGLE else math.prod(mesh(self.strategy, self.degree))
-
-    @property
-    def degrees(self) -> str:
-        """The degree of each parallelism, as the CSV writes it."""
-        if self.strategy == SINGLE:
-            return "1"
-        if self.strategy == "cfg_ulysses":
-            return f"cfg=2 ulysses={self.degree}"
-        if self.strategy == "usp":
-            return f"ring=2 ulysses={self.degree // 2}"
-        if self.strategy == "pipefusion":  # as many patches as stages (``pipefusion_seconds``)
-            return f"pipefusion={self.degree} patches={self.degree}"
-        return "cfg=2" if self.strategy == "cfg" else f"{self.strategy}={self.degree}"
-
-    @property
-    def tag(self) -> str:
-        return SINGLE if self.strategy == SINGLE else f"{self.strategy}{self.degree}"
 
 
 @dataclass(frozen=True)

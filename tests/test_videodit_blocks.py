@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("torch_xla")
 
 from models.zoo.videodit.configs import part_kwargs, parts, peak, scaled  # noqa: E402
-from scripts.videodit import Layout, report, step_seconds, trace, trace_command, traced  # noqa: E402
+from planning.module_models import Layout  # noqa: E402
+from scripts.videodit import report, step_seconds, trace, trace_command, traced  # noqa: E402
 
 WHOLE = "whole"
 TOLERANCE = 0.005

@@ -8,12 +8,11 @@ from pathlib import Path
 from hardware.systems import resolve_system
 from models.zoo.videodit.companions import COMPANIONS
 from models.zoo.videodit.configs import HUNYUAN_VIDEO
+from planning.module_models import SINGLE, Layout
 from scripts.videodit import (
     COLUMNS,
     GB,
-    SINGLE,
     Case,
-    Layout,
     Prediction,
     csv_text,
     page,
