@@ -388,13 +388,21 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 # -- the plan search of each model (plan-search --model) ---------------------------------------------------
 #: The search of each model at one standard shape (the first of its rows above).
-SEARCHES = (("hunyuan_video", "129x720x1280"), ("wan21_14b", "81x480x832"), ("cogvideox_5b", "49x480x720"))
+SEARCHES = (("hunyuan_video", "129x720x1280"), ("wan21_14b", "81x480x832"), ("cogvideox_5b", "49x480x720"),
+            ("wan21_1.3b", "81x480x832"))
 SEARCH_HW = "8xh100"
+#: HunyuanVideo's search on other systems (``--search-systems``): (system, devices; None: all of
+#: them), each in the work directory of its 8xh100 search (its traces reused, re-costed).
+SYSTEMS_MODEL = SEARCHES[0]
+SYSTEMS = (("8xa100", None), ("tx8-16", 8), ("4x8xh100", 8), ("4x8xh100", 16))
 
 
-def search_command(model: str, shape: str, hw: str, work: Path, json_out: Path) -> list[str]:
-    return [sys.executable, "-m", "planning.plan_search_cli", "--model", model, "--shape", shape, "--hw", hw,
-            "--work-dir", str(work), "--json", str(json_out), "-o", str(work / "best_plan.toml"), "--force"]
+def search_command(model: str, shape: str, hw: str, work: Path, json_out: Path | None = None,
+                   devices: int | None = None) -> list[str]:
+    command = [sys.executable, "-m", "planning.plan_search_cli", "--model", model, "--shape", shape, "--hw", hw,
+               "--work-dir", str(work), "-o", str(work / "best_plan.toml"), "--force"]
+    command += [] if devices is None else ["--devices", str(devices)]
+    return command + ([] if json_out is None else ["--json", str(json_out)])
 
 
 def search_page(model: str, shape: str, hw: str, report_text: str, wall_s: float,
@@ -412,30 +420,77 @@ def search_page(model: str, shape: str, hw: str, report_text: str, wall_s: float
         "long the search waited for that lock). Every figure below is a prediction: the GPU constants "
         "are the microbenchmark ones, nothing is fitted on these models.", "",
         "```text", report_text.rstrip("\n"), "```", "",
-        "Ring and USP: each ring step of the zoo's ring attention (`layers.AttentionCore._ring`) is "
-        "one fused flash-attention call (`layers.attend_block`: output and log-sum-exp), the steps "
-        "merged element-wise by their log-sum-exp, as xDiT's ring attention runs it.", ""])
+        *LAYOUT_NOTES, ""])
+
+
+#: What the search pages say of the layouts whose model is not plain (docs/videodit.md).
+LAYOUT_NOTES = (
+    "Ring and USP: each ring step of the zoo's ring attention (`layers.AttentionCore._ring`) is "
+    "one fused flash-attention call (`layers.attend_block`: output and log-sum-exp), the steps "
+    "merged element-wise by their log-sum-exp, as xDiT's ring attention runs it.", "",
+    "PipeFusion (`pipefusion` P x 1, `pipefusion_ulysses` 2 stages of Ulysses n; M = P patches): "
+    "traced as one tick of the pipeline (every stage's patch, the K/V buffers of the whole video); "
+    "the loop is one warm-up step (the whole latent through the stages: the one-device or Ulysses-n "
+    "layout's step, calibrated and traced beside it) and the other steps overlapped, of the heaviest "
+    "stage's ticks (`planning.module_models.pipefusion_loop_s`, as `latency.csv`'s PipeFusion rows); "
+    "the memory holds the stage's weights and K/V buffers.")
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _searched(command: list[str], what: str) -> tuple[str, float, tuple[str, str]]:
+    """Run one search: its report, wall seconds and the load average before and after."""
+    import time
+
+    before, started = _load(), time.perf_counter()
+    done = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode not in (0, 3):
+        raise click.ClickException(f"{what} failed (exit {done.returncode})")
+    return done.stdout, wall, (before, _load())
 
 
 def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force: bool) -> None:
     import shutil
-    import time
-
-    def load() -> str:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
     json_out, page_out = out / f"search_{model}.json", out / f"search_{model}.md"
     scratch = work / f"search_{model}"
     shutil.rmtree(scratch, ignore_errors=True)  # cold: the wall time of a first search
     scratch.mkdir(parents=True)
-    before, started = load(), time.perf_counter()
-    done = subprocess.run(search_command(model, shape, hw, scratch, json_out), cwd=REPO_ROOT,
-                          stdout=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - started
-    if done.returncode not in (0, 3):
-        raise click.ClickException(f"plan-search --model {model} failed (exit {done.returncode})")
-    atomic_write(page_out, search_page(model, shape, hw, done.stdout, wall, (before, load())), force=force)
+    report_text, wall, loads = _searched(search_command(model, shape, hw, scratch, json_out),
+                                         f"plan-search --model {model}")
+    atomic_write(page_out, search_page(model, shape, hw, report_text, wall, loads), force=force)
     click.echo(f"wrote {page_out} ({wall:.0f} s)", err=True)
+
+
+def run_systems(work: Path, out: Path, *, force: bool) -> None:
+    """``OUT/search_<model>_systems.md``: the model's search on each of ``SYSTEMS`` in the work
+    directory of its 8xh100 search (run that first: ``--search``)."""
+    model, shape = SYSTEMS_MODEL
+    scratch = work / f"search_{model}"
+    if not scratch.is_dir():
+        raise click.ClickException(f"{scratch}: no 8xh100 search of {model} to reuse; run --search first")
+    lines = [f"# plan-search --model {model} on other systems", "",
+             f"{model} at {shape.replace('x', ' x ')} searched on "
+             + ", ".join(f"{hw}" + (f" ({n} devices)" if n else "") for hw, n in SYSTEMS)
+             + f", each after the {SEARCH_HW} search of search_{model}.md in the same work directory: its "
+             "calibration and full-size traces of the 8-device layouts are reused (a trace does not depend on "
+             "the system), only re-costed on the new system; the 16-device layouts are traced anew. "
+             "Predictions: the GPU constants are the microbenchmark ones, the TX8 ones docs/tiled.md's; "
+             "nothing fitted on this model.", "", *LAYOUT_NOTES, ""]
+    for hw, devices in SYSTEMS:
+        option = "" if devices is None else f" --devices {devices}"
+        report_text, wall, loads = _searched(search_command(model, shape, hw, scratch, devices=devices),
+                                             f"plan-search --model {model} --hw {hw}{option}")
+        lines += [f"## --hw {hw}{option}", "", "```text", f"plan-search --model {model} --shape {shape} --hw {hw}{option}",
+                  "```", "", f"Wall time {wall:.0f} s (warm work directory; load average before: {loads[0]}; "
+                  f"after: {loads[1]}).", "", "```text", report_text.rstrip("\n"), "```", ""]
+        click.echo(f"searched {model} on {hw}{option} ({wall:.0f} s)", err=True)
+    page_out = out / f"search_{model}_systems.md"
+    atomic_write(page_out, "\n".join(lines), force=force)
+    click.echo(f"wrote {page_out}", err=True)
 
 
 @click.command()
@@ -449,13 +504,20 @@ def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force:
 @click.option("--search", is_flag=True,
               help=f"Instead: plan-search --model for each model at one shape on {SEARCH_HW} (cold), "
                    "writing search_<model>.md and .json.")
-@click.option("--force", is_flag=True, help="Overwrite latency.csv and latency.md.")
-def main(work: Path, out: Path, only: str | None, render_only: bool, search: bool, force: bool) -> None:
+@click.option("--search-systems", is_flag=True,
+              help=f"After --search: {SYSTEMS_MODEL[0]}'s search on "
+                   + ", ".join(hw + (f" --devices {n}" if n else "") for hw, n in SYSTEMS)
+                   + f" in its {SEARCH_HW} search's work directory, writing search_{SYSTEMS_MODEL[0]}_systems.md.")
+@click.option("--force", is_flag=True, help="Overwrite latency.csv and latency.md (and the search pages).")
+def main(work: Path, out: Path, only: str | None, render_only: bool, search: bool, search_systems: bool,
+         force: bool) -> None:
     """Predict the loops of the video DiTs and write the CSV and its page."""
-    if search:
+    if search or search_systems:
         for model, shape in SEARCHES:
-            if only is None or only == model:
+            if search and (only is None or only == model):
                 run_search(model, shape, SEARCH_HW, work, out, force=force)
+        if search_systems:
+            run_systems(work, out, force=force)
         return
     table = out / "latency.csv"
     if not render_only:
