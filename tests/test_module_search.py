@@ -52,6 +52,26 @@ def test_interpolation_is_exact_on_a_joint_sequence_and_flags_the_rest():
         interpolate([[1, 2], [1, 2, 3], [1, 2]], points, 5)
 
 
+def test_a_vector_kernels_width_that_is_no_polynomial_stays_positive_and_is_flagged():
+    """A vector kernel over a joint sequence of 3,600 t + 256 rows writing 6,144 x 3,600 t
+    elements (the video's): its width ceil(out / rows) is 5,934, 6,002 and 6,037 at t = 2, 3, 4
+    (by hand), no polynomial: extrapolated to t = 33 it would be empty. The rows interpolate
+    exactly (119,056); the width comes from rows x width over the rows, near the true
+    ceil(729,907,200 / 119,056) = 6,131, and is counted inexact."""
+    def kernel(t: int) -> dict:
+        rows = 3600 * t + 256
+        return {"op_type": "Vector", "output_shape": [rows, -(-6144 * 3600 * t // rows)]}
+
+    assert [kernel(t)["output_shape"][1] for t in (2, 3, 4)] == [5934, 6002, 6037]
+    document, inexact, _ = interpolate([kernel(t) for t in (2, 3, 4)], (2, 3, 4), 33)
+    rows, width = document["output_shape"]
+    assert rows == 119_056 and width == pytest.approx(6131, rel=0.01) and inexact == 1
+    # a polynomial width (rows dividing the output) is interpolated as any integer, exact
+    document, inexact, _ = interpolate([{"op_type": "Vector", "output_shape": [64 * t, 3072]} for t in (2, 3, 4)],
+                                       (2, 3, 4), 33)
+    assert document["output_shape"] == [64 * 33, 3072] and inexact == 0
+
+
 def test_hunyuan_layouts_on_8_and_16_devices():
     # 24 heads, 33 x 45 x 80 = 118,800 video tokens and 256 text tokens; embedded guidance
     model = zoo_model("hunyuan_video", "129x720x1280")
