@@ -163,7 +163,7 @@ USER_LOCK = "user"
 UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump).
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: The second calibration program's micro-batch is ``BATCH_FACTOR b0``: an odd prime other than
 #: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
 BATCH_FACTOR = 7
