@@ -96,3 +96,30 @@ def test_check_stages_outside_a_kernel_estimated_training_search_is_one_error_li
     assert done.stderr.strip().splitlines() == ["Error: --check-stages: checks a training search's kernel estimate; "
                                                 "pass --mode train (with --estimate kernels and no "
                                                 "--target-step-time)"]
+
+
+@pytest.mark.slow  # two tiny training traces
+@pytest.mark.trace
+def test_a_stage_of_two_pairs_runs_twice_the_collectives_of_one_pair(tmp_path):
+    """usp 2x4 with ring 1 (Ulysses over 4), the 6-pair tiny model: a stage of two pairs is two
+    one-pair programs end to end, so its collectives are twice the pair's, kind by kind, count
+    and bytes. The official path's per-frame select, its gradient left to GSPMD, made the two-pair
+    stage exchange more: 376 collectives against 2 x 156 (the hidden states' gradient gathered over
+    the batch axis, boolean masks of the hidden size moved), as usp 1x8 did at full size."""
+    pytest.importorskip("torch_xla")
+    from test_tracing_strategies import trace
+
+    from hlo_analyzer import load_module
+    from hlo_analyzer.training import measure_training, read_training_layout
+
+    config = _tiny6(tmp_path)
+    comm = {}
+    for name, stage_ids in (("pair", "0-0,1-1,2-5"), ("stage", "0-1,2-3,4-5")):
+        result = trace(["--config", str(config), "--shape", SHAPE, "--strategy", "usp", "--mesh", "2x4",
+                        "--ring-degree", "1", "--batch", "4", "--mode", "train", "--stage-ids", stage_ids,
+                        "--stage", "1", "-o", str(tmp_path / name)])
+        assert result.returncode == 0, result.stderr[-2000:]
+        dump = next((tmp_path / name).glob("*.mlir"))
+        split = measure_training(load_module(dump), read_training_layout(dump.with_suffix(".json")))
+        comm[name] = {key: (count, round(volume)) for key, (count, volume) in split.comm.items()}
+    assert comm["stage"] == {key: (2 * count, 2 * volume) for key, (count, volume) in comm["pair"].items()}
