@@ -33,7 +33,12 @@ and -2.2% (usp 2x4, ring 2) on the middle pair of the 3-pair tiny model, -0.3% t
 the last stage of the 2-pair one (dp, megatron, ring_attention, usp, ds_ulysses on tx8-16).
 The residual is element-wise work: the rerun inside the backward (behind the checkpoint's
 optimization barrier) runs about 20 element-wise kernels on their own that the first forward
-fuses into its GEMMs' epilogues. Also left out: a stage whose forward group holds more than
+fuses into its GEMMs' epilogues. On a GPU (PyTorch's kernels, one per torch call) the derived
+micro-batch is -3.4% (ds_ulysses 2x2) and -3.6% (dp 1x4, ZeRO-2) on the tiny pair, -2.3% on
+usp 1x8 at 204_640_360 (``tests/test_train_check.py``): the analyzer does not follow the rerun
+through the barrier (its dataflow joins the barrier's operands), so the rerun's cross-attention
+is charged over every sample's captions, not per sample, and the ops of its layer norms join
+into one kernel. Also left out: a stage whose forward group holds more than
 the blocks (the loss and final layer of a last stage are not recomputed; the traced pair of a
 model of 3 or more pairs is a middle stage and has neither). Not under ZeRO-3: there the
 traced recompute step is far cheaper than the derivation (dp on 1x4 of the 3-pair tiny model:
@@ -163,7 +168,7 @@ USER_LOCK = "user"
 UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump).
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: The second calibration program's micro-batch is ``BATCH_FACTOR b0``: an odd prime other than
 #: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
 BATCH_FACTOR = 7

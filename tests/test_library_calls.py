@@ -59,6 +59,19 @@ def test_a_declared_region_is_one_call_whatever_torch_calls_made_it():
     assert _calls(graph, regions) == [("layer_norm", (0, 1, 2, 3)), ("add", (4,))]
 
 
+def test_an_ir_scope_before_the_torch_call_is_not_the_call():
+    # A training step's forward is traced inside an IR scope: torch-xla prefixes each op's name
+    # with it. `x + gate * y` on one line is two calls (mul, add) with or without the scope, and
+    # the rerun of a checkpointed block (no scope) makes the same two.
+    graph = _graph((0, "multiply", [None, None], "hlo_trace_forward.3/aten__mul.5/aten__mul @ m.py:9"),
+                   (1, "add", [None, 0], "hlo_trace_forward.3/aten__add.6/aten__add @ m.py:9"),
+                   (2, "multiply", [None, None], "aten__mul.7/aten__mul @ m.py:9"),
+                   (3, "add", [None, 2], "aten__add.8/aten__add @ m.py:9"),
+                   (4, "add", [None], "hlo_trace_optimizer.1 @ m.py:20"))
+    assert _calls(graph) == [("mul", (0,)), ("add", (1,)), ("mul", (2,)), ("add", (3,)),
+                             ("hlo_trace_optimizer", (4,))]
+
+
 def test_ops_without_a_location_are_calls_of_their_own():
     graph = _graph((0, "multiply", [None], ""), (1, "add", [0], ""))
     assert _calls(graph) == [("multiply", (0,)), ("add", (1,))]

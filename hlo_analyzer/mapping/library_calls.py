@@ -4,7 +4,8 @@ PyTorch run eagerly launches one kernel per library call, not one per HLO op: ``
 lowers to five HLO ops and is one reduction kernel; ``F.gelu(approximate="tanh")`` is nine ops
 and one kernel. torch-xla writes on every op (``XLA_HLO_DEBUG=1``) the torch call that made it
 (``aten__mean``, ``aten__tanh_gelu.34/aten__mul``: the first path component names the call,
-numbered when torch-xla numbers it) and one source frame (``stdit3.py:219``). The ops of one
+numbered when torch-xla numbers it, after any IR scope the tracer pushed: a training step's
+forward is ``hlo_trace_forward.3/aten__mul.5/aten__mul``) and one source frame (``stdit3.py:219``). The ops of one
 call share both and are joined by data edges: :func:`call_groups` finds them as the connected
 components of the ops with the same call and frame.
 
@@ -37,6 +38,10 @@ LINEAR_CALL, ATTENTION_CALL, COPY_CALL = "linear", "flash_attention", "copy"
 TRANSPOSED_TOKENS_CALL = "transposed_tokens"
 #: torch-xla's name of a dtype cast it inserts (``x.float()`` gets it too).
 CAST_CALL = "xla__cast"
+#: torch-xla names a torch call ``namespace__op`` (``aten__mul``, ``xla__cast``, ``prim__Constant``);
+#: an IR scope pushed around calls (``tracing.training.ir_scope``: the training step's forward and
+#: optimizer) is a plain name before them in the op's name path.
+CALL_SEPARATOR = "__"
 
 
 @dataclass(frozen=True)
@@ -88,9 +93,14 @@ def sidecar_traced_pytorch(document: Any) -> bool:
 
 
 def _call_key(location: str) -> tuple[str, str]:
-    """(torch call name, source frame) of a formatted location ``names @ file:line``."""
+    """(torch call name, source frame) of a formatted location ``names @ file:line``: the first
+    component of the name path that names a torch call (``namespace__op``, :data:`CALL_SEPARATOR`),
+    past any IR scope the tracer pushed around it (``hlo_trace_forward.3/aten__mul.5/aten__mul``:
+    ``aten__mul.5``, the call, not the training step's forward scope); the first component
+    when none does."""
     names, _, frame = location.partition(" @ ")
-    return names.split("/", 1)[0], frame
+    components = names.split("/")
+    return next((c for c in components if CALL_SEPARATOR in c), components[0]), frame
 
 
 def _kind_of(call: str) -> str:

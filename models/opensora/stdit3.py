@@ -91,6 +91,8 @@ ANNOTATION_POINTS: dict[str, str] = {
     # STDiT3Block (B = batch, N = T*S tokens per sample, h = hidden)
     "x": "STDiT3Block: (B, N, h) at the block input and after each of its three residual adds "
          "(tokens in the state's token order)",
+    "select_grad": "STDiT3Block: (B, N, h) the inputs and the result of the official path's per-frame "
+                   "select (t_mask_select); a strategy pins only their gradients, as the residual stream",
     # Attention (self-attention). Spatial: B' = B*T, L = S. Temporal: B' = B*S, L = T.  With
     # the block's ``batch_apart`` set, the attention over the minor token factor keeps the batch
     # and the major factor apart: B' stands for the two axes (B, major) there.
@@ -612,7 +614,8 @@ class STDiT3Block(nn.Module):
             zero = (self.scale_shift_table[None] + t0_mlp.reshape(batch, 6, hidden)).chunk(6, dim=1)
 
         def select(value: Tensor, zero_value: Tensor) -> Tensor:
-            return t_mask_select(x_mask, value, zero_value, T, S, token_order)
+            value, zero_value = self.annotate("select_grad", value), self.annotate("select_grad", zero_value)
+            return self.annotate("select_grad", t_mask_select(x_mask, value, zero_value, T, S, token_order))
 
         h_attn = modulate(self.norm1(x), shift_msa, scale_msa)
         if masked:

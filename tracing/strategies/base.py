@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 
 Spec = tuple  # tuple[str | tuple[str, ...] | None, ...]
 ALL_DEVICES = ("x", "y")  # a 1-D strategy splits over the whole mesh, both axes together
+#: The model's annotation point whose gradient alone is pinned (``select_grad``: the official
+#: path's per-frame select). Its backward, left free, let GSPMD pick another layout in a stage of
+#: several pairs than in a one-pair stage (usp 1x8 at 204_640_360: a 508 MB all-gather of the
+#: hidden states' gradient between pairs, boolean masks of the hidden size exchanged), where a
+#: sequence-parallel run selects on its own tokens; pinned as the residual stream ``x``.
+GRADIENT_ONLY_POINT = "select_grad"
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
@@ -169,10 +175,20 @@ class Strategy:
                 if cross_kernel is not None:
                     block.cross_attn.attention_fn = cross_kernel
 
+    def _pin_select_gradient(self, mesh, tensor: torch.Tensor, temporal: bool) -> torch.Tensor:
+        """:data:`GRADIENT_ONLY_POINT`: in training, the gradient through ``tensor`` laid out
+        as the residual stream's point ``x`` (a plain spec); the forward as it is."""
+        spec = self.activation_spec("x", tuple(tensor.shape), temporal)
+        if not tensor.requires_grad or not isinstance(spec, tuple):
+            return tensor
+        return pin_gradient(tensor, mesh, spec)
+
     def _make_hook(self, mesh, temporal: bool) -> Callable[[str, torch.Tensor], torch.Tensor]:
         import torch_xla.distributed.spmd as xs
 
         def annotate(point: str, tensor: torch.Tensor) -> torch.Tensor:
+            if point == GRADIENT_ONLY_POINT:
+                return self._pin_select_gradient(mesh, tensor, temporal)
             spec = self.activation_spec(point, tuple(tensor.shape), temporal)
             if isinstance(spec, ReplicatedCopy):
                 return laid_out_copy(tensor, mesh, spec.spec)
@@ -201,6 +217,39 @@ class Strategy:
             return tensor
 
         return annotate
+
+
+def pin_gradient(tensor: torch.Tensor, mesh, spec: Spec):
+    """``tensor`` as it is, through an autograd function whose backward marks the incoming
+    gradient ``spec`` (the forward's layout is left to GSPMD)."""
+    return _pin_gradient_function()(tensor, mesh, spec)
+
+
+_PIN_GRADIENT = None
+
+
+def _pin_gradient_function():
+    global _PIN_GRADIENT
+    if _PIN_GRADIENT is None:
+        import torch
+        import torch_xla.distributed.spmd as xs
+
+        from tracing.capture import is_stored_data
+
+        class PinGradient(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, tensor, mesh, spec):
+                ctx.mesh, ctx.spec = mesh, spec
+                return tensor.view_as(tensor)
+
+            @staticmethod
+            def backward(ctx, grad):
+                if not is_stored_data(grad):
+                    xs.mark_sharding(grad, ctx.mesh, ctx.spec)
+                return grad, None, None
+
+        _PIN_GRADIENT = PinGradient.apply
+    return _PIN_GRADIENT
 
 
 def pin_with_gradient(tensor: torch.Tensor, mesh, before: Spec, after: Spec | None):
