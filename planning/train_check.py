@@ -39,6 +39,7 @@ from planning.plan_estimate import GroupCost, run_calibration_traces
 from planning.plan_search import ESTIMATE_TOLERANCE
 from planning.train_estimate import (
     CACHE_VERSION,
+    DUMPS_DIR,
     TrainKernels,
     analyze_pair,
     compose_step,
@@ -149,7 +150,7 @@ def check_plan(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
     pair_trace = None if isinstance(full, str) else stage_sums(full[0], pairs=pairs, micro_batches=1)[0]
     work = kernels.work.parent / WORK_DIR
     name = f"{pair_key(plan, config).name(shape)}_P{plan.stages}"
-    out = work / "dumps" / name
+    out = work / DUMPS_DIR / name
     request = stage_request(plan, config, shape, out)
     with trace_lock(kernels.lock):  # one hold for the plan's stages
         run_calibration_traces([request], work, jobs=1)

@@ -95,7 +95,7 @@ embeddings and the final layer (0.3% of the parameters; the first and last stage
 work) and assume the stages alike (an even split of the pairs; every stage's collectives as
 the first stage's chips run them).
 
-Traces and analyses are cached under the work directory (``train_calibrations/``: the dumps,
+Traces and analyses are cached under the work directory (``train_calibrations/``: the dumps in :data:`DUMPS_DIR`,
 and per chip kind each program's kernel groups as JSON); every trace holds
 the user's trace lock while it runs (``hlo_trace.cache.trace_lock_path``: one full-size trace
 at a time on the machine; a model of fewer than :data:`UNLOCKED_PARAMETERS` parameters, the tiny
@@ -169,6 +169,13 @@ UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump).
 CACHE_VERSION = 3
+#: Generation of the training programs the tracer writes, part of the cached dumps' directory
+#: name (``dumps.v<N>``): bumped when the tracer writes a training step differently, so dumps
+#: traced before are traced again rather than analysed as if current (2: the per-frame select's
+#: gradient pinned to the residual-stream layout, ``select_grad``).
+TRAIN_TRACE_VERSION = 2
+#: The cached dumps' directory under a work directory.
+DUMPS_DIR = f"dumps.v{TRAIN_TRACE_VERSION}"
 #: The second calibration program's micro-batch is ``BATCH_FACTOR b0``: an odd prime other than
 #: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
 BATCH_FACTOR = 7
@@ -479,7 +486,7 @@ class TrainKernels:
             context.__exit__(None, None, None)
 
     def _dump_dir(self, key: PairKey, shape: str) -> Path:
-        return self.work / "dumps" / key.name(shape)
+        return self.work / DUMPS_DIR / key.name(shape)
 
     def _analysis_path(self, key: PairKey, shape: str, kind: str) -> Path:
         return self.work / kind / f"{key.name(shape)}.json"

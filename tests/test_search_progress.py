@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from planning.eta import EtaReporter, duration_text, eta_line
+from planning.train_estimate import DUMPS_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def test_a_reporter_speaks_at_the_start_the_end_and_every_interval():
 
 def _complete_traces(work: Path) -> int:
     """Calibration requests whose dump and sidecar are both written."""
-    dumps = work / "train_calibrations" / "dumps"
+    dumps = work / "train_calibrations" / DUMPS_DIR
     return sum(1 for mlir in dumps.rglob("*.mlir") if mlir.with_suffix(".json").exists()) if dumps.exists() else 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from planning.plan_estimate import GroupCost
-from planning.train_estimate import PairKey, compose_step, pair_stage
+from planning.train_estimate import DUMPS_DIR, PairKey, compose_step, pair_stage
 
 SHAPE = "68_256_64"  # T = 20, W = 16: calibrations 41_768_64 and 123_3840_64
 
@@ -70,7 +70,7 @@ def test_a_traced_pair_splits_into_micro_batch_and_step_kernels_and_the_calibrat
     key = PairKey(config, "usp", (2, 2), 1, 2, False, 2)
     full = kernels.full(key, system)
     assert not isinstance(full, str), full
-    dump = next((kernels.work / "dumps" / key.name(SHAPE)).glob("*.mlir"))
+    dump = next((kernels.work / DUMPS_DIR / key.name(SHAPE)).glob("*.mlir"))
     root = Path(__file__).resolve().parents[1]
     analysed = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(dump), "--hw", "4x8xh100",
                                "--format", "json"], cwd=root, capture_output=True, text=True)

@@ -12,7 +12,13 @@ from fractions import Fraction
 import pytest
 
 from planning.plan_estimate import GroupCost
-from planning.train_estimate import RECOMPUTE_TOLERANCE, PairKey, TrainKernels, step_groups
+from planning.train_estimate import (
+    DUMPS_DIR,
+    RECOMPUTE_TOLERANCE,
+    PairKey,
+    TrainKernels,
+    step_groups,
+)
 
 SHAPE = "28_64_64"
 
@@ -108,7 +114,7 @@ def test_one_calibration_predicts_two_shapes_it_was_not_traced_at(tmp_path):
         assert not isinstance(full, str), full
         for name in ("micro", "update"):
             assert total(estimate[name]) == pytest.approx(total(full[0][name]), rel=ESTIMATE_TOLERANCE), (shape, name)
-    dumps = {path.parent.name for path in (tmp_path / "train_calibrations" / "dumps").glob("*/*.mlir")}
+    dumps = {path.parent.name for path in (tmp_path / "train_calibrations" / DUMPS_DIR).glob("*/*.mlir")}
     assert len(dumps) == 4  # two calibration traces, one pair at each plan's shape
 
 
