@@ -438,6 +438,7 @@ def _sizing_figures(sizing: str, devices: tuple[int, ...]) -> dict[str, Figure]:
 
 FIGURES.update({
     **_sizing_figures("51_1280_720_tx8-64", (24, 23)),
+    **_sizing_figures("51_1280_720_8x8xh100", (8, 7)),
     **_sizing_figures("102_1280_720_tx8-64", (24,)),
     **_sizing_figures("204_640_360_tx8-64", (24,)),
     **_search_figures("204_640_360_8xh100", "1x8:ds_ulysses@2x4 M=1", "ds_ulysses"),
