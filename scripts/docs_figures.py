@@ -437,9 +437,11 @@ def _sizing_figures(sizing: str, devices: tuple[int, ...]) -> dict[str, Figure]:
 
 
 FIGURES.update({
-    **_sizing_figures("51_1280_720_tx8-64", (24, 60)),
+    **_sizing_figures("51_1280_720_tx8-64", (24, 23)),
+    **_sizing_figures("51_1280_720_8x8xh100", (8, 7)),
     **_sizing_figures("102_1280_720_tx8-64", (24,)),
-    **_sizing_figures("204_640_360_tx8-64", (24,)),
+    **_sizing_figures("204_640_360_tx8-64", (24, 23)),
+    **_sizing_figures("408_640_360_tx8-64", (16, 15)),
     **_search_figures("204_640_360_8xh100", "1x8:ds_ulysses@2x4 M=1", "ds_ulysses"),
     "search.408_640_360_8xh100.calibration": Figure("results/plan_search/408_640_360_8xh100.json", _search_plan(
         "1x8:ds_ulysses@2x4 M=1", "estimate", "basis", pattern=r"\((\w+), ")),

@@ -32,7 +32,16 @@ def row(name: str, document: dict) -> str:
     else:
         traced = next(t for t in traces if t["devices"] == answer["devices"])
         result = f"**{answer['devices']}** ({answer['best_label']}): traced {traced['traced_s']:.4g} s"
-    return f"| {shape} | {system} | {document['target_s']:.4g} | {result} | {tried} |"
+    missed = document.get("missed_below")
+    below = ("-" if missed is None else f"{missed['devices']}: traced "
+             + (f"{missed['traced_s']:.4g} s" if missed["traced_s"] is not None else f"failed ({missed['error']})"))
+    return f"| {shape} | {system} | {ranking(document)} | {document['target_s']:.4g} | {result} | {below} | {tried} |"
+
+
+def ranking(document: dict) -> str:
+    """Which estimate ranked the counts: runs with the traced-kernel estimate trace the answer's
+    smaller neighbour (``missed_below`` in their JSON); older runs ranked with the ideal estimate."""
+    return "kernel" if "missed_below" in document else "ideal (old run)"
 
 
 @click.command()
@@ -45,9 +54,13 @@ def main(directory: str) -> None:
              "(full config, 30 steps); T is the traced best latency of the one-node search in "
              "`results/plan_search/` (8xh100, tx8-16). Traced confirmations in the order they ran "
              "(devices: estimate, traced); the answer is the first traced plan that meets the target. "
+             "Ranked: the estimate that ranked the device counts (kernel: the traced-kernel estimate, "
+             "`--estimate kernels`, which also traces the answer's next smaller count: column below; "
+             "ideal: an older run with the ideal estimate, to be regenerated). "
              "Regenerate: the commands above with `--json` and `--plot` here, then "
              "`python3 scripts/sizing_summary.py`.", "",
-             "| shape | system | target s | answer (traced) | confirmations |", "|---|---|---|---|---|"]
+             "| shape | system | ranked | target s | answer (traced) | smaller neighbour | confirmations |",
+             "|---|---|---|---|---|---|---|"]
     for path in sorted(folder.glob("*.json")):
         lines.append(row(path.stem, json.loads(path.read_text())))
     atomic_write(folder / "summary.md", "\n".join(lines) + "\n", force=True)
