@@ -21,14 +21,16 @@ same command from the checkout at DIR (``git worktree add DIR COMMIT``: the old 
 path), else this checkout's ``--per-key-calibrations`` (every recompute key traced as its own).
 ``--quick``: one device, ZeRO 0 (12 calibration traces; a minute for both runs).
 Both runs get ``--jobs 2`` (the training search's default since the derived calibrations; the
-code before defaulted to 1). Last measured, plan-search alone (the command above with
-``--jobs 2 --work-dir NEW`` under ``/usr/bin/time``), on the shared 2-core machine: 131.8 s at
-load 1.4-3.7 and 149.6 s at load 4.3 (134 calibration traces, 12 at the plan's shape; 12 of 12
-traced plans within 5%, worst 1.040, Spearman 1.000): meets the 2 minutes when the machine is
-not shared. The checkout before three changes (the tracer's loaded objects frozen, the smaller second calibration
-program, the faster rescaling: docs/plan_search.md) took 291 s at load 2.8-3.4. An earlier
-run of this script (derived micro-batch and ZeRO calibrations against the per-family checkout
-before them, load 7-12): 939.7 s against 1,033.8 s.
+code before defaulted to 1). Last measured, derived micro-batch and ZeRO calibrations (134
+calibration traces, 12 at the plan's shape) against the checkout before them (320 and 12), in one
+run of this script on the shared 2-core machine under a load of 7-12 (other sessions' traces, and
+this session's slow tests running beside the first run): this checkout 939.7 s, baseline
+1,033.8 s, ratio 0.91 (that run's checkout still derived a micro-batch of 1 from 3 and 21: 11 of
+12 traced plans within 5%, one 1.46x off; fixed since: 12 of 12, worst 1.040, Spearman 1.000).
+Apart, plan-search alone, cold: 291 s at load 2.8-3.4 (this checkout), 291.5 s right after at load 3.2-2.9 (the
+checkout before: 320 traces, each cheaper: its programs' micro-batch is at most 8 where these
+go to 168). The Done-when's 2 minutes is missed: at about 1.8 s a trace (two processes on
+two loaded cores) it allows about 55 traces.
 
 **Full-size inference search, cold cache** (``--part infer``): ``plan-search --shape 153_848_480 --hw
 tx8-16`` (issue 42's second Done-when: a shape the study never calibrated; ``--shape``, ``--hw``,
