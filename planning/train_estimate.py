@@ -46,14 +46,9 @@ programs differ in the batch too: the first at ``(T0, W0)`` with ``b0`` (:func:`
 ``3 * 2^k``, the plan's power of two of ``B`` capped at the largest power of two of the stage's
 chips, by the frames' argument of ``plan_estimate.calibration_shapes``: GSPMD reshards over the
 batch where a mesh axis divides it, whichever axis splits it; a usp pair on 1x4 runs
-all-to-alls at B = 8 where it runs all-gathers at B = 3), the second at ``(5 T0 / 3, 7 W0 / 3)``
-(:func:`scaled_shape`) with ``11 b0 / 3`` (:data:`SCALED_FACTORS`: every odd part 3 becomes
-another odd prime, the powers of two kept); a ratio ``5^a 7^b 11^e / 3^(a+b+e)`` names the three
-exponents and the value at the plan is ``v0 (T/T0)^a (W/W0)^b (B/b0)^e`` (``_StepRescaler``). The
-second program is so 14 times the first's tokens x batch, where ``(3 T0, 5 W0)`` at ``7 b0`` was
-105 times: on the tiny training search's 8-chip stages 88 x 40 x 28 x 4 tokens (136_448_64)
-instead of 168 x 72 x 60 x 4 (245_960_64), whose trace (a 46 MB constant of the
-cross-attention's block mask among it) took 5 s of CPU against 0.5 s. One calibration serves the
+all-to-alls at B = 8 where it runs all-gathers at B = 3), the second at ``(3 T0, 5 W0)`` with
+:data:`BATCH_FACTOR` ``b0``; a ratio ``3^a 5^b 7^e`` names the three exponents and the value at
+the plan is ``v0 (T/T0)^a (W/W0)^b (B/b0)^e`` (``_StepRescaler``). One calibration serves the
 micro-batches of a strategy, mesh and ring that agree in their power of two up to the stage's
 (8 and 4 on 4 chips; 8, 4 and 2 on 2). Not a micro-batch of 1: a batch dimension of 1 makes
 another program (usp on 1x4 ring 2 at B = 1: 80 us of collectives per micro-batch and 1.07 ms
@@ -73,7 +68,7 @@ stage's largest power of two) and usp's ring 1 for every ring, less its ZeRO-0 t
 Exact where what differs is parameter-sized; measured (``tests/test_train_derive.py``: usp 2x2
 ring 2 at ZeRO 1-3, dp 1x4 at ZeRO 1 and 3, traced at the plan's shape and micro-batch 4)
 within the estimate's 5% per group. A ZeRO-3 recompute key is traced as its own (above), at
-``b0`` and ``11 b0 / 3``.
+``b0`` and ``7 b0``.
 
 With both, the tiny training search (8 devices of tx8-16, 276 fitting plans) traces 134
 calibration programs instead of 320 (552 per key). ``derive`` False (``--per-key-calibrations``)
@@ -83,9 +78,8 @@ traces every key's own at the two shapes, its micro-batch kept: the reference.
 micro-batches: ``(m + P - 1)`` slots of ``n * micro + boundary`` plus ``n * update``; the
 boundary (the hidden states forward, their gradient back) is the caller's.
 
-The estimate takes the same program at the two calibration shapes (the first of
-``planning.plan_estimate``, ``(T0, W0)``, and ``(5 T0 / 3, 7 W0 / 3)``, the plan's height kept):
-the kernels line up
+The estimate takes the same program at the two calibration shapes of ``planning.plan_estimate``
+(``(T0, W0)`` and ``(3 T0, 5 W0)``, the plan's height kept): the kernels line up
 one to one and every integer is rescaled to the plan's shape and micro-batch as above, then
 costed with ``hlo_analyzer.mapping.program.map_kernels``; the
 traced figure costs the plan's own full-size program the same way (never derived). Estimate and traced so
@@ -123,16 +117,15 @@ from hardware.systems import Hardware
 from hlo_trace.atomic import atomic_write
 from hlo_trace.cache import trace_lock_path
 from hlo_trace.errors import UsageError
-from models.opensora.config import STDiT3Config, get_config
+from models.opensora.config import get_config
 from models.opensora.flops import parameter_count
-from models.opensora.inputs import geometry, parse_shape
 from planning.plan_estimate import (
+    CALIBRATION_FACTORS,
     FAILURE_FILE,
     MAX_EXPONENT,
     GroupCost,
     _largest_power_of_two,
     _Rescaler,
-    _shape_text,
     _small,
     calibration_shapes,
     dump_names,
@@ -144,10 +137,9 @@ from plans.train_options import TrainOptions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BATCH_FACTOR", "GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "SCALED_FACTORS", "USER_LOCK",
-           "PairCalibration", "PairKey", "PairProgram", "TrainKernels", "TrainStep", "analyze_pair",
-           "calibration_batch", "check_traceable", "compose_step", "cost_groups", "data_parallel", "pair_stage",
-           "scaled_shape", "step_groups"]
+__all__ = ["BATCH_FACTOR", "GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairCalibration",
+           "PairKey", "PairProgram", "TrainKernels", "TrainStep", "analyze_pair", "calibration_batch",
+           "check_traceable", "compose_step", "cost_groups", "data_parallel", "pair_stage", "step_groups"]
 
 #: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
 GROUPS = ("micro", "update")
@@ -172,14 +164,9 @@ UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump).
 CACHE_VERSION = 2
-#: The second calibration program's frames, token columns and micro-batch over the first's
-#: (``T1 = 5 T0 / 3``, ``W1 = 7 W0 / 3``, ``b1 = 11 b0 / 3``: the first's odd parts are 3,
-#: ``plan_estimate.SMALL_ODD_PART``): numerators distinct odd primes, so a ratio of an integer of
-#: the two programs names the three exponents, and no power of two (what the mesh splits)
-#: changes; the second program is ``5 7 11 / 27`` = 14 times the first (module doc).
-SCALED_FACTORS = (Fraction(5, 3), Fraction(7, 3), Fraction(11, 3))
-#: The micro-batch's factor (:data:`SCALED_FACTORS`).
-BATCH_FACTOR = SCALED_FACTORS[2]
+#: The second calibration program's micro-batch is ``BATCH_FACTOR b0``: an odd prime other than
+#: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
+BATCH_FACTOR = 7
 #: The stage shapes (``tracing.stages.boundary_shapes``) of every traced pair, one file beside
 #: their dump directories: they depend on the shape and the micro-batch, not on the layout.
 SHAPE_CACHE = "stage_shapes.json"
@@ -267,29 +254,18 @@ class PairCalibration:
     rerun_forward: bool
 
     @property
-    def batch_factor(self) -> Fraction:
-        return Fraction(self.scaled.micro_batch, self.base.micro_batch)
+    def batch_factor(self) -> int:
+        return self.scaled.micro_batch // self.base.micro_batch
 
 
 class _StepRescaler(_Rescaler):
-    """``plan_estimate._Rescaler`` over the three dimensions of the training calibration: an
-    integer ``v0`` in the first program and ``v1 = v0 fT^a fW^b fB^c`` in the second
-    (``factors``: :data:`SCALED_FACTORS`, the batch's 1 where it is kept) is
-    ``v0 (T/T0)^a (W/W0)^b (B/B0)^c`` at the plan."""
+    """``plan_estimate._Rescaler`` with a third factor, the micro-batch's: an integer ``v0`` in
+    the first program and ``v1 = v0 3^a 5^b f^c`` in the second (``f`` = ``batch_factor``,
+    :data:`BATCH_FACTOR` or 1: the batch kept) is ``v0 (T/T0)^a (W/W0)^b (B/B0)^c`` at the plan."""
 
-    def __init__(self, t_ratio: Fraction, w_ratio: Fraction, b_ratio: Fraction,
-                 factors: tuple[Fraction, Fraction, Fraction]) -> None:
+    def __init__(self, t_ratio: Fraction, w_ratio: Fraction, b_ratio: Fraction, batch_factor: int) -> None:
         super().__init__(t_ratio, w_ratio)
-        self.b_ratio, self.factors = b_ratio, factors
-        ratios = (t_ratio, w_ratio, b_ratio)
-        batch_exponents = range(MAX_EXPONENT + 1) if factors[2] != 1 else (0,)
-        #: every product of the factors' powers and the product of the ratios' same powers
-        self._powers: dict[Fraction, Fraction] = {}
-        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
-            factor = math.prod((f ** e for f, e in zip(factors, exponents, strict=True)), start=Fraction(1))
-            self._powers.setdefault(factor, math.prod((r ** e for r, e in zip(ratios, exponents, strict=True)),
-                                                      start=Fraction(1)))
-        self._values: dict[tuple[int, int], tuple[int, bool]] = {}
+        self.b_ratio, self.batch_factor = b_ratio, batch_factor
 
     def __call__(self, a: Any, b: Any) -> Any:
         if type(a) is int and type(b) is int:
@@ -302,37 +278,19 @@ class _StepRescaler(_Rescaler):
     def value(self, v0: int, v1: int) -> tuple[int, bool]:
         """The integer at the plan's shape and micro-batch, and whether it was exact (else the
         nearest power of the factors' geometric mean, as ``plan_estimate.rescale_value``)."""
-        cached = self._values.get((v0, v1))
-        if cached is None:
-            cached = self._values[(v0, v1)] = self._value(v0, v1)
-        return cached
-
-    def _value(self, v0: int, v1: int) -> tuple[int, bool]:
         if v0 <= 0 or v1 <= 0:
             return (v0, True) if v0 == v1 else (max(v0, 0), False)
-        ratio = self._powers.get(Fraction(v1, v0))
-        if ratio is not None:
-            value = v0 * ratio
-            return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
-        moved = [(f, r) for f, r in zip(self.factors, (self.t_ratio, self.w_ratio, self.b_ratio), strict=True)
-                 if f != 1]
-        power = math.log(v1 / v0) / math.log(math.prod(float(f) for f, _ in moved) ** (1 / len(moved)))
+        factors = (*CALIBRATION_FACTORS, self.batch_factor)
+        ratios = (self.t_ratio, self.w_ratio, self.b_ratio)
+        batch_exponents = range(MAX_EXPONENT + 1) if self.batch_factor > 1 else (0,)
+        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
+            if v0 * math.prod(f ** e for f, e in zip(factors, exponents, strict=True)) == v1:
+                value = v0 * math.prod(r ** e for r, e in zip(ratios, exponents, strict=True))
+                return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
+        moved = [(f, r) for f, r in zip(factors, ratios, strict=True) if f > 1]
+        power = math.log(v1 / v0) / math.log(math.prod(f for f, _ in moved) ** (1 / len(moved)))
         mean_ratio = math.prod(float(r) for _, r in moved) ** (1 / len(moved))
         return max(1, round(v0 * mean_ratio ** power)), False
-
-
-def scaled_shape(model: STDiT3Config, base: str) -> str:
-    """The second calibration shape of a training pair: the first's (``base``, of
-    ``plan_estimate.calibration_shapes``) frames and token columns times :data:`SCALED_FACTORS`,
-    the height kept."""
-    geo = geometry(model, base)
-    frames, columns = (geo.T * SCALED_FACTORS[0], geo.W_patches * SCALED_FACTORS[1])
-    if frames.denominator != 1 or columns.denominator != 1:
-        raise UsageError(f"calibration shape {base}: its frames and columns have no odd part 3")
-    text = _shape_text(model, int(frames), int(columns), parse_shape(base).height)
-    check = geometry(model, text)
-    assert (check.T, check.W_patches, check.H_patches) == (frames, columns, geo.H_patches), text
-    return text
 
 
 def check_traceable(key: PairKey, shape: str) -> None:
@@ -480,7 +438,6 @@ class TrainKernels:
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self._estimates: dict[tuple[PairKey, str], tuple[dict[str, GroupCost], str]] = {}
         self._costs: dict[tuple[PairKey, str, str], dict[str, GroupCost]] = {}
-        self._rescalings: dict[tuple[PairKey, PairKey, int, str], tuple[dict[str, GroupCost], int, int]] = {}
         self.traced = 0
 
     @contextmanager
@@ -528,9 +485,7 @@ class TrainKernels:
         capped at the largest power of two of the mesh, so shapes of one size that differ by a
         power of two of frames share the traces, as the inference calibrations do)."""
         nx, ny = key.mesh
-        model = get_config(self.config)
-        base, _, t_ratio, w_ratio = calibration_shapes(model, self.shape, nx * ny)
-        return base, scaled_shape(model, base), t_ratio, w_ratio
+        return calibration_shapes(get_config(self.config), self.shape, nx * ny)
 
     def calibration(self, key: PairKey) -> PairCalibration:
         """The programs ``key``'s estimate is made of (module doc; ``derive`` False: the key's own
@@ -547,7 +502,7 @@ class TrainKernels:
             staged = dataclasses.replace(base, ring=ring, zero=key.zero, micro_batch=batch)
             zero = (staged, dataclasses.replace(staged, zero=0))
         factor = BATCH_FACTOR if b0 > 1 else 1  # a batch of 1 stays 1 (calibration_batch)
-        return PairCalibration(base, dataclasses.replace(base, micro_batch=int(factor * b0)), zero,
+        return PairCalibration(base, dataclasses.replace(base, micro_batch=factor * b0), zero,
                                key.recompute and not base.recompute)
 
     def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
@@ -657,8 +612,13 @@ class TrainKernels:
 
     def _estimate_with(self, calibration: PairCalibration, key: PairKey, system: SystemSpec,
                        ) -> tuple[dict[str, GroupCost], str]:
-        base_shape, scaled_shape = self.shapes(key)[:2]
-        costs, inexact, values = self._rescaled(calibration, key.micro_batch, system)
+        base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
+        programs = [self._traced(calibration.base, base_shape, system),
+                    self._traced(calibration.scaled, scaled_shape, system)]
+        rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(key.micro_batch, calibration.base.micro_batch),
+                                 calibration.batch_factor)
+        groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
+        costs = cost_groups(groups, system)
         notes = []
         if calibration.base.micro_batch != key.micro_batch:
             notes.append(f"micro-batch {key.micro_batch} from {calibration.base.micro_batch} and "
@@ -669,26 +629,9 @@ class TrainKernels:
             notes.append(f"ZeRO-{key.zero}: ZeRO-0 and the difference at {base_shape}")
         if calibration.rerun_forward:
             notes.append("recompute: the pair without it, its forward once more")
-        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {inexact} of "
-                 f"{values} integers inexact{''.join('; ' + note for note in notes)})")
+        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
+                 f"{rescaler.values} integers inexact{''.join('; ' + note for note in notes)})")
         return step_groups(costs, rerun_forward=calibration.rerun_forward), basis
-
-    def _rescaled(self, calibration: PairCalibration, micro_batch: int, system: SystemSpec,
-                  ) -> tuple[dict[str, GroupCost], int, int]:
-        """The calibration's two programs rescaled to the plan's shape and ``micro_batch`` and
-        costed on ``system``, with the inexact and all integers rescaled (once: the keys of a
-        calibration that differ in their ZeRO stage or recompute share them)."""
-        cache_key = (calibration.base, calibration.scaled, micro_batch, system.name)
-        cached = self._rescalings.get(cache_key)
-        if cached is None:
-            base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(calibration.base)
-            programs = [self._traced(calibration.base, base_shape, system),
-                        self._traced(calibration.scaled, scaled_shape, system)]
-            rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(micro_batch, calibration.base.micro_batch),
-                                     (*SCALED_FACTORS[:2], calibration.batch_factor))
-            groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
-            cached = self._rescalings[cache_key] = (cost_groups(groups, system), rescaler.inexact, rescaler.values)
-        return cached
 
     def _costed(self, key: PairKey, shape: str, system: SystemSpec) -> dict[str, GroupCost]:
         """A traced program's groups costed on ``system`` (once: the ZeRO differences' programs

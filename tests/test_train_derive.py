@@ -6,18 +6,15 @@ at the plan's own shape and micro-batch, which no calibration was built from."""
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
-from models.opensora.config import get_config
 from planning.train_estimate import (
-    SCALED_FACTORS,
+    BATCH_FACTOR,
     PairKey,
     TrainKernels,
     _StepRescaler,
     calibration_batch,
-    scaled_shape,
 )
 
 SHAPE = "28_64_64"
@@ -38,7 +35,7 @@ def test_zero_and_recompute_keys_read_the_zero0_pair_and_one_trace_of_the_differ
     key = PairKey("tiny", "usp", (2, 2), 2, 1, True, 4)
     calibration = kernels.calibration(key)
     assert calibration.base == PairKey("tiny", "usp", (2, 2), 2, 0, False, 12)
-    assert calibration.scaled == PairKey("tiny", "usp", (2, 2), 2, 0, False, 44)  # 11 b0 / 3
+    assert calibration.scaled == PairKey("tiny", "usp", (2, 2), 2, 0, False, 12 * BATCH_FACTOR)
     assert calibration.zero == (PairKey("tiny", "usp", (2, 2), 1, 1, False, 12),
                                 PairKey("tiny", "usp", (2, 2), 1, 0, False, 12))
     assert calibration.rerun_forward
@@ -61,32 +58,14 @@ def test_zero_and_recompute_keys_read_the_zero0_pair_and_one_trace_of_the_differ
 
 def test_a_product_of_the_three_dimensions_rescales_exactly():
     # T / T0 = 1/3, W / W0 = 1/3, B / B0 = 2/6: an integer c T W^2 B is v0 = c 3 9 6 in the first
-    # program (T0 = 3, W0 = 3, b0 = 6), c 5 49 22 in the second (T1 = 5, W1 = 7, b1 = 22), c 1 1 2
-    # at the plan
-    rescale = _StepRescaler(Fraction(1, 3), Fraction(1, 3), Fraction(2, 6), SCALED_FACTORS)
+    # program, v0 3 25 7 in the second, c 1 1 2 at the plan
+    rescale = _StepRescaler(Fraction(1, 3), Fraction(1, 3), Fraction(2, 6), BATCH_FACTOR)
     c = 5
-    assert rescale.value(c * 3 * 9 * 6, c * 5 * 49 * 22) == (c * 1 * 1 * 2, True)
-    assert rescale.value(c * 3 * 3 * 6 * 6, c * 5 * 7 * 22 * 22) == (c * 2 * 2, True)  # the batch squared
+    assert rescale.value(c * 3 * 9 * 6, c * 3 * 9 * 6 * 3 * 25 * 7) == (c * 1 * 1 * 2, True)
     assert rescale.value(640, 640) == (640, True)  # a weight's size: no dimension
     assert rescale.value(100, 101)[1] is False  # no product of the factors' powers
-    kept = _StepRescaler(Fraction(1, 3), Fraction(1, 3), Fraction(1), (*SCALED_FACTORS[:2], Fraction(1)))  # the batch kept
-    assert kept.value(6 * 3, 6 * 11)[1] is False
-    assert kept.value(9 * 4, 35 * 4) == (4, True)  # c T W: T0 W0 = 9, T1 W1 = 35
-
-
-def test_the_second_calibration_program_is_the_first_times_five_sevenths_elevenths_over_three():
-    # tiny at 28_64_64 (T = 8 latent frames, W = 4 token columns, height 64) on a stage of 8 chips:
-    # the first program at T0 = 3 x 8 = 24 frames (82 video frames), W0 = 3 x 4 = 12 columns
-    # (192 pixels: 2 x 8 each), b0 = 3 x 8 = 24; the second at T1 = 40 (136 frames), W1 = 28 (448),
-    # b1 = 88: 40 x 28 x 88 / (24 x 12 x 24) = 14.3 times its tokens x batch (it was 3 x 5 x 7 =
-    # 105 times: 245_960_64 at b = 168)
-    kernels = TrainKernels(Path("unused"), "tiny", SHAPE, lock=None)
-    key = PairKey("tiny", "dp", (1, 8), None, 0, False, 8)
-    base, scaled, t_ratio, w_ratio = kernels.shapes(key)
-    assert (base, scaled, t_ratio, w_ratio) == ("82_192_64", "136_448_64", Fraction(1, 3), Fraction(1, 3))
-    calibration = kernels.calibration(key)
-    assert (calibration.base.micro_batch, calibration.scaled.micro_batch) == (24, 88)
-    assert scaled_shape(get_config("tiny"), "41_192_64") == "68_448_64"  # T0 = 12 on 4 chips: T1 = 20
+    kept = _StepRescaler(Fraction(1, 3), Fraction(1, 3), Fraction(1), 1)  # the batch kept
+    assert kept.value(6 * 7, 6 * 7 * 7)[1] is False
 
 
 def _total(groups):
@@ -109,13 +88,13 @@ def _estimate_is_the_trace(kernels, key, system, said):
 @pytest.mark.slow  # 10 tiny training traces
 @pytest.mark.trace
 @pytest.mark.parametrize("strategy, mesh, ring, zero, batches", [
-    ("dp", (1, 2), None, 0, (2, 8)),      # per-device 1 and 4; calibrated at 6 and 22
-    ("usp", (1, 2), 2, 0, (2, 4)),      # calibrated at 6 and 22
+    ("dp", (1, 2), None, 0, (2, 8)),      # per-device 1 and 4; calibrated at 6 and 42
+    ("usp", (1, 2), 2, 0, (2, 4)),      # calibrated at 6 and 42
     ("dp", (1, 2), None, 3, (2, 4)),
 ])
 def test_one_calibration_predicts_micro_batches_it_was_not_traced_at(tmp_path, strategy, mesh, ring, zero, batches):
     """The pair at two micro-batches, each traced at the plan's shape, against the estimate
-    from the two calibration programs (micro-batch b0 and 11 b0 / 3): within the estimate's 5%
+    from the two calibration programs (micro-batch b0 and 7 b0): within the estimate's 5%
     per group (``plan_search.ESTIMATE_TOLERANCE``); and no calibration is at either micro-batch."""
     pytest.importorskip("torch_xla")
     from hardware import load_system
