@@ -266,6 +266,15 @@ class _StepRescaler(_Rescaler):
     def __init__(self, t_ratio: Fraction, w_ratio: Fraction, b_ratio: Fraction, batch_factor: int) -> None:
         super().__init__(t_ratio, w_ratio)
         self.b_ratio, self.batch_factor = b_ratio, batch_factor
+        factors, ratios = (*CALIBRATION_FACTORS, batch_factor), (t_ratio, w_ratio, b_ratio)
+        batch_exponents = range(MAX_EXPONENT + 1) if batch_factor > 1 else (0,)
+        #: each product of the factors' powers, and the same powers of the ratios (looked up by
+        #: ``v1 / v0`` instead of trying the 125 products for each integer)
+        self._powers: dict[int, Fraction] = {}
+        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
+            self._powers.setdefault(math.prod(f ** e for f, e in zip(factors, exponents, strict=True)),
+                                    math.prod((r ** e for r, e in zip(ratios, exponents, strict=True)),
+                                              start=Fraction(1)))
 
     def __call__(self, a: Any, b: Any) -> Any:
         if type(a) is int and type(b) is int:
@@ -282,11 +291,10 @@ class _StepRescaler(_Rescaler):
             return (v0, True) if v0 == v1 else (max(v0, 0), False)
         factors = (*CALIBRATION_FACTORS, self.batch_factor)
         ratios = (self.t_ratio, self.w_ratio, self.b_ratio)
-        batch_exponents = range(MAX_EXPONENT + 1) if self.batch_factor > 1 else (0,)
-        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
-            if v0 * math.prod(f ** e for f, e in zip(factors, exponents, strict=True)) == v1:
-                value = v0 * math.prod(r ** e for r, e in zip(ratios, exponents, strict=True))
-                return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
+        power = self._powers.get(v1 // v0) if v1 % v0 == 0 else None
+        if power is not None:
+            value = v0 * power
+            return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
         moved = [(f, r) for f, r in zip(factors, ratios, strict=True) if f > 1]
         power = math.log(v1 / v0) / math.log(math.prod(f for f, _ in moved) ** (1 / len(moved)))
         mean_ratio = math.prod(float(r) for _, r in moved) ** (1 / len(moved))
