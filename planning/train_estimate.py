@@ -446,6 +446,7 @@ class TrainKernels:
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self._estimates: dict[tuple[PairKey, str], tuple[dict[str, GroupCost], str]] = {}
         self._costs: dict[tuple[PairKey, str, str], dict[str, GroupCost]] = {}
+        self._rescalings: dict[tuple[PairKey, PairKey, int, str], tuple[dict[str, GroupCost], int, int]] = {}
         self.traced = 0
 
     @contextmanager
@@ -620,13 +621,8 @@ class TrainKernels:
 
     def _estimate_with(self, calibration: PairCalibration, key: PairKey, system: SystemSpec,
                        ) -> tuple[dict[str, GroupCost], str]:
-        base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
-        programs = [self._traced(calibration.base, base_shape, system),
-                    self._traced(calibration.scaled, scaled_shape, system)]
-        rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(key.micro_batch, calibration.base.micro_batch),
-                                 calibration.batch_factor)
-        groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
-        costs = cost_groups(groups, system)
+        base_shape, scaled_shape = self.shapes(key)[:2]
+        costs, inexact, values = self._rescaled(calibration, key.micro_batch, system)
         notes = []
         if calibration.base.micro_batch != key.micro_batch:
             notes.append(f"micro-batch {key.micro_batch} from {calibration.base.micro_batch} and "
@@ -637,9 +633,26 @@ class TrainKernels:
             notes.append(f"ZeRO-{key.zero}: ZeRO-0 and the difference at {base_shape}")
         if calibration.rerun_forward:
             notes.append("recompute: the pair without it, its forward once more")
-        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
-                 f"{rescaler.values} integers inexact{''.join('; ' + note for note in notes)})")
+        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {inexact} of "
+                 f"{values} integers inexact{''.join('; ' + note for note in notes)})")
         return step_groups(costs, rerun_forward=calibration.rerun_forward), basis
+
+    def _rescaled(self, calibration: PairCalibration, micro_batch: int, system: SystemSpec,
+                  ) -> tuple[dict[str, GroupCost], int, int]:
+        """The calibration's two programs rescaled to the plan's shape and ``micro_batch`` and
+        costed on ``system``, with the inexact and all integers rescaled (once: the keys of a
+        calibration that differ in their ZeRO stage or recompute share them)."""
+        cache_key = (calibration.base, calibration.scaled, micro_batch, system.name)
+        cached = self._rescalings.get(cache_key)
+        if cached is None:
+            base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(calibration.base)
+            programs = [self._traced(calibration.base, base_shape, system),
+                        self._traced(calibration.scaled, scaled_shape, system)]
+            rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(micro_batch, calibration.base.micro_batch),
+                                     calibration.batch_factor)
+            groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
+            cached = self._rescalings[cache_key] = (cost_groups(groups, system), rescaler.inexact, rescaler.values)
+        return cached
 
     def _costed(self, key: PairKey, shape: str, system: SystemSpec) -> dict[str, GroupCost]:
         """A traced program's groups costed on ``system`` (once: the ZeRO differences' programs
