@@ -278,6 +278,15 @@ class _StepRescaler(_Rescaler):
     def __init__(self, t_ratio: Fraction, w_ratio: Fraction, b_ratio: Fraction, batch_factor: int) -> None:
         super().__init__(t_ratio, w_ratio)
         self.b_ratio, self.batch_factor = b_ratio, batch_factor
+        factors, ratios = (*CALIBRATION_FACTORS, batch_factor), (t_ratio, w_ratio, b_ratio)
+        batch_exponents = range(MAX_EXPONENT + 1) if batch_factor > 1 else (0,)
+        #: each product of the factors' powers, and the same powers of the ratios (looked up by
+        #: ``v1 / v0`` instead of trying the 125 products for each integer)
+        self._powers: dict[int, Fraction] = {}
+        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
+            self._powers.setdefault(math.prod(f ** e for f, e in zip(factors, exponents, strict=True)),
+                                    math.prod((r ** e for r, e in zip(ratios, exponents, strict=True)),
+                                              start=Fraction(1)))
 
     def __call__(self, a: Any, b: Any) -> Any:
         if type(a) is int and type(b) is int:
@@ -294,11 +303,10 @@ class _StepRescaler(_Rescaler):
             return (v0, True) if v0 == v1 else (max(v0, 0), False)
         factors = (*CALIBRATION_FACTORS, self.batch_factor)
         ratios = (self.t_ratio, self.w_ratio, self.b_ratio)
-        batch_exponents = range(MAX_EXPONENT + 1) if self.batch_factor > 1 else (0,)
-        for exponents in itertools.product(range(MAX_EXPONENT + 1), range(MAX_EXPONENT + 1), batch_exponents):
-            if v0 * math.prod(f ** e for f, e in zip(factors, exponents, strict=True)) == v1:
-                value = v0 * math.prod(r ** e for r, e in zip(ratios, exponents, strict=True))
-                return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
+        power = self._powers.get(v1 // v0) if v1 % v0 == 0 else None
+        if power is not None:
+            value = v0 * power
+            return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
         moved = [(f, r) for f, r in zip(factors, ratios, strict=True) if f > 1]
         power = math.log(v1 / v0) / math.log(math.prod(f for f, _ in moved) ** (1 / len(moved)))
         mean_ratio = math.prod(float(r) for _, r in moved) ** (1 / len(moved))
@@ -450,6 +458,7 @@ class TrainKernels:
         self._programs: dict[tuple[PairKey, str, str], PairProgram | str] = {}
         self._estimates: dict[tuple[PairKey, str], tuple[dict[str, GroupCost], str]] = {}
         self._costs: dict[tuple[PairKey, str, str], dict[str, GroupCost]] = {}
+        self._rescalings: dict[tuple[PairKey, PairKey, int, str], tuple[dict[str, GroupCost], int, int]] = {}
         self.traced = 0
 
     @contextmanager
@@ -624,13 +633,8 @@ class TrainKernels:
 
     def _estimate_with(self, calibration: PairCalibration, key: PairKey, system: SystemSpec,
                        ) -> tuple[dict[str, GroupCost], str]:
-        base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(key)
-        programs = [self._traced(calibration.base, base_shape, system),
-                    self._traced(calibration.scaled, scaled_shape, system)]
-        rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(key.micro_batch, calibration.base.micro_batch),
-                                 calibration.batch_factor)
-        groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
-        costs = cost_groups(groups, system)
+        base_shape, scaled_shape = self.shapes(key)[:2]
+        costs, inexact, values = self._rescaled(calibration, key.micro_batch, system)
         notes = []
         if calibration.base.micro_batch != key.micro_batch:
             notes.append(f"micro-batch {key.micro_batch} from {calibration.base.micro_batch} and "
@@ -641,9 +645,26 @@ class TrainKernels:
             notes.append(f"ZeRO-{key.zero}: ZeRO-0 and the difference at {base_shape}")
         if calibration.rerun_forward:
             notes.append("recompute: the pair without it, its forward once more")
-        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {rescaler.inexact} of "
-                 f"{rescaler.values} integers inexact{''.join('; ' + note for note in notes)})")
+        basis = (f"traced kernels ({base_shape}, {scaled_shape}; {inexact} of "
+                 f"{values} integers inexact{''.join('; ' + note for note in notes)})")
         return step_groups(costs, rerun_forward=calibration.rerun_forward), basis
+
+    def _rescaled(self, calibration: PairCalibration, micro_batch: int, system: SystemSpec,
+                  ) -> tuple[dict[str, GroupCost], int, int]:
+        """The calibration's two programs rescaled to the plan's shape and ``micro_batch`` and
+        costed on ``system``, with the inexact and all integers rescaled (once: the keys of a
+        calibration that differ in their ZeRO stage or recompute share them)."""
+        cache_key = (calibration.base, calibration.scaled, micro_batch, system.name)
+        cached = self._rescalings.get(cache_key)
+        if cached is None:
+            base_shape, scaled_shape, t_ratio, w_ratio = self.shapes(calibration.base)
+            programs = [self._traced(calibration.base, base_shape, system),
+                        self._traced(calibration.scaled, scaled_shape, system)]
+            rescaler = _StepRescaler(t_ratio, w_ratio, Fraction(micro_batch, calibration.base.micro_batch),
+                                     calibration.batch_factor)
+            groups = {name: rescaler(programs[0].groups[name], programs[1].groups[name]) for name in PROGRAM_GROUPS}
+            cached = self._rescalings[cache_key] = (cost_groups(groups, system), rescaler.inexact, rescaler.values)
+        return cached
 
     def _costed(self, key: PairKey, shape: str, system: SystemSpec) -> dict[str, GroupCost]:
         """A traced program's groups costed on ``system`` (once: the ZeRO differences' programs

@@ -337,10 +337,17 @@ def _terms_s(terms, mesh: tuple[int, int], first: int, system: SystemSpec) -> fl
     for term in terms:
         if term.group < 2:
             continue
-        groups = stage_groups(term.group, mesh, first)
-        seconds += term.count * collective_time_s(term.kind, term.group, term.message_bytes, system,
-                                                  devices=groups[0], concurrent_groups=groups)
+        seconds += term.count * _collective_s(term.kind, term.group, term.message_bytes, mesh, first, system)
     return seconds
+
+
+@functools.lru_cache(maxsize=65536)
+def _collective_s(kind: str, group: int, message_bytes: float, mesh: tuple[int, int], first: int,
+                  system: SystemSpec) -> float:
+    """One collective over its concurrent groups of the stage (the plans of a space ask for the
+    same ones many times)."""
+    groups = stage_groups(group, mesh, first)
+    return collective_time_s(kind, group, message_bytes, system, devices=groups[0], concurrent_groups=groups)
 
 
 def boundary_s(plan: TrainPlan, system: SystemSpec, model: STDiT3Config, geo) -> float:
@@ -366,12 +373,13 @@ def _compose(plan: TrainPlan, groups: dict[str, GroupCost], system: SystemSpec, 
 
 
 def kernel_train_estimate(plan: TrainPlan, system: SystemSpec, config: str, shape: str,
-                          kernels: TrainKernels) -> TrainEstimate:
+                          kernels: TrainKernels, ideal: TrainEstimate | None = None) -> TrainEstimate:
     """The plan's step from its stage's traced pair at the two calibration shapes, re-costed at
     the plan's shape and composed (``planning.train_estimate``); the memory is the formulas'
-    (``estimate_train_plan``). Falls back to the ideal step, its basis saying why, when the
-    calibration failed or its two programs differ."""
-    ideal = estimate_train_plan(plan, system, config, shape)
+    (``ideal``: ``estimate_train_plan``'s, made when not given). Falls back to the ideal step,
+    its basis saying why, when the calibration failed or its two programs differ."""
+    if ideal is None:
+        ideal = estimate_train_plan(plan, system, config, shape)
     try:
         groups, basis = kernels.estimate(pair_key(plan, config), system)
     except ValueError as error:
@@ -470,7 +478,7 @@ def search_train(config: str, shape: str, hardware: str, space: TrainSpace, *, d
         estimating = _reporter("estimating", len(fit), "plans", progress)
         better = {}
         for index, o in enumerate(fit):
-            better[o.plan] = kernel_train_estimate(o.plan, system, config, shape, kernels)
+            better[o.plan] = kernel_train_estimate(o.plan, system, config, shape, kernels, o.estimate)
             estimating(index + 1)
         outcomes = [TrainOutcome(o.plan, better.get(o.plan, o.estimate)) for o in outcomes]
     outcomes.sort(key=lambda o: (o.estimate.step_s, o.plan.label))
