@@ -27,10 +27,10 @@ run of this script on the shared 2-core machine under a load of 7-12 (other sess
 this session's slow tests running beside the first run): this checkout 939.7 s, baseline
 1,033.8 s, ratio 0.91 (that run's checkout still derived a micro-batch of 1 from 3 and 21: 11 of
 12 traced plans within 5%, one 1.46x off; fixed since: 12 of 12, worst 1.040, Spearman 1.000).
-Apart, plan-search alone, cold: 291 s at load 2.8-3.4 (this checkout), 291.5 s right after at load 3.2-2.9 (the
-checkout before: 320 traces, each cheaper: its programs' micro-batch is at most 8 where these
-go to 168). The Done-when's 2 minutes is missed: at about 1.8 s a trace (two processes on
-two loaded cores) it allows about 55 traces.
+Apart, plan-search alone, cold: 126.2 s at load 0.9-1.8 (this checkout: the tracer frozen before
+it forks, the estimate's exponents from a table; 12 of 12 traced plans within 5%), 291 s at load
+2.8-3.4 for the code before those cuts (docs/plan_search.md). The Done-when's 2 minutes is missed
+by 6 s.
 
 **Full-size inference search, cold cache** (``--part infer``): ``plan-search --shape 153_848_480 --hw
 tx8-16`` (issue 42's second Done-when: a shape the study never calibrated; ``--shape``, ``--hw``,
