@@ -278,7 +278,8 @@ class _StepRescaler(_Rescaler):
     def __init__(self, t_ratio: Fraction, w_ratio: Fraction, b_ratio: Fraction, batch_factor: int) -> None:
         super().__init__(t_ratio, w_ratio)
         self.b_ratio, self.batch_factor = b_ratio, batch_factor
-        factors, ratios = (*CALIBRATION_FACTORS, batch_factor), (t_ratio, w_ratio, b_ratio)
+        self._factors = factors = (*CALIBRATION_FACTORS, batch_factor)
+        self._ratios = ratios = (t_ratio, w_ratio, b_ratio)
         batch_exponents = range(MAX_EXPONENT + 1) if batch_factor > 1 else (0,)
         #: each product of the factors' powers, and the same powers of the ratios (looked up by
         #: ``v1 / v0`` instead of trying the 125 products for each integer)
@@ -301,13 +302,11 @@ class _StepRescaler(_Rescaler):
         nearest power of the factors' geometric mean, as ``plan_estimate.rescale_value``)."""
         if v0 <= 0 or v1 <= 0:
             return (v0, True) if v0 == v1 else (max(v0, 0), False)
-        factors = (*CALIBRATION_FACTORS, self.batch_factor)
-        ratios = (self.t_ratio, self.w_ratio, self.b_ratio)
         power = self._powers.get(v1 // v0) if v1 % v0 == 0 else None
         if power is not None:
             value = v0 * power
             return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
-        moved = [(f, r) for f, r in zip(factors, ratios, strict=True) if f > 1]
+        moved = [(f, r) for f, r in zip(self._factors, self._ratios, strict=True) if f > 1]
         power = math.log(v1 / v0) / math.log(math.prod(f for f, _ in moved) ** (1 / len(moved)))
         mean_ratio = math.prod(float(r) for _, r in moved) ** (1 / len(moved))
         return max(1, round(v0 * mean_ratio ** power)), False
