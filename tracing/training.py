@@ -265,7 +265,9 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
     from tracing.strategies import get_strategy
     from tracing.tracer import (
         device_tensor,
+        drop_lazy_values,
         laid_out_as,
+        lay_out_placeholders,
         make_layout,
         prepare_stage,
         run_forward,
@@ -318,12 +320,23 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
                                                                     tuple(spec["shape"])),
                                         spec["dtype"])
                        for name, spec in boundary["outputs"].items() if spec["dtype"] != "bool"}
+    # Compile only: no buffers, as the stage's own inputs (a split gradient held real shards:
+    # the hidden states of the micro-batch, 19 GB for the full model at 123_1920_360 and a
+    # micro-batch of 84); placeholders keeping their spec, laid out after their first use, in
+    # the backward. Not with recompute: torch-xla's checkpoint puts the output gradients through
+    # an optimization barrier, which would take the placeholder's graph parameter before it is
+    # laid out (replicated, then sliced: another program).
+    buffers = materialize == "values" or options.recompute == "full"
     extra = {}
     for name, (shape, spec, extra_dtype) in extra_specs.items():
         source = reference_inputs.get(name) if reference_inputs is not None else None
         extra[name] = device_tensor(shape, getattr(torch, extra_dtype), spec, mesh, device,
-                                     source)
+                                     source, buffer=buffers)
         step.arguments.append(Buffer(name, INPUT, shape, extra_dtype, spec))
+    split_extra = [] if buffers else [extra[name] for name, (_, spec, _) in extra_specs.items()
+                                      if spec is not None]
+    if split_extra:
+        drop_lazy_values(device)  # nothing traced yet but these lazy empties
 
     if options.recompute == "full":
         _checkpoint_blocks(model, stage)
@@ -345,6 +358,7 @@ def trace_train_step(config: PipelineConfig, stage_index: int, stage_shapes: lis
         names = [name for name in traced.outputs if f"grad_{name}" in extra]  # floating ones
         torch.autograd.backward([traced.outputs[n] for n in names],
                                 [extra[f"grad_{n}"] for n in names])
+    lay_out_placeholders(split_extra)
 
     progress("optimizer")
     if loss is not None:
