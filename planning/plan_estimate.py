@@ -178,19 +178,20 @@ def scale_factors(model: STDiT3Config, base: str, shape: str) -> tuple[Fraction,
     return Fraction(large.T, small.T), Fraction(large.W_patches, small.W_patches)
 
 
-def self_attention_flash(model: STDiT3Config, shape: str, patches: int) -> tuple[bool, bool]:
+def self_attention_flash(model: STDiT3Config, shape: str, patches: int, batch: int = GUIDANCE_BATCH,
+                         ) -> tuple[bool, bool]:
     """Whether the spatial and the temporal self-attention of a trace at ``shape`` (on one of
     ``patches`` PipeFusion patches) run the fused kernel: OpenSora's rule
     (``self_attention_is_flash``) on the sequences the model attends over, the spatial tokens
-    of the patch in a batch of ``GUIDANCE_BATCH`` x frames, the frames in a batch of
-    ``GUIDANCE_BATCH`` x spatial tokens."""
+    of the patch in a batch of ``batch`` (inference: ``GUIDANCE_BATCH``) x frames, the frames
+    in a batch of ``batch`` x spatial tokens."""
     geo = geometry(model, shape)
     tokens = geo.S
     if patches > 1:
 
         tokens = patch_plan(model, shape, patches).S_patch
-    return (self_attention_is_flash(tokens, GUIDANCE_BATCH * geo.T),
-            self_attention_is_flash(geo.T, GUIDANCE_BATCH * tokens))
+    return (self_attention_is_flash(tokens, batch * geo.T),
+            self_attention_is_flash(geo.T, batch * tokens))
 
 
 def forced_flash(model: STDiT3Config, shape: str, patches: int, devices: int | None = None,

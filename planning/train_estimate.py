@@ -58,7 +58,12 @@ micro-batches of a strategy, mesh and ring that agree in their power of two up t
 (8 and 4 on 4 chips; 8, 4 and 2 on 2). Not a micro-batch of 1: a batch dimension of 1 makes
 another program (usp on 1x4 ring 2 at B = 1: 80 us of collectives per micro-batch and 1.07 ms
 per step, where the one at B = 3 rescaled to 1 has 704 us and 0.53 ms: gradient sums move),
-so B = 1 is calibrated at B = 1 in both programs (the batch kept). Checked on traces it was not built from
+so B = 1 is calibrated at B = 1 in both programs (the batch kept). A batch that changes
+OpenSora's choice of kernel (flash self-attention only for a sequence longer than its batch:
+the full model's spatial attention at 123_1920_360 over 84 x 36 frames is none, at the plan's
+204_640_360 over 4 x 60 it is one) would make the two programs differ: a calibration program
+whose choice is not the plan's is traced with the plan's forced (``PairKey.flash``, as the
+inference calibrations force it). Checked on traces it was not built from
 (``tests/test_train_derive.py``: dp on 1x2 at B = 2 and 8, usp 1x2 ring 2 at 1 and 4, dp ZeRO-3
 at 2 and 4, each traced at the plan's shape and micro-batch): within the estimate's 5% per group.
 
@@ -135,6 +140,7 @@ from planning.plan_estimate import (
     calibration_shapes,
     dump_names,
     run_calibration_traces,
+    self_attention_flash,
 )
 from plans.calibration import request_config
 from plans.feasibility import check_stage
@@ -215,6 +221,9 @@ class PairKey:
     zero: int
     recompute: bool
     micro_batch: int
+    #: The self-attentions' kernels forced (spatial, temporal fused or not: a calibration program
+    #: made to run the plan's, :meth:`TrainKernels.calibration`); None: OpenSora's choice.
+    flash: tuple[bool, bool] | None = None
 
     @property
     def train_label(self) -> str:
@@ -225,7 +234,8 @@ class PairKey:
     def name(self, shape: str) -> str:
         nx, ny = self.mesh
         ring = f"_ring{self.ring}" if self.ring is not None else ""
-        return (f"{Path(self.config).stem}_{shape}_{self.strategy}_{nx}x{ny}{ring}_b{self.micro_batch}_"
+        flash = "" if self.flash is None else "_flash" + "".join(str(int(fused)) for fused in self.flash)
+        return (f"{Path(self.config).stem}_{shape}_{self.strategy}_{nx}x{ny}{ring}_b{self.micro_batch}{flash}_"
                 f"{self.train_label}")
 
     @property
@@ -240,7 +250,7 @@ class PairKey:
                 "stages": [stage], "batch": self.micro_batch, "out": str(out),
                 "train": {"zero": self.zero, "recompute": "full" if self.recompute else "none",
                           "label": self.train_label},
-                "shape_cache": str(out.parent / SHAPE_CACHE)}
+                "shape_cache": str(out.parent / SHAPE_CACHE)} | ({} if self.flash is None else {"flash": list(self.flash)})
 
 
 def calibration_batch(key: PairKey) -> int:
@@ -522,8 +532,25 @@ class TrainKernels:
             staged = dataclasses.replace(base, ring=ring, zero=key.zero, micro_batch=batch)
             zero = (staged, dataclasses.replace(staged, zero=0))
         factor = BATCH_FACTOR if b0 > 1 else 1  # a batch of 1 stays 1 (calibration_batch)
-        return PairCalibration(base, dataclasses.replace(base, micro_batch=factor * b0), zero,
+        base_shape, scaled_shape = self.shapes(key)[:2]
+        return PairCalibration(self._plan_kernels(base, base_shape, key),
+                               self._plan_kernels(dataclasses.replace(base, micro_batch=factor * b0), scaled_shape, key),
+                               None if zero is None else tuple(self._plan_kernels(z, base_shape, key) for z in zero),
                                key.recompute and not base.recompute)
+
+    def _plan_kernels(self, traced: PairKey, shape: str, key: PairKey) -> PairKey:
+        """``traced`` (a calibration program of ``key`` at ``shape``) forced to the self-attention
+        kernels of ``key``'s own program where OpenSora's rule (flash only for a sequence longer
+        than its batch, ``plan_estimate.self_attention_flash`` on the micro-batch) would choose
+        others at ``shape`` and ``traced``'s micro-batch: the programs then line up kernel for
+        kernel (the full model's spatial attention at 123_1920_360 and a micro-batch of 84 over
+        36 frames is no flash kernel; at 204_640_360 and 4 it is), as the inference calibrations
+        force it (``plan_estimate.forced_flash``)."""
+        model = get_config(self.config)
+        wanted = self_attention_flash(model, self.shape, 1, key.micro_batch)
+        if self_attention_flash(model, shape, 1, traced.micro_batch) == wanted:
+            return traced
+        return dataclasses.replace(traced, flash=wanted)
 
     def calibration_keys(self, keys: Sequence[PairKey]) -> list[PairKey]:
         """The distinct keys traced at the first calibration shape to calibrate ``keys``, in

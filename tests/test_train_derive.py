@@ -56,6 +56,25 @@ def test_zero_and_recompute_keys_read_the_zero0_pair_and_one_trace_of_the_differ
     assert scaled != base
 
 
+def test_a_calibration_program_runs_the_plans_self_attention_kernels(tmp_path):
+    """OpenSora fuses a self-attention only for a sequence longer than its batch. The full model
+    at 204_640_360 (S = 40 x 23 = 920 spatial tokens, T = 60 latent frames), micro-batch 4: the
+    spatial attention's batch 4 x 60 = 240 < 920, fused; the temporal one's 4 x 920 > 60, not.
+    The first calibration program, 41_384_360 (S = 24 x 23 = 552, T = 12) at b0 = 12: 144 < 552,
+    the plan's kernels by itself. The second, 123_1920_360 (S = 120 x 23 = 2760, T = 36) at
+    7 x 12 = 84: 3024 > 2760, no fused kernel by itself: forced to the plan's (else its kernels
+    do not line up with the first's and the key's own programs are traced instead)."""
+    kernels = TrainKernels(tmp_path, "full", "204_640_360", lock=None)
+    calibration = kernels.calibration(PairKey("full", "megatron", (1, 16), None, 0, True, 4))
+    assert calibration.base == PairKey("full", "megatron", (1, 16), None, 0, False, 12)
+    assert calibration.scaled == PairKey("full", "megatron", (1, 16), None, 0, False, 84, flash=(True, False))
+    request = calibration.scaled.request("123_1920_360", tmp_path / "out")
+    assert request["flash"] == [True, False] and "flash" not in calibration.base.request("41_384_360", tmp_path)
+    assert calibration.scaled.name("123_1920_360") == "full_123_1920_360_megatron_1x16_b84_flash10_train"
+    # on 4 chips b0 = 12, micro-batch 8 (the same calibration): 8 x 60 = 480 < 920, the same forcing
+    assert kernels.calibration(PairKey("full", "usp", (2, 2), 1, 0, False, 8)).scaled.flash == (True, False)
+
+
 def test_a_product_of_the_three_dimensions_rescales_exactly():
     # T / T0 = 1/3, W / W0 = 1/3, B / B0 = 2/6: an integer c T W^2 B is v0 = c 3 9 6 in the first
     # program, v0 3 25 7 in the second, c 1 1 2 at the plan
