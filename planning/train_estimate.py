@@ -58,7 +58,10 @@ micro-batches of a strategy, mesh and ring that agree in their power of two up t
 (8 and 4 on 4 chips; 8, 4 and 2 on 2). Not a micro-batch of 1: a batch dimension of 1 makes
 another program (usp on 1x4 ring 2 at B = 1: 80 us of collectives per micro-batch and 1.07 ms
 per step, where the one at B = 3 rescaled to 1 has 704 us and 0.53 ms: gradient sums move),
-so B = 1 is calibrated at B = 1 in both programs (the batch kept). A batch that changes
+so B = 1 is calibrated at B = 1 in both programs (the batch kept), and so is every micro-batch
+of usp (:data:`OWN_BATCH_STRATEGIES`: GSPMD lays its activation collectives out otherwise at
+another batch; the full model's usp pairs derived from 12 and 84 had 1.9-2.9x the traced
+communication at 204_640_360 and 4). A batch that changes
 OpenSora's choice of kernel (flash self-attention only for a sequence longer than its batch:
 the full model's spatial attention at 123_1920_360 over 84 x 36 frames is none, at the plan's
 204_640_360 over 4 x 60 it is one) would make the two programs differ: a calibration program
@@ -185,6 +188,13 @@ DUMPS_DIR = f"dumps.v{TRAIN_TRACE_VERSION}"
 #: The second calibration program's micro-batch is ``BATCH_FACTOR b0``: an odd prime other than
 #: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
 BATCH_FACTOR = 7
+#: Strategies whose micro-batch is not derived: both calibration programs at the plan's own
+#: micro-batch (module doc). GSPMD lays usp's activation collectives out otherwise at another
+#: batch: the full model's usp 2x4 (ring 1) pair at 204_640_360 runs 35 forward collectives at a
+#: micro-batch of 4 and 42 at 12 (all-gathers over x where it runs all-to-alls over y), and the
+#: micro-batch derived from 12 and 84 had 2.2x the traced communication (1.9x on 1x8, 2.9x on
+#: 4x4 with ZeRO-2); ds_ulysses' derived within 1%.
+OWN_BATCH_STRATEGIES = ("usp",)
 #: The stage shapes (``tracing.stages.boundary_shapes``) of every traced pair, one file beside
 #: their dump directories: they depend on the shape and the micro-batch, not on the layout.
 SHAPE_CACHE = "stage_shapes.json"
@@ -256,9 +266,10 @@ class PairKey:
 def calibration_batch(key: PairKey) -> int:
     """The micro-batch ``b0`` of ``key``'s first calibration program: ``3 * 2^k`` with the power
     of two of the plan's micro-batch capped at the largest power of two of the stage's chips
-    (module doc); a micro-batch of 1 is its own (a batch dimension of 1 makes another program)."""
-    if key.micro_batch == 1:
-        return 1
+    (module doc); a micro-batch of 1 is its own (a batch dimension of 1 makes another program),
+    and so is a micro-batch of :data:`OWN_BATCH_STRATEGIES`."""
+    if key.micro_batch == 1 or key.strategy in OWN_BATCH_STRATEGIES:
+        return key.micro_batch
     return _small(key.micro_batch, _largest_power_of_two(key.mesh[0] * key.mesh[1]))
 
 
@@ -531,7 +542,7 @@ class TrainKernels:
             batch = _small(_largest_power_of_two(key.mesh[0] * key.mesh[1]))  # nor the micro-batch's
             staged = dataclasses.replace(base, ring=ring, zero=key.zero, micro_batch=batch)
             zero = (staged, dataclasses.replace(staged, zero=0))
-        factor = BATCH_FACTOR if b0 > 1 else 1  # a batch of 1 stays 1 (calibration_batch)
+        factor = 1 if b0 == 1 or key.strategy in OWN_BATCH_STRATEGIES else BATCH_FACTOR  # the batch kept
         base_shape, scaled_shape = self.shapes(key)[:2]
         return PairCalibration(self._plan_kernels(base, base_shape, key),
                                self._plan_kernels(dataclasses.replace(base, micro_batch=factor * b0), scaled_shape, key),

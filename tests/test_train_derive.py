@@ -25,8 +25,11 @@ def test_the_calibration_batch_keeps_the_power_of_two_the_stage_can_split():
     # at 1 (and 1: a batch dimension of 1 is another program), whatever axis splits the batch (GSPMD reshards over the batch where it divides: a
     # usp pair on 1x4 at b = 8 runs all-to-alls where one at b = 3 runs all-gathers)
     assert [calibration_batch(PairKey("tiny", "dp", (1, 4), None, 0, False, b)) for b in (4, 8)] == [12, 12]
-    assert [calibration_batch(PairKey("tiny", "usp", (1, 4), 2, 0, False, b)) for b in (1, 2, 4, 8)] == [1, 6, 12, 12]
-    assert calibration_batch(PairKey("tiny", "usp", (2, 2), 2, 0, False, 6)) == 6
+    assert [calibration_batch(PairKey("tiny", "ds_ulysses", (1, 4), None, 0, False, b)) for b in (1, 2, 4, 8)] == \
+        [1, 6, 12, 12]
+    assert calibration_batch(PairKey("tiny", "ds_ulysses", (2, 2), None, 0, False, 6)) == 6
+    # usp keeps its own (OWN_BATCH_STRATEGIES: GSPMD lays its collectives out otherwise at another batch)
+    assert [calibration_batch(PairKey("tiny", "usp", (1, 4), 2, 0, False, b)) for b in (1, 2, 4, 8)] == [1, 2, 4, 8]
     assert calibration_batch(PairKey("tiny", "megatron", (1, 8), None, 0, False, 16)) == 24
 
 
@@ -34,22 +37,26 @@ def test_zero_and_recompute_keys_read_the_zero0_pair_and_one_trace_of_the_differ
     kernels = TrainKernels(tmp_path, "tiny", SHAPE, lock=None)
     key = PairKey("tiny", "usp", (2, 2), 2, 1, True, 4)
     calibration = kernels.calibration(key)
-    assert calibration.base == PairKey("tiny", "usp", (2, 2), 2, 0, False, 12)
-    assert calibration.scaled == PairKey("tiny", "usp", (2, 2), 2, 0, False, 12 * BATCH_FACTOR)
+    # its own batch; at 123_960_64 (S = 60 x 4 = 240 tokens, T = 36) 4 x 36 < 240 would fuse
+    # the spatial attention, not at the plan's 28_64_64 (S = 16, T = 8: 32 > 16): forced
+    assert calibration.base == PairKey("tiny", "usp", (2, 2), 2, 0, False, 4)
+    assert calibration.scaled == PairKey("tiny", "usp", (2, 2), 2, 0, False, 4, flash=(False, False))
     assert calibration.zero == (PairKey("tiny", "usp", (2, 2), 1, 1, False, 12),
                                 PairKey("tiny", "usp", (2, 2), 1, 0, False, 12))
     assert calibration.rerun_forward
     own = PairKey("tiny", "dp", (1, 4), None, 3, True, 4)  # ZeRO-3 recompute: traced as its own
     assert kernels.calibration(own).base == PairKey("tiny", "dp", (1, 4), None, 3, True, 12)
     assert kernels.calibration(own).zero is None and not kernels.calibration(own).rerun_forward
-    # the programs: the zero-0 pair of each ring and micro-batch variant (b0 = 6, 12) at both
-    # shapes (8), ZeRO-1 and ZeRO-2 of ring 1 at the first shape and b = 12 (2; their ZeRO-0
-    # twin there is a calibration program already): 12 keys, 10 traces
+    # the programs: the zero-0 pair of each ring and micro-batch (usp: its own, 2 and 4) at both
+    # shapes (8), ZeRO-1 and ZeRO-2 of ring 1 at the first shape and b = 12 with their ZeRO-0
+    # twin (3): 12 keys, 11 traces
     keys = [PairKey("tiny", "usp", (2, 2), ring, zero, False, b) for ring in (1, 2) for zero in (0, 1, 2)
             for b in (2, 4)]
     base, scaled = kernels.shapes(keys[0])[:2]
     programs = {program for k in keys for program in kernels._calibration_programs(k)}
-    assert len(programs) == 2 * 2 * 2 + 2 and (PairKey("tiny", "usp", (2, 2), 1, 2, False, 12), base) in programs
+    assert len(programs) == 2 * 2 * 2 + 3 and (PairKey("tiny", "usp", (2, 2), 1, 2, False, 12), base) in programs
+    ds = [PairKey("tiny", "ds_ulysses", (2, 2), None, 0, False, b) for b in (2, 4)]  # b0 = 6 and 12, x 7
+    assert {kernels.calibration(k).scaled.micro_batch for k in ds} == {6 * BATCH_FACTOR, 12 * BATCH_FACTOR}
     per_key = TrainKernels(tmp_path, "tiny", SHAPE, lock=None, derive=False)
     assert per_key.calibration(key).base == per_key.calibration(key).scaled == key
     assert {k for k, _ in (p for k2 in keys for p in per_key._calibration_programs(k2))} == set(keys)
@@ -72,7 +79,9 @@ def test_a_calibration_program_runs_the_plans_self_attention_kernels(tmp_path):
     assert request["flash"] == [True, False] and "flash" not in calibration.base.request("41_384_360", tmp_path)
     assert calibration.scaled.name("123_1920_360") == "full_123_1920_360_megatron_1x16_b84_flash10_train"
     # on 4 chips b0 = 12, micro-batch 8 (the same calibration): 8 x 60 = 480 < 920, the same forcing
-    assert kernels.calibration(PairKey("full", "usp", (2, 2), 1, 0, False, 8)).scaled.flash == (True, False)
+    assert kernels.calibration(PairKey("full", "ds_ulysses", (2, 2), None, 0, False, 8)).scaled.flash == (True, False)
+    # usp at its own micro-batch: 4 x 36 = 144 < 2760, the plan's kernels by themselves
+    assert kernels.calibration(PairKey("full", "usp", (2, 4), 1, 0, False, 4)).scaled.flash is None
 
 
 def test_a_product_of_the_three_dimensions_rescales_exactly():
@@ -108,7 +117,7 @@ def _estimate_is_the_trace(kernels, key, system, said):
 @pytest.mark.trace
 @pytest.mark.parametrize("strategy, mesh, ring, zero, batches", [
     ("dp", (1, 2), None, 0, (2, 8)),      # per-device 1 and 4; calibrated at 6 and 42
-    ("usp", (1, 2), 2, 0, (2, 4)),      # calibrated at 6 and 42
+    ("ds_ulysses", (1, 2), None, 0, (2, 4)),  # calibrated at 6 and 42
     ("dp", (1, 2), None, 3, (2, 4)),
 ])
 def test_one_calibration_predicts_micro_batches_it_was_not_traced_at(tmp_path, strategy, mesh, ring, zero, batches):

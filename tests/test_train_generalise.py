@@ -36,8 +36,12 @@ def test_recompute_reruns_the_forward_group_once_per_micro_batch():
 def test_a_recompute_key_is_calibrated_by_its_twin_without_recompute(tmp_path):
     keys = [PairKey("tiny", "usp", (2, 2), ring, 0, recompute, 2) for ring in (1, 2) for recompute in (False, True)]
     kernels = TrainKernels(tmp_path, "tiny", SHAPE, lock=None)
-    calibrated = [dataclasses.replace(keys[0], micro_batch=6), dataclasses.replace(keys[2], micro_batch=6)]
-    assert kernels.calibration_keys(keys) == calibrated  # micro-batch b0 = 3 x 2 (tests/test_train_derive.py)
+    # usp: its own micro-batch (tests/test_train_derive.py), at both shapes; 2 x 12 and 2 x 36
+    # frames would fuse the spatial attention there (S = 48 and 240), not 2 x 8 at the plan's
+    # 28_64_64 (S = 16): forced to the plan's kernels
+    twins = [dataclasses.replace(keys[i], flash=(False, False)) for i in (0, 2)]
+    assert kernels.calibration_keys(keys) == twins
+    assert {kernels.calibration(key).scaled for key in keys} == set(twins)
     zero3 = [PairKey("tiny", "dp", (1, 4), None, 3, recompute, 4) for recompute in (False, True)]
     assert kernels.calibration_keys(zero3) == [dataclasses.replace(zero3[0], zero=0, micro_batch=12),
                                                dataclasses.replace(zero3[1], micro_batch=12)]  # own under ZeRO-3
