@@ -59,9 +59,9 @@ micro-batches of a strategy, mesh and ring that agree in their power of two up t
 another program (usp on 1x4 ring 2 at B = 1: 80 us of collectives per micro-batch and 1.07 ms
 per step, where the one at B = 3 rescaled to 1 has 704 us and 0.53 ms: gradient sums move),
 so B = 1 is calibrated at B = 1 in both programs (the batch kept), and so is every micro-batch
-of usp (:data:`OWN_BATCH_STRATEGIES`: GSPMD lays its activation collectives out otherwise at
-another batch; the full model's usp pairs derived from 12 and 84 had 1.9-2.9x the traced
-communication at 204_640_360 and 4). A batch that changes
+of usp and ring_attention (:data:`OWN_BATCH_STRATEGIES`: GSPMD lays their activation
+collectives out otherwise at another batch; the full model's usp pairs derived from 12 and 84
+had 1.9-2.9x the traced communication at 204_640_360 and 4, ring_attention's 3.2x). A batch that changes
 OpenSora's choice of kernel (flash self-attention only for a sequence longer than its batch:
 the full model's spatial attention at 123_1920_360 over 84 x 36 frames is none, at the plan's
 204_640_360 over 4 x 60 it is one) would make the two programs differ: a calibration program
@@ -189,12 +189,13 @@ DUMPS_DIR = f"dumps.v{TRAIN_TRACE_VERSION}"
 #: ``CALIBRATION_FACTORS``, so a ratio ``3^a 5^b 7^c`` names the batch's exponent too (module doc).
 BATCH_FACTOR = 7
 #: Strategies whose micro-batch is not derived: both calibration programs at the plan's own
-#: micro-batch (module doc). GSPMD lays usp's activation collectives out otherwise at another
+#: micro-batch (module doc). GSPMD lays their activation collectives out otherwise at another
 #: batch: the full model's usp 2x4 (ring 1) pair at 204_640_360 runs 35 forward collectives at a
 #: micro-batch of 4 and 42 at 12 (all-gathers over x where it runs all-to-alls over y), and the
 #: micro-batch derived from 12 and 84 had 2.2x the traced communication (1.9x on 1x8, 2.9x on
-#: 4x4 with ZeRO-2); ds_ulysses' derived within 1%.
-OWN_BATCH_STRATEGIES = ("usp",)
+#: 4x4 with ZeRO-2); ring_attention 4x2's 3.2x (7.7 ms against 2.4 ms, its stages 1.052x the
+#: estimate's); ds_ulysses' derived within 1%.
+OWN_BATCH_STRATEGIES = ("usp", "ring_attention")
 #: The stage shapes (``tracing.stages.boundary_shapes``) of every traced pair, one file beside
 #: their dump directories: they depend on the shape and the micro-batch, not on the layout.
 SHAPE_CACHE = "stage_shapes.json"

@@ -30,6 +30,7 @@ def test_the_calibration_batch_keeps_the_power_of_two_the_stage_can_split():
     assert calibration_batch(PairKey("tiny", "ds_ulysses", (2, 2), None, 0, False, 6)) == 6
     # usp keeps its own (OWN_BATCH_STRATEGIES: GSPMD lays its collectives out otherwise at another batch)
     assert [calibration_batch(PairKey("tiny", "usp", (1, 4), 2, 0, False, b)) for b in (1, 2, 4, 8)] == [1, 2, 4, 8]
+    assert calibration_batch(PairKey("tiny", "ring_attention", (2, 2), None, 0, False, 4)) == 4  # and ring_attention
     assert calibration_batch(PairKey("tiny", "megatron", (1, 8), None, 0, False, 16)) == 24
 
 
