@@ -448,8 +448,6 @@ FIGURES.update({
     **_train_figures("4x8xh100"),
     **_train_figures("tx8-64"),
     **_train_figures("8x8xh100"),
-    "train.4x8xh100.usp_8x2": Figure("results/plan_search/train_204_640_360_4x8xh100.txt", _matched(
-        _train_row(re.escape("2x16:usp@8x2(ring 1) zero0 recompute m=4 b=32")), 3, form=".3g")),
     "train.8x8xh100.usp_16x2": Figure("results/plan_search/train_204_640_360_8x8xh100.txt", _matched(
         _train_row(re.escape("2x32:usp@16x2(ring 1) zero0 recompute m=4 b=64")), 3, form=".3g")),
 })
