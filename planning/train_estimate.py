@@ -67,7 +67,7 @@ the full model's spatial attention at 123_1920_360 over 84 x 36 frames is none, 
 204_640_360 over 4 x 60 it is one) would make the two programs differ: a calibration program
 whose choice is not the plan's is traced with the plan's forced (``PairKey.flash``, as the
 inference calibrations force it). Checked on traces it was not built from
-(``tests/test_train_derive.py``: dp on 1x2 at B = 2 and 8, usp 1x2 ring 2 at 1 and 4, dp ZeRO-3
+(``tests/test_train_derive.py``: dp on 1x2 at B = 2 and 8, ds_ulysses 1x2 at 2 and 4, dp ZeRO-3
 at 2 and 4, each traced at the plan's shape and micro-batch): within the estimate's 5% per group.
 
 **ZeRO 1-3 as ZeRO-0 plus a measured difference.** A ZeRO stage changes where the optimizer
