@@ -197,7 +197,8 @@ def train_run(root: Path, arguments: list[str], work: Path) -> tuple[float, int,
     calibration traces and traces at the plan's shape written (dumps on disk), the best plan."""
     command = [sys.executable, "-m", "planning.plan_search_cli", *arguments, "--work-dir", str(work)]
     completed, wall = run_search(root, command)
-    dumps = list((work / "train_calibrations" / "dumps").glob("*/*.mlir"))
+    # ``dumps`` (checkouts before the trace generation in the name) or ``dumps.v<N>`` (DUMPS_DIR).
+    dumps = list((work / "train_calibrations").glob("dumps*/*/*.mlir"))
     at_shape = sum(1 for dump in dumps if f"_{TINY_SHAPE}_" in dump.parent.name)
     lines = completed.stdout.splitlines()
     best = next((line for line in lines if line.startswith("best plan")), "no best plan")
