@@ -14,12 +14,15 @@ holds the same kernels in the same order, each dimension a product of powers of 
 frames ``T`` and the token columns ``W`` (the latent width over the patch) times constants (the
 height is kept: PipeFusion cuts it and pads it). So each *calibration* traces one pair per stage
 role (a flat stage: embeddings + pair + final layer; a pipeline of three one-pair stages: first,
-middle, last) at two small shapes, ``(T0, W0)`` and ``(3 T0, 5 W0)``, with ``T0`` and ``W0``
-as divisible by every power of two as the plan's ``T`` and ``W`` (the meshes here are powers of
-two: the same splits divide, the same pads happen). Each integer of each kernel (shapes, FLOPs,
-bytes of a collective, rows) is ``v0`` in the first and ``v1`` in the second: ``v1 / v0 =
-3^a 5^b`` gives its exponents, and its value at the plan's shape is ``v0 (T/T0)^a (W/W0)^b``
-(:func:`rescale`). The kernels are then costed with ``mapping.program.map_kernels``, the function
+middle, last) at two small shapes, ``(T0, W0)`` and ``(f_T T0, f_W W0)``, with ``T0`` and
+``W0`` divisible by every split of the stage (a divisor of its chips: a mesh axis, a ring or a
+Ulysses degree) exactly when the plan's ``T`` and ``W`` are: the same splits divide, the same
+pads happen (:func:`calibration_geometry`). ``f_T`` and ``f_W`` are two odd primes that change
+no split's divisibility: 3 and 5 unless the stage's chips need them (15 chips at 408_640_360
+keep 3 and 5; 45 chips scale by 5 and 7). Each integer of each kernel (shapes, FLOPs, bytes of
+a collective, rows) is ``v0`` in the first and ``v1`` in the second: ``v1 / v0 = f_T^a f_W^b``
+gives its exponents, and its value at the plan's shape is ``v0 (T/T0)^a (W/W0)^b``
+(:func:`rescale_value`). The kernels are then costed with ``mapping.program.map_kernels``, the function
 ``analyze-hlo --hw`` uses, in the execution mode ``analyze-pipeline`` picks for the chip, and a
 stage is its role's kernels outside the pairs plus its pairs times one pair's, as
 ``mapping.apply.program_totals`` totals a traced stage. What the trace knows and this does not:
@@ -62,18 +65,21 @@ from plans.patches import patch_plan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey", "GroupCost",
-           "KernelCosts", "StageCosts", "StagePart", "calibration_shapes", "decode_exponents", "dump_names",
+__all__ = ["CALIBRATION_FACTORS", "GUIDANCE_BATCH", "Boundary", "Calibration", "CalibrationKey",
+           "CalibrationShapes", "GroupCost", "KernelCosts", "StageCosts", "StagePart", "calibration_geometry",
+           "calibration_shapes", "decode_exponents", "dump_names",
            "forced_flash", "request_config", "rescale_value", "run_calibration_traces", "scale_factors",
            "self_attention_flash", "stage_roles", "tracer_environment"]
 
-#: The second calibration shape is ``(T_FACTOR T0, W_FACTOR W0)``: two odd primes, so a ratio
-#: ``3^a 5^b`` names both exponents and no power of two (the mesh splits) changes.
+#: The second calibration shape's factors ``(T1 / T0, W1 / W0)`` when no split of the stage
+#: needs them (``calibration_geometry``), and always in the training calibration: two odd
+#: primes, so a ratio ``3^a 5^b`` names both exponents and no power of two (a mesh split) changes.
 CALIBRATION_FACTORS = (3, 5)
 #: Largest exponent of ``T`` or ``W`` looked for in one integer (an attention's FLOPs over a
 #: pair of sequences: 2; a product of those with a batch of frames: 3).
 MAX_EXPONENT = 4
-#: The odd part of the calibration's first frames and columns (``_small``).
+#: The smallest odd prime tried as a calibration dimension's filler and scaling factor
+#: (``_small``, ``_scaling_prime``): the first shape's odd part when no split needs another.
 SMALL_ODD_PART = 3
 #: Stage roles: a flat plan's one stage, and a pipeline's first, middle, last.
 ROLES = ("flat", "first", "middle", "last")
@@ -104,6 +110,16 @@ class CalibrationKey:
     flash: tuple[bool, bool] | None = None
 
     @property
+    def factors(self) -> tuple[int, int]:
+        """The odd primes ``(T1 / T0, W1 / W0)`` that take the first shape to the second."""
+        t_factor, w_factor = scale_factors(get_config(self.config), self.base_shape, self.scaled_shape)
+        return int(t_factor), int(w_factor)
+
+    def rescaler(self, shape: str) -> _Rescaler:
+        """A rescaler of this calibration's integers to ``shape``."""
+        return _Rescaler(*scale_factors(get_config(self.config), self.base_shape, shape), self.factors)
+
+    @property
     def name(self) -> str:
         text = (f"{Path(self.config).stem}_{self.strategy}_{self.mesh[0]}x{self.mesh[1]}_M{self.patches}"
                 f"_{self.base_shape}_{self.scaled_shape}")
@@ -119,12 +135,73 @@ def _odd_part_free(value: int) -> int:
     return value & -value
 
 
-def _small(value: int, cap: int | None = None) -> int:
-    """``3 * 2^k`` with the power of two of ``value`` (at most ``cap``): as divisible by every
-    power of two up to ``cap``, and odd part 3 so that no split of it by a mesh axis is 1 (a
-    dimension of 1 may make another kernel: a broadcast where there was a strided read)."""
+def _valuation(value: int, prime: int) -> int:
+    """The exponent of ``prime`` in ``value`` (``value`` > 0)."""
+    count = 0
+    while value % prime == 0:
+        value //= prime
+        count += 1
+    return count
+
+
+def _odd_primes(value: int) -> list[int]:
+    """The odd primes dividing ``value``, smallest first."""
+    primes, candidate = [], 3
+    value //= _odd_part_free(value)
+    while value > 1:
+        if value % candidate == 0:
+            primes.append(candidate)
+            while value % candidate == 0:
+                value //= candidate
+        candidate += 2
+    return primes
+
+
+def _next_odd_prime(after: int) -> int:
+    candidate = after + 2
+    while any(candidate % p == 0 for p in range(3, math.isqrt(candidate) + 1, 2)):
+        candidate += 2
+    return candidate
+
+
+def _filler(devices: int | None) -> int:
+    """The smallest odd prime that divides no split of a stage of ``devices`` chips (3 when
+    ``devices`` is None or has no odd factor): a factor of a calibration dimension that changes
+    no split's divisibility."""
+    prime = SMALL_ODD_PART
+    while devices is not None and devices % prime == 0:
+        prime = _next_odd_prime(prime)
+    return prime
+
+
+def _small(value: int, cap: int | None = None, devices: int | None = None) -> int:
+    """A calibration dimension for ``value`` (frames, token columns, a micro-batch): the power of
+    two of ``value`` (at most ``cap``) times, for each odd prime ``p`` of ``devices`` (the
+    stage's chips: every split of the stage, by a mesh axis, a ring or a Ulysses degree, divides
+    them), ``p`` to the exponent it has in ``value``, capped at its exponent in ``devices``. So
+    every split divides it exactly when it divides ``value``. When that leaves no odd factor (and
+    always without ``devices``) it is multiplied by :func:`_filler` (3 unless a split has a 3),
+    so that no split by a power of two is 1 where the split of ``value`` is not (a dimension of 1
+    may make another kernel: a broadcast where there was a strided read)."""
     power = _odd_part_free(value)
-    return SMALL_ODD_PART * (power if cap is None else min(power, cap))
+    small = power if cap is None else min(power, cap)
+    for prime in _odd_primes(devices) if devices is not None else ():
+        small *= prime ** min(_valuation(value, prime), _valuation(devices, prime))
+    if small == _odd_part_free(small):
+        small *= _filler(devices)
+    return small
+
+
+def _scaling_prime(value: int, devices: int | None, taken: int | None = None) -> int:
+    """The smallest odd prime (not ``taken``) by which a calibration dimension ``value`` can be
+    scaled without changing whether any split of a stage of ``devices`` chips divides it: one
+    that divides no split, or whose exponent in ``value`` already reaches its exponent in
+    ``devices``."""
+    prime = SMALL_ODD_PART
+    while prime == taken or (devices is not None and devices % prime == 0
+                             and _valuation(value, prime) < _valuation(devices, prime)):
+        prime = _next_odd_prime(prime)
+    return prime
 
 
 def _largest_power_of_two(devices: int) -> int:
@@ -139,37 +216,70 @@ def _shape_text(model: STDiT3Config, frames_latent: int, columns: int, height: i
     return f"{frames}_{columns * pw * model.vae_downsample}_{height}"
 
 
-def calibration_shapes(model: STDiT3Config, shape: str, devices: int | None = None,
-                       ) -> tuple[str, str, Fraction, Fraction]:
-    """The two small shapes of ``shape``'s calibration on a stage of ``devices`` chips and the
-    factors ``T / T0``, ``W / W0`` that take the first to ``shape``. The token columns keep
-    ``shape``'s power of two, the latent frames its power of two up to the largest power of two
-    of ``devices`` (no cap without ``devices``); the height is ``shape``'s.
+@dataclass(frozen=True)
+class CalibrationShapes:
+    """The two calibration shapes of a plan's shape on a stage (:func:`calibration_geometry`),
+    the ratios ``T / T0`` and ``W / W0`` that take the first to the plan's shape, and the two
+    odd primes ``(T1 / T0, W1 / W0)`` that take the first to the second."""
 
-    The cap loses nothing: whether a power of two ``2^k`` divides a product ``c T^a W^b`` is
-    the same for ``T`` and ``T0`` when every ``2^k`` a split asks about is at most ``2^L``
-    (a split of a stage's tensors is by mesh axes, ring or Ulysses degrees of at most its chips)
-    and the powers of two of ``T`` and ``T0`` agree up to ``2^L``. And it shares: the shapes of
-    one size that differ by a power of two of frames (204 and 408 frames at 640 x 360, 51 and 102
-    at 1280 x 720) have the same calibration shapes on stages of few chips (4 or fewer at
-    640 x 360, 1 at 1280 x 720), traced once in a shared ``--work-dir``."""
+    base: str
+    scaled: str
+    t_ratio: Fraction
+    w_ratio: Fraction
+    factors: tuple[int, int] = CALIBRATION_FACTORS
+
+
+def calibration_geometry(model: STDiT3Config, shape: str, devices: int | None = None, *,
+                         odd_splits: bool = True) -> CalibrationShapes:
+    """The calibration of ``shape`` on a stage of ``devices`` chips: the first shape's frames
+    ``T0`` and token columns ``W0`` are ``_small`` of the plan's (with ``odd_splits``: the
+    frames' power of two capped at the power of two of ``devices``, and the odd primes of
+    ``devices`` kept as the plan's shape has them, each capped at its exponent in ``devices``;
+    the columns' power of two uncapped), the height ``shape``'s. The second
+    shape scales ``T0`` and ``W0`` by two distinct odd primes (3 and 5 unless a split needs them:
+    :func:`_scaling_prime`), so that every split of the stage divides the same dimensions at
+    the plan's shape and at both calibration shapes, and a ratio ``v1 / v0 = f_T^a f_W^b`` of
+    an integer names both its exponents. Without ``odd_splits`` (the training calibration, whose
+    rescaler decodes ``CALIBRATION_FACTORS``): the powers of two alone, the frames' capped at the
+    largest power of two of ``devices``, odd part 3 and the factors 3 and 5.
+
+    The caps lose nothing: whether a prime power ``p^k`` divides a product ``c T^a W^b`` is the
+    same for ``T`` and ``T0`` when every ``p^k`` a split asks about is at most ``p^L`` (a split
+    of a stage's tensors is by mesh axes, ring or Ulysses degrees, each a divisor of its chips)
+    and the powers of ``p`` in ``T`` and ``T0`` agree up to ``p^L``. And it shares: the shapes of one size that differ by
+    a power of two of frames (204 and 408 frames at 640 x 360, 51 and 102 at 1280 x 720) have the
+    same calibration shapes on stages of few chips (4 or fewer at 640 x 360, 1 at 1280 x 720),
+    traced once in a shared ``--work-dir``."""
     geo = geometry(model, shape)
     video = parse_shape(shape)
     pt, _, _ = model.patch_size
     if pt != 1 or geo.T_lat != geo.T:
         raise UsageError(f"--shape {shape}: the estimate's calibration expects a temporal patch of 1")
-    t0 = _small(geo.T, None if devices is None else _largest_power_of_two(devices))
-    w0 = _small(geo.W_patches)
     if geo.W_lat != geo.W_patches * model.patch_size[2]:
         raise UsageError(f"--shape {shape}: the estimate's calibration expects a latent width the "
                          "patch divides")
-    ft, fw = CALIBRATION_FACTORS
+    splits = devices if odd_splits else None
+    cap = None if devices is None else _odd_part_free(devices) if odd_splits else _largest_power_of_two(devices)
+    t0 = _small(geo.T, cap, splits)
+    w0 = _small(geo.W_patches, None, splits)
+    ft = _scaling_prime(t0, splits)
+    fw = _scaling_prime(w0, splits, taken=ft)
     base = _shape_text(model, t0, w0, video.height)
     scaled = _shape_text(model, ft * t0, fw * w0, video.height)
     for text, (t, w) in ((base, (t0, w0)), (scaled, (ft * t0, fw * w0))):
         check = geometry(model, text)
         assert (check.T, check.W_patches, check.H_patches) == (t, w, geo.H_patches), text
-    return base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0)
+    return CalibrationShapes(base, scaled, Fraction(geo.T, t0), Fraction(geo.W_patches, w0), (ft, fw))
+
+
+def calibration_shapes(model: STDiT3Config, shape: str, devices: int | None = None,
+                       ) -> tuple[str, str, Fraction, Fraction]:
+    """The two small shapes of ``shape``'s calibration on a stage of ``devices`` chips and the
+    factors ``T / T0``, ``W / W0`` that take the first to ``shape``, by the powers of two alone
+    and scaled by ``CALIBRATION_FACTORS`` (:func:`calibration_geometry` without ``odd_splits``:
+    the training calibration's)."""
+    found = calibration_geometry(model, shape, devices, odd_splits=False)
+    return found.base, found.scaled, found.t_ratio, found.w_ratio
 
 
 def scale_factors(model: STDiT3Config, base: str, shape: str) -> tuple[Fraction, Fraction]:
@@ -200,18 +310,21 @@ def forced_flash(model: STDiT3Config, shape: str, patches: int, devices: int | N
     the choice at ``shape`` where either calibration shape would make another (a patch of 240
     tokens over 2 x 120 frames at 408_640_360, M = 4, runs no fused kernel; at both calibration
     shapes it would), else None: the traces make the plan's choice by themselves."""
-    base, scaled, _, _ = calibration_shapes(model, shape, devices)
+    found = calibration_geometry(model, shape, devices)
+    base, scaled = found.base, found.scaled
     wanted = self_attention_flash(model, shape, patches)
     if all(self_attention_flash(model, small, patches) == wanted for small in (base, scaled)):
         return None
     return wanted
 
 
-def decode_exponents(v0: int, v1: int) -> tuple[int, int] | None:
-    """``(a, b)`` with ``v1 = v0 3^a 5^b`` (``CALIBRATION_FACTORS``), or None when none is."""
+def decode_exponents(v0: int, v1: int, factors: tuple[int, int] = CALIBRATION_FACTORS,
+                     ) -> tuple[int, int] | None:
+    """``(a, b)`` with ``v1 = v0 f_T^a f_W^b`` (``factors``: the calibration's two odd primes,
+    by default ``CALIBRATION_FACTORS``), or None when none is."""
     if v0 <= 0 or v1 <= 0:
         return (0, 0) if v0 == v1 else None
-    ft, fw = CALIBRATION_FACTORS
+    ft, fw = factors
     for a in range(MAX_EXPONENT + 1):
         for b in range(MAX_EXPONENT + 1):
             if v0 * ft ** a * fw ** b == v1:
@@ -219,17 +332,18 @@ def decode_exponents(v0: int, v1: int) -> tuple[int, int] | None:
     return None
 
 
-def rescale_value(v0: int, v1: int, t_ratio: Fraction, w_ratio: Fraction) -> tuple[int, bool]:
+def rescale_value(v0: int, v1: int, t_ratio: Fraction, w_ratio: Fraction,
+                  factors: tuple[int, int] = CALIBRATION_FACTORS) -> tuple[int, bool]:
     """The value at the plan's shape of an integer that is ``v0`` at the first calibration
-    shape and ``v1`` at the second, and whether it was exact (a product of powers). Not one:
-    the nearest such product by the logarithm of ``v1 / v0`` (both exponents rounded as one
-    power of the geometric mean of the two factors)."""
-    exponents = decode_exponents(v0, v1)
+    shape and ``v1`` at the second (scaled by ``factors``), and whether it was exact (a product
+    of powers). Not one: the nearest such product by the logarithm of ``v1 / v0`` (both
+    exponents rounded as one power of the geometric mean of the two factors)."""
+    exponents = decode_exponents(v0, v1, factors)
     if exponents is not None:
         a, b = exponents
         value = v0 * t_ratio ** a * w_ratio ** b
         return (int(value), True) if value.denominator == 1 else (round(float(value)), False)
-    ft, fw = CALIBRATION_FACTORS
+    ft, fw = factors
     if v0 <= 0 or v1 <= 0:
         return max(v0, 0), False
     power = math.log(v1 / v0) / math.log(math.sqrt(ft * fw))
@@ -240,8 +354,9 @@ def rescale_value(v0: int, v1: int, t_ratio: Fraction, w_ratio: Fraction) -> tup
 class _Rescaler:
     """Rescales the integers of aligned structures; counts the inexact ones."""
 
-    def __init__(self, t_ratio: Fraction, w_ratio: Fraction) -> None:
-        self.t_ratio, self.w_ratio = t_ratio, w_ratio
+    def __init__(self, t_ratio: Fraction, w_ratio: Fraction,
+                 factors: tuple[int, int] = CALIBRATION_FACTORS) -> None:
+        self.t_ratio, self.w_ratio, self.factors = t_ratio, w_ratio, factors
         self.inexact = 0
         self.values = 0
 
@@ -257,7 +372,7 @@ class _Rescaler:
         if isinstance(a, int):
             if not isinstance(b, int):
                 raise ValueError(f"calibration programs differ: {a} against {str(b)[:40]}")
-            value, exact = rescale_value(a, b, self.t_ratio, self.w_ratio)
+            value, exact = rescale_value(a, b, self.t_ratio, self.w_ratio, self.factors)
             self.values += 1
             self.inexact += not exact
             return value
@@ -423,8 +538,8 @@ class KernelCosts:
             patches: int) -> CalibrationKey:
         model = get_config(config)
         devices = mesh[0] * mesh[1]
-        base, scaled, _, _ = calibration_shapes(model, shape, devices)
-        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, base, scaled,
+        found = calibration_geometry(model, shape, devices)
+        return CalibrationKey(config, strategy, tuple(mesh), ring, patches, found.base, found.scaled,
                               forced_flash(model, shape, patches, devices))
 
     def _path(self, key: CalibrationKey, kind: str) -> Path:
@@ -547,7 +662,7 @@ class KernelCosts:
             if not all(Path(d).exists() for d in dumps.values()):
                 run_calibration_traces(requests, self.work, jobs=1)
             parts = {label: _boundary_of(dump) for label, dump in dumps.items()}
-            rescaler = _Rescaler(*scale_factors(get_config(key.config), key.base_shape, shape))
+            rescaler = key.rescaler(shape)
             cached = self._boundaries[(bkey, shape)] = Boundary(
                 rescaler(parts["base"].outputs, parts["scaled"].outputs),
                 rescaler(parts["base"].latent_bytes, parts["scaled"].latent_bytes))
@@ -725,7 +840,7 @@ def _stage_costs(calibration: Calibration, shape: str, system: SystemSpec) -> St
     key = calibration.key
     if calibration.error is not None or calibration.base is None or calibration.scaled is None:
         raise ValueError(f"calibration not traced: {calibration.error}")
-    rescaler = _Rescaler(*scale_factors(get_config(key.config), key.base_shape, shape))
+    rescaler = key.rescaler(shape)
     groups = {}
     for name in GROUPS:
         document = rescaler(calibration.base.groups[name], calibration.scaled.groups[name])

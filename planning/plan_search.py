@@ -434,7 +434,7 @@ def _weight_bytes(model: STDiT3Config, strategy: str, mesh: tuple[int, int], pai
 
 
 def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30,
-                  kernels: KernelCosts | None = None) -> Estimate:
+                  kernels: KernelCosts | None = None, fallback: bool = True) -> Estimate:
     """The plan's inference latency and memory per device, without tracing the plan.
 
     With ``kernels`` (the traced-kernel estimate, ``planning.plan_estimate``): the latency from
@@ -443,13 +443,17 @@ def estimate_plan(plan: Plan, system: SystemSpec, *, steps: int = 30,
     the traced stages; the memory as below. Without: the ideal estimate (module doc): with
     M > 1 patches a stage is estimated on one patch (the latent cut along its height, its
     spatial attention over the full sequence's K/V), and the full latent costs M patches, as
-    ``analyze-pipeline`` composes a stage traced on one patch."""
+    ``analyze-pipeline`` composes a stage traced on one patch. A plan whose calibration could
+    not be traced, or whose two programs differ, gets the ideal estimate, its basis saying so
+    (``fallback`` False: the ValueError is raised instead)."""
     ideal = ideal_estimate(plan, system, steps=steps)
     if kernels is None:
         return ideal
     try:
         return kernel_estimate(plan, system, kernels, steps=steps, memory_bytes=ideal.memory_bytes)
     except ValueError as error:  # the calibration could not be traced, or its two programs differ
+        if not fallback:
+            raise
         return dataclasses.replace(ideal, basis=f"{ideal.basis} (no traced kernels: {error})")
 
 

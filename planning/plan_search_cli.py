@@ -542,7 +542,9 @@ def train_or_sizing(model_config: str, shape: str, hardware: str, devices: int, 
                                                "traces": [asdict(t) for t in result.traces],
                                                "missed_below": (None if result.missed_below is None
                                                                 else asdict(result.missed_below)),
-                                               "curve": [asdict(p) for p in result.curve]}, indent=1) + "\n",
+                                               "curve": [asdict(p) for p in result.curve],
+                                               "uncalibrated": [list(u) for u in result.uncalibrated]},
+                                              indent=1) + "\n",
                          force=force)
         if plot_out:
             sizing_cli.plot_sizing(result, plot_out, force=force)

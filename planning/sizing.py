@@ -10,7 +10,10 @@ crosses the NICs) with the estimates that ``plan-search`` ranks by:
 ``planning.plan_estimate``: the calibrations of every count's plans are traced first, a few hundred
 small traces up to 64 devices, cached across shapes and systems; without, the ideal estimate,
 2.0-4x off for pipelines), ``planning.train_search.estimate_train_plan`` for training. The best
-plan of ``n`` is the fastest whose estimated memory per device fits. The answer is the smallest
+plan of ``n`` is the fastest whose estimated memory per device fits. With the traced-kernel
+estimate, a plan whose calibration cannot be traced (or whose two calibration programs differ)
+is not ranked at all, rather than ranked by the ideal estimate (3-4x lower on a GPU): the report
+counts such plans per count and names the first reason. The answer is the smallest
 ``n`` whose best meets the target; ``confirm`` traces it (plan-search's tracer, or the training
 pair trace) so that the answer rests on a traced figure.
 
@@ -48,6 +51,9 @@ class SizingPoint:
     best_label: str | None
     seconds: float | None
     memory_bytes: float | None
+    #: Plans of ``devices`` left out of the ranking: the traced-kernel estimate could not
+    #: calibrate them (``SizingResult.uncalibrated`` says why).
+    uncalibrated: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,9 @@ class SizingResult:
     #: The best estimated plan of the next smaller count than the confirmed answer, traced and
     #: missing the target (None: no smaller count has a plan that fits, or no confirmed answer).
     missed_below: SizingTrace | None = None
+    #: (plan label, reason) of every plan the traced-kernel estimate could not calibrate (not
+    #: ranked; ``SizingPoint.uncalibrated``).
+    uncalibrated: tuple[tuple[str, str], ...] = ()
 
 
 def _answer(curve: Sequence[SizingPoint], target_s: float) -> SizingPoint | None:
@@ -129,24 +138,30 @@ def size_inference(config: str, shape: str, hardware: str, target_s: float, max_
         plans = [plan for space in spaces.values() for plan in space.plans]
         kernels.prepare(calibration_keys(plans, kernels), system,
                         boundaries=any(plan.case.pipeline.stages > 1 for plan in plans), progress=calibrating)
-    curve, plans_of = [], {}
+    curve, plans_of, uncalibrated = [], {}, []
     for n in counts:
         space = spaces[n]
-        best = None
+        best, refused = None, len(uncalibrated)
         for plan in space.plans:
-            estimate = estimate_plan(plan, system, steps=steps, kernels=kernels)
+            try:
+                estimate = estimate_plan(plan, system, steps=steps, kernels=kernels, fallback=False)
+            except ValueError as error:  # not calibrated: no ideal stand-in (module doc)
+                uncalibrated.append((plan.label, str(error)))
+                continue
             if estimate.memory_bytes <= limit and (best is None or estimate.latency_s < best[1].latency_s):
                 best = (plan, estimate)
         curve.append(SizingPoint(n, len(space.plans), None if best is None else best[0].label,
                                  None if best is None else best[1].latency_s,
-                                 None if best is None else best[1].memory_bytes))
+                                 None if best is None else best[1].memory_bytes,
+                                 len(uncalibrated) - refused))
         plans_of[n] = None if best is None else best[0]
         if progress is not None:
             progress(n, len(space.plans))
     answer = _answer(curve, target_s)
     return SizingResult("infer", config, shape, hardware, target_s, limit, tuple(curve), answer,
                         None if answer is None else plans_of[answer.devices],
-                        tuple((n, plan) for n, plan in plans_of.items() if plan is not None))
+                        tuple((n, plan) for n, plan in plans_of.items() if plan is not None),
+                        uncalibrated=tuple(uncalibrated))
 
 
 def size_training(config: str, shape: str, hardware: str, target_s: float, max_devices: int, *,

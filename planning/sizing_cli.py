@@ -154,6 +154,10 @@ def render_sizing(result, confirmed: str | None = None) -> str:
                      f"{memory / GIGA:.4g} GB per device")
     if confirmed:
         lines.append(confirmed)
+    if result.uncalibrated:
+        label, reason = result.uncalibrated[0]
+        lines.append(f"NOT RANKED: {len(result.uncalibrated)} plan(s) could not be calibrated for the traced-kernel "
+                     f"estimate (no ideal stand-in); first: {label}: {reason}")
     missed = result.missed_below
     if missed is not None and result.answer is not None:
         lines.append(f"the next smaller count, {missed.devices} devices, misses it: its best estimated plan "
@@ -168,12 +172,13 @@ def render_sizing(result, confirmed: str | None = None) -> str:
     lines += ["", f"best estimated {what} by device count:",
               f"  {'devices':>7s} {'plans':>6s} {'seconds':>10s} {'GB/device':>9s}  best plan"]
     for p in result.curve:
+        left_out = f"  ({p.uncalibrated} not calibrated, not ranked)" if p.uncalibrated else ""
         if p.seconds is None:
-            lines.append(f"  {p.devices:7d} {p.plans:6d} {'-':>10s} {'-':>9s}  none fits")
+            lines.append(f"  {p.devices:7d} {p.plans:6d} {'-':>10s} {'-':>9s}  none fits{left_out}")
         else:
             mark = "  <- meets the target" if p.seconds <= result.target_s else ""
             lines.append(f"  {p.devices:7d} {p.plans:6d} {p.seconds:10.4g} {p.memory_bytes / GIGA:9.4g}  "
-                         f"{p.best_label}{mark}")
+                         f"{p.best_label}{mark}{left_out}")
     return "\n".join(lines) + "\n"
 
 

@@ -14,9 +14,12 @@ from hardware import Op, OpType, load_system
 from hlo_analyzer.mapping.kernel_list import sources_document, sources_from_document
 from hlo_analyzer.mapping.results import KernelSource
 from models.opensora.config import get_config
+from models.opensora.inputs import geometry
 from planning.plan_estimate import (
+    CalibrationShapes,
     KernelCosts,
     _Rescaler,
+    calibration_geometry,
     calibration_shapes,
     decode_exponents,
     forced_flash,
@@ -60,12 +63,63 @@ def test_the_frames_power_of_two_is_capped_by_the_stage_chips():
     assert scale_factors(full, "41_384_360", "408_640_360") == (Fraction(120, 12), Fraction(40, 24))
 
 
+def test_calibration_shapes_keep_the_odd_primes_a_stage_splits_by():
+    """full at 408_640_360: T = 120 = 8 x 3 x 5, token columns W = 40 = 8 x 5. On 15 chips every
+    split divides 15: T0 keeps 2^0 (15 has no 2) and 3 x 5 (T0 = 15: 51 frames, 51*5//17 = 15),
+    W0 keeps its 8 and the 5 (W0 = 40: 640 px); T0 already holds the 3 of 15 and W0 the 5, so
+    the factors stay 3 and 5: 45 frames (153*5//17 = 45), 200 columns (3200 px). The powers of
+    two alone (the training calibration's) gave 82_384_360 (T0 = 24, W0 = 24: 23 x 24 tokens a
+    frame, no 5, while 23 x 40 has one)."""
+    full = get_config("full")
+    assert calibration_geometry(full, "408_640_360", 15) == CalibrationShapes(
+        "51_640_360", "153_3200_360", Fraction(8), Fraction(1), (3, 5))
+    assert calibration_shapes(full, "408_640_360", 15)[:2] == ("82_384_360", "245_1920_360")
+    # 45 = 9 x 5 chips: T0 = 15 holds one 3 of two, so 3 cannot scale it (a split by 9 would
+    # divide 3 T0 and not T0): the frames' factor is 5 (T0 holds the one 5), the columns' 7
+    # (W0 = 40 has no 3; 5 is taken): 75 frames (255*5//17 = 75), 280 columns (4480 px)
+    assert calibration_geometry(full, "408_640_360", 45) == CalibrationShapes(
+        "51_640_360", "255_4480_360", Fraction(8), Fraction(1), (5, 7))
+    # 6 chips: T0 = 2 x 3 = 6 (21 frames); W = 40 has no 3, so W0 = 8 gets the filler 5, not 3
+    # (3 would make a split by 3 divide W0 and not W): W0 = 40
+    six = calibration_geometry(full, "408_640_360", 6)
+    assert (six.base, six.scaled) == ("21_640_360", "62_3200_360")
+    # powers of two: as before (the tests above)
+    eight = calibration_geometry(full, "408_640_360", 8)
+    assert (eight.base, eight.scaled) == calibration_shapes(full, "408_640_360", 8)[:2]
+    costs = KernelCosts(Path("unused"))
+    key = costs.key("full", "408_640_360", "ring_attention", (5, 9), None, 1)
+    assert (key.base_shape, key.factors) == ("51_640_360", (5, 7))
+
+
+@pytest.mark.parametrize("shape", ["51_1280_720", "102_1280_720", "204_640_360", "408_640_360"])
+def test_every_split_divides_the_calibration_shapes_as_it_divides_the_plans(shape):
+    """For every stage of 1 to 64 chips and every split ``d`` of it (a divisor), ``d`` divides
+    the frames, the token columns, a frame's tokens (rows x columns) and a sequence of all
+    (frames x tokens) at both calibration shapes exactly when it divides them at the plan's."""
+    full = get_config("full")
+
+    def sizes(text: str) -> tuple[int, ...]:
+        geo = geometry(full, text)
+        return geo.T, geo.W_patches, geo.S, geo.T * geo.S
+
+    plan = sizes(shape)
+    for chips in range(1, 65):
+        found = calibration_geometry(full, shape, chips)
+        for small in (sizes(found.base), sizes(found.scaled)):
+            for d in (d for d in range(2, chips + 1) if chips % d == 0):
+                assert [v % d == 0 for v in small] == [v % d == 0 for v in plan], (chips, d, found)
+
+
 def test_exponents_are_read_from_the_ratio_of_the_two_shapes():
     assert decode_exponents(1152, 1152) == (0, 0)
     assert decode_exponents(12, 12 * 3) == (1, 0)
     assert decode_exponents(24 * 12, 24 * 12 * 3 * 5) == (1, 1)
     assert decode_exponents(7, 7 * 25 * 9) == (2, 2)
     assert decode_exponents(7, 8) is None
+    # a calibration scaled by 5 and 7 (``calibration_geometry`` on 45 chips)
+    assert decode_exponents(7, 7 * 5 * 49, (5, 7)) == (1, 2)
+    assert decode_exponents(7, 7 * 5 * 49) is None
+    assert rescale_value(15 * 40, 75 * 280, Fraction(8), Fraction(1), (5, 7)) == (120 * 40, True)
 
 
 def test_a_product_of_frames_and_columns_is_rescaled_exactly():
@@ -163,14 +217,20 @@ def test_stage_roles():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("shape", "flash"), [("68_256_360", None), ("164_64_360", (False, False))])
-def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path, shape, flash):
+@pytest.mark.parametrize(("shape", "flash", "strategy", "mesh"), [
+    ("68_256_360", None, "ds_ulysses", (1, 2)), ("164_64_360", (False, False), "ds_ulysses", (1, 2)),
+    ("68_320_360", None, "ring_attention", (1, 5))])
+def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_path, shape, flash, strategy, mesh):
     """The claim of the estimate: the kernels of the two small traces, rescaled to the plan's
     shape, are the kernels a trace at that shape finds, group by group (the full model's three
-    pairs at a small shape, ds_ulysses on 1 x 2). 68_256_360: T = 20, 16 token columns. At
+    pairs at a small shape). 68_256_360 on ds_ulysses 1 x 2: T = 20, 16 token columns. At
     164_64_360 (T = 48, 23 x 4 = 92 tokens a frame) the spatial attention, 92 tokens in a batch
     of 2 x 48 = 96, runs unfused, while both calibration shapes (48 frames of 23 x 12 = 276
-    tokens, 144 frames of 23 x 60) would fuse it: the calibration must force the plan's choice."""
+    tokens, 144 frames of 23 x 60) would fuse it: the calibration must force the plan's choice.
+    68_320_360 on a ring of 5 (T = 20 = 4 x 5, 20 = 4 x 5 token columns, 23 x 20 = 460 tokens a
+    frame, all split by 5): the calibration shapes keep the 5 (T0 = 5, W0 = 20; then 15 frames
+    of 100 columns); with the powers of two alone (T0 = W0 = 12: 23 x 12 tokens, no 5) the ring
+    split would pad in the first shape and not in the plan's."""
     pytest.importorskip("torch_xla")
     from hlo_analyzer.mapping.program import map_kernels
     from hlo_analyzer.mapping.results import NETWORK_KIND, MappingOptions
@@ -178,7 +238,7 @@ def test_rescaled_calibration_kernels_cost_what_a_trace_at_the_shape_costs(tmp_p
 
     system = load_system("8xh100")
     costs = KernelCosts(tmp_path)
-    key = costs.key("full", shape, "ds_ulysses", (1, 2), None, 1)
+    key = costs.key("full", shape, strategy, mesh, None, 1)
     assert key.flash == flash
     rescaled = costs.stage(key, shape, system)
     _, requests = costs._requests(key, stages=(0,))

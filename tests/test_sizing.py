@@ -1,13 +1,18 @@
 """Inference sizing's confirmation (``planning.sizing.confirm_inference``): the answer is the
 smallest traced count that meets the target, and the next smaller count's best estimated plan is
-traced too and shown to miss. Hand-made curves and tracers; no trace."""
+traced too and shown to miss. Hand-made curves and tracers; no trace. And plans the traced-kernel
+estimate cannot calibrate are left out of the ranking, and the report says so."""
 
 from __future__ import annotations
 
+from hardware import load_system
 from planning.sizing import SizingPoint, SizingResult, confirm_inference
 from planning.sizing_cli import render_sizing
 
 SHAPE = "28_64_64"
+#: A shape the tiny model's calibration accepts (a temporal patch of 1, a latent width the
+#: patch divides).
+TINY_SHAPE = "68_256_360"
 
 
 def _result(seconds: dict[int, float], target: float) -> SizingResult:
@@ -50,3 +55,26 @@ def test_an_answer_on_the_smallest_count_has_no_neighbour_to_miss():
     order: list[str] = []
     result = confirm_inference(_result({1: 8.0, 2: 4.0}, 9.0), _tracer(1.0, order), budget=3)
     assert order == ["p1"] and result.answer.devices == 1 and result.missed_below is None
+
+
+def test_plans_the_kernel_estimate_cannot_calibrate_are_not_ranked_by_the_ideal_one(tmp_path):
+    """Every calibration of the tiny model's one-device plans recorded as refused by the tracer
+    (as ``KernelCosts`` caches a failed calibration): sizing ranks none of them (no ideal
+    stand-in, which is 3-4x low on a GPU) and says so in its report."""
+    from planning.plan_estimate import Calibration, KernelCosts
+    from planning.plan_search import calibration_keys, enumerate_plans
+    from planning.sizing import size_inference
+
+    system = load_system("8xh100")
+    kernels = KernelCosts(tmp_path)
+    plans = enumerate_plans("tiny", TINY_SHAPE, 1).plans
+    for key in calibration_keys(plans, kernels):
+        kernels._write(Calibration(key, system.chip.name, None, None, error="the split needs a 5"), system.chip.name)
+    result = size_inference("tiny", TINY_SHAPE, "8xh100", 1e9, 1, kernels=kernels)
+    (point,) = result.curve
+    assert point.seconds is None and point.uncalibrated == point.plans == len(plans) > 0
+    assert result.answer is None and len(result.uncalibrated) == len(plans)
+    assert result.uncalibrated[0][1] == "calibration not traced: the split needs a 5"
+    text = render_sizing(result)
+    assert f"NOT RANKED: {len(plans)} plan(s) could not be calibrated" in text
+    assert f"none fits  ({len(plans)} not calibrated, not ranked)" in text
