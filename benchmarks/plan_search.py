@@ -20,17 +20,12 @@ a baseline run in the same invocation into another fresh directory: ``--baseline
 same command from the checkout at DIR (``git worktree add DIR COMMIT``: the old per-family
 path), else this checkout's ``--per-key-calibrations`` (every recompute key traced as its own).
 ``--quick``: one device, ZeRO 0 (12 calibration traces; a minute for both runs).
-Both runs get ``--jobs 2`` (the training search's default since the derived calibrations; the
-code before defaulted to 1). Last measured, derived micro-batch and ZeRO calibrations (134
-calibration traces, 12 at the plan's shape) against the checkout before them (320 and 12), in one
-run of this script on the shared 2-core machine under a load of 7-12 (other sessions' traces, and
-this session's slow tests running beside the first run): this checkout 939.7 s, baseline
-1,033.8 s, ratio 0.91 (that run's checkout still derived a micro-batch of 1 from 3 and 21: 11 of
-12 traced plans within 5%, one 1.46x off; fixed since: 12 of 12, worst 1.040, Spearman 1.000).
-Apart, plan-search alone, cold: 126.2 s at load 0.9-1.8 (this checkout: the tracer frozen before
-it forks, the estimate's exponents from a table; 12 of 12 traced plans within 5%), 291 s at load
-2.8-3.4 for the code before those cuts (docs/plan_search.md). The Done-when's 2 minutes is missed
-by 6 s.
+Both runs get ``--jobs 2`` (the training search's default since the derived calibrations).
+Last measured (``--baseline`` a worktree of abd3bbd, the code before usp and ring_attention
+calibrated at their own micro-batch; load 1.7-2.3 on the 2-core machine): this checkout 119.3 s
+(164 calibration dumps, 12 at the plan's shape), baseline 124.7 s (136 and 12), ratio 0.96, both
+12 of 12 traced plans within 5% (worst 1.0145), Spearman 1.000; the target's 120 s met, narrowly.
+plan-search alone, cold, the same code: 112.2 s at load 0.9-2.3 (docs/plan_search.md).
 
 **Full-size inference search, cold cache** (``--part infer``): ``plan-search --shape 153_848_480 --hw
 tx8-16`` (issue 42's second Done-when: a shape the study never calibrated; ``--shape``, ``--hw``,
