@@ -23,6 +23,7 @@ from hlo_trace.cli import (
     OneLineCommand,
     PositiveFinite,
     end_process,
+    native_imports,
     run_click,
 )
 from hlo_trace.errors import UsageError
@@ -353,13 +354,17 @@ def plan_search_command(model_config: str, shape: str | None, hardware: str, dev
     fits, the latency-memory Pareto front and the estimate's error on the traced plans.  The
     best plan is written as a pipeline TOML that trace-stage --pipeline and analyze-pipeline
     read as is.  Progress goes to stderr."""
-    from planning.plan_search import (
-        check_plan_inputs,
-        enumerate_plans,
-        plan_file_text,
-        runner_tracer,
-        search,
-    )
+    with native_imports():  # jaxlib's bindings: Ctrl-C while they load ends the process at once
+        from hlo_analyzer.mlir import load_native_libraries
+        from planning.plan_search import (
+            check_plan_inputs,
+            enumerate_plans,
+            plan_file_text,
+            runner_tracer,
+            search,
+        )
+
+        load_native_libraries()
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
