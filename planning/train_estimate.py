@@ -153,7 +153,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BATCH_FACTOR", "GROUPS", "PROGRAM_GROUPS", "RECOMPUTE_TOLERANCE", "USER_LOCK", "PairCalibration",
            "PairKey", "PairProgram", "TrainKernels", "TrainStep", "analyze_pair", "calibration_batch",
-           "check_traceable", "compose_step", "cost_groups", "data_parallel", "pair_stage", "step_groups"]
+           "check_traceable", "compose_step", "cost_groups", "data_parallel", "derives_batch", "pair_stage", "step_groups"]
 
 #: Kernel groups of a traced pair's step: once per micro-batch, once per step (module doc).
 GROUPS = ("micro", "update")
@@ -264,12 +264,18 @@ class PairKey:
                 "shape_cache": str(out.parent / SHAPE_CACHE)} | ({} if self.flash is None else {"flash": list(self.flash)})
 
 
+def derives_batch(key: PairKey) -> bool:
+    """Whether ``key``'s micro-batch is derived (module doc): not a micro-batch of 1 (a batch
+    dimension of 1 makes another program), nor one of :data:`OWN_BATCH_STRATEGIES`; those are
+    calibrated at their own micro-batch in both programs."""
+    return key.micro_batch > 1 and key.strategy not in OWN_BATCH_STRATEGIES
+
+
 def calibration_batch(key: PairKey) -> int:
     """The micro-batch ``b0`` of ``key``'s first calibration program: ``3 * 2^k`` with the power
     of two of the plan's micro-batch capped at the largest power of two of the stage's chips
-    (module doc); a micro-batch of 1 is its own (a batch dimension of 1 makes another program),
-    and so is a micro-batch of :data:`OWN_BATCH_STRATEGIES`."""
-    if key.micro_batch == 1 or key.strategy in OWN_BATCH_STRATEGIES:
+    (module doc); the plan's own where it is not derived (:func:`derives_batch`)."""
+    if not derives_batch(key):
         return key.micro_batch
     return _small(key.micro_batch, _largest_power_of_two(key.mesh[0] * key.mesh[1]))
 
@@ -543,7 +549,7 @@ class TrainKernels:
             batch = _small(_largest_power_of_two(key.mesh[0] * key.mesh[1]))  # nor the micro-batch's
             staged = dataclasses.replace(base, ring=ring, zero=key.zero, micro_batch=batch)
             zero = (staged, dataclasses.replace(staged, zero=0))
-        factor = 1 if b0 == 1 or key.strategy in OWN_BATCH_STRATEGIES else BATCH_FACTOR  # the batch kept
+        factor = BATCH_FACTOR if derives_batch(key) else 1
         base_shape, scaled_shape = self.shapes(key)[:2]
         return PairCalibration(self._plan_kernels(base, base_shape, key),
                                self._plan_kernels(dataclasses.replace(base, micro_batch=factor * b0), scaled_shape, key),
