@@ -59,11 +59,13 @@ from models.zoo.videodit.configs import (  # noqa: E402
     peak,
     scaled,
 )
-from models.zoo.videodit.plans import factory_kwargs, plan_toml  # noqa: E402
+from models.zoo.videodit.plans import STRATEGIES, factory_kwargs, plan_toml  # noqa: E402
 from planning.module_models import (  # noqa: E402
     DTYPE,
     SINGLE,
     Layout,
+    ZooModel,
+    enumerate_layouts,
     pipefusion_loop_s,
     stage_counts,
     tick_inputs,
@@ -145,10 +147,26 @@ def cases() -> list[Case]:
     found += [Case(COGVIDEOX_5B, 49, 480, 720, ulysses(n), "8xa100") for n in (1, 2, 3, 4, 6, 8)]
     # PipeFusion (P stages, M = P patches) on 2, 4 and 8 devices
     found += [Case(config, frames, h, w, Layout("pipefusion", p), hw) for p in (2, 4, 8)
-              for config, frames, h, w, hw in ((HUNYUAN_VIDEO, 129, 720, 1280, "8xh100"),
-                                              (WAN21_14B, 81, 480, 832, "8xh100"),
-                                              (COGVIDEOX_5B, 49, 480, 720, "8xa100"))]
-    return found
+              for config, frames, h, w, hw in GRID]
+    # every other strategy of xDiT the model runs, on 2, 4 and 8 devices (those above once)
+    found += [Case(config, frames, h, w, layout, hw) for config, frames, h, w, hw in GRID
+              for devices in (2, 4, 8) for layout in grid_layouts(config, frames, h, w, devices)]
+    unique = {(c.config.name, c.frames, c.height, c.width, c.layout, c.hw): c for c in found}
+    return list(unique.values())
+
+
+#: Each model's first shape and system: the grid of strategies x 2, 4, 8 devices runs there.
+GRID = ((HUNYUAN_VIDEO, 129, 720, 1280, "8xh100"), (WAN21_14B, 81, 480, 832, "8xh100"),
+        (COGVIDEOX_5B, 49, 480, 720, "8xa100"))
+
+
+def grid_layouts(config: VideoDiT, frames: int, height: int, width: int, devices: int) -> list[Layout]:
+    """The layouts of xDiT's strategies but PipeFusion (``plans.STRATEGIES``) that use all
+    ``devices``, as ``plan-search --model`` enumerates them (CFG x Ulysses of 1 is CFG)."""
+    model = ZooModel(config, frames, height, width)
+    strategies = [s for s in STRATEGIES if model.cannot_run(s) is None]
+    layouts, _ = enumerate_layouts(model, devices, strategies)
+    return [layout for layout in layouts if not (layout.strategy == "cfg_ulysses" and layout.degree == 1)]
 
 
 # -- tracing and analysis ----------------------------------------------------------------------------
