@@ -49,6 +49,18 @@ def test_the_rows_the_issue_asks_for():
             assert {1, 8} <= set(_devices(rows, "wan21_14b", shape, hw, {SINGLE, "ulysses", "cfg_ulysses"}))
     # Ulysses over every device count that divides CogVideoX's 48 heads
     assert _devices(rows, "cogvideox_5b", ("49", "480", "720"), "8xa100", {SINGLE, "ulysses"}) == [1, 2, 3, 4, 6, 8]
+    # 1, 2, 4 and 8 devices under each strategy, at each model's first shape and system: written
+    # out here from the strategies' rules (usp: an even degree of at least 4; CFG parallel: the
+    # two guidance branches, so not HunyuanVideo's embedded guidance)
+    expected = {"ulysses": [2, 4, 8], "ring": [2, 4, 8], "usp": [4, 8], "tp": [2, 4, 8],
+                "pipefusion": [2, 4, 8], "cfg": [2], "cfg_ulysses": [4, 8]}
+    for model, shape, hw in (("hunyuan_video", hunyuan, "8xh100"), ("wan21_14b", ("81", "480", "832"), "8xh100"),
+                             ("cogvideox_5b", ("49", "480", "720"), "8xa100")):
+        assert _devices(rows, model, shape, hw, {SINGLE}) == [1]
+        for strategy, devices in expected.items():
+            if strategy.startswith("cfg") and model == "hunyuan_video":
+                devices = []
+            assert [d for d in _devices(rows, model, shape, hw, {strategy}) if d in (2, 4, 8)] == devices, strategy
     for row in rows:
         assert row["steps"] == "50"
         assert float(row["loop_s"]) > 0 and float(row["memory_gb"]) > 0

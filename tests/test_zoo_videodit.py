@@ -382,3 +382,16 @@ def test_each_ring_step_is_one_flash_attention_kernel(tmp_path):
     assert mapping["execution"] == "torch"
     kernels = {entry["class"]: entry["kernels"] for entry in mapping["classes"]}
     assert kernels["flash_attention"] == 2 * (4 + 1)
+    # the step's row sums and its normalisation run inside the fused kernel: no other kernel of
+    # the call (before: a reduction reading the block's 2 x 4 heads x 16 x 16 probabilities)
+    assert [k["name"] for k in mapping["kernels"]
+            if k["kind"] != "flash_attention" and k["name"].endswith("(flash_attention)")] == []
+    # fused execution (TX8): no reduction over a block's probabilities outside the fused
+    # attentions (before: XLA's fusions of the row sum with the log-sum-exp, 6 of them)
+    fused = subprocess.run([sys.executable, "-m", "hlo_analyzer.cli", str(tmp_path / "wan21_ring.mlir"),
+                            "--hw", "tx8", "--format", "json"], env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert fused.returncode == 0, fused.stderr
+    probabilities = "2x1x4x16x16"  # (batch, ring block, heads, queries, keys)
+    assert [k["name"] for k in json.loads(fused.stdout)["mapping"]["kernels"]
+            if k["kind"] != "flash_attention" and "reduce" in k["name"] and probabilities in k["shapes"]] == []

@@ -60,6 +60,7 @@ def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows:
     s_kv = sum(parts)
     if k_v not in (s_kv, *parts):
         return None
+    passed |= row_statistics(graph, passed, claimed)
     vector_rows = [rows[p] for p in passed if p in rows and rows[p].category == VECTOR]
     softmax_flops = sum(vector_flops(r, exp_ops) for r in vector_rows)
     q = (1, heads, s_q, head_dim)
@@ -70,6 +71,16 @@ def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows:
     positions = tuple(sorted(scores | {r.position for r in vector_rows} | {value_gemm}))
     return Work(value_gemm, positions, "flash_attention", FLASH_KIND,
                  f"q {heads}x{s_q}x{head_dim}, kv {heads}x{s_kv}x{head_dim}", op=op)
+
+
+def row_statistics(graph: nx.DiGraph, softmax: set[int], claimed: set[int]) -> set[int]:
+    """The reductions that read the softmax's tiles besides the path to the value GEMM: the row
+    sums of a normalisation deferred past the value GEMM (flash-attn's epilogue, the log-sum-exp a
+    ring step returns). The fused kernel keeps the probabilities in on-chip tiles and takes these
+    sums there; charged outside, each would read the S_Q x S_KV probabilities from memory."""
+    nodes = graph.nodes
+    return {user for node in softmax for user in graph.successors(node)
+            if nodes[user]["name"] == "reduce" and user not in softmax and user not in claimed}
 
 
 def _per_sample(work: Work, keys_per_sample: int) -> Work | None:

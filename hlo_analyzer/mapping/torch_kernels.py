@@ -100,7 +100,11 @@ def torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], row
         fused = {n for call in calls if call.in_region and call.kind == ATTENTION_CALL for n in call.nodes}
         attentions = [w for w in find_attentions(graph, rows, is_gemm, options, cross_values)
                       if w.position in fused or reaches(graph, w.position, fused, is_gemm)]
-    fused_calls = {id(call_of[w.position]) for w in attentions if w.position in call_of}
+    # the calls a found attention runs in: its value GEMM's, and every flash_attention call it
+    # took ops of (an einsum's GEMMs are keyed by torch's frame, outside the model's call)
+    fused_calls = {id(call_of[w.position]) for w in attentions if w.position in call_of} | \
+        {id(call_of[p]) for w in attentions for p in w.positions
+         if p in call_of and call_of[p].kind == ATTENTION_CALL and call_of[p].in_region}
     claimed = {p for work in attentions for p in work.positions} | inside_fused_attentions(graph, attentions, is_gemm)
     gemms = {p: w for p in sorted(is_gemm - claimed)
              if (w := signatures.gemm(p, attributes_of[p]["dot_dims"], rows[p])) is not None}
