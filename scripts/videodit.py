@@ -345,6 +345,7 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
     from hardware.systems import resolve_system
 
     lines = ["# Today's video DiTs: predicted sampling loops on GPUs", "",
+             "![the loops of each model's strategies on 1-8 devices](strategies.png)", "",
              "Predictions of `scripts/videodit.py` (docs/videodit.md): each model traced by parts "
              "(one block of each kind, and one more of each) at full resolution in bfloat16, analyzed on the "
              "system (`analyze-hlo --hw`, `--exec torch`: the official code's kernels, flash attention "
@@ -397,6 +398,48 @@ def outside_the_loop() -> list[str]:
             lines.append(f"| {name} | {part.role} | {part.name} | {part.parameters / 1e9:.3f} B | "
                          f"{part.bf16_bytes / GB:.2f} | {latent} |")
     return lines
+
+
+def plot_strategies(rows: Sequence[Mapping[str, str]], path: Path, *, force: bool) -> Path:
+    """The grid's loops (``GRID``: each model's first shape and system) against the devices, one
+    line per strategy, log-log: which strategy scales, and where the memory does not fit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hardware.systems import resolve_system
+    from hlo_trace.atomic import write_png
+
+    order = [*STRATEGIES, "pipefusion"]  # one colour per strategy in every panel
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(GRID), figsize=(5 * len(GRID), 4.2))
+    for ax, (config, frames, height, width, hw) in zip(axes, GRID, strict=True):
+        mine = [r for r in rows if r["model"] == config.name and r["hw"] == hw
+                and (r["frames"], r["height"], r["width"]) == (str(frames), str(height), str(width))]
+        single = [r for r in mine if r["strategy"] == SINGLE]
+        for strategy in [s for s in order if any(r["strategy"] == s for r in mine)]:
+            line = sorted(single + [r for r in mine if r["strategy"] == strategy], key=lambda r: int(r["devices"]))
+            devices = [int(r["devices"]) for r in line]
+            color = colors[order.index(strategy) % len(colors)]
+            ax.plot(devices, [float(r["loop_s"]) for r in line], "o-", color=color, label=strategy)
+            over = [r for r in line if float(r["memory_gb"]) * GB >
+                    resolve_system(hw, int(r["devices"])).system.chip.dram_capacity_bytes]
+            ax.plot([int(r["devices"]) for r in over], [float(r["loop_s"]) for r in over], "x",
+                    color=color, markersize=12)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+        ax.set_xlabel(f"devices ({hw})")
+        ax.set_ylabel(f"{config.steps}-step loop (s)")
+        ax.set_title(f"{config.name} {frames} x {height} x {width}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Predicted sampling loops under xDiT's strategies (x: over the chip's memory)", fontsize=11)
+    fig.tight_layout()
+    written = write_png(fig, path, force=force)
+    plt.close(fig)
+    return written
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -554,8 +597,13 @@ def main(work: Path, out: Path, only: str | None, render_only: bool, search: boo
             return
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(table, text, force=force)
-    atomic_write(out / "latency.md", page(read_rows(table)), force=force or render_only)
+    rows = read_rows(table)
+    atomic_write(out / "latency.md", page(rows), force=force or render_only)
     click.echo(f"wrote {out / 'latency.md'}", err=True)
+    try:
+        click.echo(f"wrote {plot_strategies(rows, out / 'strategies.png', force=force or render_only)}", err=True)
+    except ImportError:
+        click.echo("strategies.png not written: matplotlib is not installed (pip install -e '.[plot]')", err=True)
 
 
 if __name__ == "__main__":
