@@ -67,6 +67,30 @@ def test_two_constant_tiles_blend_by_a_linear_ramp_over_their_overlap():
     torch.testing.assert_close(out, expected.expand(1, 3, 5, 16, 40), rtol=0, atol=1e-12)
 
 
+def test_four_constant_tiles_blend_above_then_left_each_neighbour_as_its_blends_left_it():
+    """2 x 2 tiles of c00, c01, c10, c11 (32 and 16 pixels, overlap 8, kept 24): along row y and
+    column x of the overlaps (u = y / 8, v = x / 8) the ramps of each pair; in the corner, tile
+    (1, 1) blended first with the tile above (its last rows already blended with (0, 0): c00 (1 -
+    v) + c01 v) and then with the tile on its left (its last columns already blended with (0, 0):
+    c00 (1 - u) + c10 u)."""
+    kwargs = dict(TILED, calls=[[3]], time_tile=(0, 0))
+    c = {(0, 0): 1.0, (0, 1): 2.0, (1, 0): 4.0, (1, 1): 8.0}
+    inputs = {name: torch.full(shape, c[(int(name[6]), int(name[8]))], dtype=torch.float64)
+              for name, shape in decoded_outputs(kwargs["calls"], kwargs["rows"], kwargs["cols"], kwargs["scale"])}
+    out = vae_decode_assembly(**kwargs).double()(**inputs)[0, 0, 0]
+    u = torch.arange(8, dtype=torch.float64)[:, None] / 8
+    v = torch.arange(8, dtype=torch.float64)[None, :] / 8
+    expected = torch.empty(40, 40, dtype=torch.float64)
+    expected[:24, :24], expected[:24, 32:], expected[32:, :24], expected[32:, 32:] = 1.0, 2.0, 4.0, 8.0
+    expected[:24, 24:32] = (1.0 * (1 - v) + 2.0 * v).expand(24, 8)
+    expected[24:32, :24] = (1.0 * (1 - u) + 4.0 * u).expand(8, 24)
+    expected[24:32, 32:] = (2.0 * (1 - u) + 8.0 * u).expand(8, 8)
+    expected[32:, 24:32] = (4.0 * (1 - v) + 8.0 * v).expand(8, 8)
+    above_then = (1.0 * (1 - v) + 2.0 * v) * (1 - u) + 8.0 * u
+    expected[24:32, 24:32] = (1.0 * (1 - u) + 4.0 * u) * (1 - v) + above_then * v
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
 def test_two_constant_temporal_tiles_blend_by_a_linear_ramp_in_time():
     """Two temporal tiles of 9 frames (the second without its first: 8), overlap (2 - 1) x 4 = 4
     frames, kept 1 x 4 (the first 5): frames 0-4 are a, 5-8 a (1 - y / 4) + b y / 4."""

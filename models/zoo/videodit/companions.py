@@ -136,7 +136,6 @@ class Companions:
                                         n_tiles * n_calls, f"{ft}x{th}x{tw}"))
         return tuple(calls)
 
-
     def assembly(self, frames: int, height: int, width: int) -> DecodeCall:
         """The blending and assembly of the decoded calls into the video, one traced program
         (``vae_assembly.py``): the factory's keyword arguments (the calls of each temporal tile,
