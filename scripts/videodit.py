@@ -17,7 +17,8 @@ microbenchmark ones (docs/gpu.md), and the published timings of these runs are h
 
 Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` the VAE decode of one video on
 one device, where the VAE is written: each shape of call of the official decode loop (tile and
-latent frames, ``companions.Decoder``) traced at full size, times its calls; empty elsewhere) and the page ``OUT/latency.md``
+latent frames, ``companions.Decoder``) traced at full size, times its calls, and the assembly of
+their frames (``vae_assembly.py``) traced once; empty elsewhere) and the page ``OUT/latency.md``
 rendered from it. The dumps and the reports are kept in
 ``--work`` and reused: a rerun analyzes again without tracing. Every full-size trace runs under
 ``flock`` on the user's trace lock (``python -m hlo_trace.cache --lock``) at ``nice -n 19``
@@ -46,7 +47,7 @@ from hlo_analyzer.mapping.json_report import JsonReport  # noqa: E402
 from hlo_trace.atomic import atomic_write  # noqa: E402
 from hlo_trace.cache import trace_lock_path  # noqa: E402
 from hlo_trace.cli import run_click  # noqa: E402
-from models.zoo.videodit.companions import COMPANIONS, Companions  # noqa: E402
+from models.zoo.videodit.companions import ASSEMBLY_FACTORY, COMPANIONS, Companions, DecodeCall  # noqa: E402
 from models.zoo.videodit.configs import (  # noqa: E402
     BASE,
     COGVIDEOX_5B,
@@ -309,20 +310,29 @@ def pipefusion_prediction(case: Case, work: Path, seconds: Mapping[str, float],
 def decode_seconds(case: Case, work: Path) -> float | None:
     """The VAE decode of one video on one device of the case's system: each shape of call of the
     official decode loop (tile and latent frames, ``companions.Companions.decode_calls``) traced
-    at full size, its predicted time times the calls of that shape, summed. None where the
-    model's decoder is not written."""
+    at full size, its predicted time times the calls of that shape, and the assembly of the
+    calls' frames into the video (joins, blends of the tiles' overlaps, crops:
+    ``companions.Companions.assembly``) traced once, summed. None where the model's decoder is
+    not written."""
     companion: Companions = COMPANIONS[case.config.name]
     if companion.decoder is None:
         return None
     calls = companion.decode_calls(case.frames, case.height, case.width)
+    prefix = f"{case.config.name}_{case.frames}x{case.height}x{case.width}_vae"
     seconds = 0.0
     for call in calls:
-        name = f"{case.config.name}_{case.frames}x{case.height}x{case.width}_vae_decode_call"
-        name += f"_{call.shape}" if len(calls) > 1 else ""
-        command = trace_command(companion.decoder.factory, call.kwargs, call.inputs, Layout(SINGLE), "vae",
-                                name, work, companion.decoder.dtype)
-        seconds += call.count * step_seconds(report(trace(command, work / f"{name}.mlir", full_size=True), case.hw))
-    return seconds
+        name = f"{prefix}_decode_call" + (f"_{call.shape}" if len(calls) > 1 else "")
+        seconds += call.count * _vae_seconds(companion.decoder.factory, call, name, case.hw, work,
+                                             companion.decoder.dtype)
+    assembly = companion.assembly(case.frames, case.height, case.width)
+    return seconds + _vae_seconds(ASSEMBLY_FACTORY, assembly, f"{prefix}_assembly", case.hw, work,
+                                  companion.decoder.dtype)
+
+
+def _vae_seconds(factory: str, call: DecodeCall, name: str, hw: str, work: Path, dtype: str) -> float:
+    """One program of a VAE decode traced (once, kept in ``work``) and predicted on ``hw``."""
+    command = trace_command(factory, call.kwargs, call.inputs, Layout(SINGLE), "vae", name, work, dtype)
+    return step_seconds(report(trace(command, work / f"{name}.mlir", full_size=True), hw))
 
 
 # -- the CSV and the page ------------------------------------------------------------------------------
@@ -355,8 +365,9 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
              "VAE decode not included. `decode_s`: the VAE decode of one video on one device, where the "
              "VAE is written (all three): each shape of call of the official decode loop "
              "(spatial tile and latent frames) traced at full size in the dtype the official code runs "
-             "it in, its predicted time times the calls of that shape the loop makes (a prediction, like "
-             "the loop; empty where the VAE is not traced). `memory_gb`: one "
+             "it in, its predicted time times the calls of that shape the loop makes, plus the assembly "
+             "of the calls' frames into the video (joins, the tiles' blends and crops) traced once (a "
+             "prediction, like the loop; empty where the VAE is not traced). `memory_gb`: one "
              "device's weights, inputs and peak live activations with flash-attention's tiling "
              "(the analyzer's memory model: an unfused program's liveness, an upper bound), in GB "
              "(1e9 bytes), against the chip's capacity.", "",

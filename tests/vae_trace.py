@@ -13,14 +13,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def traced_ops(tmp_path: Path, factory: str, kwargs: dict, latent: str, dtype: str) -> list[dict]:
-    """``analyze-hlo --format json``'s ops of ``factory(**kwargs)`` traced on one ``latent``
-    (``1xCxTxHxW``) in ``dtype``; the dump and the keyword file go to ``tmp_path``."""
+def traced_report(tmp_path: Path, factory: str, kwargs: dict, inputs: list[str], dtype: str) -> dict:
+    """``analyze-hlo --format json``'s report of ``factory(**kwargs)`` traced on ``inputs``
+    (``NAME=SHAPE:DTYPE`` each) with weights in ``dtype``; the dump and the keyword file go to
+    ``tmp_path``."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     path = tmp_path / "kwargs.toml"
-    path.write_text("".join(f"{k} = {list(v) if isinstance(v, tuple) else v}\n" for k, v in kwargs.items()))
-    traced = subprocess.run([sys.executable, "-m", "tracing.module_cli", factory, "--input",
-                             f"latent={latent}:{dtype}", "--dtype", dtype, "--kwargs", str(path),
+    path.write_text("".join(f"{k} = {json.dumps(list(v) if isinstance(v, tuple) else v)}\n" for k, v in kwargs.items()))
+    traced = subprocess.run([sys.executable, "-m", "tracing.module_cli", factory,
+                             *[arg for spec in inputs for arg in ("--input", spec)],
+                             "--dtype", dtype, "--kwargs", str(path),
                              "--strategy", "dp", "--mesh", "1x1", "--name", "vae", "-o", str(tmp_path)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert traced.returncode == 0, traced.stderr[-2000:]
@@ -28,7 +30,13 @@ def traced_ops(tmp_path: Path, factory: str, kwargs: dict, latent: str, dtype: s
                                "--hw", "h100-sxm", "--format", "json"],
                               env=env, capture_output=True, text=True, timeout=300)
     assert analysis.returncode == 0, analysis.stderr
-    return json.loads(analysis.stdout)["ops"]
+    return json.loads(analysis.stdout)
+
+
+def traced_ops(tmp_path: Path, factory: str, kwargs: dict, latent: str, dtype: str) -> list[dict]:
+    """The analyzer's per-op rows of ``factory(**kwargs)`` traced on one ``latent``
+    (``1xCxTxHxW``) in ``dtype``."""
+    return traced_report(tmp_path, factory, kwargs, [f"latent={latent}:{dtype}"], dtype)["ops"]
 
 
 def flops(ops: list[dict], op: str, location: str = "") -> int:

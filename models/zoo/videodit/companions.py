@@ -40,12 +40,16 @@ class Tiling:
     size: tuple[int, int]
     stride: tuple[int, int]
 
+    def grid(self, height: int, width: int) -> tuple[list[int], list[int]]:
+        """The heights of the tiles' rows and the widths of their columns (latent pixels), in order."""
+        if height <= self.size[0] and width <= self.size[1]:
+            return [height], [width]
+        return ([min(self.size[0], height - i) for i in range(0, height, self.stride[0])],
+                [min(self.size[1], width - j) for j in range(0, width, self.stride[1])])
+
     def tiles(self, height: int, width: int) -> Counter[tuple[int, int]]:
         """How many tiles of each (height, width) a latent of ``height`` x ``width`` is cut into."""
-        if height <= self.size[0] and width <= self.size[1]:
-            return Counter({(height, width): 1})
-        rows = [min(self.size[0], height - i) for i in range(0, height, self.stride[0])]
-        cols = [min(self.size[1], width - j) for j in range(0, width, self.stride[1])]
+        rows, cols = self.grid(height, width)
         return Counter((r, c) for r in rows for c in cols)
 
 
@@ -56,8 +60,8 @@ class Decoder:
     size, which :meth:`Companions.decode_calls` adds), the dtype the official code runs it in, the
     latent frames one call takes (the first call also the remainder; with a cache carried
     between the calls), or else the temporal tiling ((size, stride): tiles of size + 1 latent
-    frames every stride, each one call, where the latent has more than size frames), and the
-    spatial tiling."""
+    frames every stride, each one call, where the latent has more than size frames), the
+    spatial tiling, and how the calls' frames are joined."""
 
     factory: str
     kwargs: dict[str, Any] = field(hash=False)
@@ -65,20 +69,27 @@ class Decoder:
     frames_per_call: int = 1
     tiling: Tiling | None = None
     time_tiling: tuple[int, int] | None = None
+    #: each call's frames joined to the video so far (Wan's loop), else a tile's calls joined once
+    running_join: bool = False
 
-    def calls(self, latent_frames: int) -> Counter[int]:
-        """How many calls of each frame count the official decode makes on one spatial tile of a
-        latent of ``latent_frames`` frames: one per temporal tile, or else
-        ``latent_frames // frames_per_call`` calls (at least one), the first taking the remainder
-        too."""
+    def time_tiles(self, latent_frames: int) -> list[list[int]]:
+        """The latent frames of each call the official decode makes on one spatial tile of a
+        latent of ``latent_frames`` frames, by temporal tile, in order: one call per temporal
+        tile, or else one temporal tile of ``latent_frames // frames_per_call`` calls (at least
+        one), the first taking the remainder too."""
         if self.time_tiling is not None:
             size, stride = self.time_tiling
             if latent_frames <= size:
-                return Counter([latent_frames])
-            return Counter(min(size + 1, latent_frames - i) for i in range(0, latent_frames, stride))
+                return [[latent_frames]]
+            return [[min(size + 1, latent_frames - i)] for i in range(0, latent_frames, stride)]
         calls = max(latent_frames // self.frames_per_call, 1)
         first = latent_frames - (calls - 1) * self.frames_per_call
-        return Counter([first] + [self.frames_per_call] * (calls - 1))
+        return [[first] + [self.frames_per_call] * (calls - 1)]
+
+    def calls(self, latent_frames: int) -> Counter[int]:
+        """How many calls of each frame count the official decode makes on one spatial tile
+        (:meth:`time_tiles`)."""
+        return Counter(f for tile in self.time_tiles(latent_frames) for f in tile)
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,45 @@ class Companions:
                                         n_tiles * n_calls, f"{ft}x{th}x{tw}"))
         return tuple(calls)
 
+    def assembly(self, frames: int, height: int, width: int) -> DecodeCall:
+        """The blending and assembly of the decoded calls into the video, one traced program
+        (``vae_assembly.py``): the factory's keyword arguments (the calls of each temporal tile,
+        the tiles' rows and columns, the tiling's size and stride in latent units, the VAE's
+        compression) and one input per call's decoded frames (:func:`decoded_outputs`)."""
+        if self.decoder is None:
+            raise ValueError(f"{self.model.name}: its VAE decode is not traced")
+        t, h, w = self.model.latent(frames, height, width)
+        tiling = self.decoder.tiling or Tiling((h, w), (h, w))
+        rows, cols = tiling.grid(h, w)
+        calls = self.decoder.time_tiles(t)
+        scale = (self.model.vae_stride[0], self.model.vae_stride[1])
+        kwargs = dict(calls=calls, rows=rows, cols=cols, tile=tiling.size, stride=tiling.stride,
+                      time_tile=self.decoder.time_tiling or (0, 0), scale=scale,
+                      running=self.decoder.running_join)
+        inputs = tuple(f"{name}={'x'.join(map(str, shape))}:{self.decoder.dtype}"
+                       for name, shape in decoded_outputs(calls, rows, cols, scale))
+        return DecodeCall(kwargs, inputs, 1, "assembly")
+
+
+#: The factory of a decode's assembly (``trace-module``'s import path).
+ASSEMBLY_FACTORY = "models.zoo.videodit.vae_assembly:vae_decode_assembly"
+#: The channels of a decoded video (RGB).
+VIDEO_CHANNELS = 3
+
+
+def decoded_outputs(calls: list[list[int]], rows: list[int], cols: list[int],
+                    scale: tuple[int, int]) -> list[tuple[str, tuple[int, ...]]]:
+    """The name and shape of each call's decoded frames, in the official loop's order: temporal
+    tile k, tile row i, column j, call c: ``out_k_i_j_c``, (1, 3, frames, height, width). A
+    causal VAE's first call on a sequence (a temporal tile) makes 1 + scale x (f - 1) frames of
+    its f latent frames, a later one (its cache carried) scale x f; a tile of h x w latent
+    pixels decodes to scale x h by scale x w."""
+    time, space = scale
+    return [(f"out_{k}_{i}_{j}_{c}",
+             (1, VIDEO_CHANNELS, time * f - (time - 1 if c == 0 else 0), space * h, space * w))
+            for k, tile in enumerate(calls) for i, h in enumerate(rows) for j, w in enumerate(cols)
+            for c, f in enumerate(tile)]
+
 
 LLAVA_LLAMA3_8B = Component(
     "text encoder", "MLLM: LLaVA-LLaMA-3-8B's language model (hidden states, 4096 wide)",
@@ -145,10 +195,10 @@ UMT5_XXL = Component("text encoder", "umT5-XXL encoder (4096 wide)", 5_680_000_0
 #: Wan-VAE's decoder (``wan_vae.py``): released width 96, multipliers (1, 2, 4, 4), 2 residual
 #: blocks per encoder stage, temporal downsampling in the last two (upsampling in the decoder's
 #: first two); the official decode runs it in float32 (``WanVAE``'s default dtype), one latent
-#: frame a call, no spatial tiling.
+#: frame a call, no spatial tiling, each call's frames joined to the video so far.
 WAN_VAE_DECODER = Decoder("models.zoo.videodit.wan_vae:wan_vae_decoder",
                           dict(dim=96, mult=(1, 2, 4, 4), res_blocks=2,
-                               temporal=(True, True, False)), "float32")
+                               temporal=(True, True, False)), "float32", running_join=True)
 WAN_VAE = Component("VAE", "Wan-VAE (causal 3D, feature cache)", 127_000_000, "Wan paper: 127 M")
 #: CogVideoX's decoder (``cogvideox_vae.py``): the released ``vae/config.json`` (block widths 128,
 #: 256, 256, 512, 3 layers a block, 32 groups, temporal compression 4: the first two decoder stages
