@@ -74,12 +74,13 @@ def _attention_work(graph: nx.DiGraph, value_gemm: int, is_gemm: set[int], rows:
 
 
 def row_statistics(graph: nx.DiGraph, softmax: set[int], claimed: set[int]) -> set[int]:
-    """The reductions that read the softmax's tiles besides the path to the value GEMM: the row
+    """The reductions that read the softmax's probabilities (its ops from the ``exponential`` on:
+    not a constant or a scale it shares with other ops) besides the path to the value GEMM: the row
     sums of a normalisation deferred past the value GEMM (flash-attn's epilogue, the log-sum-exp a
     ring step returns). The fused kernel keeps the probabilities in on-chip tiles and takes these
     sums there; charged outside, each would read the S_Q x S_KV probabilities from memory."""
-    nodes = graph.nodes
-    return {user for node in softmax for user in graph.successors(node)
+    nodes, probabilities = graph.nodes, after_exponential(graph)
+    return {user for node in softmax if node in probabilities for user in graph.successors(node)
             if nodes[user]["name"] == "reduce" and user not in softmax and user not in claimed}
 
 
