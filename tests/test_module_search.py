@@ -17,11 +17,14 @@ from hlo_trace.errors import UsageError
 from models.zoo.videodit.configs import WAN21_1_3B
 from planning.module_models import Layout, UserModel, ZooModel, enumerate_layouts, zoo_model
 from planning.module_search import (
+    Estimate,
+    PartFigures,
     Tracer,
     calibration_values,
     interpolate,
     interpolate_value,
     search_model,
+    whole_model,
 )
 from planning.plan_search_cli import plan_search_command
 from plans.module_plan import load_plan
@@ -172,6 +175,22 @@ def test_a_role_name_that_matches_no_layer_or_a_factory_that_does_not_build(fact
     assert output.splitlines()[-1] == errors[0]  # the progress before it, nothing after
 
 
+def test_pipefusion_memory_is_the_stage_and_the_larger_transient_of_a_tick_and_the_warm_up():
+    """8 blocks on 4 stages: a stage holds 2 blocks (the layers part: the base's block and
+    one more), their weights and K/V buffers, and the larger transient (inputs and peak of live
+    activations) of a tick and of the warm-up step (the stage's blocks on the whole latent)."""
+    tick = {"base": PartFigures(1.0, 0.0, weight_bytes=100, other_bytes=7, peak_live_bytes=40, stale_kv_bytes=30),
+            "layers": PartFigures(2.0, 0.0, weight_bytes=150, other_bytes=7, peak_live_bytes=45, stale_kv_bytes=60)}
+    stage = 150 + 60  # 100 + 1 x (150 - 100) weights, 30 + 1 x (60 - 30) buffers
+
+    def memory(warm_transient: float) -> float:
+        warmup = Estimate(loop_s=10.0, comm_s=0.0, memory_bytes=1000 + warm_transient, transient_bytes=warm_transient)
+        return whole_model(tick, {"layers": 8}, 2, layout=Layout("pipefusion", 4), warmup=warmup).memory_bytes
+
+    assert memory(500) == stage + 500  # the warm-up's whole latent outweighs a patch
+    assert memory(20) == stage + 7 + 45  # a tick's inputs and the larger part's peak
+
+
 @pytest.mark.slow
 def test_interpolated_kernels_equal_the_direct_trace(tmp_path, monkeypatch):
     """The tiny Wan 2.1 under Ulysses and tp on 4 devices: its kernels interpolated from T = 4, 12,
@@ -250,7 +269,10 @@ def test_a_pipefusion_plan_estimated_equals_its_trace(tmp_path, monkeypatch):
     (the warm-up layout's whole model) plus 2 steps of 4 patches through 4 stages: 2 x 4 + 3
     ticks (the pipeline fills once; the next step's patches follow on) of the heaviest stage
     (one of the 4 blocks: the base part, by hand); each device holds its stage's K/V buffers
-    (K and V of its blocks' self-attentions, 2 samples x 48 tokens x 64 wide, bf16)."""
+    (K and V of its blocks' self-attentions, 2 samples x 48 tokens x 64 wide, bf16). Its memory
+    is the stage's weights and buffers and the larger transient (a call's inputs and peak of
+    live activations) of a tick and of the warm-up step: the stage's blocks on the whole latent,
+    as the warm-up layout runs them (its traced parts), which outweighs a patch's."""
     monkeypatch.setenv("HLO_TRACE_CACHE", str(tmp_path / "cache"))
     model = ZooModel(TINY_WAN, 9, 64, 64)
     layouts, refused = enumerate_layouts(model, 4, ["pipefusion", "pipefusion_ulysses"])
@@ -270,3 +292,13 @@ def test_a_pipefusion_plan_estimated_equals_its_trace(tmp_path, monkeypatch):
     stale = 2 * 2 * 48 * 64 * 2  # one block's K and V per device
     assert docs["pipefusion4_base_T3"]["memory"][3] == stale
     assert docs["pipefusion_ulysses2_layers_T3"]["memory"][3] == 2 * stale // 2  # 2 blocks, heads split by 2
+
+    def transient(tag: str) -> int:  # memory: weights, inputs and scalars, peak of live activations, K/V buffers
+        return docs[f"{tag}_base_T3"]["memory"][1] + max(docs[f"{tag}_{part}_T3"]["memory"][2]
+                                                          for part in ("base", "layers"))
+
+    for label, tag, warmup, stage_part in (("pipefusion=4", "pipefusion4", "none", "base"),
+                                           ("pipefusion=2 x ulysses=2", "pipefusion_ulysses2", "ulysses2", "layers")):
+        held = docs[f"{tag}_{stage_part}_T3"]["memory"]  # a stage of 1 block: the base; of 2: the layers part
+        assert transient(warmup) > transient(tag)
+        assert traced[label].memory_bytes == held[0] + held[3] + transient(warmup)
