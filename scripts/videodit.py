@@ -535,7 +535,7 @@ def systems_page(model: str, shape: str, documents: Sequence[Mapping[str, Any]],
     """The page of a model's searches on ``SYSTEMS``: what was run, a table of the answers (the
     best traced layout, its loop and memory per device; why there is none), each search's report."""
     lines = [f"# plan-search --model {model} on other systems", "",
-             "```text", f"python3 scripts/videodit.py --search-systems --only {model}   # after its --search", "```", "",
+             "```text", f"python3 scripts/videodit.py --search-systems --only {model} --force   # after its --search", "```", "",
              f"{model} at {shape.replace('x', ' x ')} searched on "
              + ", ".join(system_option(hw, n).removeprefix("--hw ") for hw, n in SYSTEMS)
              + f", each after the {SEARCH_HW} search of search_{model}.md in the same work directory: its "

@@ -18,6 +18,7 @@ from models.zoo.videodit.configs import WAN21_1_3B
 from planning.module_models import Layout, UserModel, ZooModel, enumerate_layouts, zoo_model
 from planning.module_search import (
     Estimate,
+    Outcome,
     PartFigures,
     Tracer,
     calibration_values,
@@ -191,6 +192,14 @@ def test_pipefusion_memory_is_the_stage_and_the_larger_transient_of_a_tick_and_t
     assert memory(20) == stage + 7 + 45  # a tick's inputs and the larger part's peak
 
 
+def test_an_untraced_layout_over_the_memory_limit_says_so():
+    from planning.module_search_cli import _row
+
+    estimate = Estimate(loop_s=1046.0, comm_s=22.3, memory_bytes=28.59e9)
+    assert _row(Outcome(Layout("ulysses", 8), estimate), 17.18e9).endswith("(not traced: over the 17.18 GB limit)")
+    assert _row(Outcome(Layout("ulysses", 8), estimate), 80e9).endswith("(not traced)")
+
+
 @pytest.mark.slow
 def test_interpolated_kernels_equal_the_direct_trace(tmp_path, monkeypatch):
     """The tiny Wan 2.1 under Ulysses and tp on 4 devices: its kernels interpolated from T = 4, 12,
@@ -251,6 +260,34 @@ def test_each_video_dit_search_answers_a_traced_layout_within_the_tolerance(mode
             checked += 1
     # ulysses=8, cfg=2 x ulysses=4 and pipefusion=8 have rows on 8xh100; CogVideoX's are on A100s
     assert checked == {"hunyuan_video": 2, "wan21_14b": 3}.get(model, 0)
+
+
+@pytest.mark.parametrize("model", ["hunyuan_video", "wan21_14b", "cogvideox_5b", "wan21_1.3b"])
+def test_each_video_dit_search_on_other_systems(model):
+    """results/videodit/search_<model>_systems.json (scripts/videodit.py --search-systems): the
+    model's search on 8xa100, tx8-16 (8 chips) and 4x8xh100 (one node, two nodes), each one
+    answered or failed with its reason; every traced layout within 5% of its estimate; on one
+    node of 4x8xh100 (the H100 and NVLink of 8xh100) the answer of the 8xh100 search; the
+    page's table holds each search's row."""
+    from scripts.videodit import SYSTEMS, systems_row
+
+    document = json.loads((RESULTS / f"search_{model}_systems.json").read_text())
+    assert [(entry["hw"], entry["devices"]) for entry in document["systems"]] == list(SYSTEMS)
+    page = (RESULTS / f"search_{model}_systems.md").read_text()
+    for entry in document["systems"]:
+        assert systems_row(entry) in page.splitlines()
+        search = entry["search"]
+        if search is None:
+            assert entry["error"] and f"**The search failed**: {entry['error']}" in page
+            continue
+        assert search["hardware"] == entry["hw"] and search["devices"] == (entry["devices"] or 8)
+        assert all(abs(layout["ratio"] - 1) <= 0.05 for layout in search["layouts"] if layout["traced"])
+        best = search["best"]
+        assert best is None or best["traced"]["memory_bytes"] <= search["memory_limit_bytes"]
+    one_node = document["systems"][[hw for hw, _ in SYSTEMS].index("4x8xh100")]["search"]
+    alone = json.loads((RESULTS / f"search_{model}.json").read_text())["best"]
+    assert one_node["best"]["layout"] == alone["layout"]
+    assert one_node["best"]["traced"]["loop_s"] == pytest.approx(alone["traced"]["loop_s"], rel=1e-9)
 
 
 #: Wan 2.1 at the factory's tiny width (64, 4 heads) with 4 blocks, 8 text tokens of 32: a zoo
