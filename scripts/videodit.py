@@ -351,6 +351,11 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
              "device's weights, inputs and peak live activations with flash-attention's tiling "
              "(the analyzer's memory model: an unfused program's liveness, an upper bound), in GB "
              "(1e9 bytes), against the chip's capacity.", "",
+             "PipeFusion rows (P stages, M = P patches): the loop is one unpipelined warm-up step and "
+             "the other steps overlapped; the memory per device is the stage's weights and K/V buffers "
+             "and the larger transient (inputs and peak of live activations) of a tick (one patch) and "
+             "of the warm-up step, where the stage runs its blocks on the whole latent "
+             "(`planning.module_models.pipefusion_memory`, as `plan-search --model` counts it).", "",
              "| model | video (frames x height x width) | steps | system | devices | strategy | "
              "loop (s) | per step (s) | VAE decode (s) | memory per device (GB) | fits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
