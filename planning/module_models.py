@@ -15,11 +15,12 @@ from typing import Any
 from hardware.pipeline import pipefusion_step
 from hlo_trace.errors import UsageError
 from models.zoo.videodit import plans as zoo_plans
-from models.zoo.videodit.configs import MODELS, VideoDiT, part_kwargs, parts, scaled
+from models.zoo.videodit.configs import MODELS, VideoDiT, part_kwargs, parts, peak, scaled
 from plans.module_plan import MODEL_DTYPES, parse_factory, parse_input
 
-__all__ = ["DTYPE", "SINGLE", "USER_STRATEGIES", "VARIABLE", "Layout", "SearchModel", "UserModel", "ZooModel",
-           "enumerate_layouts", "pipefusion_loop_s", "stage_counts", "tick_inputs", "zoo_model"]
+__all__ = ["DTYPE", "SINGLE", "USER_STRATEGIES", "VARIABLE", "DeviceMemory", "Layout", "SearchModel", "UserModel",
+           "ZooModel", "device_memory", "enumerate_layouts", "pipefusion_loop_s", "pipefusion_memory", "stage_counts",
+           "tick_inputs", "zoo_model"]
 
 #: The dtype of the traced programs (the official samplers run the transformers in bfloat16).
 DTYPE = "bfloat16"
@@ -127,6 +128,40 @@ def pipefusion_loop_s(tick_s: Mapping[str, float], warmup_step_s: float, counts:
     tick = scaled(tick_s, stage_counts(counts, stages))
     return pipefusion_step([tick] * stages, [0.0] * (stages - 1), [warmup_step_s / stages] * stages,
                            [0.0] * (stages - 1), patches=stages, steps=steps).inference_s
+
+
+# -- one device's memory ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device's memory of a whole model in bytes: ``resident_bytes`` held for the whole
+    loop (weights; PipeFusion's K/V buffers), ``transient_bytes`` one call's (its inputs and
+    scalars, and the largest peak of live activations among the parts)."""
+
+    resident_bytes: float
+    transient_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.resident_bytes + self.transient_bytes
+
+
+def device_memory(resident: Mapping[str, float], counts: Mapping[str, float], other_bytes: float,
+                  peaks: Mapping[str, float]) -> DeviceMemory:
+    """The whole model's memory per device from its parts' (by part): the resident bytes
+    scaled by the layer ``counts`` (``configs.scaled``; PipeFusion: the heaviest stage's,
+    :func:`stage_counts`), the call's inputs and scalars (``other_bytes``) and the largest
+    part's peak of live activations (the blocks run in turn: ``configs.peak``)."""
+    return DeviceMemory(scaled(resident, counts), other_bytes + peak(peaks))
+
+
+def pipefusion_memory(tick: DeviceMemory, warmup_transient_bytes: float) -> DeviceMemory:
+    """PipeFusion's memory per device: the heaviest stage's weights and K/V buffers
+    (``tick``'s resident bytes, held through every step) and the larger transient of its two
+    kinds of step: a tick (one patch through the stage) and the warm-up step, where the
+    stage runs its blocks on the whole latent (the transient of the warm-up layout's call,
+    ``Layout.warmup``: one device, or Ulysses over the stage's group), filling the buffers it
+    already holds."""
+    return DeviceMemory(tick.resident_bytes, max(tick.transient_bytes, warmup_transient_bytes))
 
 
 # -- the models ---------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ count at the same resolution (or another system) re-costs them without tracing.
 ``c T`` tokens: still degree 2), and its loop is ``module_models.pipefusion_loop_s`` (what
 ``scripts/videodit.py`` predicts): the warm-up step is its *warm-up layout*'s call
 (``Layout.warmup``: one device, or Ulysses over a stage's group), calibrated and traced beside
-it; the memory the heaviest stage's, its K/V buffers included (:func:`whole_model`).
+it; the memory the heaviest stage's weights and K/V buffers and the larger transient of a tick
+and of the warm-up step (the stage's blocks on the whole latent; :func:`whole_model`).
 
 **The traced check.** The best ``budget`` layouts by estimate are traced at full size (each
 part at the plan's ``T``), analyzed on the system and scaled the same way: the method
@@ -59,8 +60,16 @@ from hardware.systems import resolve_system
 from hlo_trace.atomic import atomic_write
 from hlo_trace.errors import UsageError
 from hlo_trace.isolate import child_environment
-from models.zoo.videodit.configs import peak, scaled
-from planning.module_models import Layout, SearchModel, UserModel, pipefusion_loop_s, stage_counts
+from models.zoo.videodit.configs import scaled
+from planning.module_models import (
+    Layout,
+    SearchModel,
+    UserModel,
+    device_memory,
+    pipefusion_loop_s,
+    pipefusion_memory,
+    stage_counts,
+)
 from planning.trace_process import ModuleTraces
 
 __all__ = ["CALIBRATION_POINTS", "Estimate", "ModuleSearchResult", "Outcome", "PartFigures", "Tracer",
@@ -177,13 +186,15 @@ class PartFigures:
 @dataclass(frozen=True)
 class Estimate:
     """A layout's whole model (the parts scaled): the sampling loop's seconds and one device's
-    memory; ``inexact``: integers of the calibrations that were no polynomial of degree 2."""
+    memory (``transient_bytes`` of it one call's: ``module_models.DeviceMemory``); ``inexact``:
+    integers of the calibrations that were no polynomial of degree 2."""
 
     loop_s: float
     comm_s: float
     memory_bytes: float
     inexact: int = 0
     values: int = 0
+    transient_bytes: float = 0.0
 
 
 def whole_model(figures: Mapping[str, PartFigures], counts: Mapping[str, int], steps: int,
@@ -191,29 +202,30 @@ def whole_model(figures: Mapping[str, PartFigures], counts: Mapping[str, int], s
                 warmup: Estimate | None = None) -> Estimate:
     """The parts scaled by the layer counts (``configs.scaled``; the peak: the largest part's).
     Under PipeFusion (``layout.stages`` > 1) the parts are a tick's: the loop is
-    ``module_models.pipefusion_loop_s`` with the ``warmup`` layout's step, the memory the
-    heaviest stage's (its blocks' weights and K/V buffers)."""
+    ``module_models.pipefusion_loop_s`` with the ``warmup`` layout's step, the memory
+    ``module_models.pipefusion_memory``: the heaviest stage's weights and K/V buffers, and the
+    larger transient of a tick and of the ``warmup`` layout's call."""
     stages = 1 if layout is None else layout.stages
-    held = counts if stages == 1 else stage_counts(counts, stages)
+    memory = device_memory({part: f.weight_bytes + f.stale_kv_bytes for part, f in figures.items()},
+                           counts if stages == 1 else stage_counts(counts, stages), figures["base"].other_bytes,
+                           {part: f.peak_live_bytes for part, f in figures.items()})
 
     def additive(get: Callable[[PartFigures], float]) -> float:
-        return scaled({part: get(f) for part, f in figures.items()}, held)
+        return scaled({part: get(f) for part, f in figures.items()}, counts)
 
-    base = figures["base"]
-    memory = (additive(lambda f: f.weight_bytes + f.stale_kv_bytes) + base.other_bytes
-              + peak({part: f.peak_live_bytes for part, f in figures.items()}))
     if stages == 1:
-        return Estimate(steps * additive(lambda f: f.step_s), steps * additive(lambda f: f.comm_s), memory,
-                        inexact, values)
+        return Estimate(steps * additive(lambda f: f.step_s), steps * additive(lambda f: f.comm_s),
+                        memory.total_bytes, inexact, values, memory.transient_bytes)
     if warmup is None:
         raise ValueError(f"{layout.label}: PipeFusion's loop needs its warm-up step")
+    memory = pipefusion_memory(memory, warmup.transient_bytes)
 
     def loop(get: Callable[[PartFigures], float], warm_s: float) -> float:
         return pipefusion_loop_s({part: get(f) for part, f in figures.items()}, warm_s / steps, counts,
                                  stages, steps)
 
-    return Estimate(loop(lambda f: f.step_s, warmup.loop_s), loop(lambda f: f.comm_s, warmup.comm_s), memory,
-                    inexact + warmup.inexact, values + warmup.values)
+    return Estimate(loop(lambda f: f.step_s, warmup.loop_s), loop(lambda f: f.comm_s, warmup.comm_s),
+                    memory.total_bytes, inexact + warmup.inexact, values + warmup.values, memory.transient_bytes)
 
 
 # -- the search -----------------------------------------------------------------------------------------

@@ -177,7 +177,9 @@ def _row(outcome: Outcome, limit: float) -> str:
         return f"  {outcome.layout.label:28s} failed: {outcome.error}"
     text = f"  {outcome.layout.label:28s} {_figures(outcome.estimate)}  "
     if outcome.traced is None:
-        tail = f"failed: {outcome.error}" if outcome.error else "(not traced)"
+        over = outcome.estimate.memory_bytes > limit
+        tail = f"failed: {outcome.error}" if outcome.error else \
+            f"(not traced{f': over the {limit / GIGA:.4g} GB limit' if over else ''})"
         return text + tail
     fits = "yes" if outcome.traced.memory_bytes <= limit else "no"
     return text + f"{_figures(outcome.traced)} {outcome.ratio:10.4f}  {fits}"

@@ -14,6 +14,7 @@ microbenchmark ones (docs/gpu.md), and the published timings of these runs are h
     python3 scripts/videodit.py [--work DIR] [--out results/videodit] [--only MODEL] [--force]
     python3 scripts/videodit.py --render-only     # the page again from the CSV
     python3 scripts/videodit.py --search          # plan-search --model of each model on 8xh100
+    python3 scripts/videodit.py --search-systems  # and on 8xa100, tx8-16, 4x8xh100 (after --search)
 
 Writes ``OUT/latency.csv`` (one row per prediction; ``decode_s`` the VAE decode of one video on
 one device, where the VAE is written: each shape of call of the official decode loop (tile and
@@ -36,6 +37,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -57,17 +59,19 @@ from models.zoo.videodit.configs import (  # noqa: E402
     VideoDiT,
     part_kwargs,
     parts,
-    peak,
     scaled,
 )
 from models.zoo.videodit.plans import STRATEGIES, factory_kwargs, plan_toml  # noqa: E402
 from planning.module_models import (  # noqa: E402
     DTYPE,
     SINGLE,
+    DeviceMemory,
     Layout,
     ZooModel,
+    device_memory,
     enumerate_layouts,
     pipefusion_loop_s,
+    pipefusion_memory,
     stage_counts,
     tick_inputs,
 )
@@ -113,7 +117,7 @@ class Traced:
 class Prediction:
     case: Case
     step_s: float
-    memory_bytes: float
+    memory: DeviceMemory
     capacity_bytes: float
     #: the VAE decode of one video as the official code runs it; None where it is not traced
     decode_s: float | None = None
@@ -121,6 +125,10 @@ class Prediction:
     @property
     def loop_s(self) -> float:
         return self.case.config.steps * self.step_s
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.total_bytes
 
     @property
     def fits(self) -> bool:
@@ -254,14 +262,14 @@ def traced(analysis: JsonReport) -> Traced:
                   stale_kv_bytes=memory.stale_kv_bytes)
 
 
-def memory_bytes(parts_traced: Mapping[str, Traced], counts: Mapping[str, int]) -> float:
-    """One device's memory of the whole model: its weights scaled from the parts, the inputs and
-    scalars of one call, and the largest peak of live activations among the parts."""
+def memory(parts_traced: Mapping[str, Traced], counts: Mapping[str, float]) -> DeviceMemory:
+    """One device's memory of the whole model (``planning.module_models.device_memory``): its
+    weights (and K/V buffers) scaled from the parts, the inputs and scalars of one call, and
+    the largest peak of live activations among the parts."""
     base = parts_traced[BASE]
-    weights = scaled({part: t.weight_bytes + t.stale_kv_bytes for part, t in parts_traced.items()},
-                     counts)
-    return (weights + base.input_bytes + base.scalar_bytes
-            + peak({part: t.peak_live_bytes for part, t in parts_traced.items()}))
+    return device_memory({part: t.weight_bytes + t.stale_kv_bytes for part, t in parts_traced.items()}, counts,
+                         base.input_bytes + base.scalar_bytes,
+                         {part: t.peak_live_bytes for part, t in parts_traced.items()})
 
 
 def capacity(hw: str, devices: int) -> float:
@@ -289,22 +297,24 @@ def predict(case: Case, work: Path) -> Prediction:
     if layout.strategy == "pipefusion":
         return pipefusion_prediction(case, work, seconds, measured)
     counts = config.counts()
-    return Prediction(case, scaled(seconds, counts), memory_bytes(measured, counts),
+    return Prediction(case, scaled(seconds, counts), memory(measured, counts),
                       capacity(case.hw, layout.devices), decode_seconds(case, work))
 
 
 # -- PipeFusion (docs/videodit.md) ------------------------------------------------------------------
 def pipefusion_prediction(case: Case, work: Path, seconds: Mapping[str, float],
                           measured: Mapping[str, Traced]) -> Prediction:
-    """P stages, M = P patches, 1 warm-up step (``planning.module_models.pipefusion_loop_s``,
-    the loop ``plan-search --model`` predicts too): the tick (the heaviest stage on one patch,
-    its hand-off included) from the traced parts; the warm-up's full-latent stage the
-    one-device step / P (its hand-offs not charged)."""
-    stages, config = case.layout.degree, case.config
-    single = predict(Case(config, case.frames, case.height, case.width, Layout(SINGLE), case.hw), work)
-    loop_s = pipefusion_loop_s(seconds, single.step_s, config.counts(), stages, config.steps)
-    return Prediction(case, loop_s / config.steps, memory_bytes(measured, stage_counts(config.counts(), stages)),
-                      capacity(case.hw, stages), single.decode_s)
+    """P stages, M = P patches, 1 warm-up step (``planning.module_models.pipefusion_loop_s``
+    and ``pipefusion_memory``, what ``plan-search --model`` predicts too): the tick (the
+    heaviest stage on one patch, its hand-off included) from the traced parts; the warm-up's
+    full-latent stage the warm-up layout's step / P (its hand-offs not charged) and its
+    transient memory (the stage's blocks on the whole latent)."""
+    stages, config = case.layout.stages, case.config
+    warmup = predict(Case(config, case.frames, case.height, case.width, case.layout.warmup, case.hw), work)
+    loop_s = pipefusion_loop_s(seconds, warmup.step_s, config.counts(), stages, config.steps)
+    tick = memory(measured, stage_counts(config.counts(), stages))
+    return Prediction(case, loop_s / config.steps, pipefusion_memory(tick, warmup.memory.transient_bytes),
+                      capacity(case.hw, case.layout.devices), warmup.decode_s)
 
 
 def decode_seconds(case: Case, work: Path) -> float | None:
@@ -371,6 +381,11 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
              "device's weights, inputs and peak live activations with flash-attention's tiling "
              "(the analyzer's memory model: an unfused program's liveness, an upper bound), in GB "
              "(1e9 bytes), against the chip's capacity.", "",
+             "PipeFusion rows (P stages, M = P patches): the loop is one unpipelined warm-up step and "
+             "the other steps overlapped; the memory per device is the stage's weights and K/V buffers "
+             "and the larger transient (inputs and peak of live activations) of a tick (one patch) and "
+             "of the warm-up step, where the stage runs its blocks on the whole latent "
+             "(`planning.module_models.pipefusion_memory`, as `plan-search --model` counts it).", "",
              "| model | video (frames x height x width) | steps | system | devices | strategy | "
              "loop (s) | per step (s) | VAE decode (s) | memory per device (GB) | fits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -463,9 +478,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 SEARCHES = (("hunyuan_video", "129x720x1280"), ("wan21_14b", "81x480x832"), ("cogvideox_5b", "49x480x720"),
             ("wan21_1.3b", "81x480x832"))
 SEARCH_HW = "8xh100"
-#: HunyuanVideo's search on other systems (``--search-systems``): (system, devices; None: all of
-#: them), each in the work directory of its 8xh100 search (its traces reused, re-costed).
-SYSTEMS_MODEL = SEARCHES[0]
+#: Each model's search on other systems (``--search-systems``): (system, devices; None: all of
+#: them), each in the work directory of the model's 8xh100 search (its traces reused, re-costed):
+#: a GPU of another generation, TX8 on as many chips, one node and two nodes of a cluster.
 SYSTEMS = (("8xa100", None), ("tx8-16", 8), ("4x8xh100", 8), ("4x8xh100", 16))
 
 
@@ -505,23 +520,44 @@ LAYOUT_NOTES = (
     "the loop is one warm-up step (the whole latent through the stages: the one-device or Ulysses-n "
     "layout's step, calibrated and traced beside it) and the other steps overlapped, of the heaviest "
     "stage's ticks (`planning.module_models.pipefusion_loop_s`, as `latency.csv`'s PipeFusion rows); "
-    "the memory holds the stage's weights and K/V buffers.")
+    "the memory per device (`planning.module_models.pipefusion_memory`) holds the stage's weights and "
+    "K/V buffers and the larger transient (inputs and peak of live activations) of a tick and of the "
+    "warm-up step, where the stage runs its blocks on the whole latent.")
 
 
 def _load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def _searched(command: list[str], what: str) -> tuple[str, float, tuple[str, str]]:
-    """Run one search: its report, wall seconds and the load average before and after."""
+@dataclass(frozen=True)
+class Searched:
+    """One run of plan-search: its report (stdout), wall seconds, the load average before and
+    after, and the last ``Error:`` line where it failed (exit other than 0 or 3)."""
+
+    report: str
+    wall_s: float
+    loads: tuple[str, str]
+    error: str | None = None
+
+
+def _searched(command: list[str]) -> Searched:
+    """Run one search, its progress passed on to stderr."""
+    import tempfile
     import time
 
-    before, started = _load(), time.perf_counter()
-    done = subprocess.run(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    before, started, last_error = _load(), time.perf_counter(), None
+    with tempfile.TemporaryFile("w+") as report:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=report, stderr=subprocess.PIPE, text=True)
+        assert process.stderr is not None
+        for line in process.stderr:
+            click.echo(line, err=True, nl=False)
+            last_error = line.strip() if line.startswith("Error") else last_error
+        code = process.wait()
+        report.seek(0)
+        text = report.read()
     wall = time.perf_counter() - started
-    if done.returncode not in (0, 3):
-        raise click.ClickException(f"{what} failed (exit {done.returncode})")
-    return done.stdout, wall, (before, _load())
+    error = None if code in (0, 3) else (last_error or f"exit code {code}").removeprefix("Error: ")
+    return Searched(text, wall, (before, _load()), error)
 
 
 def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force: bool) -> None:
@@ -531,38 +567,81 @@ def run_search(model: str, shape: str, hw: str, work: Path, out: Path, *, force:
     scratch = work / f"search_{model}"
     shutil.rmtree(scratch, ignore_errors=True)  # cold: the wall time of a first search
     scratch.mkdir(parents=True)
-    report_text, wall, loads = _searched(search_command(model, shape, hw, scratch, json_out),
-                                         f"plan-search --model {model}")
-    atomic_write(page_out, search_page(model, shape, hw, report_text, wall, loads), force=force)
-    click.echo(f"wrote {page_out} ({wall:.0f} s)", err=True)
+    done = _searched(search_command(model, shape, hw, scratch, json_out))
+    if done.error:
+        raise click.ClickException(f"plan-search --model {model}: {done.error}")
+    atomic_write(page_out, search_page(model, shape, hw, done.report, done.wall_s, done.loads), force=force)
+    click.echo(f"wrote {page_out} ({done.wall_s:.0f} s)", err=True)
 
 
-def run_systems(work: Path, out: Path, *, force: bool) -> None:
-    """``OUT/search_<model>_systems.md``: the model's search on each of ``SYSTEMS`` in the work
-    directory of its 8xh100 search (run that first: ``--search``)."""
-    model, shape = SYSTEMS_MODEL
+def system_option(hw: str, devices: int | None) -> str:
+    return f"--hw {hw}" + ("" if devices is None else f" --devices {devices}")
+
+
+def run_systems(model: str, shape: str, work: Path, out: Path, *, force: bool) -> None:
+    """``OUT/search_<model>_systems.md`` and ``.json``: the model's search on each of
+    ``SYSTEMS`` in the work directory of its 8xh100 search (run that first: ``--search``); a
+    search that fails says why on the page."""
     scratch = work / f"search_{model}"
     if not scratch.is_dir():
-        raise click.ClickException(f"{scratch}: no 8xh100 search of {model} to reuse; run --search first")
+        raise click.ClickException(f"{scratch}: no {SEARCH_HW} search of {model} to reuse; run --search first")
+    sections, documents = [], []
+    for hw, devices in SYSTEMS:
+        option = system_option(hw, devices)
+        json_out = scratch / f"systems_{hw}_{devices or 'all'}.json"
+        json_out.unlink(missing_ok=True)
+        done = _searched(search_command(model, shape, hw, scratch, json_out, devices))
+        document = json.loads(json_out.read_text()) if done.error is None else None
+        documents.append({"hw": hw, "devices": devices, "wall_s": done.wall_s, "error": done.error,
+                          "search": document})
+        sections += [f"## {option}", "", "```text", f"plan-search --model {model} --shape {shape} {option}", "```",
+                     "", f"Wall time {done.wall_s:.0f} s (warm work directory; load average before: "
+                     f"{done.loads[0]}; after: {done.loads[1]})."
+                     + (f" **The search failed**: {done.error}" if done.error else ""), ""]
+        sections += [] if done.error else ["```text", done.report.rstrip("\n"), "```", ""]
+        click.echo(f"searched {model} on {option} ({done.wall_s:.0f} s)", err=True)
+    atomic_write(out / f"search_{model}_systems.json", json.dumps({"model": model, "shape": shape,
+                                                                    "systems": documents}, indent=1) + "\n",
+                 force=force)
+    page_out = out / f"search_{model}_systems.md"
+    atomic_write(page_out, systems_page(model, shape, documents, sections), force=force)
+    click.echo(f"wrote {page_out}", err=True)
+
+
+def systems_page(model: str, shape: str, documents: Sequence[Mapping[str, Any]], sections: Sequence[str]) -> str:
+    """The page of a model's searches on ``SYSTEMS``: what was run, a table of the answers (the
+    best traced layout, its loop and memory per device; why there is none), each search's report."""
     lines = [f"# plan-search --model {model} on other systems", "",
+             "```text", f"python3 scripts/videodit.py --search-systems --only {model} --force   # after its --search", "```", "",
              f"{model} at {shape.replace('x', ' x ')} searched on "
-             + ", ".join(f"{hw}" + (f" ({n} devices)" if n else "") for hw, n in SYSTEMS)
+             + ", ".join(system_option(hw, n).removeprefix("--hw ") for hw, n in SYSTEMS)
              + f", each after the {SEARCH_HW} search of search_{model}.md in the same work directory: its "
              "calibration and full-size traces of the 8-device layouts are reused (a trace does not depend on "
              "the system), only re-costed on the new system; the 16-device layouts are traced anew. "
              "Predictions: the GPU constants are the microbenchmark ones, the TX8 ones docs/tiled.md's; "
-             "nothing fitted on this model.", "", *LAYOUT_NOTES, ""]
-    for hw, devices in SYSTEMS:
-        option = "" if devices is None else f" --devices {devices}"
-        report_text, wall, loads = _searched(search_command(model, shape, hw, scratch, devices=devices),
-                                             f"plan-search --model {model} --hw {hw}{option}")
-        lines += [f"## --hw {hw}{option}", "", "```text", f"plan-search --model {model} --shape {shape} --hw {hw}{option}",
-                  "```", "", f"Wall time {wall:.0f} s (warm work directory; load average before: {loads[0]}; "
-                  f"after: {loads[1]}).", "", "```text", report_text.rstrip("\n"), "```", ""]
-        click.echo(f"searched {model} on {hw}{option} ({wall:.0f} s)", err=True)
-    page_out = out / f"search_{model}_systems.md"
-    atomic_write(page_out, "\n".join(lines), force=force)
-    click.echo(f"wrote {page_out}", err=True)
+             "nothing fitted on this model. A layout that was refused, failed or does not fit the chip's "
+             "memory says why in its search's report.", "",
+             "| system | devices | best layout (traced) | loop (s) | memory per device (GB) | memory limit (GB) "
+             "| estimate / traced, worst | wall time (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for entry in documents:
+        lines.append(systems_row(entry))
+    return "\n".join([*lines, "", *LAYOUT_NOTES, "", *sections])
+
+
+def systems_row(entry: Mapping[str, Any]) -> str:
+    """One row of a systems page's table, from one search's ``--json`` document."""
+    search = entry["search"]
+    head = f"| {entry['hw']} | {entry['devices'] or (search or {}).get('devices', 'all')} | "
+    tail = f" | {entry['wall_s']:.0f} |"
+    if search is None:
+        return head + f"failed: {entry['error']} | | | | " + tail
+    limit, best, worst = search["memory_limit_bytes"] / GB, search["best"], search["worst_ratio"]
+    ratio = "n/a" if worst is None else f"{worst:.4f}"
+    if best is None:
+        return head + f"none fits (see below) | | | {limit:.2f} | {ratio}" + tail
+    return (head + f"{best['layout']} | {best['traced']['loop_s']:.1f} | {best['traced']['memory_bytes'] / GB:.2f} "
+            f"| {limit:.2f} | {ratio}" + tail)
 
 
 @click.command()
@@ -571,25 +650,28 @@ def run_systems(work: Path, out: Path, *, force: bool) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default=True, help="Where latency.csv and latency.md are written.")
 @click.option("--only", type=click.Choice(sorted(MODELS)), default=None,
-              help="One model's rows only (printed; the CSV is written only for all of them).")
+              help="One model's rows only (printed; the CSV is written only for all of them); with --search "
+                   "or --search-systems, that model's searches only.")
 @click.option("--render-only", is_flag=True, help="Render latency.md from the existing latency.csv.")
 @click.option("--search", is_flag=True,
               help=f"Instead: plan-search --model for each model at one shape on {SEARCH_HW} (cold), "
                    "writing search_<model>.md and .json.")
 @click.option("--search-systems", is_flag=True,
-              help=f"After --search: {SYSTEMS_MODEL[0]}'s search on "
-                   + ", ".join(hw + (f" --devices {n}" if n else "") for hw, n in SYSTEMS)
-                   + f" in its {SEARCH_HW} search's work directory, writing search_{SYSTEMS_MODEL[0]}_systems.md.")
+              help="After --search (or with it): each model's search on "
+                   + ", ".join(system_option(hw, n) for hw, n in SYSTEMS)
+                   + f" in its {SEARCH_HW} search's work directory, writing search_<model>_systems.md and .json.")
 @click.option("--force", is_flag=True, help="Overwrite latency.csv and latency.md (and the search pages).")
 def main(work: Path, out: Path, only: str | None, render_only: bool, search: bool, search_systems: bool,
          force: bool) -> None:
     """Predict the loops of the video DiTs and write the CSV and its page."""
     if search or search_systems:
         for model, shape in SEARCHES:
-            if search and (only is None or only == model):
+            if only is not None and only != model:
+                continue
+            if search:
                 run_search(model, shape, SEARCH_HW, work, out, force=force)
-        if search_systems:
-            run_systems(work, out, force=force)
+            if search_systems:
+                run_systems(model, shape, work, out, force=force)
         return
     table = out / "latency.csv"
     if not render_only:

@@ -17,11 +17,15 @@ from hlo_trace.errors import UsageError
 from models.zoo.videodit.configs import WAN21_1_3B
 from planning.module_models import Layout, UserModel, ZooModel, enumerate_layouts, zoo_model
 from planning.module_search import (
+    Estimate,
+    Outcome,
+    PartFigures,
     Tracer,
     calibration_values,
     interpolate,
     interpolate_value,
     search_model,
+    whole_model,
 )
 from planning.plan_search_cli import plan_search_command
 from plans.module_plan import load_plan
@@ -172,6 +176,30 @@ def test_a_role_name_that_matches_no_layer_or_a_factory_that_does_not_build(fact
     assert output.splitlines()[-1] == errors[0]  # the progress before it, nothing after
 
 
+def test_pipefusion_memory_is_the_stage_and_the_larger_transient_of_a_tick_and_the_warm_up():
+    """8 blocks on 4 stages: a stage holds 2 blocks (the layers part: the base's block and
+    one more), their weights and K/V buffers, and the larger transient (inputs and peak of live
+    activations) of a tick and of the warm-up step (the stage's blocks on the whole latent)."""
+    tick = {"base": PartFigures(1.0, 0.0, weight_bytes=100, other_bytes=7, peak_live_bytes=40, stale_kv_bytes=30),
+            "layers": PartFigures(2.0, 0.0, weight_bytes=150, other_bytes=7, peak_live_bytes=45, stale_kv_bytes=60)}
+    stage = 150 + 60  # 100 + 1 x (150 - 100) weights, 30 + 1 x (60 - 30) buffers
+
+    def memory(warm_transient: float) -> float:
+        warmup = Estimate(loop_s=10.0, comm_s=0.0, memory_bytes=1000 + warm_transient, transient_bytes=warm_transient)
+        return whole_model(tick, {"layers": 8}, 2, layout=Layout("pipefusion", 4), warmup=warmup).memory_bytes
+
+    assert memory(500) == stage + 500  # the warm-up's whole latent outweighs a patch
+    assert memory(20) == stage + 7 + 45  # a tick's inputs and the larger part's peak
+
+
+def test_an_untraced_layout_over_the_memory_limit_says_so():
+    from planning.module_search_cli import _row
+
+    estimate = Estimate(loop_s=1046.0, comm_s=22.3, memory_bytes=28.59e9)
+    assert _row(Outcome(Layout("ulysses", 8), estimate), 17.18e9).endswith("(not traced: over the 17.18 GB limit)")
+    assert _row(Outcome(Layout("ulysses", 8), estimate), 80e9).endswith("(not traced)")
+
+
 @pytest.mark.slow
 def test_interpolated_kernels_equal_the_direct_trace(tmp_path, monkeypatch):
     """The tiny Wan 2.1 under Ulysses and tp on 4 devices: its kernels interpolated from T = 4, 12,
@@ -235,6 +263,34 @@ def test_each_video_dit_search_answers_a_traced_layout_within_the_tolerance(mode
     assert checked == {"hunyuan_video": 5, "wan21_14b": 6}.get(model, 0)
 
 
+@pytest.mark.parametrize("model", ["hunyuan_video", "wan21_14b", "cogvideox_5b", "wan21_1.3b"])
+def test_each_video_dit_search_on_other_systems(model):
+    """results/videodit/search_<model>_systems.json (scripts/videodit.py --search-systems): the
+    model's search on 8xa100, tx8-16 (8 chips) and 4x8xh100 (one node, two nodes), each one
+    answered or failed with its reason; every traced layout within 5% of its estimate; on one
+    node of 4x8xh100 (the H100 and NVLink of 8xh100) the answer of the 8xh100 search; the
+    page's table holds each search's row."""
+    from scripts.videodit import SYSTEMS, systems_row
+
+    document = json.loads((RESULTS / f"search_{model}_systems.json").read_text())
+    assert [(entry["hw"], entry["devices"]) for entry in document["systems"]] == list(SYSTEMS)
+    page = (RESULTS / f"search_{model}_systems.md").read_text()
+    for entry in document["systems"]:
+        assert systems_row(entry) in page.splitlines()
+        search = entry["search"]
+        if search is None:
+            assert entry["error"] and f"**The search failed**: {entry['error']}" in page
+            continue
+        assert search["hardware"] == entry["hw"] and search["devices"] == (entry["devices"] or 8)
+        assert all(abs(layout["ratio"] - 1) <= 0.05 for layout in search["layouts"] if layout["traced"])
+        best = search["best"]
+        assert best is None or best["traced"]["memory_bytes"] <= search["memory_limit_bytes"]
+    one_node = document["systems"][[hw for hw, _ in SYSTEMS].index("4x8xh100")]["search"]
+    alone = json.loads((RESULTS / f"search_{model}.json").read_text())["best"]
+    assert one_node["best"]["layout"] == alone["layout"]
+    assert one_node["best"]["traced"]["loop_s"] == pytest.approx(alone["traced"]["loop_s"], rel=1e-9)
+
+
 #: Wan 2.1 at the factory's tiny width (64, 4 heads) with 4 blocks, 8 text tokens of 32: a zoo
 #: model the search runs as the released ones (a video of 9 x 64 x 64: a latent of 3 x 8 x 8,
 #: 3 x 4 x 4 = 48 video tokens in 4 token rows), 3 sampling steps.
@@ -251,7 +307,10 @@ def test_a_pipefusion_plan_estimated_equals_its_trace(tmp_path, monkeypatch):
     (the warm-up layout's whole model) plus 2 steps of 4 patches through 4 stages: 2 x 4 + 3
     ticks (the pipeline fills once; the next step's patches follow on) of the heaviest stage
     (one of the 4 blocks: the base part, by hand); each device holds its stage's K/V buffers
-    (K and V of its blocks' self-attentions, 2 samples x 48 tokens x 64 wide, bf16)."""
+    (K and V of its blocks' self-attentions, 2 samples x 48 tokens x 64 wide, bf16). Its memory
+    is the stage's weights and buffers and the larger transient (a call's inputs and peak of
+    live activations) of a tick and of the warm-up step: the stage's blocks on the whole latent,
+    as the warm-up layout runs them (its traced parts), which outweighs a patch's."""
     monkeypatch.setenv("HLO_TRACE_CACHE", str(tmp_path / "cache"))
     model = ZooModel(TINY_WAN, 9, 64, 64)
     layouts, refused = enumerate_layouts(model, 4, ["pipefusion", "pipefusion_ulysses"])
@@ -271,3 +330,13 @@ def test_a_pipefusion_plan_estimated_equals_its_trace(tmp_path, monkeypatch):
     stale = 2 * 2 * 48 * 64 * 2  # one block's K and V per device
     assert docs["pipefusion4_base_T3"]["memory"][3] == stale
     assert docs["pipefusion_ulysses2_layers_T3"]["memory"][3] == 2 * stale // 2  # 2 blocks, heads split by 2
+
+    def transient(tag: str) -> int:  # memory: weights, inputs and scalars, peak of live activations, K/V buffers
+        return docs[f"{tag}_base_T3"]["memory"][1] + max(docs[f"{tag}_{part}_T3"]["memory"][2]
+                                                          for part in ("base", "layers"))
+
+    for label, tag, warmup, stage_part in (("pipefusion=4", "pipefusion4", "none", "base"),
+                                           ("pipefusion=2 x ulysses=2", "pipefusion_ulysses2", "ulysses2", "layers")):
+        held = docs[f"{tag}_{stage_part}_T3"]["memory"]  # a stage of 1 block: the base; of 2: the layers part
+        assert transient(warmup) > transient(tag)
+        assert traced[label].memory_bytes == held[0] + held[3] + transient(warmup)
