@@ -85,8 +85,9 @@ SMALL_ODD_PART = 3
 ROLES = ("flat", "first", "middle", "last")
 #: Block pairs of a calibration's one stage: the first pair, one in the middle, the last.
 CALIBRATION_PAIRS = 3
-#: Format of the cached calibration files (bumped when what they hold changes).
-CACHE_VERSION = 2
+#: Format of the cached calibration files (bumped when what they hold changes; 3: the fused
+#: attention takes the row sums of its probabilities, which moved ring_attention's and usp's kernels).
+CACHE_VERSION = 3
 #: The kernel groups of a calibration stage (``_groups``).
 GROUPS = ("embed", "final", "pair0", "pair1", "pair2")
 #: Classifier-free guidance: every inference runs the batch of 2 (docs/model.md; the tracer's
