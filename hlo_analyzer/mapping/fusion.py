@@ -13,8 +13,9 @@ temporal attention's q/k projection fit in 8 rows of N at a few frames and not a
 same program makes one kernel at one size and two at another. A mapping for kernel documents
 that are rescaled to another size (``MappingOptions.defer_epilogues``: the plan search's
 calibrations) leaves that choice on the GEMM (``PendingEpilogue``) for :func:`resolve_epilogues`
-to make at the rescaled sizes. A slice write (``select(pad(true), pad(update), buffer)``, XLA's lowering of torch's
-``slice_scatter``) reads and writes the update only: done in place, as ``dynamic_update_slice``.
+to make at the rescaled sizes. A slice write (``select(pad(true), pad(update), buffer)``, XLA's
+lowering of torch's ``slice_scatter``) reads and writes the update only: done in place, as
+``dynamic_update_slice``.
 """
 
 from __future__ import annotations
