@@ -85,9 +85,10 @@ SMALL_ODD_PART = 3
 ROLES = ("flat", "first", "middle", "last")
 #: Block pairs of a calibration's one stage: the first pair, one in the middle, the last.
 CALIBRATION_PAIRS = 3
-#: Format of the cached calibration files (bumped when what they hold changes; 3: the fused
-#: attention takes the row sums of its probabilities, which moved ring_attention's and usp's kernels).
-CACHE_VERSION = 3
+#: Format of the cached calibration files (bumped when what they hold changes; 3: the GEMM
+#: epilogues that depend on the sizes are left pending, decided at the plan's shape; 4: the
+#: fused attention takes the row sums of its probabilities, which moved ring_attention's and usp's kernels).
+CACHE_VERSION = 4
 #: The kernel groups of a calibration stage (``_groups``).
 GROUPS = ("embed", "final", "pair0", "pair1", "pair2")
 #: Classifier-free guidance: every inference runs the batch of 2 (docs/model.md; the tracer's
@@ -792,15 +793,17 @@ def _boundary_of(dump: str) -> Boundary:
     return Boundary(outputs, 0 if latent is None else latent.nbytes)
 
 
-def analyze_calibration_stage(dump: str, system: SystemSpec) -> StagePart:
+def analyze_calibration_stage(dump: str, system: SystemSpec, *, defer: bool = True) -> StagePart:
     """The kernels of a calibration stage as ``analyze-pipeline`` finds them on ``system``'s
-    chip, by group (:class:`StagePart`)."""
+    chip, by group (:class:`StagePart`), with each GEMM epilogue that the sizes decide left
+    pending (``defer``: ``AnalysisOptions.defer_epilogues``): the rescaled documents decide it at
+    the plan's shape, so both shapes have the same kernels whichever way it goes at either."""
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
 
     analysis = analyze_dump(dump, Hardware(system.name, system),
-                            AnalysisOptions(steps=1, pairs=CALIBRATION_PAIRS),
+                            AnalysisOptions(steps=1, pairs=CALIBRATION_PAIRS, defer_epilogues=defer),
                             sidecar=stage_sidecar(dump, "analyze-pipeline"))
     mapping, options = analysis.mapping, analysis.options
     if mapping.totals.pairs_found != CALIBRATION_PAIRS:

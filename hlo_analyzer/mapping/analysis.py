@@ -65,6 +65,8 @@ class AnalysisOptions:
     branch: str | int = "max"
     attention_memory: str = "written"
     parallel_memory: bool = False
+    #: ``MappingOptions.defer_epilogues`` (kernel documents to be rescaled to another shape).
+    defer_epilogues: bool = False
 
 
 DEFAULT_ANALYSIS = AnalysisOptions()
@@ -83,7 +85,7 @@ def mapping_options(sidecar: Sidecar | None, chip: ChipSpec, options: AnalysisOp
     return MappingOptions(execution=execution, dram_efficiency=options.dram_efficiency,
                           exp_ops=options.exp_ops, cross_attention=options.cross_attention,
                           caption_tokens=caption_tokens, library_calls=library_calls,
-                          fidelity=options.fidelity)
+                          fidelity=options.fidelity, defer_epilogues=options.defer_epilogues)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,15 @@ once; LayerNorm + modulate and residual + next LayerNorm are such groups). Free 
 nothing of their own; constants are free. Bytes are each tensor's own: in its element type, and a
 tensor read only through slices is read as those slices. A group whose only large input is one GEMM's output (all of whose readers are in the
 group), whose output has that GEMM's shape and whose other inputs are at most
-``EPILOGUE_SIDE_INPUT_ROWS`` rows of N (bias, scale, gate vectors) is that GEMM's epilogue. A
-slice write (``select(pad(true), pad(update), buffer)``, XLA's lowering of torch's
-``slice_scatter``) reads and writes the update only: done in place, as ``dynamic_update_slice``.
+``EPILOGUE_SIDE_INPUT_ROWS`` rows of N (bias, scale, gate vectors) is that GEMM's epilogue
+(:func:`is_epilogue`). That rule reads sizes: RoPE's tables of frames x head_dim after the
+temporal attention's q/k projection fit in 8 rows of N at a few frames and not at many, so the
+same program makes one kernel at one size and two at another. A mapping for kernel documents
+that are rescaled to another size (``MappingOptions.defer_epilogues``: the plan search's
+calibrations) leaves that choice on the GEMM (``PendingEpilogue``) for :func:`resolve_epilogues`
+to make at the rescaled sizes. A slice write (``select(pad(true), pad(update), buffer)``, XLA's
+lowering of torch's ``slice_scatter``) reads and writes the update only: done in place, as
+``dynamic_update_slice``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import networkx as nx
 
 from hardware import Op, OpType
 from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS, dependency_order
-from hlo_analyzer.mapping.results import VECTOR_KIND
+from hlo_analyzer.mapping.results import VECTOR_KIND, KernelSource, PendingEpilogue
 from hlo_analyzer.mapping.works import (
     Signatures,
     Work,
@@ -257,8 +263,10 @@ def _computing_source(attributes_of: dict[int, dict[str, Any]], node: int, insid
 
 def fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], rows: dict[int, OpRow],
                         vector_nodes: set[int], gemms: dict[int, Work], signatures: Signatures,
-                        owners: dict[int, int]) -> tuple[list[Work], dict[int, Work]]:
-    """Fused vector kernels, and GEMMs that took a group as their epilogue (by GEMM position)."""
+                        owners: dict[int, int], *, defer: bool = False) -> tuple[list[Work], dict[int, Work]]:
+    """Fused vector kernels, and GEMMs that took a group as their epilogue (by GEMM position);
+    with ``defer``, a group that a GEMM's epilogue takes or not by the sizes is left pending on
+    that GEMM (:class:`PendingEpilogue`) whatever these sizes say."""
     works: list[Work] = []
     with_epilogue: dict[int, Work] = {}
     exp_ops = signatures.exp_ops
@@ -276,16 +284,22 @@ def fused_vector_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any
             in_bytes, out_bytes = [out_elements * dtype_bytes(largest.dtype)], out_elements * dtype_bytes(largest.dtype)
         name = signatures.fusion_name(tuple([r.op for r in vector_rows]))
         positions = tuple(members)
-        epilogue_of = _epilogue_target(graph, members, entering, out_elements, gemms, with_epilogue)
-        inputs = tuple([s for _, s in entering])
-        shapes = signatures.shapes_text(inputs, (result,))
-        if epilogue_of is not None:
-            with_epilogue[epilogue_of] = fused_epilogue(gemms[epilogue_of], name, flops, positions)
-            continue
         # Bytes, not elements: each tensor in its own element type (a mixed-precision fusion
         # reads fp16 and writes fp16 whatever it computes in).
         op = signatures.vector_op(name, tuple((max(1, b),) for b in in_bytes), rows_of(largest, result),
                                   out_bytes or element_count(result) * dtype_bytes(largest.dtype), flops, 1)
+        candidate = _epilogue_candidate(graph, members, entering, gemms, with_epilogue)
+        if candidate is not None:
+            gemm, side = candidate
+            if defer:
+                with_epilogue[gemm] = gemms[gemm]._replace(
+                    positions=tuple(sorted(gemms[gemm].positions + positions)),
+                    pending=PendingEpilogue(name, op, out_elements, side))
+                continue
+            if is_epilogue(gemms[gemm].op, out_elements, side):
+                with_epilogue[gemm] = fused_epilogue(gemms[gemm], name, flops, positions)
+                continue
+        shapes = signatures.shapes_text(tuple([s for _, s in entering]), (result,))
         # A fused kernel runs once all its inputs are ready: at its last member.
         works.append(Work(positions[-1], positions, name, VECTOR_KIND, shapes, op=op))
     return works, with_epilogue
@@ -295,10 +309,39 @@ def fused_epilogue(gemm: Work, name: str, flops: int, positions: tuple[int, ...]
     """The GEMM ``gemm`` with the element-wise work ``name`` (``flops``, the ops at
     ``positions``) done in its epilogue, on its (M, N) output."""
     assert gemm.op is not None
-    m, n = gemm.op.output_shape
-    epilogue = Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.op.bytes_per_element)
     return gemm._replace(positions=tuple(sorted(gemm.positions + positions)), name=f"{gemm.name}+{name}",
-                         epilogue=epilogue)
+                         epilogue=_epilogue_op(gemm.op, name, flops))
+
+
+def _epilogue_op(gemm: Op, name: str, flops: int) -> Op:
+    m, n = gemm.output_shape
+    return Op(name, OpType.VECTOR, ((m, n),), None, (m, n), max(1, flops), gemm.bytes_per_element)
+
+
+def is_epilogue(gemm: Op, out_elements: int, side_elements: Sequence[int]) -> bool:
+    """Whether a group of element-wise ops that reads a GEMM's output (all of it, and nothing
+    else of its size) and writes ``out_elements`` is that GEMM's epilogue: it writes the GEMM's
+    (M, N) shape, and its side inputs hold at most ``EPILOGUE_SIDE_INPUT_ROWS`` rows of N."""
+    m, n = gemm.output_shape
+    return out_elements == m * n and sum(side_elements) <= EPILOGUE_SIDE_INPUT_ROWS * n
+
+
+def resolve_epilogues(kernels: Sequence[KernelSource]) -> tuple[KernelSource, ...]:
+    """``kernels`` with each pending epilogue (:class:`PendingEpilogue`) decided at the sizes
+    it holds now (:func:`is_epilogue`): the GEMM with it as its fused epilogue, or the GEMM
+    followed by a vector kernel of its own, as a mapping of a program of those sizes finds
+    them."""
+    resolved: list[KernelSource] = []
+    for kernel in kernels:
+        pending = kernel.pending
+        if pending is None:
+            resolved.append(kernel)
+        elif is_epilogue(kernel.op, pending.out_elements, pending.side_elements):
+            resolved.append(kernel._replace(name=f"{kernel.name}+{pending.name}", pending=None,
+                                            epilogue=_epilogue_op(kernel.op, pending.name, pending.op.flops)))
+        else:
+            resolved += [kernel._replace(pending=None), KernelSource(pending.name, VECTOR_KIND, "", pending.op)]
+    return tuple(resolved)
 
 
 def result_elements(row: OpRow) -> int:
@@ -326,16 +369,15 @@ def _slice_write_update(attributes_of: dict[int, dict[str, Any]], members: list[
     return data_node["operands"][0], tuple(data_node["operand_shapes"][0])
 
 
-def _epilogue_target(graph: nx.DiGraph, members: list[int], entering: list[tuple[int | None, tuple[int, ...]]],
-                     out_elements: int, gemms: dict[int, Work], taken: dict[int, Work]) -> int | None:
+def _epilogue_candidate(graph: nx.DiGraph, members: list[int], entering: list[tuple[int | None, tuple[int, ...]]],
+                        gemms: dict[int, Work], taken: dict[int, Work]) -> tuple[int, tuple[int, ...]] | None:
+    """The GEMM whose epilogue the group may be, by the program's structure (it reads one
+    GEMM's output, the GEMM's only reader, not batched, not taken), and the elements of each
+    side input the group reads; :func:`is_epilogue` decides by the sizes."""
     producers = [p for p, _ in entering if p in gemms]
     if len(producers) != 1 or producers[0] in taken or gemms[producers[0]].op.batch != 1:
         return None
     gemm = producers[0]
-    m, n = gemms[gemm].op.output_shape
-    side = sum(element_count(s) for p, s in entering if p != gemm)
-    if out_elements != m * n or side > EPILOGUE_SIDE_INPUT_ROWS * n:
-        return None
     if set(graph.successors(gemm)) - set(members):
         return None
-    return gemm
+    return gemm, tuple(element_count(s) for p, s in entering if p != gemm)

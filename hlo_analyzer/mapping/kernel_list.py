@@ -31,9 +31,10 @@ from typing import Any
 from hardware import Op, OpType
 from hardware.systems import resolve_system
 from hlo_analyzer.mapping.apply import program_totals
+from hlo_analyzer.mapping.fusion import resolve_epilogues
 from hlo_analyzer.mapping.program import map_kernels
 from hlo_analyzer.mapping.render import hardware_sections
-from hlo_analyzer.mapping.results import NETWORK_KIND, KernelSource, MappingOptions
+from hlo_analyzer.mapping.results import NETWORK_KIND, KernelSource, MappingOptions, PendingEpilogue
 from hlo_analyzer.mapping.sections import MappingTotals
 from hlo_analyzer.report import Report
 
@@ -177,29 +178,38 @@ def from_dict(document: Any) -> KernelList:
 
 def sources_document(sources: Sequence[KernelSource], execution: str) -> dict[str, Any]:
     """Kernels of a program, collectives included, as a JSON-able document: ``execution`` and the
-    ``kernels`` as ``[name, kind, op, epilogue, collective, per_sample]``, each Op inline (its
-    fields by name; so two programs of the same kernels line up field by field) and the shapes
-    text left out (every number a kernel is costed from is in its Op or its collective). Read
-    back by :func:`sources_from_document`."""
+    ``kernels`` as ``[name, kind, op, epilogue, collective, per_sample, pending]``, each Op inline
+    (its fields by name; so two programs of the same kernels line up field by field), the shapes
+    text left out (every number a kernel is costed from is in its Op or its collective) and a
+    pending epilogue (``PendingEpilogue``, a deferred mapping's) as ``[name, op, out_elements,
+    side_elements]``. Read back by :func:`sources_from_document`."""
     def op(value: Op | None) -> dict[str, Any] | None:
         return None if value is None else _op_dict(value)
 
     rows = [[k.name, k.kind, op(k.op), op(k.epilogue),
              None if k.collective is None else [k.collective[0], k.collective[1], k.collective[2],
                                                 None if k.collective[3] is None else list(k.collective[3])],
-             k.per_sample] for k in sources]
+             k.per_sample,
+             None if k.pending is None else [k.pending.name, op(k.pending.op), k.pending.out_elements,
+                                             list(k.pending.side_elements)]] for k in sources]
     return {"execution": execution, "kernels": rows}
 
 
 def sources_from_document(document: dict[str, Any]) -> tuple[tuple[KernelSource, ...], str]:
-    """The kernels and the execution mode of a :func:`sources_document`."""
+    """The kernels and the execution mode of a :func:`sources_document`, each pending epilogue
+    decided at the sizes the document holds (``fusion.resolve_epilogues``: a document rescaled
+    to another shape gets that shape's kernels)."""
     kernels = []
-    for name, kind, op, epilogue, collective, per_sample in document["kernels"]:
+    for name, kind, op, epilogue, collective, per_sample, *rest in document["kernels"]:
         comm = None if collective is None else (str(collective[0]), int(collective[1]), int(collective[2]),
                                                 None if collective[3] is None else tuple(collective[3]))
+        pending = rest[0] if rest else None
         kernels.append(KernelSource(str(name), str(kind), "", None if op is None else _op(op),
-                                    None if epilogue is None else _op(epilogue), comm, bool(per_sample)))
-    return tuple(kernels), str(document["execution"])
+                                    None if epilogue is None else _op(epilogue), comm, bool(per_sample),
+                                    None if pending is None else PendingEpilogue(
+                                        str(pending[0]), _op(pending[1]), int(pending[2]),
+                                        tuple(int(v) for v in pending[3]))))
+    return resolve_epilogues(kernels), str(document["execution"])
 
 
 def dumps(kernels: KernelList) -> str:

@@ -146,7 +146,7 @@ def _works(graph: nx.DiGraph, rows: dict[int, OpRow], chip: ChipSpec, options: M
     vector_nodes = {p for p, r in rows.items() if r.category == VECTOR and p not in claimed and p in graph}
     if options.execution == "fused":
         vectors, with_epilogue = fused_vector_works(graph, attributes_of, rows, vector_nodes, gemms, signatures,
-                                                    owners)
+                                                    owners, defer=options.defer_epilogues)
         gemms.update(with_epilogue)
     else:
         real = real_elements(attributes_of, dependency_order(graph))
@@ -171,7 +171,8 @@ def _map_works(works: Sequence[Work], chip: ChipSpec, system: SystemSpec, option
                           distinct_mappings=len(mapper.cache) + len(mapper.comm_cache),
                           cross_attention="all" if options.per_sample_keys is None else "per-sample",
                           per_sample_attentions=sum(1 for work in works if work.per_sample),
-                          sources=tuple(KernelSource(w.name, w.kind, w.shapes, w.op, w.epilogue, w.collective, w.per_sample)
+                          sources=tuple(KernelSource(w.name, w.kind, w.shapes, w.op, w.epilogue, w.collective, w.per_sample,
+                                                     w.pending)
                                         for w in works))
 
 

@@ -53,6 +53,10 @@ class MappingOptions:
     #: Math fidelity of every GEMM on a chip with a tiled model (``--fidelity``); None: each
     #: dtype's default (the vendor's out-of-box choice).
     fidelity: str | None = None
+    #: Leave a GEMM's element-wise consumer that its epilogue takes or not by the sizes
+    #: undecided (``KernelSource.pending``), for kernel documents rescaled to another shape:
+    #: the mapping then charges such a GEMM without its consumer.
+    defer_epilogues: bool = False
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTION_MODES:
@@ -105,6 +109,19 @@ class MappedOp:
     dram_bytes: float = 0.0       # DRAM traffic the kernel's model charges
 
 
+class PendingEpilogue(NamedTuple):
+    """A GEMM's element-wise consumer whose fusion into the GEMM's epilogue depends on sizes
+    (``hlo_analyzer.mapping.fusion.is_epilogue``), left undecided on the GEMM's kernel
+    (``MappingOptions.defer_epilogues``): its name, its Op as a kernel of its own, the elements
+    it writes and the elements of each side input it reads. A kernel document whose integers
+    are rescaled to another shape decides it there (``kernel_list.sources_from_document``)."""
+
+    name: str
+    op: Op
+    out_elements: int
+    side_elements: tuple[int, ...]
+
+
 class KernelSource(NamedTuple):
     """What one kernel is costed from, without the dump: its name, kind and shapes text as
     :class:`MappedOp` has them, the Op and its fused epilogue (both None for a collective,
@@ -117,6 +134,8 @@ class KernelSource(NamedTuple):
     epilogue: Op | None = None
     collective: tuple[str, int, int, tuple[int, ...] | None] | None = None
     per_sample: bool = False      # a cross-attention charged per sample (its Op is one sample's)
+    #: a GEMM's consumer not yet fused or left alone (deferred mapping only; None: decided)
+    pending: PendingEpilogue | None = None
 
 
 @dataclass(frozen=True)

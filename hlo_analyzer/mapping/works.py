@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from hardware import Op, OpType
 from hlo_analyzer.dataflow import CONSTANT_OPS, FREE_MOVEMENT_OPS
-from hlo_analyzer.mapping.results import GEMM_KIND, NETWORK_KIND, VECTOR_KIND
+from hlo_analyzer.mapping.results import GEMM_KIND, NETWORK_KIND, VECTOR_KIND, PendingEpilogue
 from hlo_analyzer.rows import OpRow
 from hlo_analyzer.tensors import ELEMENT_BYTES
 
@@ -50,6 +50,7 @@ class Work(NamedTuple):
     epilogue: Op | None = None
     collective: tuple[str, int, int, tuple[int, ...] | None] | None = None
     per_sample: bool = False      # a cross-attention charged per sample
+    pending: PendingEpilogue | None = None  # ``MappingOptions.defer_epilogues``
 
 
 # -- shapes ------------------------------------------------------------------------------------------
