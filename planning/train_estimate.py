@@ -393,7 +393,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import FORWARD, OPTIMIZER, PARAM_GRAD, read_training_layout
+    from hlo_analyzer.training import FORWARD, OPTIMIZER, PARAM_GRAD, node_phases, read_training_layout
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
@@ -402,7 +402,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     analysis = analyze_dump(dump, Hardware(system.name, system), AnalysisOptions(steps=1), sidecar=sidecar)
     report, mapping, options, split = analysis.report, analysis.mapping, analysis.options, analysis.training
     assert split is not None and options is not None  # the sidecar's training section, a chip
-    location = {row.position: row.location for row in report.rows}
+    phases = node_phases(analysis.graph, {row.position: row.location for row in report.rows}, layout)
     groups: dict[str, list[Any]] = {name: [] for name in PROGRAM_GROUPS}
     for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):
         if source.collective is not None:
@@ -411,7 +411,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
             phase, traffic = split.collective_classes[op.position]
             once = phase == OPTIMIZER or (traffic == PARAM_GRAD and source.collective[0] in GRADIENT_SUM_KINDS)
         else:
-            phase = layout.phase(location.get(op.position, ""))
+            phase = phases.get(op.position, layout.phase(""))
             once = phase == OPTIMIZER
         groups["update" if once else "forward" if phase == FORWARD else "backward"].append(source)
     memory = {key: int(split.memory.get(key, 0)) for key in ("param", "grad", "optimizer_state", "activation")}
