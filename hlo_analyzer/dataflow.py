@@ -40,7 +40,8 @@ CONSTANT_OPS = frozenset({"constant", "iota"})
 #: whose operands are the block's input, the captions and every weight, would read all of them
 #: at each op, join every computation reading any of them and never find its cross-attention's
 #: query and keys apart) nor fuse with the work that made its operands. The op stays a node,
-#: with its operands' edges.
+#: with its operands' edges; its ``buffers`` attribute names the argument standing for each
+#: result.
 BUFFER_RESULT_OPS = frozenset({"optimization_barrier"})
 _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
 #: Ops whose operands have the result's type (shape and element type): the same-shape ops but
@@ -204,8 +205,9 @@ class DataflowVisitor(IRVisitor):
         self._nodes.append((position, attributes))
         self._producers[position] = known
         if name in BUFFER_RESULT_OPS:  # result i: operand i, in memory
-            for value, operand, argument in zip(facts.results, producers, arguments, strict=True):
-                self._buffers[self._argument(value)] = operand if operand is not None else ("argument", argument)
+            attributes["buffers"] = tuple(self._argument(value) for value in facts.results)
+            for buffer, operand, argument in zip(attributes["buffers"], producers, arguments, strict=True):
+                self._buffers[buffer] = operand if operand is not None else ("argument", argument)
         else:
             producer = self._producer
             for value in facts.results:

@@ -158,18 +158,27 @@ def _scalar_arithmetic(attributes: dict[str, Any]) -> bool:
 DEVICE_CONSTANT_OPS = frozenset({"partition_id", "replica_id"})
 
 
+#: Ops that repeat one value over a tensor: of a rank-0 value (a Python number torch-xla passes
+#: as a scalar argument, a layer norm's epsilon) a scalar argument of the launch.
+_SPLAT_OPS = frozenset({"broadcast", "broadcast_in_dim"})
+
+
 def folded_constants(graph: nx.DiGraph) -> set[int]:
-    """Constants and everything computed from constants alone (a ``mean``'s divisor, a view of a
-    constant that XLA shares between calls, the offset of a device's slice computed from its
-    index): PyTorch folds such values into the kernels that read them (a scalar argument of
-    the launch), so they are no kernel and no memory traffic."""
+    """Constants, splats of a scalar (:data:`_SPLAT_OPS`) and everything computed from them
+    alone (a ``mean``'s divisor, a view of a constant that XLA shares between calls, the offset
+    of a device's slice computed from its index): PyTorch folds such values into the kernels
+    that read them (a scalar argument of the launch), so they are no kernel and no memory
+    traffic. (torch-xla makes one splat of a scalar argument for every call of a shape that
+    reads it: the epsilon of every layer norm of a stage; as a call's op it joined them all
+    into one kernel.)"""
     constant: set[int] = set()
     attributes_of = graph.nodes
     for node in sorted(graph):
         attributes = attributes_of[node]
         operands = attributes["operands"]
         if attributes["name"] in CONSTANT_OPS or attributes["name"] in DEVICE_CONSTANT_OPS or \
-                (operands and None not in operands and constant.issuperset(operands)):
+                (operands and None not in operands and constant.issuperset(operands)) or \
+                (attributes["name"] in _SPLAT_OPS and attributes["operand_shapes"] == ((),)):
             constant.add(node)
     return constant
 
