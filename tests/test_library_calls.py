@@ -135,3 +135,17 @@ def test_a_devices_offsets_computed_from_its_index_belong_to_no_call():
     graph.nodes[4]["operand_shapes"] = ((4, 8), ())
     assert folded_constants(graph) == {0, 1, 2, 3}
     assert _calls(graph) == [("repeat", (4,))]
+
+
+def test_a_splat_of_a_scalar_that_two_calls_read_joins_neither():
+    # torch-xla makes one splat of a layer norm's epsilon (a scalar argument) and every layer
+    # norm of the shape reads it: two norms (lines 12-13 of the region, the second on another
+    # tensor) are two kernels, not one through the splat
+    regions = (CallRegion("layer_norm", "m.py", 10, 14),)
+    graph = _graph((0, "broadcast_in_dim", [None], "aten__add.1/aten__add @ m.py:13"),
+                   (1, "reduce", [None], "aten__mean @ m.py:12"),
+                   (2, "add", [1, 0], "aten__add.1/aten__add @ m.py:13"),
+                   (3, "reduce", [None], "aten__mean @ m.py:12"),
+                   (4, "add", [3, 0], "aten__add.1/aten__add @ m.py:13"))
+    graph.nodes[0]["operand_shapes"] = ((),)
+    assert _calls(graph, regions) == [("layer_norm", (1, 2)), ("layer_norm", (3, 4))]

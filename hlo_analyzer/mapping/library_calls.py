@@ -141,6 +141,18 @@ def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
                 break
 
 
+#: Ops that repeat one value over a tensor (:func:`_scalar_splat`).
+_SPLAT_OPS = frozenset({"broadcast", "broadcast_in_dim"})
+
+
+def _scalar_splat(attributes: dict[str, Any]) -> bool:
+    """A scalar repeated over a tensor (a layer norm's epsilon, a Python number torch-xla passes
+    as an argument): part of no call, so that a splat that torch-xla makes once and several calls
+    read (every layer norm of a stage reads one) joins none of them; each reads it as the
+    scalar it is."""
+    return attributes["name"] in _SPLAT_OPS and attributes["operand_shapes"] == ((),)
+
+
 def _scalar_arithmetic(attributes: dict[str, Any]) -> bool:
     """An op on scalars alone (``eps * alpha`` of a Python number torch-xla passed as an
     argument, a rank-0 value): PyTorch computes it on the host and passes the result to the
@@ -158,27 +170,18 @@ def _scalar_arithmetic(attributes: dict[str, Any]) -> bool:
 DEVICE_CONSTANT_OPS = frozenset({"partition_id", "replica_id"})
 
 
-#: Ops that repeat one value over a tensor: of a rank-0 value (a Python number torch-xla passes
-#: as a scalar argument, a layer norm's epsilon) a scalar argument of the launch.
-_SPLAT_OPS = frozenset({"broadcast", "broadcast_in_dim"})
-
-
 def folded_constants(graph: nx.DiGraph) -> set[int]:
-    """Constants, splats of a scalar (:data:`_SPLAT_OPS`) and everything computed from them
-    alone (a ``mean``'s divisor, a view of a constant that XLA shares between calls, the offset
-    of a device's slice computed from its index): PyTorch folds such values into the kernels
-    that read them (a scalar argument of the launch), so they are no kernel and no memory
-    traffic. (torch-xla makes one splat of a scalar argument for every call of a shape that
-    reads it: the epsilon of every layer norm of a stage; as a call's op it joined them all
-    into one kernel.)"""
+    """Constants and everything computed from constants alone (a ``mean``'s divisor, a view of a
+    constant that XLA shares between calls, the offset of a device's slice computed from its
+    index): PyTorch folds such values into the kernels that read them (a scalar argument of
+    the launch), so they are no kernel and no memory traffic."""
     constant: set[int] = set()
     attributes_of = graph.nodes
     for node in sorted(graph):
         attributes = attributes_of[node]
         operands = attributes["operands"]
         if attributes["name"] in CONSTANT_OPS or attributes["name"] in DEVICE_CONSTANT_OPS or \
-                (operands and None not in operands and constant.issuperset(operands)) or \
-                (attributes["name"] in _SPLAT_OPS and attributes["operand_shapes"] == ((),)):
+                (operands and None not in operands and constant.issuperset(operands)):
             constant.add(node)
     return constant
 
@@ -187,8 +190,8 @@ def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[Cal
                 owners: dict[int, int] | None = None) -> list[Call]:
     """The library calls among ``nodes`` (module docstring), in program order of their first node.
 
-    Constants, values computed from constants alone (:func:`folded_constants`) and arithmetic on
-    scalars alone belong to no call;
+    Constants, values computed from constants alone (:func:`folded_constants`), arithmetic on
+    scalars alone and splats of a scalar (:func:`_scalar_splat`) belong to no call;
     ``owners`` (the block pair of each node, ``hlo_analyzer.pairs``) keeps a call within one pair,
     as the model's calls are. Two nodes are in one call when one reads the other and both
     have the same key: the region their source line lies in, else their torch call and frame.
@@ -198,7 +201,7 @@ def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[Cal
     constant = folded_constants(graph)
     for node in sorted(nodes):
         attributes = attributes_of[node]
-        if node in constant or _scalar_arithmetic(attributes):
+        if node in constant or _scalar_arithmetic(attributes) or _scalar_splat(attributes):
             continue
         location = attributes.get("location", "")
         if not location:
