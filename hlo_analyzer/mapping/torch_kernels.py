@@ -166,7 +166,7 @@ def torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], row
         if call.kind != COPY_CALL and not _computes(attributes_of, rest):
             continue  # views only
         io = group_io(graph, attributes_of, rest, constant, real,
-                      results_only=call.in_region and call.kind in TEMPORARIES_KEPT_CALLS)
+                      results_only=call.kind in TEMPORARIES_KEPT_CALLS)
         if call.kind == COPY_CALL and io.entering and all(p in collectives for p, _ in io.entering):
             # the part of a copy after a collective that GSPMD put inside it lays out the
             # collective's result, which the collective wrote contiguous: the copy is the part before
