@@ -401,7 +401,13 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import FORWARD, OPTIMIZER, PARAM_GRAD, node_phases, read_training_layout
+    from hlo_analyzer.training import (
+        FORWARD,
+        OPTIMIZER,
+        PARAM_GRAD,
+        node_phases,
+        read_training_layout,
+    )
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
