@@ -33,6 +33,7 @@ from hlo_analyzer.dataflow import (
     GEMM_OPS,
     SOFTMAX_SPAN_LIMIT,
     after_exponential,
+    behind_buffers,
     build_dataflow,
     gemm_input,
     walk_until,
@@ -111,6 +112,7 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
     :func:`find_attentions`, if already built); raises NotSTDiTError (one line) if it has none."""
     graph = build_dataflow(module) if graph is None else graph
     attentions = find_attentions(graph) if attentions is None else attentions
+    attentions = _not_recomputed(graph, attentions)
     self_attentions = sorted((a for a in attentions if a.is_self), key=lambda a: a.q_proj)
     cross_attentions = sorted((a for a in attentions if not a.is_self), key=lambda a: a.q_proj)
     if not self_attentions:
@@ -142,6 +144,16 @@ def segment_blocks(module: ir.Module, source: str = "<module>", *,
     except ValueError as error:
         raise NotSTDiTError(f"{source}: does not look like an STDiT3 stage: {error}") from None
     return Segmentation(blocks, per_pair[0], per_pair)
+
+
+def _not_recomputed(graph: nx.DiGraph, attentions: list[Attention]) -> list[Attention]:
+    """The attentions but those behind an optimization barrier (``dataflow.behind_buffers``)
+    when there are others: a training step with activation checkpointing runs each block's
+    forward again inside the backward, behind the checkpoint's barrier, and that rerun is no
+    block of the stage (its kernels are charged as the backward's)."""
+    behind = behind_buffers(graph)
+    kept = [a for a in attentions if behind.isdisjoint(a.values)]
+    return kept if kept else attentions
 
 
 def attention_gemm_nodes(attentions: list[Attention]) -> set[int]:

@@ -32,6 +32,17 @@ FREE_MOVEMENT_OPS = frozenset({"broadcast", "broadcast_in_dim", "reshape", "conv
                                "transpose", "slice", "copy", "reverse", "reduce_precision"})
 #: Ops with no operands that only make constants.
 CONSTANT_OPS = frozenset({"constant", "iota"})
+#: Ops each of whose results is a tensor in memory of its own, which its readers read as they
+#: read a function argument (``("argument", i)``, one per result), not as the op's product: an
+#: ``optimization_barrier`` hands on each operand unchanged, one to one, and keeps XLA from
+#: fusing or moving work across it. Its readers so neither depend on its other operands (as one
+#: node for all its results would make them: a rerun forward behind a checkpoint's barrier,
+#: whose operands are the block's input, the captions and every weight, would read all of them
+#: at each op, join every computation reading any of them and never find its cross-attention's
+#: query and keys apart) nor fuse with the work that made its operands. The op stays a node,
+#: with its operands' edges; its ``buffers`` attribute names the argument standing for each
+#: result.
+BUFFER_RESULT_OPS = frozenset({"optimization_barrier"})
 _DIALECTS = {"stablehlo": stablehlo, "mhlo": mhlo}
 #: Ops whose operands have the result's type (shape and element type): the same-shape ops but
 #: those whose result is a predicate (a compare of f32 reads f32).
@@ -70,6 +81,8 @@ class DataflowVisitor(IRVisitor):
         self._calls: dict[int, tuple[str, list[int | None], list[int | None], list[int]]] = {}
         self._parameters: dict[str, list[int]] = {}
         self._returns: dict[str, int] = {}
+        #: argument standing for a result of a BUFFER_RESULT_OPS op -> the operand it hands on
+        self._buffers: dict[int, Marker] = {}
         self._graph: nx.DiGraph | None = None
 
     @property
@@ -77,11 +90,14 @@ class DataflowVisitor(IRVisitor):
         """The dataflow graph (module docstring); ``graph.graph["producers"]`` maps each node to
         the producers of its operands, for fast backward walks; ``graph.graph["walk_order"]``
         says that each producer's node precedes its readers' (a value is found as a producer only
-        once its op was walked; false once a call is inlined: :meth:`_inline_calls`), which bounds backward searches (``hlo_analyzer.pairs``)."""
+        once its op was walked; false once a call is inlined: :meth:`_inline_calls`), which bounds backward searches (``hlo_analyzer.pairs``);
+        ``graph.graph["buffers"]`` maps each argument that stands for a result of
+        :data:`BUFFER_RESULT_OPS` to the operand it hands on (a node or ``("argument", i)``:
+        :func:`behind_buffers`, ``hlo_analyzer.pairs``)."""
         if self._graph is None:
             inlined = self._inline_calls()
             graph = self._graph = nx.DiGraph(producers=self._producers, locations=self.locations,
-                                             walk_order=not inlined)
+                                             walk_order=not inlined, buffers=self._buffers)
             graph.add_nodes_from([node for node, _ in self._nodes])
             nodes = graph.nodes
             for node, attributes in self._nodes:  # faster than add_nodes_from's (node, dict) pairs
@@ -188,9 +204,14 @@ class DataflowVisitor(IRVisitor):
         position = self.position
         self._nodes.append((position, attributes))
         self._producers[position] = known
-        producer = self._producer
-        for value in facts.results:
-            producer[hash(value)] = position
+        if name in BUFFER_RESULT_OPS:  # result i: operand i, in memory
+            attributes["buffers"] = tuple(self._argument(value) for value in facts.results)
+            for buffer, operand, argument in zip(attributes["buffers"], producers, arguments, strict=True):
+                self._buffers[buffer] = operand if operand is not None else ("argument", argument)
+        else:
+            producer = self._producer
+            for value in facts.results:
+                producer[hash(value)] = position
         if not self.following:  # (following, the leader walks the regions)
             IRVisitor.generic_visit(self, node)
 
@@ -363,6 +384,25 @@ def dependency_order(graph: nx.DiGraph) -> list[int]:
     if graph.graph.get("walk_order", True):
         return sorted(graph)
     return list(nx.lexicographical_topological_sort(graph))
+
+
+def behind_buffers(graph: nx.DiGraph) -> frozenset[int]:
+    """The nodes that read, directly or through other nodes, a result of an op of
+    :data:`BUFFER_RESULT_OPS` (``graph.graph["buffers"]``): behind a checkpoint's optimization
+    barrier, the forward run again inside the backward, and the backward that reads it. One
+    linear pass, cached on the graph."""
+    cached = graph.graph.get("behind_buffers")
+    if cached is None:
+        buffers = graph.graph.get("buffers", {})
+        behind: set[int] = set()
+        if buffers:
+            producers = graph.graph["producers"]
+            for node in dependency_order(graph):
+                arguments = graph.nodes[node]["arguments"]
+                if not buffers.keys().isdisjoint(arguments) or not behind.isdisjoint(producers[node]):
+                    behind.add(node)
+        cached = graph.graph["behind_buffers"] = frozenset(behind)
+    return cached
 
 
 def build_dataflow(module: ir.Module) -> nx.DiGraph:

@@ -86,7 +86,7 @@ def unit_owners(graph: nx.DiGraph, anchors: list[tuple[int | None, int]],
     if output is not None:
         levels_of[output] = units  # after the units
     attributes_of = dict(graph.nodes(data=True))
-    level = _levels(attributes_of, levels_of)
+    level = _levels(attributes_of, levels_of, graph.graph.get("buffers", {}))
     owner = dict(level)
     owner.update(labelled)
     side: dict[int, int] = {}
@@ -116,15 +116,22 @@ def residual_inputs(graph: nx.DiGraph, segmentation: Segmentation) -> list[Marke
             for pair in range(len(blocks) // 2)]
 
 
-def _levels(attributes_of: dict[int, dict], levels_of: dict[Marker, int]) -> dict[int, int]:
+def _levels(attributes_of: dict[int, dict], levels_of: dict[Marker, int],
+            buffers: dict[int, Marker]) -> dict[int, int]:
     """Step 3: each node (``attributes_of``: the graph's nodes) -> the largest level of a marker
-    it strictly depends on."""
+    it strictly depends on. An argument in ``buffers`` (an optimization barrier's result,
+    ``dataflow.BUFFER_RESULT_OPS``) is the operand it hands on: a checkpoint's rerun of pair
+    ``k`` depends on ``X_k`` through its barrier."""
     level: dict[int, int] = {}
     marker_level, node_level = levels_of.get, level.get
     for node in sorted(attributes_of):
         attributes = attributes_of[node]
         best = -1
         for producer, argument in zip(attributes["operands"], attributes["arguments"]):
+            while producer is None and argument in buffers:
+                best = max(best, marker_level(("argument", argument), -1))
+                marker = buffers[argument]
+                producer, argument = (marker, None) if isinstance(marker, int) else (None, marker[1])
             if producer is None:
                 best = max(best, marker_level(("argument", argument), -1))
             else:

@@ -47,9 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 from jaxlib.mlir import ir
 
 from hlo_analyzer.comm import CommVisitor
+from hlo_analyzer.dataflow import dependency_order
 from hlo_analyzer.memory import argument_shardings, global_shape
 from hlo_analyzer.sidecar import SIDECAR_DTYPES, Sidecar, as_sidecar
 from hlo_analyzer.tensors import TypeTable, format_location
@@ -93,6 +95,35 @@ class TrainingLayout:
         if self.forward_scope in location:
             return FORWARD
         return OPTIMIZER if self.optimizer_scope in location else BACKWARD
+
+
+#: The phases in the order a step runs them (:func:`node_phases`).
+_PHASE_ORDER = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
+
+
+def node_phases(graph: nx.DiGraph, locations: dict[int, str], layout: TrainingLayout) -> dict[int, str]:
+    """The phase of each node of a training step's dataflow graph (``hlo_analyzer.dataflow``):
+    its location's (``locations``: node -> location, :meth:`TrainingLayout.phase`) where it has
+    one. A node without (a cast, a copy or a view that torch-xla's lowering or GSPMD adds with
+    no ``op_name``) runs for the first phase that reads it: the earliest phase of its readers;
+    one that nothing with a phase reads (the step's outputs), in the latest phase of what it
+    reads. (By the location alone the forward's unnamed casts and copies, and a fused kernel
+    that ends in one, were the backward's; by what it reads alone, the backward's casts of
+    the values the forward saved were the forward's.)"""
+    phase = {node: layout.phase(location) for node, location in locations.items() if location and node in graph}
+    order = dependency_order(graph)
+    producers = graph.graph["producers"]
+    upstream: dict[int, str] = {}
+    for node in order:
+        if node not in phase:
+            read = [phase.get(p, upstream.get(p)) for p in producers[node]]
+            upstream[node] = max((r for r in read if r is not None), key=_PHASE_ORDER.__getitem__, default=BACKWARD)
+    for node in reversed(order):
+        if node not in upstream:
+            continue
+        readers = [phase[r] for r in graph.successors(node) if r in phase]
+        phase[node] = min(readers, key=_PHASE_ORDER.__getitem__) if readers else upstream[node]
+    return phase
 
 
 @dataclass(frozen=True)

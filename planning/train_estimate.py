@@ -27,20 +27,27 @@ recompute plan's per-micro-batch kernels are the same pair's without recompute p
 ``forward`` group once more (:func:`step_groups`), and :class:`TrainKernels` calibrates a
 recompute key with the traces of its twin without recompute (``derive``; one
 calibration serves both, halving the keys). Checked on traces it was not built from
-(``tests/test_train_generalise.py``): on tiny one-pair steps the derived micro-batch is
-within :data:`RECOMPUTE_TOLERANCE` of the traced recompute program: -2.9% (ds_ulysses 2x2)
-and -2.2% (usp 2x4, ring 2) on the middle pair of the 3-pair tiny model, -0.3% to -1.3% on
-the last stage of the 2-pair one (dp, megatron, ring_attention, usp, ds_ulysses on tx8-16).
-The residual is element-wise work: the rerun inside the backward (behind the checkpoint's
-optimization barrier) runs about 20 element-wise kernels on their own that the first forward
-fuses into its GEMMs' epilogues. On a GPU (PyTorch's kernels, one per torch call) the derived
-micro-batch is -3.4% (ds_ulysses 2x2) and -3.6% (dp 1x4, ZeRO-2) on the tiny pair, -2.3% on
-usp 1x8 at 204_640_360 (``tests/test_train_check.py``): the analyzer does not follow the rerun
-through the barrier (its dataflow joins the barrier's operands), so the rerun's cross-attention
-is charged over every sample's captions, not per sample, and the ops of its layer norms join
-into one kernel. Also left out: a stage whose forward group holds more than
-the blocks (the loss and final layer of a last stage are not recomputed; the traced pair of a
-model of 3 or more pairs is a middle stage and has neither). Not under ZeRO-3: there the
+(``tests/test_train_generalise.py``, ``tests/test_train_check.py``): on the middle pair of the
+3-pair tiny model the derived micro-batch is within :data:`RECOMPUTE_TOLERANCE` of the traced
+recompute program, its compute 0.997 (ds_ulysses 2x2), 0.999 (usp 2x4, ring 2, ZeRO-1) and
+0.999 (dp 1x4, ZeRO-2) on TX8's fused execution; on the full model at 204_640_360, 0.995 on
+tx8-64 (ds_ulysses 4x8 and usp 4x8 ring 1 ZeRO-2, micro-batch 4) and 1.016, 1.016, 1.012 on
+H100 (ds_ulysses 2x4, 8x4, 16x2 at micro-batch 4, 8, 16), the communication 0.995-1.000
+(docs/plan_search.md, "recompute, derived"). What remains is work the traced rerun does not do
+twice: XLA drops the rerun's ops whose results the backward does not read (the block's last
+gated residual add, its per-frame selects), and torch-xla computes the tables it builds from
+constants (the temporal RoPE's sines and cosines) once for the forward and the rerun.
+PyTorch's eager rerun does both, so on a GPU the derivation is the closer of the two to what
+runs. (Before the analyzer read each result of the checkpoint's optimization barrier as the
+tensor it hands on, the dataflow joined the barrier's operands: every element-wise kernel of
+the rerun read all of them, its cross-attention, query and keys from one value, was charged
+over every sample's captions, its layer norms joined into one kernel; and with a kernel's
+phase read off its last op's location, the forward's kernels that end in an unnamed cast were
+the backward's, left out of the rerun: the derived compute was 0.97 on the tiny pairs,
+0.90-0.91 on tx8-64 and 0.973-0.928 on H100, falling with the micro-batch.) Also left out: a
+stage whose forward group holds more than the blocks (the loss and final layer of a last stage
+are not recomputed; the traced pair of a model of 3 or more pairs is a middle stage and has
+neither). Not under ZeRO-3: there the
 traced recompute step is far cheaper than the derivation (dp on 1x4 of the 3-pair tiny model:
 1.54 ms traced, 2.01 ms derived, +31%; the rerun forward and the backward share the weights'
 gathers and their work), so a ZeRO-3 recompute key is traced as its own.
@@ -176,8 +183,9 @@ USER_LOCK = "user"
 #: take well under a GiB; the full model, 1.2 G, a few GiB at full size).
 UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
-#: redone from its cached dump).
-CACHE_VERSION = 3
+#: redone from its cached dump; 4: the rerun behind a checkpoint's barrier analysed as its own
+#: ops, a kernel's phase from the dataflow where its op has no location).
+CACHE_VERSION = 4
 #: Generation of the training programs the tracer writes, part of the cached dumps' directory
 #: name (``dumps.v<N>``): bumped when the tracer writes a training step differently, so dumps
 #: traced before are traced again rather than analysed as if current (2: the per-frame select's
@@ -393,7 +401,13 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     from hlo_analyzer.mapping.analysis import AnalysisOptions, analyze_dump
     from hlo_analyzer.mapping.kernel_list import sources_document
     from hlo_analyzer.sidecar import stage_sidecar
-    from hlo_analyzer.training import FORWARD, OPTIMIZER, PARAM_GRAD, read_training_layout
+    from hlo_analyzer.training import (
+        FORWARD,
+        OPTIMIZER,
+        PARAM_GRAD,
+        node_phases,
+        read_training_layout,
+    )
 
     sidecar = stage_sidecar(dump, "analyze-pipeline")
     layout = read_training_layout(sidecar)
@@ -402,7 +416,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
     analysis = analyze_dump(dump, Hardware(system.name, system), AnalysisOptions(steps=1), sidecar=sidecar)
     report, mapping, options, split = analysis.report, analysis.mapping, analysis.options, analysis.training
     assert split is not None and options is not None  # the sidecar's training section, a chip
-    location = {row.position: row.location for row in report.rows}
+    phases = node_phases(analysis.graph, {row.position: row.location for row in report.rows}, layout)
     groups: dict[str, list[Any]] = {name: [] for name in PROGRAM_GROUPS}
     for op, source in zip(mapping.program.ops, mapping.program.sources, strict=True):
         if source.collective is not None:
@@ -411,7 +425,7 @@ def analyze_pair(dump: str, system: SystemSpec) -> PairProgram:
             phase, traffic = split.collective_classes[op.position]
             once = phase == OPTIMIZER or (traffic == PARAM_GRAD and source.collective[0] in GRADIENT_SUM_KINDS)
         else:
-            phase = layout.phase(location.get(op.position, ""))
+            phase = phases.get(op.position, layout.phase(""))
             once = phase == OPTIMIZER
         groups["update" if once else "forward" if phase == FORWARD else "backward"].append(source)
     memory = {key: int(split.memory.get(key, 0)) for key in ("param", "grad", "optimizer_state", "activation")}

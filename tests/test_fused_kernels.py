@@ -32,6 +32,9 @@ EXPECTED = {
     # x * cos + rotate_half(x) * sin, rotate_half a concatenate of two halves of x: reads x,
     # cos and sin once each, writes the result.
     "rope_rotate_half": (1, 4 * HEADS),
+    # optimization_barrier((x, w))[0] * 2 (a checkpoint's rerun reads its saved input so): reads
+    # x alone, not every tensor the barrier hands on, and writes the product.
+    "barrier_read": (1, WIDE + WIDE),
 }
 
 PROGRAMS = """
@@ -48,6 +51,7 @@ programs = {
     "mixed_precision": (lambda x: (x.astype(jnp.float32) * 2).astype(F16), (wide,)),
     "silu_and_mul": (lambda g, u: jax.nn.silu(g) * u, (wide, wide)),
     "rope_rotate_half": (lambda x, cos, sin: x * cos + rotate_half(x) * sin, (heads, heads, heads)),
+    "barrier_read": (lambda x, w: jax.lax.optimization_barrier((x, w))[0] * 2, (wide, wide)),
 }
 NOT_KERNELS = {"kParameter", "kTuple", "kGetTupleElement", "kBitcast", "kConstant"}
 out = {}

@@ -135,3 +135,37 @@ def test_a_devices_offsets_computed_from_its_index_belong_to_no_call():
     graph.nodes[4]["operand_shapes"] = ((4, 8), ())
     assert folded_constants(graph) == {0, 1, 2, 3}
     assert _calls(graph) == [("repeat", (4,))]
+
+
+def test_a_splat_of_a_scalar_that_two_calls_read_joins_neither():
+    # torch-xla makes one splat of a layer norm's epsilon (a scalar argument) and every layer
+    # norm of the shape reads it: two norms (lines 12-13 of the region, the second on another
+    # tensor) are two kernels, not one through the splat
+    regions = (CallRegion("layer_norm", "m.py", 10, 14),)
+    graph = _graph((0, "broadcast_in_dim", [None], "aten__add.1/aten__add @ m.py:13"),
+                   (1, "reduce", [None], "aten__mean @ m.py:12"),
+                   (2, "add", [1, 0], "aten__add.1/aten__add @ m.py:13"),
+                   (3, "reduce", [None], "aten__mean @ m.py:12"),
+                   (4, "add", [3, 0], "aten__add.1/aten__add @ m.py:13"))
+    graph.nodes[0]["operand_shapes"] = ((),)
+    assert _calls(graph, regions) == [("layer_norm", (1, 2)), ("layer_norm", (3, 4))]
+
+
+def test_a_norm_or_gelu_kernel_writes_its_result_alone():
+    # tanh GELU's temporary t = tanh(x) (node 1) is read by the call's product (node 2) and, as
+    # torch-xla's backward shares the node, by the backward (node 3): PyTorch's GELU kernel reads
+    # x and writes its result (2 x 4*8 bf16 = 128 bytes); written, t would be 64 more
+    from hlo_analyzer.mapping.fusion import group_io
+    from hlo_analyzer.mapping.works import real_elements
+
+    graph = _graph((0, "multiply", [None], "aten__tanh_gelu @ m.py:3"),
+                   (1, "tanh", [0], "aten__tanh_gelu @ m.py:3"),
+                   (2, "multiply", [1, None], "aten__tanh_gelu @ m.py:3"),
+                   (3, "multiply", [1, None], "aten__tanh_gelu_backward @ m.py:3"))
+    for node in graph:
+        graph.nodes[node].update(arguments=[0 if p is None else None for p in graph.nodes[node]["operands"]],
+                                 dtype="bf16", operand_dtypes=("bf16",) * len(graph.nodes[node]["operands"]))
+    attributes_of = dict(graph.nodes(data=True))
+    real = real_elements(attributes_of, sorted(graph))
+    written = [group_io(graph, attributes_of, [0, 1, 2], set(), real, results_only=only) for only in (False, True)]
+    assert [sum(io.entering_bytes) + io.out_bytes for io in written] == [64 + 128, 128]

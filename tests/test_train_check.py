@@ -134,7 +134,12 @@ def test_on_a_gpu_the_derived_recompute_pair_is_the_traced_one(tmp_path, strateg
     the pair traced with recompute, per micro-batch. The forward is traced in an IR scope that the
     rerun inside the backward is not: read as the call, the scope made each source line of the
     forward one kernel and the rerun its calls, and the derived pair 0.939 (ds_ulysses) and 0.922
-    (dp, ZeRO-2) of the traced one; measured with the calls read past the scope: 0.966 and 0.964."""
+    (dp, ZeRO-2) of the traced one; with the calls read past the scope, 0.966 and 0.964 (its
+    compute 0.957 and 0.962); with the checkpoint's barrier read result by result and an
+    unnamed op's phase from the dataflow, the compute 1.032 and 1.030: each kernel of this
+    tiny pair costs its launch (8.6 us) and the traced rerun launches about fifteen fewer than
+    the forward (XLA drops what the backward does not read of it, torch-xla computes the RoPE
+    tables once), which PyTorch's eager rerun launches (the full model's pair: 1.012-1.016)."""
     pytest.importorskip("torch_xla")
     from test_train_search import _tiny3
 

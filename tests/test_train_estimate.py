@@ -15,6 +15,32 @@ from planning.train_estimate import DUMPS_DIR, PairKey, compose_step, pair_stage
 SHAPE = "68_256_64"  # T = 20, W = 16: calibrations 41_768_64 and 123_3840_64
 
 
+def test_an_op_without_a_location_runs_in_the_first_phase_that_reads_it():
+    """``hlo_analyzer.training.node_phases`` on a hand-made graph: the forward's unnamed cast of
+    an argument and its copy of a forward value are forward work (by their location alone, the
+    backward's: the derived recompute then left them out of the rerun); the backward's cast of
+    a value the forward computed is backward work (by what it reads alone, the forward's); the
+    copy of an optimizer result into the step's outputs is the optimizer's (a fused AdamW
+    kernel ends in one: it ran once a micro-batch)."""
+    import networkx as nx
+
+    from hlo_analyzer.training import BACKWARD, FORWARD, OPTIMIZER, TrainingLayout, node_phases
+
+    fwd, opt = "hlo_trace_forward.1/aten__mul.2/aten__mul @ m.py:3", "hlo_trace_optimizer.2/aten__mul.4/aten__mul @ t.py:9"
+    nodes = [(0, "convert", [None], ""), (1, "multiply", [0], fwd), (2, "convert", [1], ""),
+             (3, "multiply", [2], "aten__mul.7/aten__mul @ graph.py:841"), (4, "copy", [1], ""),
+             (5, "add", [4, 1], fwd), (6, "multiply", [3], opt), (7, "copy", [6], ""), (8, "return", [5, 7], "")]
+    graph = nx.DiGraph(producers={node: [p for p in operands if p is not None] for node, _, operands, _ in nodes},
+                       walk_order=True)
+    for node, name, operands, _ in nodes:
+        graph.add_node(node, name=name, operands=operands)
+        graph.add_edges_from((p, node) for p in operands if p is not None)
+    layout = TrainingLayout((), (), "hlo_trace_forward", "hlo_trace_optimizer")
+    phases = node_phases(graph, {node: location for node, _, _, location in nodes}, layout)
+    assert [phases[node] for node in range(8)] == [FORWARD, FORWARD, BACKWARD, BACKWARD, FORWARD, FORWARD,
+                                                    OPTIMIZER, OPTIMIZER]
+
+
 def test_the_step_is_the_1f1b_slots_of_the_stage_plus_the_update_once():
     # one pair: 3 ms of kernels + 1 ms of collectives per micro-batch, 0.5 + 0.25 ms per step;
     # 4 pairs a stage, 2 stages, 4 micro-batches, 2 ms to cross the boundary both ways:

@@ -21,6 +21,9 @@ from planning.train_estimate import (
 )
 
 SHAPE = "28_64_64"
+#: How close the derived recompute pair's compute is to the traced one's on TX8's fused
+#: execution (the full model's at 204_640_360 on tx8-64: 0.995, docs/plan_search.md).
+COMPUTE_TOLERANCE = 0.02
 
 
 def test_recompute_reruns_the_forward_group_once_per_micro_batch():
@@ -57,9 +60,15 @@ def test_the_derived_recompute_pair_is_the_traced_one(tmp_path, strategy, mesh, 
     """The pair of the 3-pair tiny model (a middle stage: no loss, no final layer) traced
     without recompute; its forward group once more per micro-batch against the same pair
     traced with ``--recompute full``: the micro-batch's kernels and the once-per-step group (the
-    same optimizer, fused a little otherwise) within RECOMPUTE_TOLERANCE. The check can fail: the pair without the rerun is further off
-    than twice the tolerance (the rerun forward is about a fifth of these pairs' micro-batch;
-    measured: the derived pair 0.971 and 0.978 of the traced one)."""
+    same optimizer, fused a little otherwise) within RECOMPUTE_TOLERANCE, the micro-batch's
+    compute within COMPUTE_TOLERANCE. The check can fail: the pair without the rerun is further
+    off than twice the tolerance (the rerun forward is about a fifth of these pairs'
+    micro-batch). Measured, the derived compute 0.997, 0.999 and 0.999 of the traced; 0.969,
+    0.970 and 0.971 before the analyzer read each result of the checkpoint's optimization
+    barrier as its own tensor (the rerun's element-wise kernels each read every tensor the
+    barrier hands on) and took the phase of an op without a location from the dataflow (the
+    forward's fused kernels that end in an unnamed cast were the backward's, left out of the
+    rerun)."""
     pytest.importorskip("torch_xla")
     from test_train_search import _tiny3
 
@@ -78,6 +87,7 @@ def test_the_derived_recompute_pair_is_the_traced_one(tmp_path, strategy, mesh, 
     truth = step_groups(cost_groups(traced.groups, system))
 
     assert total(derived["micro"]) == pytest.approx(total(truth["micro"]), rel=RECOMPUTE_TOLERANCE)
+    assert derived["micro"].compute_s == pytest.approx(truth["micro"].compute_s, rel=COMPUTE_TOLERANCE)
     assert total(derived["update"]) == pytest.approx(total(truth["update"]), rel=RECOMPUTE_TOLERANCE)
     without = step_groups(plain_costs)["micro"]
     assert abs(total(without) / total(truth["micro"]) - 1) > 2 * RECOMPUTE_TOLERANCE

@@ -172,13 +172,14 @@ _WHOLE_VIEWS = FREE_MOVEMENT_OPS - {"broadcast", "broadcast_in_dim", "slice"}
 
 
 def group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], members: list[int],
-              constant: set[int], real: dict[int, int]) -> GroupIO:
+              constant: set[int], real: dict[int, int], *, results_only: bool = False) -> GroupIO:
     """The tensors entering the group and the elements of the tensors leaving it, and both in
     bytes (each tensor in its own element type). Both at their real size
     (:func:`real_elements`): a broadcast entering the group is read as its operand; a tensor that
     the group reads only through slices is read as those slices (:func:`_parts_read`); a view
     leaving it is written once per tensor it views, and not at all when it views a tensor that
-    entered the group (its readers read that)."""
+    entered the group (its readers read that). ``results_only``: what members read of each
+    other (the kernel's temporaries) is not written even where ops outside read it too."""
     inside = set(members)
     #: key -> (shape read whole, element type, the parts read: None for all of it)
     entering: dict[Any, tuple[tuple[int, ...], str, list[Part] | None]] = {}
@@ -199,7 +200,7 @@ def group_io(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], member
                 parts = None if parts is None or known[2] is None else known[2] + parts
             entering[key] = (whole, attributes["operand_dtypes"][index], parts)
         readers = set(successors(node))
-        if readers and readers <= inside:
+        if readers and readers <= inside or results_only and not readers.isdisjoint(inside):
             continue
         source = _computing_source(attributes_of, node, inside)
         if source is not None and real[node] >= leaving.get(source, (0, ""))[0]:

@@ -141,6 +141,18 @@ def _join_promotion_casts(graph: nx.DiGraph, keys: dict[int, Any]) -> None:
                 break
 
 
+#: Ops that repeat one value over a tensor (:func:`_scalar_splat`).
+_SPLAT_OPS = frozenset({"broadcast", "broadcast_in_dim"})
+
+
+def _scalar_splat(attributes: dict[str, Any]) -> bool:
+    """A scalar repeated over a tensor (a layer norm's epsilon, a Python number torch-xla passes
+    as an argument): part of no call, so that a splat that torch-xla makes once and several calls
+    read (every layer norm of a stage reads one) joins none of them; each reads it as the
+    scalar it is."""
+    return attributes["name"] in _SPLAT_OPS and attributes["operand_shapes"] == ((),)
+
+
 def _scalar_arithmetic(attributes: dict[str, Any]) -> bool:
     """An op on scalars alone (``eps * alpha`` of a Python number torch-xla passed as an
     argument, a rank-0 value): PyTorch computes it on the host and passes the result to the
@@ -178,8 +190,8 @@ def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[Cal
                 owners: dict[int, int] | None = None) -> list[Call]:
     """The library calls among ``nodes`` (module docstring), in program order of their first node.
 
-    Constants, values computed from constants alone (:func:`folded_constants`) and arithmetic on
-    scalars alone belong to no call;
+    Constants, values computed from constants alone (:func:`folded_constants`), arithmetic on
+    scalars alone and splats of a scalar (:func:`_scalar_splat`) belong to no call;
     ``owners`` (the block pair of each node, ``hlo_analyzer.pairs``) keeps a call within one pair,
     as the model's calls are. Two nodes are in one call when one reads the other and both
     have the same key: the region their source line lies in, else their torch call and frame.
@@ -189,7 +201,7 @@ def call_groups(graph: nx.DiGraph, nodes: Collection[int], regions: Sequence[Cal
     constant = folded_constants(graph)
     for node in sorted(nodes):
         attributes = attributes_of[node]
-        if node in constant or _scalar_arithmetic(attributes):
+        if node in constant or _scalar_arithmetic(attributes) or _scalar_splat(attributes):
             continue
         location = attributes.get("location", "")
         if not location:

@@ -59,6 +59,14 @@ GATHER_CALLS = frozenset({"upsample_nearest1d", "upsample_nearest2d", "upsample_
 #: Norms: one kernel each that needs contiguous rows (PyTorch copies a permuted input first).
 NORM_CLASSES = frozenset({"layer_norm", "group_norm"})
 ELEMENTWISE_CLASS = "elementwise"
+#: Library kernels that write their result alone, their temporaries kept in registers: autograd
+#: saves a GELU's input, a softmax's output (a LayerNorm's mean and rstd too: a value per row,
+#: left out), and the backward kernel computes from those. torch-xla's backward shares the
+#: forward's IR nodes, so its dump reads the temporaries of the forward's call (a tanh GELU's
+#: three); written by that call, they cost a traced training step's forward LayerNorms and
+#: GELUs 1.5-2.5x their PyTorch bytes, and a checkpoint's first forward (whose temporaries
+#: nothing reads) not.
+TEMPORARIES_KEPT_CALLS = frozenset({"layer_norm", "group_norm", "softmax", "tanh_gelu", "gelu"})
 #: Library calls that write a contiguous result whatever the layout of their inputs
 #: (:mod:`hlo_analyzer.mapping.torch_layouts`); element-wise calls write in their first input's layout.
 CONTIGUOUS_CALLS = frozenset({*NORM_CLASSES, "softmax", COPY_CALL, LINEAR_CALL, ATTENTION_CALL})
@@ -161,7 +169,8 @@ def torch_works(graph: nx.DiGraph, attributes_of: dict[int, dict[str, Any]], row
             continue  # inside a fused attention kernel, or a GEMM with nothing around it
         if call.kind != COPY_CALL and not _computes(attributes_of, rest):
             continue  # views only
-        io = group_io(graph, attributes_of, rest, constant, real)
+        io = group_io(graph, attributes_of, rest, constant, real,
+                      results_only=call.kind in TEMPORARIES_KEPT_CALLS)
         if call.kind == COPY_CALL and io.entering and all(p in collectives for p, _ in io.entering):
             # the part of a copy after a collective that GSPMD put inside it lays out the
             # collective's result, which the collective wrote contiguous: the copy is the part before

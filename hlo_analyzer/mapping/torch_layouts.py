@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hlo_analyzer.dataflow import FREE_MOVEMENT_OPS, Marker, operand_markers
+from hlo_analyzer.dataflow import BUFFER_RESULT_OPS, FREE_MOVEMENT_OPS, Marker, operand_markers
 from hlo_analyzer.tensors import SAME_SHAPE_OPS
 
 __all__ = ["COPY_CLASS", "PERMUTED", "TRANSPOSED", "layouts", "mixes_transposed", "noncontiguous_behind",
@@ -90,7 +90,10 @@ def layouts(attributes_of: dict[int, dict[str, Any]], order: Iterable[int], writ
         attributes = attributes_of[node]
         operands = operand_markers(attributes)
         name = attributes["name"]
-        if name == "transpose":
+        if name in BUFFER_RESULT_OPS:  # each result is its operand's tensor, strides kept
+            layout.update({("argument", buffer): layout[operand] for buffer, operand
+                           in zip(attributes["buffers"], operands) if operand in layout})
+        elif name == "transpose":
             inherited = layout.get(operands[0]) if operands else None
             if inherited is None and operands and _lays_out_collective(attributes_of, attributes, operands[0]):
                 continue
