@@ -184,8 +184,9 @@ USER_LOCK = "user"
 UNLOCKED_PARAMETERS = 10**8
 #: Format of the cached analyses (bumped when what they hold changes; an older analysis is
 #: redone from its cached dump; 4: the rerun behind a checkpoint's barrier analysed as its own
-#: ops, a kernel's phase from the dataflow where its op has no location).
-CACHE_VERSION = 4
+#: ops, a kernel's phase from the dataflow where its op has no location; 5: the fused attention
+#: takes the row sums of its probabilities, ring_attention's and usp's ring steps).
+CACHE_VERSION = 5
 #: Generation of the training programs the tracer writes, part of the cached dumps' directory
 #: name (``dumps.v<N>``): bumped when the tracer writes a training step differently, so dumps
 #: traced before are traced again rather than analysed as if current (2: the per-frame select's
