@@ -278,6 +278,11 @@ def capacity(hw: str, devices: int) -> float:
     return resolve_system(hw, devices).system.chip.dram_capacity_bytes
 
 
+def row_fits(row: Mapping[str, str]) -> bool:
+    """Whether a CSV row's memory per device fits its chip (the page's and the plot's rule)."""
+    return float(row["memory_gb"]) * GB <= capacity(row["hw"], int(row["devices"]))
+
+
 def predict(case: Case, work: Path) -> Prediction:
     config, layout = case.config, case.layout
     work.mkdir(parents=True, exist_ok=True)
@@ -392,8 +397,7 @@ def page(rows: Sequence[Mapping[str, str]]) -> str:
     for row in rows:
         devices = int(row["devices"])
         chip = resolve_system(row["hw"], devices).system.chip
-        cap = chip.dram_capacity_bytes / GB
-        fits = "yes" if float(row["memory_gb"]) <= cap else f"**no** (capacity {cap:.0f} GB)"
+        fits = "yes" if row_fits(row) else f"**no** (capacity {chip.dram_capacity_bytes / GB:.0f} GB)"
         strategy = row["strategy"] + (f" ({row['degrees']})" if row["degrees"] else "")
         decode = f"{float(row['decode_s']):.1f}" if row["decode_s"] else "not traced"
         lines.append(f"| {row['model']} | {row['frames']} x {row['height']} x {row['width']} | {row['steps']} | "
@@ -434,7 +438,6 @@ def plot_strategies(rows: Sequence[Mapping[str, str]], path: Path, *, force: boo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hardware.systems import resolve_system
     from hlo_trace.atomic import write_png
 
     order = [*STRATEGIES, "pipefusion"]  # one colour per strategy in every panel
@@ -449,8 +452,7 @@ def plot_strategies(rows: Sequence[Mapping[str, str]], path: Path, *, force: boo
             devices = [int(r["devices"]) for r in line]
             color = colors[order.index(strategy) % len(colors)]
             ax.plot(devices, [float(r["loop_s"]) for r in line], "o-", color=color, label=strategy)
-            over = [r for r in line if float(r["memory_gb"]) * GB >
-                    resolve_system(hw, int(r["devices"])).system.chip.dram_capacity_bytes]
+            over = [r for r in line if not row_fits(r)]
             ax.plot([int(r["devices"]) for r in over], [float(r["loop_s"]) for r in over], "x",
                     color=color, markersize=12)
         ax.set_xscale("log", base=2)
